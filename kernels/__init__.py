@@ -1,0 +1,1 @@
+"""dlpack_io.kernels."""

@@ -1,0 +1,12 @@
+"""dlpack_io.packer: turn a folder of JPEGs into verified, resumable shards.
+
+``convert(src, dst, **options)`` is what ``dlpack convert`` calls.
+"""
+__version__ = "0.1.0"
+
+
+def convert(src, dst, **options):
+    """Pack ``src`` into ``dst``; see dlpack_io.packer.convert.convert for the options."""
+    from dlpack_io.packer.convert import convert as _convert
+
+    return _convert(src, dst, **options)

@@ -1,0 +1,215 @@
+"""``convert(src, dst, **options)``: scan, encode in parallel, write shards, then the manifest.
+
+Crash safety: shards are published by rename and recorded in the journal; the manifest is
+written last. After a kill at any moment, ``resume=True`` keeps the journaled shards and
+redoes the rest, giving the same bytes as an uninterrupted run.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dlpack_io.packer import finalize, journal
+from dlpack_io.packer.options import PackOptions, parse_size
+from dlpack_io.packer.pipeline import ConversionError, encode_in_order
+from dlpack_io.packer.progress import Progress
+from dlpack_io.packer.scan import read_list, scan_image_folder
+from dlpack_io.packer.writers import open_writer
+from dlpack_io.reader import format as fmt
+from dlpack_io.packer.dstfiles import clear_outputs, existing_entries, verify_kept_shard
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _State:
+    """Where packing stands: shards done, the next input position, rejects pending."""
+
+    position: int = 0
+    shards: list = field(default_factory=list)
+    rejects: list = field(default_factory=list)
+    reencoded: Counter = field(default_factory=Counter)
+    class_counts: np.ndarray | None = None
+
+    @property
+    def next_sample(self) -> int:
+        return sum(s["num_samples"] for s in self.shards)
+
+
+def packing_order(n: int, options: PackOptions) -> np.ndarray:
+    """Input positions in packing order: a seeded permutation, or the scan order."""
+    if options.shuffle:
+        return np.random.default_rng(options.seed).permutation(n)
+    return np.arange(n)
+
+
+def _prepare_dst(dst: str, resume: bool, overwrite: bool) -> None:
+    entries = existing_entries(dst)
+    if entries and overwrite:
+        clear_outputs(dst)
+    elif entries and not resume:
+        raise ConversionError(f"{dst} is not empty ({', '.join(sorted(entries)[:3])}...); pass "
+                              f"--resume to finish an interrupted conversion or --overwrite "
+                              f"to replace what is there")
+
+
+def _resume_state(dst: str, plan: dict, num_classes: int) -> _State:
+    state = _State(class_counts=np.zeros(num_classes, dtype=np.int64))
+    old_plan, done = journal.read_journal(dst)
+    if old_plan is not None and old_plan["plan"] != plan["plan"]:
+        raise ConversionError(f"{dst}: the source files or packing options differ from the "
+                              f"interrupted conversion's, so it cannot be resumed; use "
+                              f"--overwrite to start again")
+    for entry in done if old_plan else []:
+        if not verify_kept_shard(dst, entry["shard"]):
+            log.warning("shard %s from the interrupted run is damaged; redoing from there",
+                        entry["shard"]["name"])
+            break
+        state.shards.append(entry["shard"])
+        state.position = entry["end_input"]
+        state.rejects += [tuple(r) for r in entry["rejects"]]
+        state.reencoded.update(entry["reencoded"])
+        state.class_counts += np.asarray(entry["class_counts"], dtype=np.int64)
+    kept = {s["name"] for s in state.shards}
+    clear_outputs(dst, keep=kept)
+    journal.Journal(dst, plan, [e for e in done if e["shard"]["name"] in kept])
+    return state
+
+
+class _Packer:
+    """Consumes encoded inputs in order and cuts them into shards."""
+
+    def __init__(self, dst, inputs, options: PackOptions, state: _State, journal_: journal.Journal):
+        self.dst, self.inputs, self.options, self.state = dst, inputs, options, state
+        self.journal = journal_
+        self.writer = None
+        self.since = _State(class_counts=np.zeros(len(inputs.classes), dtype=np.int64))
+
+    def reject(self, rel: str, reason: str) -> None:
+        if self.options.on_error == "fail":
+            raise ConversionError(f"{os.path.join(self.inputs.root, rel)}: {reason} "
+                                  f"(--on-error fail stops here; completed shards are kept)")
+        log.debug("skipping %s: %s", rel, reason)
+        self.since.rejects.append((rel, reason))
+
+    def add(self, rel: str, label: int, record, position: int) -> None:
+        w = self.writer
+        if w is not None and len(w) and w.data_size + len(record.payload) > self.options.shard_size:
+            self.finish_shard(position)
+        if self.writer is None:
+            self.writer = open_writer(self.options.format, self.dst, len(self.state.shards),
+                                      self.state.next_sample, self.options.shard_size)
+        self.writer.add(record, label, rel)
+        self.since.class_counts[label] += 1
+        if record.reencoded:
+            self.since.reencoded[record.reencoded] += 1
+
+    def finish_shard(self, end_input: int) -> None:
+        entry = self.writer.finish()
+        self.writer = None
+        since = self.since
+        self.journal.append({"shard": entry, "end_input": end_input, "rejects": since.rejects,
+                             "reencoded": dict(since.reencoded),
+                             "class_counts": since.class_counts.tolist()})
+        st = self.state
+        st.shards.append(entry)
+        st.rejects += since.rejects
+        st.reencoded.update(since.reencoded)
+        st.class_counts += since.class_counts
+        self.since = _State(class_counts=np.zeros_like(since.class_counts))
+
+    def close(self, end_input: int) -> None:
+        if self.writer is not None:
+            self.finish_shard(end_input)
+        self.state.rejects += self.since.rejects  # trailing rejects after the last record
+
+    def abort(self) -> None:
+        if self.writer is not None:
+            self.writer.abort()
+            self.writer = None
+
+
+def _encode_options(options: PackOptions) -> dict:
+    return {"mode": options.mode, "size": options.size, "max_side": options.max_side,
+            "quality": options.quality, "validate": options.validate}
+
+
+def _pack(dst, inputs, options: PackOptions, state: _State, journal_) -> Progress:
+    order = packing_order(len(inputs.paths), options)
+    todo = order[state.position:]
+    files = [os.path.join(inputs.root, inputs.paths[i]) for i in todo]
+    progress = Progress(len(order), f"convert {os.path.basename(dst)}",
+                        enabled=options.progress, initial=state.position)
+    packer = _Packer(dst, inputs, options, state, journal_)
+    try:
+        results = encode_in_order(files, _encode_options(options), options.num_workers)
+        for position, i, (status, value) in zip(range(state.position, len(order)), todo, results):
+            rel = inputs.paths[i]
+            if status == "reject":
+                packer.reject(rel, value)
+                progress.update(1)
+                continue
+            packer.add(rel, inputs.labels[i], value, position)
+            progress.update(1, value.source_bytes)
+        packer.close(len(order))
+    except OSError as exc:
+        packer.abort()
+        raise ConversionError(f"{dst}: cannot write shard ({exc}); completed shards are kept: "
+                              f"fix the cause (free disk space?) and run again with --resume") from exc
+    except BaseException:
+        packer.abort()
+        raise
+    finally:
+        progress.close()
+    return progress
+
+
+def convert(src, dst, *, list_file=None, resume: bool = False, overwrite: bool = False,
+            **options) -> dict:
+    """Pack the images under ``src`` into a data set at ``dst``; return a summary dict.
+
+    ``options`` are PackOptions fields (format, mode, size, max_side, quality, shard_size,
+    seed, shuffle, validate, workers, on_error, progress). ``list_file`` reads
+    ``path,label`` rows instead of scanning class folders. Raises ConversionError with
+    the file and the fix when the job cannot complete.
+    """
+    if "shard_size" in options:
+        options["shard_size"] = parse_size(options["shard_size"])
+    opts = PackOptions(**options)
+    inputs = read_list(src, list_file) if list_file else scan_image_folder(src)
+    dst = os.path.abspath(dst)
+    os.makedirs(dst, exist_ok=True)
+    lock = journal.DstLock(dst)
+    lock.acquire()
+    try:
+        if resume and os.path.exists(os.path.join(dst, fmt.MANIFEST_NAME)) \
+                and journal.read_journal(dst)[0] is None:
+            log.info("%s is already complete; nothing to resume", dst)
+            return {"dst": dst, "already_complete": True}
+        _prepare_dst(dst, resume, overwrite)
+        plan = {"plan": journal.plan_hash(inputs, opts.output_options(), fmt.FORMAT_VERSION),
+                "num_inputs": len(inputs.paths)}
+        state = _resume_state(dst, plan, len(inputs.classes))
+        resumed_from = state.position
+        journal_ = journal.Journal(dst)
+        progress = _pack(dst, inputs, opts, state, journal_)
+        if not state.shards:
+            reasons = Counter(r for _, r in state.rejects).most_common(3)
+            raise ConversionError(f"{src}: none of the {len(inputs.paths)} inputs could be "
+                                  f"packed; most common reasons: {reasons}")
+        manifest = finalize.build_manifest(inputs, opts, state.shards, state.rejects,
+                                           state.reencoded, state.class_counts.tolist(),
+                                           progress.elapsed)
+        finalize.write_dataset_files(dst, manifest, state.rejects)
+        journal_.remove()
+    finally:
+        lock.release(remove=True)
+    return {"dst": dst, "num_samples": manifest["num_samples"], "num_shards": len(state.shards),
+            "num_bytes": manifest["num_bytes"], "rejects": len(state.rejects),
+            "reencoded": dict(state.reencoded), "resumed_from": resumed_from,
+            "seconds": progress.elapsed, "images_per_s": progress.images_per_s,
+            "mb_per_s": progress.mb_per_s}

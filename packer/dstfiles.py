@@ -1,0 +1,51 @@
+"""What a conversion may find, keep and delete in its destination folder.
+
+Only files this tool writes are ever deleted: shards, their partial temp files, the
+manifest, the rejects file and temp files of atomic writes. Anything else is left alone.
+"""
+from __future__ import annotations
+
+import os
+import re
+
+from dlpack_io.packer.journal import JOURNAL_NAME, LOCK_NAME
+from dlpack_io.reader import format as fmt
+
+_OURS = re.compile(r"^(\.?shard-\d{5,}\.(rec|lmdb)(\.partial)?|manifest\.json(\.tmp-\d+)?|"
+                   r"rejects\.tsv(\.tmp-\d+)?|" + re.escape(JOURNAL_NAME) + r"(\.tmp)?)$")
+
+
+def existing_entries(dst) -> list[str]:
+    """Names in ``dst`` other than our lock file (the folder need not exist)."""
+    try:
+        return [n for n in os.listdir(dst) if n != LOCK_NAME]
+    except FileNotFoundError:
+        return []
+
+
+def clear_outputs(dst, keep=frozenset()) -> list[str]:
+    """Delete our files in ``dst`` except the shards named in ``keep`` and the journal
+    (when anything is kept); return the names deleted."""
+    removed = []
+    for name in existing_entries(dst):
+        if not _OURS.match(name) or name in keep or (keep and name == JOURNAL_NAME):
+            continue
+        os.unlink(os.path.join(dst, name))
+        removed.append(name)
+    return removed
+
+
+def verify_kept_shard(dst, entry: dict) -> bool:
+    """Cheap check that a journaled shard is still the file we wrote: size and header CRC."""
+    path = os.path.join(dst, entry["name"])
+    try:
+        size = os.path.getsize(path)
+        if size != entry["bytes"]:
+            return False
+        if entry["name"].endswith(fmt.SHARD_SUFFIX["record"]):
+            with open(path, "rb") as f:
+                header = fmt.unpack_header(f.read(fmt.HEADER_SIZE), size, path)
+            return header.header_crc == entry["crc"]
+        return True
+    except (OSError, fmt.FormatError):
+        return False

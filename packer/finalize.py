@@ -1,0 +1,68 @@
+"""The last step of a conversion: rejects file, then the manifest, atomically."""
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+
+from dlpack_io.packer.writers import fsync_dir
+from dlpack_io.reader import format as fmt
+
+
+def atomic_write(path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via temp file, fsync and rename: all or nothing."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def pil_flavour() -> str:
+    """Which PIL is installed: ``pillow-simd X`` or ``pillow X``."""
+    from importlib import metadata
+
+    for dist in ("pillow-simd", "Pillow"):
+        try:
+            return f"{dist.lower()} {metadata.version(dist)}"
+        except metadata.PackageNotFoundError:
+            continue
+    return "PIL (unknown distribution)"
+
+
+def rejects_tsv(rejects: list) -> bytes:
+    """The rejects file: a header line, then ``path<TAB>reason`` per skipped input."""
+    lines = ["path\treason"] + [f"{p}\t{r}".replace("\n", " ") for p, r in rejects]
+    return ("\n".join(lines) + "\n").encode()
+
+
+def build_manifest(inputs, options, shards: list, rejects: list, reencoded: dict,
+                   class_counts: list, seconds: float) -> dict:
+    """The manifest dict (checksum included) describing a finished data set."""
+    from dlpack_io.packer import __version__
+
+    manifest = {
+        "kind": fmt.MANIFEST_KIND, "version": fmt.FORMAT_VERSION,
+        "format": options.format, "mode": options.mode,
+        "num_samples": sum(s["num_samples"] for s in shards),
+        "num_bytes": sum(s["bytes"] for s in shards),
+        "classes": list(inputs.classes), "class_counts": list(class_counts),
+        "shards": shards, "options": options.output_options(),
+        "source": {"root": inputs.root, "list": inputs.list_file,
+                   "num_inputs": len(inputs.paths)},
+        "rejects": [{"path": p, "reason": r} for p, r in rejects],
+        "reencoded": dict(sorted(reencoded.items())),
+        "created": {"at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                    "seconds": round(seconds, 3), "dlpack": __version__, "pil": pil_flavour(),
+                    "python": platform.python_version(), "host": platform.node()},
+    }
+    manifest["checksum"] = fmt.manifest_checksum(manifest)
+    return manifest
+
+
+def write_dataset_files(dst, manifest: dict, rejects: list) -> None:
+    """Write rejects.tsv, then manifest.json last: the manifest's arrival completes DST."""
+    atomic_write(os.path.join(dst, fmt.REJECTS_NAME), rejects_tsv(rejects))
+    atomic_write(os.path.join(dst, fmt.MANIFEST_NAME), fmt.encode_meta(manifest))

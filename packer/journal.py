@@ -1,0 +1,117 @@
+"""The resume journal of a conversion in progress, and the lock that guards DST.
+
+``DST/.dlpack-convert.journal`` holds JSON lines: first the plan (a hash of the inputs and
+the output options), then one line per finished shard, appended and fsynced after the
+shard's rename. ``--resume`` keeps the shards the journal vouches for and redoes the rest;
+since encoding is deterministic and shards are cut by size in input order, the result is
+byte-identical to an uninterrupted run. The journal and the lock go when the manifest lands.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import os
+
+JOURNAL_NAME = ".dlpack-convert.journal"
+LOCK_NAME = ".dlpack-convert.lock"
+
+
+def plan_hash(inputs, output_options: dict, format_version: int) -> str:
+    """Digest of everything that decides the output bytes."""
+    h = hashlib.sha256()
+    h.update(json.dumps([format_version, output_options, inputs.classes], sort_keys=True).encode())
+    for path, label in zip(inputs.paths, inputs.labels):
+        h.update(f"{path}\0{label}\n".encode())
+    return h.hexdigest()
+
+
+class DstLock:
+    """An exclusive, non-blocking flock on DST: two converts cannot write one DST."""
+
+    def __init__(self, dst):
+        self.path = os.path.join(dst, LOCK_NAME)
+        self._fd = None
+
+    def acquire(self) -> None:
+        """Take the lock or raise RuntimeError naming the holder."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                raise RuntimeError(f"{os.path.dirname(self.path)} is being written by another "
+                                   f"dlpack convert (pid {holder}); wait for it or choose "
+                                   f"another DST") from None
+            raise
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._fd = fd
+
+    def release(self, remove: bool = False) -> None:
+        """Drop the lock; ``remove`` deletes the lock file first (conversion complete)."""
+        if self._fd is None:
+            return
+        if remove:
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+        os.close(self._fd)
+        self._fd = None
+
+
+def read_journal(dst) -> tuple[dict | None, list]:
+    """Return (plan line, shard lines) of DST's journal; (None, []) if there is none.
+
+    A torn last line (a crash mid-append) is ignored: that shard is simply redone.
+    """
+    path = os.path.join(dst, JOURNAL_NAME)
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().split("\n")
+    except FileNotFoundError:
+        return None, []
+    entries = []
+    for line in lines:
+        try:
+            entries.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    if not entries or "plan" not in entries[0]:
+        return None, []
+    return entries[0], entries[1:]
+
+
+class Journal:
+    """Append-only writer of the journal."""
+
+    def __init__(self, dst, plan: dict | None = None, shards: list | None = None):
+        self.path = os.path.join(dst, JOURNAL_NAME)
+        self.shards = list(shards or [])
+        if plan is not None:  # fresh start: rewrite the file with the plan and kept shards
+            tmp = self.path + ".tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                for entry in [plan] + self.shards:
+                    f.write(json.dumps(entry, sort_keys=True) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+
+    def append(self, entry: dict) -> None:
+        """Durably record one finished shard."""
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(entry, sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self.shards.append(entry)
+
+    def remove(self) -> None:
+        """Delete the journal (the manifest now vouches for the data set)."""
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,86 @@
+"""Packing options: one frozen dataclass, one set of defaults, validated once."""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass, fields
+
+from dlpack_io.reader.format import FORMATS, MODES
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+          "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
+ON_ERROR = ("skip", "fail")
+
+
+def parse_size(text) -> int:
+    """Parse a byte count such as ``256MB``, ``1.5GiB`` or ``4096`` into an int."""
+    if isinstance(text, int):
+        return text
+    match = _SIZE_RE.match(str(text))
+    if not match:
+        raise ValueError(f"shard size {text!r} is not a size such as 256MB, 1GiB or 4096")
+    unit = (match.group(2) or "").upper().rstrip("B")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+@dataclass(frozen=True)
+class PackOptions:
+    """Everything that decides the bytes of a packed data set (plus how to run).
+
+    Fields that change output: format, mode, size, max_side, quality, shard_size, seed,
+    shuffle, validate. Fields that only change how the work runs: workers, on_error,
+    progress. Output never depends on ``workers``.
+    """
+
+    format: str = "record"
+    mode: str = "jpeg"
+    size: int | None = None        # raw: resize shorter side, then center-crop to size x size
+    max_side: int | None = None    # bound the longer side, keeping aspect ratio
+    quality: int = 95              # JPEG quality when a record must be re-encoded
+    shard_size: int = 256 * 10**6  # target bytes of record data per shard
+    seed: int = 0                  # seed of the packing order shuffle
+    shuffle: bool = True           # shuffle samples across shards (helps block shuffling)
+    validate: bool = True          # decode every input before packing it
+    workers: int = 0               # 0 = all cores
+    on_error: str = "skip"         # skip bad inputs (listed as rejects) or fail on the first
+    progress: bool = True
+
+    def __post_init__(self):
+        if self.format not in FORMATS:
+            raise ValueError(f"format {self.format!r}: expected one of {FORMATS}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode {self.mode!r}: expected one of {MODES}")
+        if self.on_error not in ON_ERROR:
+            raise ValueError(f"on_error {self.on_error!r}: expected one of {ON_ERROR}")
+        if self.size is not None and self.max_side is not None:
+            raise ValueError("give --size or --max-side, not both")
+        if self.size is not None and self.mode != "raw":
+            raise ValueError("--size (fixed square records) is for --mode raw; use --max-side "
+                             "to bound JPEG records")
+        for name in ("size", "max_side"):
+            value = getattr(self, name)
+            if value is not None and not (1 <= value <= 65535):
+                raise ValueError(f"{name} {value}: expected 1..65535 pixels")
+        if not 1 <= self.quality <= 100:
+            raise ValueError(f"quality {self.quality}: expected 1..100")
+        if self.shard_size < 1:
+            raise ValueError(f"shard_size {self.shard_size}: expected a positive byte count")
+        if self.workers < 0:
+            raise ValueError(f"workers {self.workers}: expected 0 (all cores) or more")
+
+    @property
+    def num_workers(self) -> int:
+        """Worker processes to use: ``workers`` or, when 0, the cores this process may use."""
+        if self.workers:
+            return self.workers
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+    def output_options(self) -> dict:
+        """The options that determine the output bytes (recorded in the manifest)."""
+        skip = {"workers", "on_error", "progress"}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
+
+    def to_dict(self) -> dict:
+        """All options as a plain dict."""
+        return asdict(self)

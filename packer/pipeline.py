@@ -1,0 +1,70 @@
+"""Encode inputs in worker processes and hand results back in input order.
+
+Results come back in the order of the inputs whatever the number of workers, which is
+what makes the packed bytes independent of ``--workers``. At most ``max_in_flight``
+chunks are outstanding, so a slow writer never lets encoded pixels pile up in memory.
+A worker that dies (OOM killer, segfault in a decoder) surfaces as ConversionError
+instead of a hang: that is why this uses ProcessPoolExecutor and not multiprocessing.Pool.
+"""
+from __future__ import annotations
+
+import multiprocessing
+from collections import deque
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+
+from dlpack_io.packer.encode import encode_path
+
+
+class ConversionError(Exception):
+    """A conversion cannot go on; the message names the file and the fix."""
+
+
+def _encode_chunk(paths: list, options: dict) -> list:
+    return [encode_path(p, options) for p in paths]
+
+
+def _context():
+    # fork starts workers in milliseconds; elsewhere fall back to the platform default.
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("fork" if "fork" in methods else None)
+
+
+def encode_in_order(paths, options: dict, workers: int, *, chunk: int = 8,
+                    max_in_flight: int | None = None):
+    """Yield ``(status, value)`` from encode_path for each of ``paths``, in order.
+
+    ``workers`` processes encode chunks of ``chunk`` files; ``workers == 0`` encodes in
+    this process (used by tests and tiny jobs).
+    """
+    if workers == 0:
+        for p in paths:
+            yield encode_path(p, options)
+        return
+    max_in_flight = max_in_flight or 4 * workers
+    starts = iter(range(0, len(paths), chunk))
+    pending: deque = deque()
+    with ProcessPoolExecutor(max_workers=workers, mp_context=_context()) as pool:
+        try:
+            while True:
+                while len(pending) < max_in_flight:
+                    start = next(starts, None)
+                    if start is None:
+                        break
+                    pending.append((start, pool.submit(_encode_chunk, paths[start:start + chunk], options)))
+                if not pending:
+                    return
+                start, future = pending.popleft()
+                try:
+                    results = future.result()
+                except BrokenProcessPool:
+                    raise ConversionError(
+                        f"a worker process died while encoding {paths[start]} .. "
+                        f"{paths[min(start + chunk, len(paths)) - 1]} (killed, out of memory, "
+                        f"or a crash in the image decoder); completed shards are kept, run "
+                        f"again with --resume") from None
+                yield from results
+        finally:
+            for _, future in pending:
+                future.cancel()
+

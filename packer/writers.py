@@ -1,0 +1,167 @@
+"""Shard writers: records in, one complete shard file out, published by rename.
+
+A writer writes to a hidden temporary name (``.shard-NNNNN.rec.partial``) and only a
+finished, fsynced shard is renamed to its final name, so a file with a final shard name is
+always complete. Both writers share the index table and metadata of reader.format.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from dlpack_io.reader import format as fmt
+
+
+def partial_name(name: str) -> str:
+    """Temporary file name of a shard while it is being written."""
+    return f".{name}.partial"
+
+
+def fsync_dir(path) -> None:
+    """Make renames inside directory ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _ShardWriter:
+    """Common bookkeeping: index entries, source paths, temp-then-rename publishing."""
+
+    def __init__(self, dst, shard_number: int, first_sample: int, data_format: str):
+        self.dst = str(dst)
+        self.name = fmt.shard_name(shard_number, data_format)
+        self.tmp_path = os.path.join(self.dst, partial_name(self.name))
+        self.final_path = os.path.join(self.dst, self.name)
+        self.shard_number = shard_number
+        self.first_sample = first_sample
+        self.entries: list[tuple] = []
+        self.paths: list[str] = []
+        self.data_size = 0  # payload bytes so far, padding included (record) or not (lmdb)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def _entry(self, record, label: int, offset: int) -> tuple:
+        return (offset, len(record.payload), label, fmt.crc32(record.payload),
+                record.height, record.width, 3, record.kind, 0)
+
+    def _index_and_meta(self) -> tuple[np.ndarray, dict]:
+        index = np.array(self.entries, dtype=fmt.INDEX_DTYPE)
+        meta = {"shard": self.shard_number, "first_sample": self.first_sample,
+                "paths": self.paths}
+        return index, meta
+
+    def _publish(self) -> dict:
+        os.replace(self.tmp_path, self.final_path)
+        fsync_dir(self.dst)
+        return {"name": self.name, "num_samples": len(self.entries),
+                "first_sample": self.first_sample, "bytes": os.path.getsize(self.final_path)}
+
+    def abort(self) -> None:
+        """Drop the unfinished shard (its temp file), leaving finished shards alone."""
+        self._close_quietly()
+        try:
+            os.unlink(self.tmp_path)
+        except FileNotFoundError:
+            pass
+
+    def _close_quietly(self) -> None:
+        raise NotImplementedError
+
+
+class RecordShardWriter(_ShardWriter):
+    """Writes a ``.rec`` shard: header page, aligned records, index table, metadata."""
+
+    def __init__(self, dst, shard_number: int, first_sample: int):
+        super().__init__(dst, shard_number, first_sample, "record")
+        self._file = open(self.tmp_path, "wb")
+        self._file.seek(fmt.HEADER_SIZE)
+
+    def add(self, record, label: int, path: str) -> None:
+        """Append one EncodedRecord with its label and source path."""
+        offset = fmt.HEADER_SIZE + self.data_size
+        self._file.write(record.payload)
+        padded = fmt.align_up(len(record.payload))
+        if padded > len(record.payload):
+            self._file.write(b"\0" * (padded - len(record.payload)))
+        self.entries.append(self._entry(record, label, offset))
+        self.paths.append(path)
+        self.data_size += padded
+
+    def finish(self) -> dict:
+        """Write index, metadata and header, fsync, rename; return the manifest entry."""
+        index, meta = self._index_and_meta()
+        index_bytes, meta_bytes = index.tobytes(), fmt.encode_meta(meta)
+        page, header = fmt.pack_header(len(index), self.data_size, len(meta_bytes),
+                                       fmt.crc32(index_bytes), fmt.crc32(meta_bytes))
+        self._file.write(index_bytes)
+        self._file.write(meta_bytes)
+        self._file.seek(0)
+        self._file.write(page)
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        return dict(self._publish(), crc=header.header_crc)
+
+    def _close_quietly(self) -> None:
+        self._file.close()
+
+
+class LmdbShardWriter(_ShardWriter):
+    """Writes a single-file LMDB shard: records under big-endian index keys."""
+
+    COMMIT_BYTES = 64 * 2**20  # bound the dirty pages of one write transaction
+
+    def __init__(self, dst, shard_number: int, first_sample: int, shard_size: int):
+        import lmdb
+
+        super().__init__(dst, shard_number, first_sample, "lmdb")
+        # map_size is address space, not disk: room for an over-full last record too.
+        map_size = 2 * shard_size + 2**30
+        self._env = lmdb.open(self.tmp_path, subdir=False, map_size=map_size, lock=False,
+                              sync=False, metasync=False, readahead=False, meminit=False)
+        self._txn = self._env.begin(write=True)
+        self._uncommitted = 0
+
+    def add(self, record, label: int, path: str) -> None:
+        """Append one EncodedRecord with its label and source path."""
+        key = fmt.lmdb_record_key(len(self.entries))
+        self._txn.put(key, record.payload, append=True)
+        self.entries.append(self._entry(record, label, 0))
+        self.paths.append(path)
+        self.data_size += len(record.payload)
+        self._uncommitted += len(record.payload)
+        if self._uncommitted >= self.COMMIT_BYTES:
+            self._txn.commit()
+            self._txn = self._env.begin(write=True)
+            self._uncommitted = 0
+
+    def finish(self) -> dict:
+        """Store index and metadata keys, sync, close, rename; return the manifest entry."""
+        index, meta = self._index_and_meta()
+        index_bytes = index.tobytes()
+        meta_bytes = fmt.encode_meta(fmt.lmdb_meta(len(index), fmt.crc32(index_bytes), meta))
+        self._txn.put(fmt.LMDB_INDEX_KEY, index_bytes)
+        self._txn.put(fmt.LMDB_META_KEY, meta_bytes)
+        self._txn.commit()
+        self._env.sync(True)
+        self._env.close()
+        with open(self.tmp_path, "rb+") as f:
+            os.fsync(f.fileno())
+        return dict(self._publish(), crc=fmt.crc32(meta_bytes))
+
+    def _close_quietly(self) -> None:
+        try:
+            self._txn.abort()
+        finally:
+            self._env.close()
+
+
+def open_writer(data_format: str, dst, shard_number: int, first_sample: int, shard_size: int):
+    """A writer of the given format for shard ``shard_number``."""
+    if data_format == "lmdb":
+        return LmdbShardWriter(dst, shard_number, first_sample, shard_size)
+    return RecordShardWriter(dst, shard_number, first_sample)

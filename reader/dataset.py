@@ -1,0 +1,74 @@
+"""``Dataset(path)``: a packed data set as a random-access sequence of (pixels, label)."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from dlpack_io.reader import format as fmt
+from dlpack_io.reader.decode import decode_record
+from dlpack_io.reader.manifest import load_manifest
+from dlpack_io.reader.shard import open_shard
+
+
+class Dataset:
+    """A packed data set (record or LMDB, jpeg or raw mode), opened lazily.
+
+    Only the manifest is read at construction; shards open on first use in each process,
+    so a Dataset can be handed to torch's DataLoader workers. ``ds[i]`` returns
+    ``(HWC uint8 ndarray, int label)``; ``ds.classes`` lists the class names.
+    """
+
+    def __init__(self, path, *, verify_checksums: bool = False):
+        self.path = os.fspath(path)
+        self.manifest = load_manifest(self.path)
+        self.classes = list(self.manifest["classes"])
+        self.format = self.manifest["format"]
+        self.mode = self.manifest["mode"]
+        self.verify_checksums = verify_checksums
+        self.shards = [open_shard(self.path, e, self.format) for e in self.manifest["shards"]]
+        self._starts = np.array([e["first_sample"] for e in self.manifest["shards"]], dtype=np.int64)
+
+    def __len__(self) -> int:
+        return self.manifest["num_samples"]
+
+    def locate(self, i: int) -> tuple[int, int]:
+        """(shard number, record number within the shard) of global sample ``i``."""
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"sample {i} out of range for a data set of {n} samples")
+        i %= n
+        k = int(np.searchsorted(self._starts, i, side="right")) - 1
+        return k, i - int(self._starts[k])
+
+    def where(self, i: int) -> str:
+        """Human-readable location of sample ``i`` for error messages."""
+        k, j = self.locate(i)
+        return f"{self.shards[k].path} record {j} (sample {i})"
+
+    def record(self, i: int):
+        """(zero-copy payload, index entry) of sample ``i``; checks its CRC if asked."""
+        k, j = self.locate(i)
+        shard = self.shards[k]
+        entry = shard.index[j]
+        if len(shard.index) != self.manifest["shards"][k]["num_samples"]:
+            raise fmt.FormatError(f"{shard.path}: holds {len(shard.index)} records, the "
+                                  f"manifest says {self.manifest['shards'][k]['num_samples']}")
+        payload = shard.payload(j)
+        if self.verify_checksums and fmt.crc32(payload) != int(entry["crc"]):
+            raise fmt.FormatError(f"{self.where(i)}: record checksum mismatch: damaged data")
+        return payload, entry
+
+    def __getitem__(self, i: int):
+        payload, entry = self.record(i)
+        return decode_record(payload, entry, self.where(i)), int(entry["label"])
+
+    def __getstate__(self):
+        return {"path": self.path, "verify_checksums": self.verify_checksums}
+
+    def __setstate__(self, state):
+        self.__init__(state["path"], verify_checksums=state["verify_checksums"])
+
+    def __repr__(self) -> str:
+        return (f"Dataset({self.path!r}: {len(self)} samples, {len(self.classes)} classes, "
+                f"{self.format}/{self.mode}, {len(self.shards)} shards)")

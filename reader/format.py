@@ -1,0 +1,308 @@
+"""THE on-disk specification of a dlpack data set.
+
+Every byte layout, offset formula, version literal and key scheme lives here and nowhere
+else: the packer writes through these functions and the reader parses through them
+(house rule 1). ``docs/FORMAT.md`` describes the same layout for readers in other languages.
+
+A data set is a directory holding
+  * ``manifest.json``           written last, atomically: no manifest, no data set;
+  * ``shard-NNNNN.rec``         record shards (``format="record"``), or
+  * ``shard-NNNNN.lmdb``        LMDB shards (``format="lmdb"``, single-file environments);
+  * ``rejects.tsv``             inputs that were skipped, with the reason.
+
+Record shard layout (all integers little-endian)::
+
+    [0, 4096)                 header page (HEADER_STRUCT, zero padded)
+    [data_offset, +data_size) records, each starting at a multiple of RECORD_ALIGN
+    [index_offset, +N*32)     index table, N entries of INDEX_DTYPE
+    [meta_offset, +meta_size) shard metadata, UTF-8 JSON
+
+Checksums are CRC-32 (zlib polynomial). The header carries CRCs of the index and of the
+metadata and a CRC of itself; each index entry carries the CRC of its record; the manifest
+carries each shard's header CRC and a CRC of its own canonical JSON. One chain of checksums
+therefore covers every byte that has meaning.
+"""
+from __future__ import annotations
+
+import json
+import re
+import struct
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+MAGIC = b"DLPKSHRD"
+FORMAT_VERSION = 1
+HEADER_SIZE = 4096
+RECORD_ALIGN = 64
+MANIFEST_NAME = "manifest.json"
+REJECTS_NAME = "rejects.tsv"
+MANIFEST_KIND = "dlpack-dataset"
+
+FORMATS = ("record", "lmdb")
+MODES = ("jpeg", "raw")
+SHARD_SUFFIX = {"record": ".rec", "lmdb": ".lmdb"}
+_SHARD_NAME_RE = re.compile(r"^shard-\d{5,}\.(rec|lmdb)$")
+
+# Record kinds stored in INDEX_DTYPE["kind"].
+KIND_JPEG = 0   # payload is a complete JPEG file (baseline or progressive), RGB
+KIND_RAW = 1    # payload is height*width*channels uint8 pixels, HWC, row-major
+
+# magic, version, header_size, num_records, data_offset, data_size, index_offset,
+# index_size, meta_offset, meta_size, record_align, index_entry_size, index_crc,
+# meta_crc, header_crc (CRC of the preceding bytes of this struct).
+HEADER_STRUCT = struct.Struct("<8sIIQQQQQQQIIIII")
+
+INDEX_DTYPE = np.dtype([
+    ("offset", "<u8"),    # byte offset of the record from the start of the shard file
+    ("length", "<u4"),    # payload length in bytes
+    ("label", "<i4"),     # class index into manifest["classes"]
+    ("crc", "<u4"),       # CRC-32 of the payload
+    ("height", "<u4"),    # image height in pixels (after any packing transform)
+    ("width", "<u4"),     # image width in pixels
+    ("channels", "u1"),   # 3 (every record decodes to RGB)
+    ("kind", "u1"),       # KIND_JPEG or KIND_RAW
+    ("reserved", "<u2"),  # zero
+])
+INDEX_ENTRY_SIZE = INDEX_DTYPE.itemsize  # 32
+
+# LMDB shards: one single-file environment per shard; record i under key LMDB_RECORD_KEY(i)
+# (8-byte big-endian, so lexicographic key order is index order); index table bytes and
+# metadata JSON under fixed keys. LMDB has no header page: the metadata JSON carries
+# magic, version, counts and the index CRC instead.
+LMDB_INDEX_KEY = b"__index__"
+LMDB_META_KEY = b"__meta__"
+
+
+class FormatError(Exception):
+    """A file of the data set is not what this format version says it must be.
+
+    The message names the file, what was found and what was expected.
+    """
+
+
+def crc32(data) -> int:
+    """CRC-32 (zlib polynomial) of a bytes-like object, as an unsigned int."""
+    return zlib.crc32(data) & 0xFFFFFFFF
+
+
+def align_up(value: int, alignment: int = RECORD_ALIGN) -> int:
+    """Smallest multiple of ``alignment`` that is >= ``value``."""
+    return (value + alignment - 1) // alignment * alignment
+
+
+def shard_name(shard_number: int, fmt: str) -> str:
+    """File name of shard ``shard_number`` for format ``fmt`` (``record`` or ``lmdb``)."""
+    return f"shard-{shard_number:05d}{SHARD_SUFFIX[fmt]}"
+
+
+def lmdb_record_key(index: int) -> bytes:
+    """LMDB key of record ``index`` within its shard."""
+    return struct.pack(">Q", index)
+
+
+@dataclass(frozen=True)
+class ShardHeader:
+    """Parsed header page of a record shard."""
+
+    num_records: int
+    data_offset: int
+    data_size: int
+    index_offset: int
+    index_size: int
+    meta_offset: int
+    meta_size: int
+    index_crc: int
+    meta_crc: int
+    header_crc: int
+
+
+def pack_header(num_records, data_size, meta_size, index_crc, meta_crc) -> tuple[bytes, ShardHeader]:
+    """Build the 4096-byte header page for a shard with the given section sizes.
+
+    Sections follow each other: header, data (``data_size`` bytes, already padded to
+    RECORD_ALIGN), index, metadata.
+    """
+    data_offset = HEADER_SIZE
+    index_offset = data_offset + data_size
+    index_size = num_records * INDEX_ENTRY_SIZE
+    meta_offset = index_offset + index_size
+    fields = (MAGIC, FORMAT_VERSION, HEADER_SIZE, num_records, data_offset, data_size,
+              index_offset, index_size, meta_offset, meta_size, RECORD_ALIGN,
+              INDEX_ENTRY_SIZE, index_crc, meta_crc)
+    body = HEADER_STRUCT.pack(*fields, 0)[:-4]
+    header_crc = crc32(body)
+    page = (body + struct.pack("<I", header_crc)).ljust(HEADER_SIZE, b"\0")
+    header = ShardHeader(num_records, data_offset, data_size, index_offset, index_size,
+                         meta_offset, meta_size, index_crc, meta_crc, header_crc)
+    return page, header
+
+
+def unpack_header(page, file_size: int, where: str) -> ShardHeader:
+    """Parse and validate a header page read from a shard of ``file_size`` bytes.
+
+    Raises FormatError naming ``where`` on a wrong magic, version, checksum or any
+    section that does not lie inside the file in the order the spec requires.
+    """
+    if len(page) < HEADER_STRUCT.size or file_size < HEADER_SIZE:
+        raise FormatError(f"{where}: file is {file_size} bytes, shorter than the "
+                          f"{HEADER_SIZE}-byte header page; the shard is truncated")
+    (magic, version, header_size, n, data_off, data_size, index_off, index_size, meta_off,
+     meta_size, align, entry_size, index_crc, meta_crc, header_crc) = HEADER_STRUCT.unpack_from(page)
+    if magic != MAGIC:
+        raise FormatError(f"{where}: magic is {magic!r}, expected {MAGIC!r}: not a dlpack record shard")
+    actual_crc = crc32(bytes(page[:HEADER_STRUCT.size - 4]))
+    if actual_crc != header_crc:
+        raise FormatError(f"{where}: header checksum mismatch (stored {header_crc:#010x}, "
+                          f"computed {actual_crc:#010x}): the header page is damaged")
+    if version != FORMAT_VERSION:
+        raise FormatError(f"{where}: format version {version}, this dlpack reads version "
+                          f"{FORMAT_VERSION}; upgrade dlpack or re-pack the data set")
+    expected = (HEADER_SIZE, HEADER_SIZE, data_off + data_size, n * INDEX_ENTRY_SIZE,
+                index_off + index_size, RECORD_ALIGN, INDEX_ENTRY_SIZE, file_size)
+    found = (header_size, data_off, index_off, index_size, meta_off, align, entry_size,
+             meta_off + meta_size)
+    if expected != found:
+        raise FormatError(f"{where}: section layout {found} does not match the header's own "
+                          f"counts {expected} (header_size, data_offset, index_offset, "
+                          f"index_size, meta_offset, align, entry_size, file end); the "
+                          f"shard is truncated or damaged")
+    return ShardHeader(n, data_off, data_size, index_off, index_size, meta_off, meta_size,
+                       index_crc, meta_crc, header_crc)
+
+
+def index_from_buffer(buffer, num_records: int, where: str) -> np.ndarray:
+    """Zero-copy view of an index table (``num_records`` entries) over ``buffer``."""
+    if len(buffer) != num_records * INDEX_ENTRY_SIZE:
+        raise FormatError(f"{where}: index table is {len(buffer)} bytes, expected "
+                          f"{num_records} x {INDEX_ENTRY_SIZE}")
+    return np.frombuffer(buffer, dtype=INDEX_DTYPE, count=num_records)
+
+
+def check_index_bounds(index: np.ndarray, data_offset: int, data_end: int, where: str) -> None:
+    """Raise FormatError unless every record lies inside [data_offset, data_end).
+
+    Called once when a shard is opened, so later reads can slice without bounds checks.
+    """
+    if len(index) == 0:
+        return
+    start = index["offset"].astype(np.uint64)
+    end = start + index["length"].astype(np.uint64)
+    bad = np.flatnonzero((start < data_offset) | (end > data_end) | (start > end))
+    if bad.size:
+        i = int(bad[0])
+        raise FormatError(f"{where}: record {i} spans [{int(start[i])}, {int(end[i])}) outside "
+                          f"the data section [{data_offset}, {data_end})")
+    raw = index["kind"] == KIND_RAW
+    need = (index["height"].astype(np.uint64) * index["width"] * index["channels"])
+    bad = np.flatnonzero(raw & (need != index["length"]))
+    if bad.size:
+        i = int(bad[0])
+        raise FormatError(f"{where}: raw record {i} is {int(index['length'][i])} bytes but "
+                          f"{int(index['height'][i])}x{int(index['width'][i])}x"
+                          f"{int(index['channels'][i])} pixels need {int(need[i])}")
+
+
+def encode_meta(meta: dict) -> bytes:
+    """Canonical JSON bytes for shard metadata or a manifest (sorted keys, compact)."""
+    return json.dumps(meta, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def decode_json(data, where: str) -> dict:
+    """Parse UTF-8 JSON that must be an object, raising FormatError naming ``where``."""
+    try:
+        value = json.loads(bytes(data).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(f"{where}: not valid UTF-8 JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise FormatError(f"{where}: expected a JSON object, found {type(value).__name__}")
+    return value
+
+
+def check_shard_name(name, where: str) -> str:
+    """Return ``name`` if it is a plain shard file name; reject paths and traversal."""
+    if not isinstance(name, str) or not _SHARD_NAME_RE.match(name):
+        raise FormatError(f"{where}: shard name {name!r} is not of the form "
+                          f"'shard-NNNNN.rec' or 'shard-NNNNN.lmdb' (no directories allowed)")
+    return name
+
+
+def manifest_checksum(manifest: dict) -> int:
+    """CRC-32 of the manifest's canonical JSON with its ``checksum`` field left out."""
+    body = {k: v for k, v in manifest.items() if k != "checksum"}
+    return crc32(encode_meta(body))
+
+
+def lmdb_meta(num_records: int, index_crc: int, shard_meta: dict) -> dict:
+    """Metadata JSON stored under LMDB_META_KEY: header facts plus the shard metadata."""
+    return dict(shard_meta, magic=MAGIC.decode(), version=FORMAT_VERSION,
+                num_records=num_records, index_crc=index_crc, index_entry_size=INDEX_ENTRY_SIZE)
+
+
+# Manifest schema: required top-level keys and their JSON types. Shard entries carry the
+# shard's file name, record count, global index of its first record, file size and
+# ``crc``: the header CRC (record shards) or the CRC of the metadata JSON (LMDB shards).
+MANIFEST_FIELDS = {
+    "kind": str, "version": int, "format": str, "mode": str, "num_samples": int,
+    "num_bytes": int, "classes": list, "class_counts": list, "shards": list,
+    "options": dict, "source": dict, "rejects": list, "reencoded": dict,
+    "created": dict, "checksum": int,
+}
+SHARD_ENTRY_FIELDS = {"name": str, "num_samples": int, "first_sample": int, "bytes": int,
+                      "crc": int}
+# Manifest keys that legitimately differ between two packings of the same input.
+VOLATILE_MANIFEST_KEYS = ("created", "checksum")
+
+
+def _check_fields(obj: dict, fields: dict, where: str) -> None:
+    for key, typ in fields.items():
+        if key not in obj:
+            raise FormatError(f"{where}: missing required field {key!r}")
+        value = obj[key]
+        if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+            raise FormatError(f"{where}: field {key!r} is {type(value).__name__} "
+                              f"{value!r:.60}, expected {typ.__name__}")
+        if typ is int and value < 0:
+            raise FormatError(f"{where}: field {key!r} is negative ({value})")
+
+
+def validate_manifest(manifest: dict, where: str) -> dict:
+    """Check a parsed manifest against the schema and its own checksum; return it.
+
+    Raises FormatError naming ``where`` and the offending field on any inconsistency, so
+    callers can index shards and classes without further checks.
+    """
+    _check_fields(manifest, MANIFEST_FIELDS, where)
+    if manifest["kind"] != MANIFEST_KIND:
+        raise FormatError(f"{where}: kind is {manifest['kind']!r}, expected {MANIFEST_KIND!r}")
+    if manifest["version"] != FORMAT_VERSION:
+        raise FormatError(f"{where}: format version {manifest['version']}, this dlpack reads "
+                          f"version {FORMAT_VERSION}; upgrade dlpack or re-pack the data set")
+    computed = manifest_checksum(manifest)
+    if computed != manifest["checksum"]:
+        raise FormatError(f"{where}: manifest checksum mismatch (stored {manifest['checksum']:#x}, "
+                          f"computed {computed:#x}): the manifest was edited or damaged")
+    if manifest["format"] not in FORMATS or manifest["mode"] not in MODES:
+        raise FormatError(f"{where}: format/mode {manifest['format']!r}/{manifest['mode']!r} "
+                          f"not in {FORMATS}/{MODES}")
+    expected_first = 0
+    for k, shard in enumerate(manifest["shards"]):
+        entry_where = f"{where}: shards[{k}]"
+        if not isinstance(shard, dict):
+            raise FormatError(f"{entry_where}: expected an object")
+        _check_fields(shard, SHARD_ENTRY_FIELDS, entry_where)
+        check_shard_name(shard["name"], entry_where)
+        if not shard["name"].endswith(SHARD_SUFFIX[manifest["format"]]):
+            raise FormatError(f"{entry_where}: {shard['name']!r} is not a {manifest['format']} shard")
+        if shard["first_sample"] != expected_first:
+            raise FormatError(f"{entry_where}: first_sample {shard['first_sample']}, expected "
+                              f"{expected_first} (shards must tile the sample range)")
+        expected_first += shard["num_samples"]
+    if expected_first != manifest["num_samples"]:
+        raise FormatError(f"{where}: shards hold {expected_first} samples, num_samples says "
+                          f"{manifest['num_samples']}")
+    classes, counts = manifest["classes"], manifest["class_counts"]
+    if len(classes) != len(counts) or not all(isinstance(c, str) for c in classes):
+        raise FormatError(f"{where}: classes must be strings, one count per class")
+    return manifest

@@ -1,0 +1,144 @@
+"""Read-only access to one shard: the index table and zero-copy record payloads.
+
+Shards open lazily, once per process (a forked worker re-opens its own): an LMDB
+environment must never cross a fork, and lazily opened mmaps cost nothing until read.
+Every structural check happens at open, so ``payload(i)`` is a bare slice.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+
+import numpy as np
+
+from dlpack_io.reader import format as fmt
+
+
+class _Shard:
+    def __init__(self, path: str, expected_crc: int | None = None):
+        self.path = path
+        self.expected_crc = expected_crc
+        self._pid = None
+        self._index = None
+
+    def _ensure_open(self) -> None:
+        if self._pid != os.getpid():
+            self._pid = None
+            self._open()
+            self._pid = os.getpid()
+
+    @property
+    def index(self) -> np.ndarray:
+        """The shard's index table (INDEX_DTYPE entries), a view over the file."""
+        self._ensure_open()
+        return self._index
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getstate__(self):
+        return {"path": self.path, "expected_crc": self.expected_crc}
+
+    def __setstate__(self, state):
+        self.__init__(state["path"], state["expected_crc"])
+
+    def _check_crc(self, what: str, stored: int, data) -> None:
+        actual = fmt.crc32(data)
+        if actual != stored:
+            raise fmt.FormatError(f"{self.path}: {what} checksum mismatch (stored {stored:#010x}, "
+                                  f"computed {actual:#010x}): the shard is damaged")
+
+    def _check_manifest_crc(self, crc: int) -> None:
+        if self.expected_crc is not None and crc != self.expected_crc:
+            raise fmt.FormatError(f"{self.path}: shard checksum {crc:#010x} differs from the "
+                                  f"manifest's {self.expected_crc:#010x}: the file was replaced "
+                                  f"or damaged")
+
+
+class RecordShard(_Shard):
+    """A ``.rec`` shard, memory-mapped read-only."""
+
+    def _open(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size < fmt.HEADER_SIZE:
+                    raise fmt.FormatError(f"{self.path}: {size} bytes, shorter than the "
+                                          f"{fmt.HEADER_SIZE}-byte header: truncated shard")
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{self.path}: shard listed in the manifest is missing") from None
+        view = memoryview(mm)
+        header = fmt.unpack_header(view[:fmt.HEADER_SIZE], size, self.path)
+        self._check_manifest_crc(header.header_crc)
+        index_bytes = view[header.index_offset:header.index_offset + header.index_size]
+        self._check_crc("index", header.index_crc, index_bytes)
+        index = fmt.index_from_buffer(index_bytes, header.num_records, self.path)
+        fmt.check_index_bounds(index, header.data_offset, header.index_offset, self.path)
+        self.header, self._mm, self._view, self._index = header, mm, view, index
+
+    def payload(self, i: int) -> memoryview:
+        """Zero-copy bytes of record ``i``."""
+        self._ensure_open()
+        start = int(self._index["offset"][i])
+        return self._view[start:start + int(self._index["length"][i])]
+
+    def meta(self) -> dict:
+        """The shard's metadata JSON (source paths and position in the data set)."""
+        self._ensure_open()
+        h = self.header
+        data = self._view[h.meta_offset:h.meta_offset + h.meta_size]
+        self._check_crc("metadata", h.meta_crc, data)
+        return fmt.decode_json(data, f"{self.path} metadata")
+
+
+class LmdbShard(_Shard):
+    """A single-file LMDB shard, opened readonly, lock-free, without readahead."""
+
+    def _open(self) -> None:
+        import lmdb
+
+        if not os.path.exists(self.path):
+            raise FileNotFoundError(f"{self.path}: shard listed in the manifest is missing")
+        try:
+            env = lmdb.open(self.path, subdir=False, readonly=True, lock=False,
+                            readahead=False, max_readers=1, max_spare_txns=0)
+            txn = env.begin(buffers=True)
+            meta_bytes, index_bytes = txn.get(fmt.LMDB_META_KEY), txn.get(fmt.LMDB_INDEX_KEY)
+        except lmdb.Error as exc:
+            raise fmt.FormatError(f"{self.path}: not a readable LMDB shard ({exc})") from None
+        if meta_bytes is None or index_bytes is None:
+            raise fmt.FormatError(f"{self.path}: LMDB shard lacks its {fmt.LMDB_META_KEY!r} or "
+                                  f"{fmt.LMDB_INDEX_KEY!r} key: incomplete or not a dlpack shard")
+        self._check_manifest_crc(fmt.crc32(meta_bytes))
+        meta = fmt.decode_json(meta_bytes, f"{self.path} metadata")
+        if meta.get("magic") != fmt.MAGIC.decode() or meta.get("version") != fmt.FORMAT_VERSION:
+            raise fmt.FormatError(f"{self.path}: magic/version {meta.get('magic')!r}/"
+                                  f"{meta.get('version')!r}, expected {fmt.MAGIC.decode()!r}/"
+                                  f"{fmt.FORMAT_VERSION}")
+        num = meta.get("num_records")
+        if not isinstance(num, int) or num < 0:
+            raise fmt.FormatError(f"{self.path}: num_records {num!r} is not a count")
+        self._check_crc("index", meta.get("index_crc", -1), index_bytes)
+        self._index = fmt.index_from_buffer(index_bytes, num, self.path)
+        self._env, self._txn, self._meta = env, txn, meta
+
+    def payload(self, i: int) -> memoryview:
+        """Zero-copy bytes of record ``i`` (valid while this process keeps the shard open)."""
+        self._ensure_open()
+        value = self._txn.get(fmt.lmdb_record_key(i))
+        if value is None:
+            raise fmt.FormatError(f"{self.path}: record {i} is missing from the LMDB shard")
+        return value
+
+    def meta(self) -> dict:
+        """The shard's metadata JSON (header facts, source paths, position)."""
+        self._ensure_open()
+        return self._meta
+
+
+def open_shard(dataset_dir, entry: dict, data_format: str):
+    """A lazily opened shard object for one manifest shard entry."""
+    path = os.path.join(os.fspath(dataset_dir), fmt.check_shard_name(entry["name"], "manifest"))
+    cls = LmdbShard if data_format == "lmdb" else RecordShard
+    return cls(path, entry["crc"])
