@@ -8,7 +8,10 @@ instead of a hang: that is why this uses ProcessPoolExecutor and not multiproces
 """
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
+import os
+import signal
 from collections import deque
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -22,6 +25,21 @@ class ConversionError(Exception):
 
 def _encode_chunk(paths: list, options: dict) -> list:
     return [encode_path(p, options) for p in paths]
+
+
+def _worker_init(parent_pid: int) -> None:
+    """Make a worker die with the packer: after ``kill -9`` no orphan keeps running.
+
+    Ctrl-C is left to the parent, which shuts the pool down and removes its partial shard.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux only)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
 
 
 def _context():
@@ -44,7 +62,8 @@ def encode_in_order(paths, options: dict, workers: int, *, chunk: int = 8,
     max_in_flight = max_in_flight or 4 * workers
     starts = iter(range(0, len(paths), chunk))
     pending: deque = deque()
-    with ProcessPoolExecutor(max_workers=workers, mp_context=_context()) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=_context(),
+                             initializer=_worker_init, initargs=(os.getpid(),)) as pool:
         try:
             while True:
                 while len(pending) < max_in_flight:

@@ -17,7 +17,7 @@ class Progress:
 
             self._bar = tqdm(total=total, initial=initial, desc=desc, unit="img",
                              dynamic_ncols=True, smoothing=0.1)
-        self._last_postfix = 0.0
+        self._last_postfix = self.start
 
     def update(self, images: int = 1, nbytes: int = 0) -> None:
         """Account for ``images`` more images totalling ``nbytes`` input bytes."""
@@ -48,4 +48,5 @@ class Progress:
     def close(self) -> None:
         """Finish the bar."""
         if self._bar is not None:
+            self._bar.set_postfix_str(f"{self.mb_per_s:.1f} MB/s", refresh=True)
             self._bar.close()

@@ -70,7 +70,7 @@ def read_list(root, list_file) -> Inputs:
     """
     root, list_file = Path(root), Path(list_file)
     rows = list(_rows(list_file))
-    if rows and rows[0][1].lower() in ("label", "class", "target") :
+    if rows and rows[0][2].lower() in ("label", "class", "target"):
         rows = rows[1:]
     if not rows:
         raise ValueError(f"{list_file}: no 'path,label' rows found")

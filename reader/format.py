@@ -145,7 +145,7 @@ def unpack_header(page, file_size: int, where: str) -> ShardHeader:
     Raises FormatError naming ``where`` on a wrong magic, version, checksum or any
     section that does not lie inside the file in the order the spec requires.
     """
-    if len(page) < HEADER_STRUCT.size or file_size < HEADER_SIZE:
+    if len(page) < HEADER_SIZE or file_size < HEADER_SIZE:
         raise FormatError(f"{where}: file is {file_size} bytes, shorter than the "
                           f"{HEADER_SIZE}-byte header page; the shard is truncated")
     (magic, version, header_size, n, data_off, data_size, index_off, index_size, meta_off,
@@ -156,6 +156,9 @@ def unpack_header(page, file_size: int, where: str) -> ShardHeader:
     if actual_crc != header_crc:
         raise FormatError(f"{where}: header checksum mismatch (stored {header_crc:#010x}, "
                           f"computed {actual_crc:#010x}): the header page is damaged")
+    if any(bytes(page[HEADER_STRUCT.size:HEADER_SIZE])):
+        raise FormatError(f"{where}: header padding (bytes {HEADER_STRUCT.size}.."
+                          f"{HEADER_SIZE - 1}) is not zero: the header page is damaged")
     if version != FORMAT_VERSION:
         raise FormatError(f"{where}: format version {version}, this dlpack reads version "
                           f"{FORMAT_VERSION}; upgrade dlpack or re-pack the data set")

@@ -75,7 +75,13 @@ class RecordShard(_Shard):
         self._check_crc("index", header.index_crc, index_bytes)
         index = fmt.index_from_buffer(index_bytes, header.num_records, self.path)
         fmt.check_index_bounds(index, header.data_offset, header.index_offset, self.path)
-        self.header, self._mm, self._view, self._index = header, mm, view, index
+        self._header, self._mm, self._view, self._index = header, mm, view, index
+
+    @property
+    def header(self) -> fmt.ShardHeader:
+        """The parsed, validated header page."""
+        self._ensure_open()
+        return self._header
 
     def payload(self, i: int) -> memoryview:
         """Zero-copy bytes of record ``i``."""
@@ -83,13 +89,34 @@ class RecordShard(_Shard):
         start = int(self._index["offset"][i])
         return self._view[start:start + int(self._index["length"][i])]
 
+    def span(self, start: int, stop: int) -> memoryview:
+        """Zero-copy bytes [start, stop) of the shard file (used by verify for padding)."""
+        self._ensure_open()
+        return self._view[start:stop]
+
     def meta(self) -> dict:
         """The shard's metadata JSON (source paths and position in the data set)."""
-        self._ensure_open()
         h = self.header
         data = self._view[h.meta_offset:h.meta_offset + h.meta_size]
         self._check_crc("metadata", h.meta_crc, data)
         return fmt.decode_json(data, f"{self.path} metadata")
+
+
+# lmdb refuses to open one environment twice in a process, so every LmdbShard of a
+# process over the same file shares one environment and one long read transaction.
+# Entries inherited through fork carry the parent's pid: never used, never closed.
+_LMDB_OPEN: dict = {}
+
+
+def _lmdb_txn(path: str):
+    import lmdb
+
+    key = (os.getpid(), os.path.realpath(path))
+    if key not in _LMDB_OPEN:
+        env = lmdb.open(path, subdir=False, readonly=True, lock=False, readahead=False,
+                        max_readers=1, max_spare_txns=0)
+        _LMDB_OPEN[key] = (env, env.begin(buffers=True))
+    return _LMDB_OPEN[key][1]
 
 
 class LmdbShard(_Shard):
@@ -101,9 +128,7 @@ class LmdbShard(_Shard):
         if not os.path.exists(self.path):
             raise FileNotFoundError(f"{self.path}: shard listed in the manifest is missing")
         try:
-            env = lmdb.open(self.path, subdir=False, readonly=True, lock=False,
-                            readahead=False, max_readers=1, max_spare_txns=0)
-            txn = env.begin(buffers=True)
+            txn = _lmdb_txn(self.path)
             meta_bytes, index_bytes = txn.get(fmt.LMDB_META_KEY), txn.get(fmt.LMDB_INDEX_KEY)
         except lmdb.Error as exc:
             raise fmt.FormatError(f"{self.path}: not a readable LMDB shard ({exc})") from None
@@ -121,7 +146,7 @@ class LmdbShard(_Shard):
             raise fmt.FormatError(f"{self.path}: num_records {num!r} is not a count")
         self._check_crc("index", meta.get("index_crc", -1), index_bytes)
         self._index = fmt.index_from_buffer(index_bytes, num, self.path)
-        self._env, self._txn, self._meta = env, txn, meta
+        self._txn, self._meta = txn, meta
 
     def payload(self, i: int) -> memoryview:
         """Zero-copy bytes of record ``i`` (valid while this process keeps the shard open)."""

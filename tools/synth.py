@@ -61,3 +61,27 @@ def make_image_folder(root, num_images: int, num_classes: int = 10, *, seed: int
 def folder_bytes(root) -> int:
     """Total size in bytes of the regular files below ``root``."""
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(root) for f in fs)
+
+
+def main(argv=None) -> None:
+    """``python -m dlpack_io.tools.synth DIR --count N``: write a demo JPEG folder."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("root", help="folder to create (class sub-folders inside)")
+    parser.add_argument("--count", type=int, default=600, help="number of images")
+    parser.add_argument("--classes", type=int, default=10, help="number of class folders")
+    parser.add_argument("--seed", type=int, default=0, help="seed (output is a function of it)")
+    args = parser.parse_args(argv)
+    if Path(args.root).exists() and any(Path(args.root).rglob("*.jpg")):
+        existing = sum(1 for _ in Path(args.root).rglob("*.jpg"))
+        if existing == args.count:
+            print(f"{args.root}: {existing} images already there")
+            return
+    paths = make_image_folder(args.root, args.count, args.classes, seed=args.seed)
+    print(f"wrote {len(paths)} JPEGs ({folder_bytes(args.root) / len(paths) / 1e3:.0f} KB mean) "
+          f"to {args.root}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""Shared fixtures: tiny photo-like image folders, including odd and broken inputs."""
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dlpack_io.tools.synth import make_image_folder, photo_like
+
+
+@pytest.fixture(scope="session")
+def image_folder(tmp_path_factory) -> Path:
+    """24 small RGB JPEGs in 3 class folders (sizes vary around 48x64)."""
+    root = tmp_path_factory.mktemp("images")
+    make_image_folder(root, 24, 3, seed=1, size=(48, 64))
+    return root
+
+
+def _save(img, path: Path, **kwargs) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    img.save(path, **kwargs)
+
+
+def make_odd_folder(root: Path) -> dict:
+    """One class folder per kind of odd input; returns {kind: relative path}."""
+    from PIL import Image
+
+    rng = np.random.default_rng(7)
+    rgb = Image.fromarray(photo_like(rng, 30, 40))
+    good = io.BytesIO()
+    rgb.save(good, format="JPEG", quality=90)
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise to display upright
+    files = {
+        "baseline": ("a", lambda p: _save(rgb, p, format="JPEG", quality=90)),
+        "gray": ("a", lambda p: _save(rgb.convert("L"), p, format="JPEG")),
+        "cmyk": ("a", lambda p: _save(rgb.convert("CMYK"), p, format="JPEG")),
+        "progressive": ("b", lambda p: _save(rgb, p, format="JPEG", progressive=True)),
+        "exif_rotated": ("b", lambda p: _save(rgb, p, format="JPEG", exif=exif)),
+        "png_named_jpg": ("b", lambda p: _save(rgb, p, format="PNG")),
+        "truncated": ("c", lambda p: p.write_bytes(good.getvalue()[: len(good.getvalue()) // 2])),
+        "zero_bytes": ("c", lambda p: p.write_bytes(b"")),
+        "not_an_image": ("c", lambda p: p.write_text("this is a text file, not a photo\n")),
+    }
+    out = {}
+    for kind, (cls, write) in files.items():
+        path = root / cls / f"{kind}.JPG"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write(path)
+        out[kind] = f"{cls}/{kind}.JPG"
+    return out
+
+
+@pytest.fixture(scope="session")
+def odd_folder(tmp_path_factory):
+    """(root, {kind: relative path}) of grayscale, CMYK, progressive, EXIF, PNG and broken files."""
+    root = tmp_path_factory.mktemp("odd")
+    return root, make_odd_folder(root)

@@ -1,0 +1,70 @@
+"""The dlpack command: every --help, and convert -> inspect -> verify through click."""
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from dlpack_io.tools.cli import main
+
+COMMANDS = ["convert", "inspect", "verify"]
+
+
+@pytest.mark.parametrize("command", [[]] + [[c] for c in COMMANDS])
+def test_help_describes_every_option(command):
+    result = CliRunner().invoke(main, command + ["--help"])
+    assert result.exit_code == 0, result.output
+    group = main if not command else main.commands[command[0]]
+    for param in group.params:
+        for opt in getattr(param, "opts", []):
+            if opt.startswith("--"):
+                assert opt in result.output
+
+
+def test_console_script_help_runs():
+    done = subprocess.run([sys.executable, "-m", "dlpack_io.tools.cli", "--help"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and "convert" in done.stdout
+
+
+def test_convert_inspect_verify(image_folder, tmp_path):
+    runner = CliRunner()
+    dst = str(tmp_path / "ds")
+    result = runner.invoke(main, ["convert", str(image_folder), dst, "--quiet", "--workers", "1",
+                                  "--shard-size", "40KB", "--format", "lmdb"])
+    assert result.exit_code == 0, result.output
+    assert "packed 24 images" in result.output
+    summary = runner.invoke(main, ["inspect", dst])
+    assert summary.exit_code == 0 and "lmdb (version 1)" in summary.output
+    assert "class_02" in summary.output
+    data = json.loads(runner.invoke(main, ["inspect", dst, "--json"]).output)
+    assert data["num_samples"] == 24 and [c["count"] for c in data["classes"]] == [8, 8, 8]
+    shard = runner.invoke(main, ["inspect", dst, "--shard", "0"])
+    assert shard.exit_code == 0 and "shard-00000.lmdb" in shard.output
+    record = json.loads(runner.invoke(main, ["inspect", dst, "--index", "23", "--json"]).output)
+    assert record["crc_ok"] and record["source"].endswith(".jpg")
+    grid = runner.invoke(main, ["inspect", dst, "--grid", str(tmp_path / "sheet.png")])
+    assert grid.exit_code == 0 and (tmp_path / "sheet.png").stat().st_size > 1000
+    ok = runner.invoke(main, ["verify", dst, "--quiet", "--decode"])
+    assert ok.exit_code == 0 and ok.output.startswith("OK")
+
+
+def test_errors_are_one_clear_line(image_folder, tmp_path):
+    runner = CliRunner()
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "x").write_text("x")
+    result = runner.invoke(main, ["convert", str(image_folder), str(tmp_path / "ds"), "--quiet"])
+    assert result.exit_code == 1 and "not empty" in result.output and "--resume" in result.output
+    missing = runner.invoke(main, ["inspect", str(tmp_path / "ds"), "--index", "999"])
+    assert missing.exit_code == 1 and "manifest.json not found" in missing.output
+    bad = runner.invoke(main, ["verify", str(tmp_path / "ds"), "--quiet"])
+    assert bad.exit_code == 1 and "DAMAGED" in bad.output
+
+
+def test_index_out_of_range(image_folder, tmp_path):
+    runner = CliRunner()
+    dst = str(tmp_path / "ds")
+    runner.invoke(main, ["convert", str(image_folder), dst, "--quiet", "--workers", "1"])
+    result = runner.invoke(main, ["inspect", dst, "--index", "24"])
+    assert result.exit_code == 1 and "out of range" in result.output

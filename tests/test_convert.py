@@ -1,0 +1,206 @@
+"""dlpack convert: round trips, labels, odd inputs, options, DST safety."""
+import io
+import os
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from dlpack_io.packer import convert
+from dlpack_io.packer.journal import DstLock
+from dlpack_io.packer.pipeline import ConversionError
+from dlpack_io.reader import Dataset
+from dlpack_io.tools.inspection import record_detail
+
+from helpers import dataset_fingerprint
+
+FAST = dict(workers=0, progress=False)
+
+
+def _source_pixels(root, rel):
+    img = Image.open(os.path.join(root, rel))
+    return np.asarray(img.convert("RGB"))
+
+
+@pytest.mark.parametrize("data_format", ["record", "lmdb"])
+@pytest.mark.parametrize("mode", ["jpeg", "raw"])
+def test_round_trip_pixels_and_labels(image_folder, tmp_path, data_format, mode):
+    dst = tmp_path / "ds"
+    result = convert(image_folder, dst, format=data_format, mode=mode, shard_size="30KB", **FAST)
+    ds = Dataset(dst, verify_checksums=True)
+    assert len(ds) == 24 == result["num_samples"]
+    assert ds.classes == ["class_00", "class_01", "class_02"]
+    assert result["num_shards"] == len(ds.shards) > 1
+    seen = set()
+    for i in range(len(ds)):
+        pixels, label = ds[i]
+        rel = record_detail(dst, i)["source"]
+        seen.add(rel)
+        assert rel.startswith(ds.classes[label] + "/")
+        np.testing.assert_array_equal(pixels, _source_pixels(image_folder, rel))
+    assert len(seen) == 24
+
+
+def test_jpeg_mode_keeps_original_bytes(image_folder, tmp_path):
+    convert(image_folder, tmp_path / "ds", **FAST)
+    ds = Dataset(tmp_path / "ds")
+    for i in range(len(ds)):
+        payload, _ = ds.record(i)
+        rel = record_detail(tmp_path / "ds", i)["source"]
+        assert bytes(payload) == (image_folder / rel).read_bytes()
+
+
+def test_raw_fixed_size_is_dense(image_folder, tmp_path):
+    convert(image_folder, tmp_path / "ds", mode="raw", size=32, **FAST)
+    ds = Dataset(tmp_path / "ds")
+    assert {ds[i][0].shape for i in range(len(ds))} == {(32, 32, 3)}
+
+
+def test_max_side_bounds_jpeg_and_raw(image_folder, tmp_path):
+    for mode in ("jpeg", "raw"):
+        result = convert(image_folder, tmp_path / mode, mode=mode, max_side=40, **FAST)
+        ds = Dataset(tmp_path / mode)
+        assert max(max(ds[i][0].shape[:2]) for i in range(len(ds))) == 40
+        if mode == "jpeg":
+            assert result["reencoded"] == {"resized (--max-side)": 24}
+
+
+def test_output_does_not_depend_on_workers(image_folder, tmp_path):
+    prints = []
+    for workers in (0, 1, 2):
+        dst = tmp_path / f"w{workers}"
+        convert(image_folder, dst, shard_size="100KB", workers=workers, progress=False)
+        prints.append(dataset_fingerprint(dst))
+    assert prints[0] == prints[1] == prints[2]
+
+
+def test_seed_changes_order_not_content(image_folder, tmp_path):
+    convert(image_folder, tmp_path / "a", seed=1, **FAST)
+    convert(image_folder, tmp_path / "b", seed=2, **FAST)
+    a, b = Dataset(tmp_path / "a"), Dataset(tmp_path / "b")
+    order_a = [record_detail(tmp_path / "a", i)["source"] for i in range(len(a))]
+    order_b = [record_detail(tmp_path / "b", i)["source"] for i in range(len(b))]
+    assert order_a != order_b and sorted(order_a) == sorted(order_b)
+
+
+def test_labels_from_csv_list_with_names(image_folder, tmp_path):
+    rows = ["path,label"] + [f"class_0{c}/{p.name},{'cat' if c else 'dog'}"
+                             for c in range(3) for p in sorted((image_folder / f"class_0{c}").iterdir())]
+    (tmp_path / "list.csv").write_text("\n".join(rows) + "\n")
+    convert(image_folder, tmp_path / "ds", list_file=tmp_path / "list.csv", **FAST)
+    ds = Dataset(tmp_path / "ds")
+    assert ds.classes == ["cat", "dog"]
+    assert ds.manifest["class_counts"] == [16, 8]
+
+
+def test_labels_from_tsv_list_with_integers(image_folder, tmp_path):
+    files = sorted(p.relative_to(image_folder).as_posix() for p in image_folder.rglob("*.jpg"))
+    (tmp_path / "list.tsv").write_text("".join(f"{f}\t{i % 5}\n" for i, f in enumerate(files)))
+    convert(image_folder, tmp_path / "ds", list_file=tmp_path / "list.tsv", shuffle=False, **FAST)
+    ds = Dataset(tmp_path / "ds")
+    assert ds.classes == ["0", "1", "2", "3", "4"]
+    assert [ds[i][1] for i in range(len(ds))] == [i % 5 for i in range(len(files))]
+
+
+def test_list_paths_may_not_escape_src(image_folder, tmp_path):
+    (tmp_path / "list.csv").write_text("../etc/passwd,1\n")
+    with pytest.raises(ValueError, match="inside"):
+        convert(image_folder, tmp_path / "ds", list_file=tmp_path / "list.csv", **FAST)
+
+
+def test_odd_inputs_are_normalised_or_rejected(odd_folder, tmp_path):
+    root, files = odd_folder
+    result = convert(root, tmp_path / "ds", **FAST)
+    ds = Dataset(tmp_path / "ds")
+    assert len(ds) == 6 and result["rejects"] == 3
+    assert result["reencoded"] == {"CMYK JPEG": 1, "EXIF-rotated JPEG": 1, "L JPEG": 1,
+                                   "PNG file with a JPEG name": 1}
+    reasons = {r["path"]: r["reason"] for r in ds.manifest["rejects"]}
+    assert set(reasons) == {files["truncated"], files["zero_bytes"], files["not_an_image"]}
+    assert "truncated" in reasons[files["truncated"]]
+    assert "empty" in reasons[files["zero_bytes"]]
+    rejects_tsv = (tmp_path / "ds" / "rejects.tsv").read_text().splitlines()
+    assert rejects_tsv[0] == "path\treason" and len(rejects_tsv) == 4
+    shapes = {record_detail(tmp_path / "ds", i)["source"]: ds[i][0].shape for i in range(len(ds))}
+    assert shapes[files["exif_rotated"]] == (40, 30, 3)  # stored upright
+    assert all(s[2] == 3 for s in shapes.values())
+    for i in range(len(ds)):  # every record is a JPEG that decodes to RGB
+        payload, _ = ds.record(i)
+        assert Image.open(io.BytesIO(bytes(payload))).format == "JPEG"
+
+
+def test_odd_inputs_raw_mode_are_upright_rgb(odd_folder, tmp_path):
+    root, files = odd_folder
+    convert(root, tmp_path / "ds", mode="raw", **FAST)
+    ds = Dataset(tmp_path / "ds")
+    shapes = sorted(ds[i][0].shape for i in range(len(ds)))
+    assert shapes == [(30, 40, 3)] * 5 + [(40, 30, 3)]
+
+
+def test_on_error_fail_names_the_file(odd_folder, tmp_path):
+    root, _ = odd_folder
+    with pytest.raises(ConversionError, match=r"c/\w+\.JPG"):
+        convert(root, tmp_path / "ds", on_error="fail", shuffle=False, **FAST)
+    assert not (tmp_path / "ds" / "manifest.json").exists()
+
+
+def test_non_empty_dst_is_an_error(image_folder, tmp_path):
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "notes.txt").write_text("mine")
+    with pytest.raises(ConversionError, match="not empty"):
+        convert(image_folder, tmp_path / "ds", **FAST)
+    convert(image_folder, tmp_path / "ds", overwrite=True, **FAST)
+    assert (tmp_path / "ds" / "notes.txt").read_text() == "mine"  # never ours to delete
+    assert len(Dataset(tmp_path / "ds")) == 24
+
+
+def test_resume_of_a_complete_dataset_does_nothing(image_folder, tmp_path):
+    convert(image_folder, tmp_path / "ds", **FAST)
+    before = dataset_fingerprint(tmp_path / "ds")
+    assert convert(image_folder, tmp_path / "ds", resume=True, **FAST)["already_complete"]
+    assert dataset_fingerprint(tmp_path / "ds") == before
+
+
+def test_resume_with_changed_options_is_refused(image_folder, tmp_path):
+    from dlpack_io.packer import journal
+
+    dst = tmp_path / "ds"
+    dst.mkdir()
+    journal.Journal(dst, {"plan": "something else", "num_inputs": 1})
+    with pytest.raises(ConversionError, match="differ"):
+        convert(image_folder, dst, resume=True, **FAST)
+
+
+def test_concurrent_convert_into_one_dst_is_refused(image_folder, tmp_path):
+    dst = tmp_path / "ds"
+    dst.mkdir()
+    lock = DstLock(str(dst))
+    lock.acquire()
+    try:
+        with pytest.raises(RuntimeError, match="another dlpack convert"):
+            convert(image_folder, dst, resume=True, **FAST)
+    finally:
+        lock.release()
+    convert(image_folder, dst, resume=True, **FAST)
+    assert len(Dataset(dst)) == 24
+
+
+def test_no_usable_input_is_an_error(tmp_path):
+    (tmp_path / "src" / "a").mkdir(parents=True)
+    (tmp_path / "src" / "a" / "x.jpg").write_bytes(b"")
+    with pytest.raises(ConversionError, match="none of the 1 inputs"):
+        convert(tmp_path / "src", tmp_path / "ds", **FAST)
+
+
+def test_empty_source_is_an_error(tmp_path):
+    (tmp_path / "src").mkdir()
+    with pytest.raises(ValueError, match="no .jpg"):
+        convert(tmp_path / "src", tmp_path / "ds", **FAST)
+
+
+def test_shards_respect_shard_size(image_folder, tmp_path):
+    convert(image_folder, tmp_path / "ds", shard_size="20KB", **FAST)
+    ds = Dataset(tmp_path / "ds")
+    for shard in ds.shards:
+        lengths = shard.index["length"]
+        assert len(lengths) == 1 or sum(((n + 63) // 64) * 64 for n in lengths) <= 20_000

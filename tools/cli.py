@@ -1,0 +1,150 @@
+"""The ``dlpack`` command: a thin click layer over importable functions.
+
+Heavy imports (numpy, PIL, torch) happen inside the commands so ``--help`` is instant.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+import click
+
+
+def _fail(message: str, code: int = 1):
+    click.echo(f"dlpack: error: {message}", err=True)
+    sys.exit(code)
+
+
+def _echo_json(data) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="dlpack-io", prog_name="dlpack")
+@click.option("-v", "--verbose", is_flag=True, help="Log debug messages (e.g. each skipped file).")
+def main(verbose: bool):
+    """Pack JPEG folders into shards and feed them to PyTorch fast.
+
+    \b
+    dlpack convert SRC DST     pack a folder of JPEGs
+    dlpack inspect DST         what is in a packed data set
+    dlpack verify DST          prove every record is intact
+    """
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(levelname)s %(name)s: %(message)s")
+
+
+@main.command()
+@click.argument("src", type=click.Path(exists=True, file_okay=False))
+@click.argument("dst", type=click.Path(file_okay=False))
+@click.option("--list", "list_file", type=click.Path(exists=True, dir_okay=False),
+              help="CSV/TSV of 'path,label' rows (paths relative to SRC) instead of class "
+                   "sub-folders. Labels are class names or integers.")
+@click.option("--format", "data_format", type=click.Choice(["record", "lmdb"]), default="record",
+              show_default=True, help="Our mmap-friendly record shards, or sharded LMDB.")
+@click.option("--mode", type=click.Choice(["jpeg", "raw"]), default="jpeg", show_default=True,
+              help="jpeg: keep the original JPEG bytes; raw: store decoded RGB uint8 pixels.")
+@click.option("--size", type=int, help="raw mode: resize the shorter side to SIZE and "
+              "center-crop SIZE x SIZE, so batches are dense arrays.")
+@click.option("--max-side", type=int, help="Bound the longer side to MAX_SIDE pixels, keeping "
+              "the aspect ratio (jpeg mode re-encodes such images at --quality).")
+@click.option("--quality", type=int, default=95, show_default=True,
+              help="JPEG quality for images that must be re-encoded.")
+@click.option("--shard-size", default="256MB", show_default=True,
+              help="Target bytes of record data per shard (e.g. 64MB, 1GiB).")
+@click.option("--workers", type=int, default=0, show_default=True,
+              help="Worker processes; 0 = all cores. Output never depends on it.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the shuffle of samples across shards.")
+@click.option("--shuffle/--no-shuffle", default=True, show_default=True,
+              help="Shuffle sample order across shards (recommended for block shuffling).")
+@click.option("--validate/--no-validate", default=True, show_default=True,
+              help="Decode every input before packing it; bad files become rejects.")
+@click.option("--on-error", type=click.Choice(["skip", "fail"]), default="skip", show_default=True,
+              help="skip: list bad inputs in rejects.tsv and go on; fail: stop at the first.")
+@click.option("--resume", is_flag=True, help="Finish an interrupted conversion into DST.")
+@click.option("--overwrite", is_flag=True, help="Replace a data set already in DST.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def convert(src, dst, list_file, data_format, mode, size, max_side, quality, shard_size,
+            workers, seed, shuffle, validate, on_error, resume, overwrite, quiet, as_json):
+    """Pack the JPEGs under SRC (class sub-folders, or --list) into shards in DST."""
+    from dlpack_io.packer.convert import convert as run
+    from dlpack_io.packer.pipeline import ConversionError
+    from dlpack_io.tools.render import human_bytes
+
+    try:
+        result = run(src, dst, list_file=list_file, resume=resume, overwrite=overwrite,
+                     format=data_format, mode=mode, size=size, max_side=max_side,
+                     quality=quality, shard_size=shard_size, workers=workers, seed=seed,
+                     shuffle=shuffle, validate=validate, on_error=on_error, progress=not quiet)
+    except (ConversionError, ValueError, RuntimeError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    if as_json:
+        return _echo_json(result)
+    if result.get("already_complete"):
+        return click.echo(f"{result['dst']} is already complete; nothing to resume")
+    click.echo(f"packed {result['num_samples']} images into {result['num_shards']} shards "
+               f"({human_bytes(result['num_bytes'])}) in {result['seconds']:.1f} s: "
+               f"{result['images_per_s']:.0f} images/s, {result['mb_per_s']:.1f} MB/s read"
+               + (f" (resumed at input {result['resumed_from']})" if result["resumed_from"] else ""))
+    click.echo(f"re-encoded {sum(result['reencoded'].values())}, "
+               f"skipped {result['rejects']}" + (" (see rejects.tsv)" if result["rejects"] else ""))
+
+
+@main.command()
+@click.argument("dst", type=click.Path(exists=True, file_okay=False))
+@click.option("--shard", type=int, help="Show shard number K and its first records.")
+@click.option("--index", "sample", type=int, help="Show everything about sample I.")
+@click.option("--grid", type=click.Path(dir_okay=False),
+              help="Write a contact sheet of sample images with their labels to FILE.png.")
+@click.option("--grid-count", type=int, default=48, show_default=True, help="Images on the sheet.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for picking sheet images.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def inspect(dst, shard, sample, grid, grid_count, seed, as_json):
+    """Summarise the packed data set in DST (or one shard, one sample, a contact sheet)."""
+    from dlpack_io.reader.format import FormatError
+    from dlpack_io.tools import inspection, render
+
+    try:
+        if grid:
+            data = inspection.contact_sheet(dst, grid, count=grid_count, seed=seed)
+            text = f"wrote {data['path']} ({data['width']}x{data['height']}, " \
+                   f"{len(data['samples'])} images)"
+        elif shard is not None:
+            data = inspection.shard_detail(dst, shard)
+            text = render.shard_text(data)
+        elif sample is not None:
+            data = inspection.record_detail(dst, sample)
+            text = render.record_text(data)
+        else:
+            data = inspection.summary(dst)
+            text = render.summary_text(data)
+    except (FormatError, FileNotFoundError, IndexError) as exc:
+        _fail(str(exc))
+    if as_json:
+        return _echo_json(data)
+    click.echo(text)
+
+
+@main.command()
+@click.argument("dst", type=click.Path(exists=True, file_okay=False))
+@click.option("--decode", is_flag=True, help="Also decode every image (slower, proves more).")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
+def verify(dst, decode, quiet, as_json):
+    """Check the manifest, every shard and every record checksum in DST.
+
+    Exit status 0 when intact, 1 when anything is damaged (each problem is named).
+    """
+    from dlpack_io.tools.render import verify_text
+    from dlpack_io.tools.verification import verify as run
+
+    report = run(dst, decode=decode, progress=not quiet).to_dict()
+    click.echo(json.dumps(report, indent=2) if as_json else verify_text(report))
+    sys.exit(0 if report["ok"] else 1)
+
+
+if __name__ == "__main__":
+    main()

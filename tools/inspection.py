@@ -1,0 +1,110 @@
+"""``dlpack inspect``: what is in a data set. Every function returns plain data."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from dlpack_io.reader import format as fmt
+from dlpack_io.reader.dataset import Dataset
+
+
+def _size_stats(heights: np.ndarray, widths: np.ndarray) -> dict:
+    if heights.size == 0:
+        return {}
+    return {"height": {"min": int(heights.min()), "median": float(np.median(heights)),
+                       "max": int(heights.max())},
+            "width": {"min": int(widths.min()), "median": float(np.median(widths)),
+                      "max": int(widths.max())}}
+
+
+def summary(path) -> dict:
+    """Facts about a whole data set: format, counts, bytes, classes, options, rejects."""
+    ds = Dataset(path)
+    m = ds.manifest
+    indices = [s.index for s in ds.shards]
+    heights = np.concatenate([ix["height"] for ix in indices]) if indices else np.zeros(0)
+    widths = np.concatenate([ix["width"] for ix in indices]) if indices else np.zeros(0)
+    lengths = np.concatenate([ix["length"] for ix in indices]) if indices else np.zeros(0)
+    return {
+        "path": os.path.abspath(path), "format": m["format"], "version": m["version"],
+        "mode": m["mode"], "num_samples": m["num_samples"], "num_shards": len(m["shards"]),
+        "num_bytes": m["num_bytes"],
+        "record_bytes": {"mean": float(lengths.mean()) if lengths.size else 0.0,
+                         "max": int(lengths.max()) if lengths.size else 0},
+        "image_size": _size_stats(heights, widths),
+        "classes": [{"label": i, "name": c, "count": n}
+                    for i, (c, n) in enumerate(zip(m["classes"], m["class_counts"]))],
+        "options": m["options"], "source": m["source"], "reencoded": m["reencoded"],
+        "num_rejects": len(m["rejects"]), "rejects": m["rejects"], "created": m["created"],
+        "shards": m["shards"],
+    }
+
+
+def shard_detail(path, shard: int, *, records: int = 10) -> dict:
+    """Facts about shard number ``shard`` and its first ``records`` index entries."""
+    ds = Dataset(path)
+    if not 0 <= shard < len(ds.shards):
+        raise IndexError(f"{path} has shards 0..{len(ds.shards) - 1}; there is no shard {shard}")
+    entry, sh = ds.manifest["shards"][shard], ds.shards[shard]
+    index = sh.index
+    meta = sh.meta()
+    header = getattr(sh, "header", None)
+    return {
+        "shard": shard, "name": entry["name"], "path": sh.path, "bytes": entry["bytes"],
+        "num_samples": entry["num_samples"], "first_sample": entry["first_sample"],
+        "crc": entry["crc"], "header": header.__dict__ if header is not None else None,
+        "label_counts": np.bincount(index["label"], minlength=len(ds.classes)).tolist(),
+        "image_size": _size_stats(index["height"], index["width"]),
+        "records": [_entry_dict(index[j], j, entry["first_sample"] + j, meta, ds.classes)
+                    for j in range(min(records, len(index)))],
+    }
+
+
+def _entry_dict(entry, j: int, sample: int, meta: dict, classes) -> dict:
+    label = int(entry["label"])
+    paths = meta.get("paths", [])
+    return {"sample": sample, "record": j, "offset": int(entry["offset"]),
+            "length": int(entry["length"]), "label": label,
+            "class": classes[label] if 0 <= label < len(classes) else None,
+            "crc": int(entry["crc"]), "height": int(entry["height"]),
+            "width": int(entry["width"]), "channels": int(entry["channels"]),
+            "kind": "raw" if entry["kind"] == fmt.KIND_RAW else "jpeg",
+            "source": paths[j] if j < len(paths) else None}
+
+
+def record_detail(path, sample: int) -> dict:
+    """Everything known about global sample ``sample``, with its checksum checked."""
+    ds = Dataset(path)
+    k, j = ds.locate(sample)
+    sh = ds.shards[k]
+    out = _entry_dict(sh.index[j], j, sample, sh.meta(), ds.classes)
+    out["shard"] = ds.manifest["shards"][k]["name"]
+    out["crc_ok"] = fmt.crc32(sh.payload(j)) == out["crc"]
+    return out
+
+
+def contact_sheet(path, out_png, *, count: int = 48, cell: int = 160, columns: int = 8,
+                  seed: int = 0) -> dict:
+    """Write a PNG grid of ``count`` random samples captioned with their labels.
+
+    How a person checks that packing went right: upright, RGB, the right class names.
+    """
+    from PIL import Image, ImageDraw
+
+    ds = Dataset(path)
+    picks = np.sort(np.random.default_rng(seed).choice(len(ds), min(count, len(ds)), replace=False))
+    rows = (len(picks) + columns - 1) // columns
+    caption = 16
+    sheet = Image.new("RGB", (columns * cell, rows * (cell + caption)), "white")
+    draw = ImageDraw.Draw(sheet)
+    for n, i in enumerate(picks):
+        pixels, label = ds[int(i)]
+        thumb = Image.fromarray(pixels)
+        thumb.thumbnail((cell, cell))
+        x, y = (n % columns) * cell, (n // columns) * (cell + caption)
+        sheet.paste(thumb, (x + (cell - thumb.width) // 2, y + (cell - thumb.height) // 2))
+        draw.text((x + 3, y + cell + 2), f"{int(i)}: {ds.classes[label]}"[:24], fill="black")
+    sheet.save(out_png)
+    return {"path": os.path.abspath(out_png), "samples": picks.tolist(),
+            "width": sheet.width, "height": sheet.height}

@@ -1,0 +1,78 @@
+"""Plain-text renderings of the dicts that inspection and verification return."""
+from __future__ import annotations
+
+
+def human_bytes(n: float) -> str:
+    """1234567 -> '1.2 MB' (powers of 1000, as disk vendors and --shard-size count)."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def _size_line(stats: dict) -> str:
+    if not stats:
+        return "-"
+    h, w = stats["height"], stats["width"]
+    return (f"height {h['min']}..{h['max']} (median {h['median']:g}), "
+            f"width {w['min']}..{w['max']} (median {w['median']:g})")
+
+
+def summary_text(s: dict, max_classes: int = 30) -> str:
+    """Readable multi-line summary of inspection.summary()."""
+    opts = ", ".join(f"{k}={v}" for k, v in sorted(s["options"].items()))
+    lines = [
+        f"data set      {s['path']}",
+        f"format        {s['format']} (version {s['version']}), mode {s['mode']}",
+        f"samples       {s['num_samples']} in {s['num_shards']} shards, "
+        f"{human_bytes(s['num_bytes'])} ({human_bytes(s['record_bytes']['mean'])}/record mean)",
+        f"image size    {_size_line(s['image_size'])}",
+        f"options       {opts}",
+        f"source        {s['source']['root']} ({s['source']['num_inputs']} inputs"
+        + (f", list {s['source']['list']})" if s['source']['list'] else ")"),
+        f"created       {s['created'].get('at')} in {s['created'].get('seconds')} s "
+        f"with {s['created'].get('pil')}",
+        f"re-encoded    {sum(s['reencoded'].values())}"
+        + "".join(f"\n                {n:6d}  {why}" for why, n in s["reencoded"].items()),
+        f"rejects       {s['num_rejects']}"
+        + "".join(f"\n                {r['path']}: {r['reason']}" for r in s["rejects"][:10])
+        + (f"\n                ... (all in rejects.tsv)" if s["num_rejects"] > 10 else ""),
+        f"classes       {len(s['classes'])}",
+    ]
+    for c in s["classes"][:max_classes]:
+        lines.append(f"  {c['label']:5d}  {c['count']:8d}  {c['name']}")
+    if len(s["classes"]) > max_classes:
+        lines.append(f"  ... {len(s['classes']) - max_classes} more (use --json)")
+    return "\n".join(lines)
+
+
+def shard_text(d: dict) -> str:
+    """Readable detail of inspection.shard_detail()."""
+    lines = [f"shard {d['shard']}  {d['path']}",
+             f"  {d['num_samples']} records (samples {d['first_sample']}.."
+             f"{d['first_sample'] + d['num_samples'] - 1}), {human_bytes(d['bytes'])}, "
+             f"crc {d['crc']:#010x}",
+             f"  image size {_size_line(d['image_size'])}",
+             f"  label counts {d['label_counts']}",
+             "  sample  record      offset   length  label  size      kind  source"]
+    for r in d["records"]:
+        lines.append(f"  {r['sample']:6d}  {r['record']:6d}  {r['offset']:10d}  {r['length']:7d}  "
+                     f"{r['label']:5d}  {r['height']}x{r['width']:<5d} {r['kind']:5s} {r['source']}")
+    return "\n".join(lines)
+
+
+def record_text(r: dict) -> str:
+    """Readable detail of inspection.record_detail()."""
+    keys = ("sample", "shard", "record", "offset", "length", "label", "class", "height",
+            "width", "channels", "kind", "source", "crc", "crc_ok")
+    return "\n".join(f"{k:9s} {r[k]:#010x}" if k == "crc" else f"{k:9s} {r[k]}" for k in keys)
+
+
+def verify_text(report: dict) -> str:
+    """One line per problem, then a verdict line."""
+    lines = [f"{p['where']}: {p['problem']}" for p in report["problems"]]
+    verdict = "OK" if report["ok"] else f"DAMAGED ({len(report['problems'])} problems)"
+    lines.append(f"{verdict}: {report['path']}: {report['shards_checked']} shards, "
+                 f"{report['records_checked']} records, {human_bytes(report['bytes_checked'])} checked")
+    return "\n".join(lines)
