@@ -17,7 +17,7 @@ from dlpack_io.packer import finalize, journal
 from dlpack_io.packer.options import PackOptions, parse_size
 from dlpack_io.packer.pipeline import ConversionError, encode_in_order
 from dlpack_io.packer.progress import Progress
-from dlpack_io.packer.scan import read_list, scan_image_folder
+from dlpack_io.packer.scan import read_list, scan_image_folder, stat_inputs
 from dlpack_io.packer.writers import open_writer
 from dlpack_io.reader import format as fmt
 from dlpack_io.packer.dstfiles import clear_outputs, existing_entries, verify_kept_shard
@@ -138,10 +138,10 @@ def _encode_options(options: PackOptions) -> dict:
             "quality": options.quality, "validate": options.validate}
 
 
-def _pack(dst, inputs, options: PackOptions, state: _State, journal_) -> Progress:
+def _pack(dst, inputs, stats, options: PackOptions, state: _State, journal_) -> Progress:
     order = packing_order(len(inputs.paths), options)
     todo = order[state.position:]
-    files = [os.path.join(inputs.root, inputs.paths[i]) for i in todo]
+    files = [(os.path.join(inputs.root, inputs.paths[i]), *stats[i]) for i in todo]
     progress = Progress(len(order), f"convert {os.path.basename(dst)}",
                         enabled=options.progress, initial=state.position)
     packer = _Packer(dst, inputs, options, state, journal_)
@@ -182,21 +182,26 @@ def convert(src, dst, *, list_file=None, resume: bool = False, overwrite: bool =
     opts = PackOptions(**options)
     inputs = read_list(src, list_file) if list_file else scan_image_folder(src)
     dst = os.path.abspath(dst)
-    os.makedirs(dst, exist_ok=True)
     lock = journal.DstLock(dst)
-    lock.acquire()
+    try:
+        os.makedirs(dst, exist_ok=True)
+        lock.acquire()
+    except OSError as exc:
+        raise ConversionError(f"{dst}: cannot create or write the destination folder "
+                              f"({exc.strerror or exc}); choose a writable DST") from None
     try:
         if resume and os.path.exists(os.path.join(dst, fmt.MANIFEST_NAME)) \
                 and journal.read_journal(dst)[0] is None:
             log.info("%s is already complete; nothing to resume", dst)
             return {"dst": dst, "already_complete": True}
         _prepare_dst(dst, resume, overwrite)
-        plan = {"plan": journal.plan_hash(inputs, opts.output_options(), fmt.FORMAT_VERSION),
+        stats = stat_inputs(inputs)
+        plan = {"plan": journal.plan_hash(inputs, stats, opts.output_options(), fmt.FORMAT_VERSION),
                 "num_inputs": len(inputs.paths)}
         state = _resume_state(dst, plan, len(inputs.classes))
         resumed_from = state.position
         journal_ = journal.Journal(dst)
-        progress = _pack(dst, inputs, opts, state, journal_)
+        progress = _pack(dst, inputs, stats, opts, state, journal_)
         if not state.shards:
             reasons = Counter(r for _, r in state.rejects).most_common(3)
             raise ConversionError(f"{src}: none of the {len(inputs.paths)} inputs could be "
@@ -204,7 +209,12 @@ def convert(src, dst, *, list_file=None, resume: bool = False, overwrite: bool =
         manifest = finalize.build_manifest(inputs, opts, state.shards, state.rejects,
                                            state.reencoded, state.class_counts.tolist(),
                                            progress.elapsed)
-        finalize.write_dataset_files(dst, manifest, state.rejects)
+        try:
+            finalize.write_dataset_files(dst, manifest, state.rejects)
+        except OSError as exc:
+            raise ConversionError(f"{dst}: cannot write the manifest ({exc.strerror or exc}); "
+                                  f"all shards are complete: free space and run again with "
+                                  f"--resume") from exc
         journal_.remove()
     finally:
         lock.release(remove=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import os
 from dataclasses import dataclass
 
 from dlpack_io.reader.format import KIND_JPEG, KIND_RAW
@@ -146,14 +147,27 @@ def encode_file(data: bytes, *, mode: str, size=None, max_side=None, quality=95,
     return EncodedRecord(img.tobytes(), img.size[1], img.size[0], KIND_RAW)
 
 
-def encode_path(path: str, options: dict):
-    """Worker entry point: read ``path`` and encode it; never raises for bad input.
+def _read_unchanged(path: str, size: int, mtime_ns: int) -> bytes:
+    """Read a file, checking it is still the one the scan saw (size and mtime)."""
+    with open(path, "rb") as f:
+        st = os.fstat(f.fileno())
+        data = f.read()
+    if size >= 0 and (st.st_size, st.st_mtime_ns, len(data)) != (size, mtime_ns, size):
+        raise RejectedInput(f"file changed while packing (size {size} -> {st.st_size}, "
+                            f"mtime changed: {st.st_mtime_ns != mtime_ns}); re-run to pack "
+                            f"its new content")
+    return data
 
-    Returns ``("ok", EncodedRecord)`` or ``("reject", reason)``.
+
+def encode_path(item: tuple, options: dict):
+    """Worker entry point: read and encode one input; never raises for bad input.
+
+    ``item`` is (path, size, mtime_ns) as scanned. Returns ``("ok", EncodedRecord)`` or
+    ``("reject", reason)``.
     """
+    path, size, mtime_ns = item
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        data = _read_unchanged(path, size, mtime_ns)
         record = encode_file(data, **options)
         return "ok", dataclasses.replace(record, source_bytes=len(data))
     except RejectedInput as exc:

@@ -12,11 +12,16 @@ from dlpack_io.reader import format as fmt
 def atomic_write(path, data: bytes) -> None:
     """Write ``data`` to ``path`` via temp file, fsync and rename: all or nothing."""
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
     fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 

@@ -18,12 +18,13 @@ JOURNAL_NAME = ".dlpack-convert.journal"
 LOCK_NAME = ".dlpack-convert.lock"
 
 
-def plan_hash(inputs, output_options: dict, format_version: int) -> str:
-    """Digest of everything that decides the output bytes."""
+def plan_hash(inputs, stats, output_options: dict, format_version: int) -> str:
+    """Digest of everything that decides the output bytes: options, inputs, their labels,
+    sizes and modification times."""
     h = hashlib.sha256()
     h.update(json.dumps([format_version, output_options, inputs.classes], sort_keys=True).encode())
-    for path, label in zip(inputs.paths, inputs.labels):
-        h.update(f"{path}\0{label}\n".encode())
+    for path, label, (size, mtime) in zip(inputs.paths, inputs.labels, stats):
+        h.update(f"{path}\0{label}\0{size}\0{mtime}\n".encode())
     return h.hexdigest()
 
 

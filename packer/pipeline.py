@@ -23,8 +23,8 @@ class ConversionError(Exception):
     """A conversion cannot go on; the message names the file and the fix."""
 
 
-def _encode_chunk(paths: list, options: dict) -> list:
-    return [encode_path(p, options) for p in paths]
+def _encode_chunk(items: list, options: dict) -> list:
+    return [encode_path(item, options) for item in items]
 
 
 def _worker_init(parent_pid: int) -> None:
@@ -48,42 +48,40 @@ def _context():
     return multiprocessing.get_context("fork" if "fork" in methods else None)
 
 
-def encode_in_order(paths, options: dict, workers: int, *, chunk: int = 8,
+def encode_in_order(items, options: dict, workers: int, *, chunk: int = 8,
                     max_in_flight: int | None = None):
-    """Yield ``(status, value)`` from encode_path for each of ``paths``, in order.
+    """Yield ``(status, value)`` from encode_path for each (path, size, mtime) item, in order.
 
     ``workers`` processes encode chunks of ``chunk`` files; ``workers == 0`` encodes in
     this process (used by tests and tiny jobs).
     """
     if workers == 0:
-        for p in paths:
-            yield encode_path(p, options)
+        for item in items:
+            yield encode_path(item, options)
         return
     max_in_flight = max_in_flight or 4 * workers
-    starts = iter(range(0, len(paths), chunk))
+    starts = iter(range(0, len(items), chunk))
     pending: deque = deque()
     with ProcessPoolExecutor(max_workers=workers, mp_context=_context(),
                              initializer=_worker_init, initargs=(os.getpid(),)) as pool:
+        start = 0
         try:
             while True:
                 while len(pending) < max_in_flight:
-                    start = next(starts, None)
-                    if start is None:
+                    nxt = next(starts, None)
+                    if nxt is None:
                         break
-                    pending.append((start, pool.submit(_encode_chunk, paths[start:start + chunk], options)))
+                    pending.append((nxt, pool.submit(_encode_chunk, items[nxt:nxt + chunk], options)))
                 if not pending:
                     return
                 start, future = pending.popleft()
-                try:
-                    results = future.result()
-                except BrokenProcessPool:
-                    raise ConversionError(
-                        f"a worker process died while encoding {paths[start]} .. "
-                        f"{paths[min(start + chunk, len(paths)) - 1]} (killed, out of memory, "
-                        f"or a crash in the image decoder); completed shards are kept, run "
-                        f"again with --resume") from None
-                yield from results
+                yield from future.result()
+        except BrokenProcessPool:
+            raise ConversionError(
+                f"a worker process died while encoding {items[start][0]} .. "
+                f"{items[min(start + chunk, len(items)) - 1][0]} (killed, out of memory, "
+                f"or a crash in the image decoder); completed shards are kept, run "
+                f"again with --resume") from None
         finally:
             for _, future in pending:
                 future.cancel()
-

@@ -89,3 +89,19 @@ def read_list(root, list_file) -> Inputs:
                              f"and stay inside it")
         paths.append(Path(path).as_posix())
     return Inputs(str(root.resolve()), paths, labels, classes, str(list_file.resolve()))
+
+
+def stat_inputs(inputs: Inputs) -> list[tuple[int, int]]:
+    """(size, mtime_ns) of every input, (-1, -1) where it cannot be stat'ed.
+
+    Recorded in the resume plan and re-checked when each file is read, so a source file
+    that changes during or between runs is named instead of silently packed.
+    """
+    out = []
+    for rel in inputs.paths:
+        try:
+            st = os.stat(os.path.join(inputs.root, rel))
+            out.append((st.st_size, st.st_mtime_ns))
+        except OSError:
+            out.append((-1, -1))
+    return out

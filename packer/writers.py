@@ -61,8 +61,14 @@ class _ShardWriter:
                 "first_sample": self.first_sample, "bytes": os.path.getsize(self.final_path)}
 
     def abort(self) -> None:
-        """Drop the unfinished shard (its temp file), leaving finished shards alone."""
-        self._close_quietly()
+        """Drop the unfinished shard (its temp file), leaving finished shards alone.
+
+        Never raises: it runs while another error (often disk full) is on its way up.
+        """
+        try:
+            self._close_quietly()
+        except Exception:  # flushing a buffer onto a full disk fails again; the file goes anyway
+            pass
         try:
             os.unlink(self.tmp_path)
         except FileNotFoundError:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import struct
 
 import numpy as np
 
@@ -108,11 +109,41 @@ class RecordShard(_Shard):
 _LMDB_OPEN: dict = {}
 
 
+# LMDB trusts its file: a truncated one is mmapped and read past its end (SIGBUS). Its two
+# meta pages (LMDB 0.9 layout: 16-byte page header, then magic u32 @16, page size in
+# mm_dbs[0].md_pad u32 @40, last used page u64 @136, txn id u64 @144) say how long the file
+# must be, so we check that before LMDB sees the file.
+_LMDB_MAGIC = 0xBEEFC0DE
+
+
+def _lmdb_required_size(path: str) -> int:
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        first = f.read(152)
+        if len(first) < 152 or struct.unpack_from("<I", first, 16)[0] != _LMDB_MAGIC:
+            raise fmt.FormatError(f"{path}: not an LMDB file (no LMDB meta page)")
+        psize = struct.unpack_from("<I", first, 40)[0]
+        if psize < 512 or psize > 65536 or psize & (psize - 1):
+            raise fmt.FormatError(f"{path}: LMDB page size {psize} is not a power of two "
+                                  f"in 512..65536: damaged meta page")
+        f.seek(psize)
+        second = f.read(152)
+    metas = [m for m in (first, second) if len(m) == 152
+             and struct.unpack_from("<I", m, 16)[0] == _LMDB_MAGIC]
+    newest = max(metas, key=lambda m: struct.unpack_from("<Q", m, 144)[0])
+    need = (struct.unpack_from("<Q", newest, 136)[0] + 1) * psize
+    if need > size:
+        raise fmt.FormatError(f"{path}: LMDB file is {size} bytes but its pages reach {need}: "
+                              f"the shard is truncated")
+    return need
+
+
 def _lmdb_txn(path: str):
     import lmdb
 
     key = (os.getpid(), os.path.realpath(path))
     if key not in _LMDB_OPEN:
+        _lmdb_required_size(path)
         env = lmdb.open(path, subdir=False, readonly=True, lock=False, readahead=False,
                         max_readers=1, max_spare_txns=0)
         _LMDB_OPEN[key] = (env, env.begin(buffers=True))
