@@ -6,7 +6,7 @@ __version__ = "0.1.0"
 
 
 def convert(src, dst, **options):
-    """Pack ``src`` into ``dst``; see dlpack_io.packer.convert.convert for the options."""
-    from dlpack_io.packer.convert import convert as _convert
+    """Pack ``src`` into ``dst``; see dlpack_io.packer.conversion.convert for the options."""
+    from dlpack_io.packer.conversion import convert as _convert
 
     return _convert(src, dst, **options)

@@ -204,3 +204,13 @@ def test_shards_respect_shard_size(image_folder, tmp_path):
     for shard in ds.shards:
         lengths = shard.index["length"]
         assert len(lengths) == 1 or sum(((n + 63) // 64) * 64 for n in lengths) <= 20_000
+
+
+def test_packer_convert_stays_the_function_after_the_module_is_imported():
+    import dlpack_io.packer
+    import dlpack_io.packer.conversion  # noqa: F401  (importing it must not shadow the function)
+
+    assert callable(dlpack_io.packer.convert) and not hasattr(dlpack_io.packer.convert, "__path__")
+    from dlpack_io.packer import convert as again
+
+    assert getattr(again, "__module__", "") == "dlpack_io.packer"

@@ -70,7 +70,7 @@ def main(verbose: bool):
 def convert(src, dst, list_file, data_format, mode, size, max_side, quality, shard_size,
             workers, seed, shuffle, validate, on_error, resume, overwrite, quiet, as_json):
     """Pack the JPEGs under SRC (class sub-folders, or --list) into shards in DST."""
-    from dlpack_io.packer.convert import convert as run
+    from dlpack_io.packer.conversion import convert as run
     from dlpack_io.packer.pipeline import ConversionError
     from dlpack_io.tools.render import human_bytes
 
