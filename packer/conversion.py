@@ -6,6 +6,7 @@ redoes the rest, giving the same bytes as an uninterrupted run.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections import Counter
@@ -133,6 +134,18 @@ class _Packer:
             self.writer = None
 
 
+def _fetch_passthrough(record, path: str):
+    """Give a passthrough record its bytes back by re-reading the file; the CRC computed
+    by the worker proves they are the bytes it validated. Returns None if they are not."""
+    if record.payload is not None:
+        return record
+    with open(path, "rb") as f:
+        data = f.read()
+    if fmt.crc32(data) != record.crc:
+        return None
+    return dataclasses.replace(record, payload=data)
+
+
 def _encode_options(options: PackOptions) -> dict:
     return {"mode": options.mode, "size": options.size, "max_side": options.max_side,
             "quality": options.quality, "validate": options.validate}
@@ -149,6 +162,11 @@ def _pack(dst, inputs, stats, options: PackOptions, state: _State, journal_) -> 
         results = encode_in_order(files, _encode_options(options), options.num_workers)
         for position, i, (status, value) in zip(range(state.position, len(order)), todo, results):
             rel = inputs.paths[i]
+            if status == "ok":
+                value = _fetch_passthrough(value, files[position - state.position][0])
+                if value is None:
+                    status, value = "reject", "file changed while packing (content differs " \
+                                              "from what was validated); re-run to pack it"
             if status == "reject":
                 packer.reject(rel, value)
                 progress.update(1)

@@ -24,7 +24,7 @@ class ConversionError(Exception):
 
 
 def _encode_chunk(items: list, options: dict) -> list:
-    return [encode_path(item, options) for item in items]
+    return [encode_path(item, options, ship_passthrough=False) for item in items]
 
 
 def _worker_init(parent_pid: int) -> None:

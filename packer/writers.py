@@ -45,7 +45,7 @@ class _ShardWriter:
         return len(self.entries)
 
     def _entry(self, record, label: int, offset: int) -> tuple:
-        return (offset, len(record.payload), label, fmt.crc32(record.payload),
+        return (offset, len(record.payload), label, record.crc,
                 record.height, record.width, 3, record.kind, 0)
 
     def _index_and_meta(self) -> tuple[np.ndarray, dict]:
