@@ -77,3 +77,37 @@ def test_killed_convert_leaves_no_orphan_workers(source, tmp_path):
     alive = [pid for pid in children if os.path.exists(f"/proc/{pid}") and
              "Z" not in open(f"/proc/{pid}/stat").read().split()[2]]
     assert alive == []
+
+
+def _kill_at(cmd, delay: float) -> bool:
+    """Start a conversion, SIGKILL it after ``delay`` s; True if it was still running."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        proc.wait(timeout=delay)
+        return False
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        return True
+
+
+@pytest.mark.slow
+def test_sigkill_at_24_random_moments_then_resume(source, reference, tmp_path):
+    """24 kills at seeded random moments across a whole run (start-up and imports included),
+    each followed by --resume: identical output every time. Results feed docs/reliability.md."""
+    import random
+    import time as clock
+
+    dst0 = tmp_path / "timing"
+    start = clock.monotonic()
+    subprocess.run(_cli(source, dst0), check=True, capture_output=True, timeout=120)
+    duration = clock.monotonic() - start
+    rng = random.Random(2026)
+    interrupted = 0
+    for k in range(24):
+        dst = tmp_path / f"ds{k}"
+        interrupted += _kill_at(_cli(source, dst), rng.uniform(0.05, 1.0) * duration)
+        done = subprocess.run(_cli(source, dst, "--resume"), capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        assert dataset_fingerprint(dst) == reference, f"kill {k} changed the output"
+    assert interrupted >= 18, f"only {interrupted} of 24 kills landed before the end"
