@@ -41,6 +41,33 @@ class Dataset:
         k = int(np.searchsorted(self._starts, i, side="right")) - 1
         return k, i - int(self._starts[k])
 
+    def lookup(self, indices) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Vectorized ``locate`` + index entries for many samples at once.
+
+        Returns (shard numbers, record numbers within their shard, a copy of the index
+        entries as an INDEX_DTYPE array), one row per sample. Opens the shards touched.
+        """
+        idx = np.asarray(indices, dtype=np.int64)
+        n = len(self)
+        if idx.size and (idx.min() < 0 or idx.max() >= n):
+            bad = int(idx[(idx < 0) | (idx >= n)][0])
+            raise IndexError(f"sample {bad} out of range for a data set of {n} samples")
+        shard_ids = np.searchsorted(self._starts, idx, side="right") - 1
+        local = idx - self._starts[shard_ids]
+        entries = np.empty(idx.shape, dtype=fmt.INDEX_DTYPE)
+        for k in np.unique(shard_ids):
+            mask = shard_ids == k
+            entries[mask] = self._checked_index(int(k))[local[mask]]
+        return shard_ids, local, entries
+
+    def _checked_index(self, k: int) -> np.ndarray:
+        shard = self.shards[k]
+        index = shard.index
+        if len(index) != self.manifest["shards"][k]["num_samples"]:
+            raise fmt.FormatError(f"{shard.path}: holds {len(index)} records, the "
+                                  f"manifest says {self.manifest['shards'][k]['num_samples']}")
+        return index
+
     def where(self, i: int) -> str:
         """Human-readable location of sample ``i`` for error messages."""
         k, j = self.locate(i)
@@ -50,10 +77,7 @@ class Dataset:
         """(zero-copy payload, index entry) of sample ``i``; checks its CRC if asked."""
         k, j = self.locate(i)
         shard = self.shards[k]
-        entry = shard.index[j]
-        if len(shard.index) != self.manifest["shards"][k]["num_samples"]:
-            raise fmt.FormatError(f"{shard.path}: holds {len(shard.index)} records, the "
-                                  f"manifest says {self.manifest['shards'][k]['num_samples']}")
+        entry = self._checked_index(k)[j]
         payload = shard.payload(j)
         if self.verify_checksums and fmt.crc32(payload) != int(entry["crc"]):
             raise fmt.FormatError(f"{self.where(i)}: record checksum mismatch: damaged data")

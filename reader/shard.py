@@ -105,7 +105,6 @@ class RecordShard(_Shard):
 
 # lmdb refuses to open one environment twice in a process, so every LmdbShard of a
 # process over the same file shares one environment and one long read transaction.
-# Entries inherited through fork carry the parent's pid: never used, never closed.
 _LMDB_OPEN: dict = {}
 
 
@@ -143,6 +142,11 @@ def _lmdb_txn(path: str):
 
     key = (os.getpid(), os.path.realpath(path))
     if key not in _LMDB_OPEN:
+        # py-lmdb refuses to open an environment that is open in this process, and a forked
+        # child inherits the parent's. Closing the child's copy (read-only, lock-free, so no
+        # shared lock table) leaves the parent's untouched and lets this process reopen it.
+        for stale in [k for k in _LMDB_OPEN if k[1] == key[1] and k[0] != key[0]]:
+            _LMDB_OPEN.pop(stale)[0].close()
         _lmdb_required_size(path)
         env = lmdb.open(path, subdir=False, readonly=True, lock=False, readahead=False,
                         max_readers=1, max_spare_txns=0)

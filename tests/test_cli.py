@@ -68,3 +68,18 @@ def test_index_out_of_range(image_folder, tmp_path):
     runner.invoke(main, ["convert", str(image_folder), dst, "--quiet", "--workers", "1"])
     result = runner.invoke(main, ["inspect", dst, "--index", "24"])
     assert result.exit_code == 1 and "out of range" in result.output
+
+
+def test_inspect_order_report(image_folder, tmp_path):
+    runner = CliRunner()
+    dst = str(tmp_path / "ds")
+    runner.invoke(main, ["convert", str(image_folder), dst, "--quiet", "--workers", "1"])
+    text = runner.invoke(main, ["inspect", dst, "--order", "--world-size", "2", "--rank", "1",
+                                "--batch-size", "4", "--shuffle", "block"])
+    assert text.exit_code == 0, text.output
+    assert "rank 1 of 2" in text.output and "shuffle quality" in text.output
+    data = json.loads(runner.invoke(main, ["inspect", dst, "--order", "--batch-size", "4",
+                                           "--world-size", "2", "--json"]).output)
+    other = json.loads(runner.invoke(main, ["inspect", dst, "--order", "--batch-size", "4",
+                                            "--world-size", "2", "--rank", "1", "--json"]).output)
+    assert data != other

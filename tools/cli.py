@@ -30,6 +30,7 @@ def main(verbose: bool):
     dlpack convert SRC DST     pack a folder of JPEGs
     dlpack inspect DST         what is in a packed data set
     dlpack verify DST          prove every record is intact
+    dlpack bench SRC           measure loaders side by side on SRC's JPEGs
     """
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s")
@@ -100,15 +101,34 @@ def convert(src, dst, list_file, data_format, mode, size, max_side, quality, sha
 @click.option("--grid", type=click.Path(dir_okay=False),
               help="Write a contact sheet of sample images with their labels to FILE.png.")
 @click.option("--grid-count", type=int, default=48, show_default=True, help="Images on the sheet.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed for picking sheet images.")
+@click.option("--order", is_flag=True, help="Show what a rank's epoch reads and how well its "
+              "batches mix shards and classes (global vs block shuffle vs none).")
+@click.option("--shuffle", type=click.Choice(["global", "block", "none"]), default="global",
+              show_default=True, help="With --order: the Loader's shuffle mode.")
+@click.option("--epoch", type=int, default=0, show_default=True, help="With --order: the epoch.")
+@click.option("--world-size", type=int, default=1, show_default=True,
+              help="With --order: number of ranks.")
+@click.option("--rank", type=int, default=0, show_default=True, help="With --order: this rank.")
+@click.option("--batch-size", type=int, default=256, show_default=True,
+              help="With --order: the Loader's batch size.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed for picking sheet images, or the Loader's seed with --order.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def inspect(dst, shard, sample, grid, grid_count, seed, as_json):
-    """Summarise the packed data set in DST (or one shard, one sample, a contact sheet)."""
+def inspect(dst, shard, sample, grid, grid_count, order, shuffle, epoch, world_size, rank,
+            batch_size, seed, as_json):
+    """Summarise the packed data set in DST (or one shard, one sample, a contact sheet,
+    or the sample order a Loader will read)."""
     from dlpack_io.reader.format import FormatError
     from dlpack_io.tools import inspection, render
 
     try:
-        if grid:
+        if order:
+            from dlpack_io.tools.order_report import format_order_report, order_report
+
+            data = order_report(dst, seed=seed, epoch=epoch, world_size=world_size, rank=rank,
+                                batch_size=batch_size, shuffle=None if shuffle == "none" else shuffle)
+            text = format_order_report(data)
+        elif grid:
             data = inspection.contact_sheet(dst, grid, count=grid_count, seed=seed)
             text = f"wrote {data['path']} ({data['width']}x{data['height']}, " \
                    f"{len(data['samples'])} images)"
@@ -121,7 +141,7 @@ def inspect(dst, shard, sample, grid, grid_count, seed, as_json):
         else:
             data = inspection.summary(dst)
             text = render.summary_text(data)
-    except (FormatError, FileNotFoundError, IndexError) as exc:
+    except (FormatError, FileNotFoundError, IndexError, ValueError) as exc:
         _fail(str(exc))
     if as_json:
         return _echo_json(data)
@@ -144,6 +164,62 @@ def verify(dst, decode, quiet, as_json):
     report = run(dst, decode=decode, progress=not quiet).to_dict()
     click.echo(json.dumps(report, indent=2) if as_json else verify_text(report))
     sys.exit(0 if report["ok"] else 1)
+
+
+def _int_list(ctx, param, value):
+    try:
+        out = [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected comma-separated integers, e.g. 1,2")
+    if not out or min(out) < (0 if param.name == "workers" else 1):
+        raise click.BadParameter(f"{value!r}: expected positive integers")
+    return out
+
+
+@main.command()
+@click.argument("src", type=click.Path(exists=True, file_okay=False))
+@click.option("--quick", is_flag=True, help="1000 images, 1 conversion round, batch-size scaling "
+              "only for serial / DataLoader / ours in jpeg mode: under 10 minutes on 2 cores.")
+@click.option("--out", default="bench-out/bench", show_default=True, type=click.Path(file_okay=False),
+              help="Folder for the converted stores, logs, bench.json, bench.md and the PNG charts.")
+@click.option("--workers", default="1,2", show_default=True, callback=_int_list,
+              help="Worker counts to measure, e.g. 1,2 (0 workers, in-process, is measured too "
+                   "wherever a contender supports it).")
+@click.option("--batch-sizes", default="10,50,100,300,500,1000", show_default=True,
+              callback=_int_list, help="Batch sizes of the scaling table (the main table uses 256).")
+@click.option("--only", help="Comma-separated contenders to run (serial is always the baseline): "
+              "serial, multiprocessing, dataloader-files, dataloader-lmdb, webdataset, streaming, "
+              "litdata, ffcv, ours-thread, ours-process (and gpu-dataloader, gpu-ours with CUDA).")
+@click.option("--epochs", type=int, help="Timed epochs per configuration after one warm-up "
+              "epoch; the median is reported. Default: 3 with --quick, 5 otherwise.")
+@click.option("--json", "as_json", is_flag=True, help="Print the full result as JSON instead of markdown.")
+def bench(src, quick, out, workers, batch_sizes, only, epochs, as_json):
+    """Benchmark data loaders on the JPEG folder SRC: ours against the usual alternatives.
+
+    Converts SRC into every contender's format (timed), measures decode and memcpy limits, then
+    full random-order epochs of decode -> random-resized-crop 224 -> flip -> CHW uint8 (and the
+    raw 256x256 variant) for each contender, worker count and batch size, interleaved round by
+    round, with peak memory. Peers that are not installed are reported with the reason;
+    scripts/bench.sh installs them all in .venv-bench.
+    """
+    from dlpack_io.tools.bench.families import select
+    from dlpack_io.tools.bench.report import markdown
+    from dlpack_io.tools.bench.runner import run_bench
+
+    if epochs is not None and epochs < 1:
+        _fail(f"--epochs {epochs}: expected >= 1")
+    try:
+        select(only)
+        if only and "serial" not in only.split(","):
+            only = "serial," + only
+        result = run_bench(src, out, quick=quick, workers=workers, batch_sizes=batch_sizes,
+                           only=only, epochs=epochs)
+    except (ValueError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    if as_json:
+        return _echo_json(result)
+    click.echo(markdown(result))
+    click.echo(f"wrote {', '.join(result['files'].values())}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,244 @@
+"""Decode just what a crop needs from a JPEG record: the box's rows and columns, at the
+smallest DCT scale (1/8, 1/4, 1/2 or 1) that still gives at least the output size.
+
+Two back ends with the same geometry:
+  * the optional C extension ``dlpack_io.reader._jpeg`` (libjpeg-turbo's
+    ``jpeg_crop_scanline`` + ``jpeg_skip_scanlines`` + DCT scaling, GIL released,
+    writing into a caller-owned buffer): rows below the box are never entropy-decoded,
+    rows above are entropy-decoded but skip the IDCT, columns outside the box (rounded
+    to iMCU boundaries) skip IDCT, upsampling and colour conversion;
+  * PIL (always available): ``Image.draft`` picks the same DCT scale, the whole image
+    is decoded at that scale.
+
+What reduced-scale decoding changes: the DCT-domain downscale averages each 8x8 block's
+frequencies instead of the antialiased bilinear filter, so resized crops differ from
+"full decode, then resize" by about 1 grey level on average (docs/loader.md has the
+measured figures). Pass ``reduce=False`` for full-scale decoding of the box.
+"""
+from __future__ import annotations
+
+import io
+import logging
+import math
+import os
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+try:
+    if os.environ.get("DLPACK_IO_NO_JPEG_EXT") == "1":  # force the PIL path (tests, debugging)
+        raise ImportError("disabled by DLPACK_IO_NO_JPEG_EXT=1")
+    from dlpack_io.reader import _jpeg
+except ImportError as _exc:  # the optional extension did not build
+    _jpeg = None
+    log.debug("dlpack_io.reader._jpeg unavailable (%s): decoding JPEGs with PIL", _exc)
+
+SCALES = (1, 2, 4, 8)  # numerators over 8 with SIMD IDCTs in libjpeg-turbo
+
+
+def have_extension() -> bool:
+    """True when the C region decoder is importable."""
+    return _jpeg is not None
+
+
+def backend_name() -> str:
+    """``"libjpeg-turbo region decoder (C extension)"`` or ``"PIL"``."""
+    return "libjpeg-turbo region decoder (C extension)" if _jpeg is not None else "PIL"
+
+
+def choose_scale(box_h: int, box_w: int, out_h: int, out_w: int) -> int:
+    """Smallest numerator n in SCALES with the box at n/8 scale >= the output size."""
+    for n in SCALES:
+        if box_h * n >= out_h * 8 and box_w * n >= out_w * 8:
+            return n
+    return 8
+
+
+class Region:
+    """A decoded block of a JPEG at scale ``n``/8: ``pixels`` (rows, cols, 3 or 4) uint8
+    (RGB, or RGBX from the C decoder) whose top-left pixel is (y0, x0) in the scaled
+    image. ``buffer`` is a flat array starting with the block, possibly longer."""
+
+    __slots__ = ("pixels", "y0", "x0", "n", "buffer")
+
+    def __init__(self, pixels, y0, x0, n, buffer=None):
+        self.pixels, self.y0, self.x0, self.n = pixels, y0, x0, n
+        self.buffer = pixels.reshape(-1) if buffer is None else buffer
+
+    def box(self, box) -> tuple[float, float, float, float]:
+        """The full-size box (top, left, h, w) as a PIL box (x0, y0, x1, y1) in ``pixels``."""
+        top, left, h, w = box
+        f = self.n / 8.0
+        rows, cols = self.pixels.shape[:2]
+        return (max(left * f - self.x0, 0.0), max(top * f - self.y0, 0.0),
+                min((left + w) * f - self.x0, float(cols)), min((top + h) * f - self.y0, float(rows)))
+
+    def int_box(self, box) -> tuple[int, int, int, int]:
+        """The box in ``pixels`` rounded to whole pixels, as (top, left, h, w)."""
+        x0, y0, x1, y1 = self.box(box)
+        rows, cols = self.pixels.shape[:2]
+        top, left = min(int(round(y0)), rows - 1), min(int(round(x0)), cols - 1)
+        return top, left, max(1, min(int(round(y1)), rows) - top), max(1, min(int(round(x1)), cols) - left)
+
+
+def scratch_bytes(height: int, width: int) -> int:
+    """Scratch a full-size RGBX decode of a height x width JPEG needs (with row slack)."""
+    return (height + 1) * width * 4 + 64
+
+
+def decode_region(payload, box, n: int, scratch: np.ndarray, pixel_size: int = 3) -> Region:
+    """Decode the full-size ``box`` (top, left, h, w) at scale n/8.
+
+    With the C extension the pixels land in ``scratch`` (at least
+    ``scratch_bytes(H, W)``), as RGB or, with ``pixel_size=4``, RGBX; the PIL fallback
+    returns a fresh RGB array whatever ``pixel_size`` says.
+    """
+    top, left, h, w = (int(v) for v in box)
+    if _jpeg is not None:
+        y0, x0, rows, cols, _, _ = _jpeg.decode_region(payload, scratch, top, left, h, w, n,
+                                                       pixel_size)
+        px = scratch[:rows * cols * pixel_size].reshape(rows, cols, pixel_size)
+        return Region(px, y0, x0, n, scratch)
+    return _decode_region_pil(payload, top, left, h, w, n)
+
+
+def _decode_region_pil(payload, top, left, h, w, n) -> Region:
+    try:
+        return _decode_region_pil_unchecked(payload, top, left, h, w, n)
+    except (OSError, SyntaxError, ValueError) as exc:  # what PIL raises on bad data
+        raise ValueError(f"JPEG decode error (PIL): {type(exc).__name__}: {exc}") from exc
+
+
+def _decode_region_pil_unchecked(payload, top, left, h, w, n) -> Region:
+    from PIL import Image
+
+    img = Image.open(io.BytesIO(payload))
+    full_w, full_h = img.size
+    if top < 0 or left < 0 or h < 1 or w < 1 or top + h > full_h or left + w > full_w:
+        raise ValueError(f"crop box (top={top}, left={left}, height={h}, width={w}) is not "
+                         f"inside the {full_h} x {full_w} image")
+    if n < 8:
+        k = 8 // n  # PIL picks the largest reduction k with full // (full // k) >= k
+        img.draft("RGB", (max(1, full_w // k), max(1, full_h // k)))
+        n = _draft_numerator(full_h, full_w, img.size)
+    if img.mode != "RGB":
+        img = img.convert("RGB")
+    y0, x0 = top * n // 8, left * n // 8
+    y1 = min(-(-(top + h) * n // 8), img.height)
+    x1 = min(-(-(left + w) * n // 8), img.width)
+    pixels = np.asarray(img.crop((x0, y0, x1, y1)))
+    return Region(pixels, y0, x0, n)
+
+
+def _draft_numerator(full_h: int, full_w: int, size) -> int:
+    """The n/8 scale PIL's draft mode chose, from the reduced image size."""
+    for k in (8, 4, 2, 1):
+        if size == (-(-full_w // k), -(-full_h // k)):
+            return 8 // k
+    raise ValueError(f"PIL draft gave size {size} for a {full_w}x{full_h} JPEG, not a 1/k scale")
+
+
+def _box_image(region: Region, ix0: int, iy0: int, ix1: int, iy1: int):
+    """A PIL image of pixels [iy0:iy1, ix0:ix1] (RGBX: shares the memory, RGB: one copy)."""
+    from PIL import Image
+
+    rows, cols, ps = region.pixels.shape
+    mode = "RGBX" if ps == 4 else "RGB"
+    start, stride = (iy0 * cols + ix0) * ps, cols * ps
+    tail = region.buffer[start:]
+    if tail.size < (iy1 - iy0) * stride:  # no room for the last row's stride: copy the box
+        tail = np.ascontiguousarray(region.pixels[iy0:iy1, ix0:ix1]).reshape(-1)
+        stride = (ix1 - ix0) * ps
+    return Image.frombuffer(mode, (ix1 - ix0, iy1 - iy0), tail, "raw", mode, stride, 1)
+
+
+def resize_region(region: Region, box, out_size) -> np.ndarray:
+    """Antialiased bilinear resample (PIL BILINEAR) of the float ``box`` (x0, y0, x1, y1)
+    of ``region.pixels`` to ``out_size`` (h, w); returns (oh, ow, 3 or 4) uint8.
+
+    Only pixels of the box (rounded out to whole pixels) are read, as torchvision's
+    crop-then-resize and the GPU kernel do: PIL's ``box=`` alone would let the filter
+    reach pixels beyond the box's edges.
+    """
+    from PIL import Image
+
+    rows, cols, ps = region.pixels.shape
+    x0, y0, x1, y1 = box
+    ix0, iy0 = max(int(math.floor(x0)), 0), max(int(math.floor(y0)), 0)
+    ix1, iy1 = min(int(math.ceil(x1)), cols), min(int(math.ceil(y1)), rows)
+    if ix1 <= ix0 or iy1 <= iy0:
+        raise ValueError(f"resize: box {box} outside a {rows}x{cols} image")
+    img = _box_image(region, ix0, iy0, ix1, iy1)
+    out = img.resize((out_size[1], out_size[0]), Image.BILINEAR,
+                     box=(x0 - ix0, y0 - iy0, x1 - ix0, y1 - iy0))
+    return np.frombuffer(out.tobytes(), dtype=np.uint8).reshape(out_size[0], out_size[1], ps)
+
+
+def resize_box(pixels: np.ndarray, box, out_size) -> np.ndarray:
+    """:func:`resize_region` of a C-contiguous (h, w, 3) array (raw records)."""
+    return resize_region(Region(np.ascontiguousarray(pixels), 0, 0, 8), box, out_size)
+
+
+def decode_resized(payload, box, out_size, scratch: np.ndarray, reduce: bool = True) -> np.ndarray:
+    """JPEG record -> the full-size ``box`` resampled to ``out_size``: (oh, ow, 3 or 4)."""
+    n = choose_scale(int(box[2]), int(box[3]), *out_size) if reduce else 8
+    region = decode_region(payload, box, n, scratch, pixel_size=4)
+    return resize_region(region, region.box(box), out_size)
+
+
+def to_chw(src, offset: int, row_stride: int, h: int, w: int, dst: np.ndarray,
+           dst_offset: int, flip_h: bool, flip_v: bool, pixel_size: int = 3) -> None:
+    """Copy the (h, w) block of RGB (``pixel_size`` 3) or RGBX (4) pixels at byte
+    ``offset`` of the contiguous buffer ``src`` (rows ``row_stride`` bytes apart) into the
+    contiguous uint8 array ``dst`` at byte ``dst_offset`` as three (h, w) planes, flipped
+    as asked."""
+    if _jpeg is not None:
+        _jpeg.to_chw(src, offset, row_stride, h, w, dst, dst_offset, bool(flip_h),
+                     bool(flip_v), pixel_size)
+        return
+    flat = np.frombuffer(src, dtype=np.uint8)
+    if min(h, w, offset) < 0 or row_stride < pixel_size * w or \
+            offset + (h - 1) * row_stride + pixel_size * w > flat.size:
+        raise ValueError(f"to_chw: a {h}x{w}x{pixel_size} block at offset {offset} (row "
+                         f"stride {row_stride}) does not fit in a {flat.size}-byte buffer")
+    block = np.lib.stride_tricks.as_strided(flat[offset:], (h, w, 3), (row_stride, pixel_size, 1),
+                                            writeable=False)
+    view = block[::-1] if flip_v else block
+    view = view[:, ::-1] if flip_h else view
+    out = dst.reshape(-1)[dst_offset:dst_offset + 3 * h * w].reshape(3, h, w)
+    out[...] = view.transpose(2, 0, 1)
+
+
+def to_chw_array(pixels: np.ndarray, dst: np.ndarray, dst_offset: int, flip_h, flip_v) -> None:
+    """:func:`to_chw` of a whole C-contiguous (h, w, 3 or 4) array."""
+    h, w, ps = pixels.shape
+    to_chw(pixels, 0, w * ps, h, w, dst, dst_offset, flip_h, flip_v, ps)
+
+
+def gather(src, src_offsets, lengths, dst: np.ndarray, dst_offsets) -> None:
+    """Copy byte ranges ``src[src_offsets[i]:+lengths[i]]`` to ``dst[dst_offsets[i]:]``
+    (one C call without the GIL; a numpy loop without the extension)."""
+    so = np.ascontiguousarray(src_offsets, dtype=np.int64)
+    ln = np.ascontiguousarray(lengths, dtype=np.int64)
+    do = np.ascontiguousarray(dst_offsets, dtype=np.int64)
+    if _jpeg is not None:
+        _jpeg.gather(src, so, ln, dst, do)
+        return
+    flat = np.frombuffer(src, dtype=np.uint8)
+    out = dst.reshape(-1)
+    for a, n, b in zip(so.tolist(), ln.tolist(), do.tolist()):
+        if a < 0 or b < 0 or a + n > flat.size or b + n > out.size:
+            raise ValueError(f"gather: {n} bytes from {a} to {b} do not fit")
+        out[b:b + n] = flat[a:a + n]
+
+
+def crop_chw(src, params: np.ndarray, h: int, w: int, dst: np.ndarray) -> None:
+    """:func:`to_chw` for many (h, w) RGB blocks of one buffer: ``params`` rows are
+    (src_offset, row_stride, flip_h, flip_v, dst_offset); one C call without the GIL."""
+    p = np.ascontiguousarray(params, dtype=np.int64)
+    if _jpeg is not None:
+        _jpeg.crop_chw(src, p, h, w, dst)
+        return
+    for off, stride, fh, fv, dst_off in p.tolist():
+        to_chw(src, off, stride, h, w, dst, dst_off, fh, fv)

@@ -1,0 +1,187 @@
+"""Process workers: build batches in forked processes, straight into shared memory slots.
+
+Each worker writes a batch's pixels into one of ``num_slots`` anonymous shared mappings
+created before the fork (no file names, so nothing can leak: the memory goes away with
+the last process that maps it) and sends back only small metadata. Each worker has its
+own task pipe and result pipe, so a worker killed in the middle of a write cannot wedge
+a lock the others need. The consumer waits on the result pipes *and* the process
+sentinels: a dead worker is noticed at once and reported with the sample it was on.
+
+Workers ignore SIGINT (Ctrl-C is the training loop's to handle), exit when their parent
+dies (PR_SET_PDEATHSIG on Linux, plus a parent-pid check every second), and are joined,
+then terminated, then killed by ``close``.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import mmap
+import multiprocessing as mp
+import os
+import signal
+import traceback
+from multiprocessing.connection import wait
+
+import numpy as np
+
+from dlpack_io.reader.errors import SampleError, WorkerError
+
+log = logging.getLogger(__name__)
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the parent-pid check remains
+        pass
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """The exception itself if it pickles, else a SampleError carrying its traceback."""
+    import pickle
+
+    try:
+        pickle.loads(pickle.dumps(exc))
+        return exc
+    except Exception:
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return SampleError(f"{type(exc).__name__}: {exc}\n(worker traceback)\n{text}")
+
+
+def _worker_main(wid, build, slots, progress, tasks, results, parent_pid) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
+    state = {}
+    while True:
+        if not tasks.poll(1.0):
+            if os.getppid() != parent_pid:
+                return
+            continue
+        task = tasks.recv()
+        if task is None:
+            return
+        k, slot, args = task
+        try:
+            meta = build(k, slots[slot], progress[wid:wid + 1], state, *args)
+            results.send((k, slot, meta, None))
+        except BaseException as exc:
+            results.send((k, slot, None, _portable(exc)))
+        progress[wid] = -1
+
+
+class ProcessWorkers:
+    """``num_workers`` forked processes running ``build(k, slot, progress, state, *args)``.
+
+    ``finish(k, slot_buffer, meta)`` runs in the consumer on each result (it must copy
+    what it needs out of the slot); the slot is reused right after.
+    """
+
+    def __init__(self, build, finish, num_workers: int, slot_bytes: int, num_slots: int,
+                 describe=None):
+        ctx = mp.get_context("fork")
+        self._finish, self._describe = finish, describe or (lambda sample: f"sample {sample}")
+        self._slot_maps = [mmap.mmap(-1, max(int(slot_bytes), 1)) for _ in range(num_slots)]
+        self._free = list(range(num_slots))
+        self._progress_map = mmap.mmap(-1, 8 * num_workers)
+        progress = np.frombuffer(self._progress_map, dtype=np.int64)
+        progress[:] = -1
+        self._progress = progress
+        self._outstanding = {}  # batch -> worker
+        self._done = {}
+        self._procs, self._tasks, self._results = [], [], []
+        for wid in range(num_workers):
+            self._start(ctx, wid, build)
+
+    def _start(self, ctx, wid, build) -> None:
+        task_r, task_w = ctx.Pipe(duplex=False)
+        res_r, res_w = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_worker_main, name=f"dlpack-loader-{wid}", daemon=True,
+                           args=(wid, build, self._slot_maps, self._progress, task_r, res_w,
+                                 os.getpid()))
+        proc.start()
+        task_r.close()
+        res_w.close()
+        self._procs.append(proc)
+        self._tasks.append(task_w)
+        self._results.append(res_r)
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the workers (for tests and debugging)."""
+        return [p.pid for p in self._procs]
+
+    def has_free_slot(self) -> bool:
+        """True when another batch can be submitted."""
+        return bool(self._free)
+
+    def submit(self, k: int, *args) -> None:
+        """Send batch ``k`` to worker ``k % num_workers`` with a free slot."""
+        slot = self._free.pop()
+        wid = k % len(self._procs)
+        self._outstanding[k] = wid
+        self._tasks[wid].send((k, slot, args))
+
+    def get(self, k: int):
+        """Wait for batch ``k``; return ``finish(k, slot, meta)`` or raise the worker's error."""
+        while k not in self._done:
+            self._poll()
+        slot, meta, exc = self._done.pop(k)
+        try:
+            if exc is not None:
+                raise exc
+            return self._finish(k, self._slot_maps[slot], meta)
+        finally:
+            self._free.append(slot)
+
+    def _poll(self) -> None:
+        busy = set(self._outstanding.values())
+        sentinels = [p.sentinel for wid, p in enumerate(self._procs) if wid in busy]
+        ready = wait(self._results + sentinels, timeout=5.0)
+        got = False
+        for conn in self._results:
+            if conn in ready:
+                try:
+                    k, slot, meta, exc = conn.recv()
+                except (EOFError, OSError):
+                    continue
+                self._outstanding.pop(k, None)
+                self._done[k] = (slot, meta, exc)
+                got = True
+        if not got:
+            self._check_alive()
+
+    def _check_alive(self) -> None:
+        for wid, proc in enumerate(self._procs):
+            if proc.is_alive() or wid not in self._outstanding.values():
+                continue
+            batch = min(k for k, w in self._outstanding.items() if w == wid)
+            sample = int(self._progress[wid])
+            code = proc.exitcode
+            how = (f"was killed by {signal.Signals(-code).name}" if code and code < 0
+                   else f"exited with code {code}")
+            at = self._describe(sample) if sample >= 0 else "before its first sample"
+            raise WorkerError(f"loader worker {wid} (pid {proc.pid}) {how} while building "
+                              f"batch {batch}, at {at}; if it ran out of memory, lower "
+                              f"num_workers, prefetch or batch_size")
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop, join, terminate and finally kill the workers; release the slots."""
+        for conn in self._tasks:
+            try:
+                conn.send(None)
+            except (OSError, ValueError):
+                pass
+        for proc in self._procs:
+            proc.join(timeout)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(1.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(1.0)
+        for conn in self._tasks + self._results:
+            conn.close()
+        self._procs, self._tasks, self._results = [], [], []
+        self._done.clear()
+        self._progress = None

@@ -1,0 +1,115 @@
+"""`dlpack bench` harness: the shared work, the baselines, the report, missing peers.
+
+Runs in the main venv without any peer installed: a missing peer must be reported as
+"not installed: <reason>", never crash the run or vanish from the output.
+"""
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from dlpack_io.tools.bench import work
+from dlpack_io.tools.bench.families import select
+from dlpack_io.tools.bench.peers import peer_status
+from dlpack_io.tools.synth import make_image_folder
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench-src")
+    make_image_folder(root, 40, 4, seed=3, size=(48, 64))
+    return root
+
+
+@pytest.mark.parametrize("width,height", [(500, 375), (64, 48), (40, 400), (400, 40), (224, 224)])
+def test_rrc_box_inside_image(width, height):
+    rng = random.Random(0)
+    for _ in range(200):
+        left, top, w, h = work.rrc_box(width, height, rng)
+        assert 0 <= left and 0 <= top and 0 < w and 0 < h
+        assert left + w <= width and top + h <= height
+
+
+def test_rrc_box_scale_distribution():
+    rng = random.Random(1)
+    areas = [w * h / (500 * 375) for _, _, w, h in (work.rrc_box(500, 375, rng) for _ in range(2000))]
+    assert 0.07 < min(areas) and max(areas) <= 1.0
+    assert 0.38 < float(np.mean(areas)) < 0.55  # uniform(0.08, 1), large boxes often rejected
+
+
+def test_work_outputs_chw_uint8_and_flips_half(tiny_folder):
+    path = next(tiny_folder.rglob("*.jpg"))
+    out = work.jpeg_work(path.read_bytes(), random.Random(0))
+    assert out.shape == (3, 224, 224) and out.dtype == np.uint8 and out.flags.c_contiguous
+    hwc = np.random.default_rng(0).integers(0, 255, (256, 256, 3), dtype=np.uint8)
+    flips = 0
+    for seed in range(200):
+        rng = random.Random(seed)
+        top, left = rng.randint(0, 32), rng.randint(0, 32)
+        flipped = rng.random() < 0.5
+        got = work.raw_from_bytes(hwc.tobytes(), random.Random(seed))
+        want = hwc[top:top + 224, left:left + 224][:, ::-1 if flipped else 1].transpose(2, 0, 1)
+        assert np.array_equal(got, want)
+        flips += flipped
+    assert 70 < flips < 130
+
+
+def test_missing_peer_is_reported_with_reason(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_litdata(name, *args, **kwargs):
+        if name.split(".")[0] == "litdata":
+            raise ImportError("No module named 'litdata'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_litdata)
+    status = peer_status("litdata")
+    assert not status["ok"] and status["reason"].startswith("not installed: ")
+
+
+def test_select_rejects_unknown_names():
+    with pytest.raises(ValueError, match="unknown contender"):
+        select("serial,nope")
+
+
+def test_run_bench_baselines_and_report(tiny_folder, tmp_path, monkeypatch):
+    from dlpack_io.tools.bench import peers
+    from dlpack_io.tools.bench.runner import run_bench
+
+    real = peers.peer_status
+    monkeypatch.setattr(peers, "peer_status", lambda name: (
+        {"ok": False, "reason": "not installed: test says so"} if name == "litdata" else real(name)))
+    out = tmp_path / "out"
+    result = run_bench(str(tiny_folder), str(out), workers=(1,), batch_sizes=(10,),
+                       only="serial,multiprocessing,litdata", epochs=1)
+    rows = [r for g in result["groups"] for r in g["rows"]]
+    done = [r for r in rows if r["family"] in ("serial", "multiprocessing")]
+    assert done and all(r["images"] == 40 and r["images_per_s"] > 0 for r in done), done
+    assert all(r["memory"]["pss_kb"] > 0 for r in done)
+    lit = [r for r in rows if r["family"] == "litdata"]
+    assert lit and all(r["error"] == "not installed: test says so" for r in lit)
+    assert result["convert"]["litdata-jpeg"]["error"].startswith("not installed")
+    saved = json.loads((out / "bench.json").read_text())
+    assert saved["environment"]["versions"]["torch"] != "not installed"
+    text = (out / "bench.md").read_text()
+    assert "not installed: test says so" in text and "serial numpy loop" in text
+    assert {"jpeg", "raw"} == {g["mode"] for g in result["groups"]}
+
+
+def test_cli_bench_help_and_bad_options(tiny_folder):
+    from dlpack_io.tools.cli import main
+
+    runner = CliRunner()
+    help_text = runner.invoke(main, ["bench", "--help"]).output
+    for option in ("--quick", "--out", "--workers", "--batch-sizes", "--only", "--json"):
+        assert option in help_text
+    bad = runner.invoke(main, ["bench", str(tiny_folder), "--only", "nope"])
+    assert bad.exit_code != 0 and "unknown contender" in bad.output
+    bad = runner.invoke(main, ["bench", str(tiny_folder), "--workers", "x"])
+    assert bad.exit_code != 0

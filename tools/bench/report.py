@@ -1,0 +1,167 @@
+"""The result of ``dlpack bench`` as JSON, a markdown report and PNG charts."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+log = logging.getLogger(__name__)
+NOISY = 0.25  # epochs of one configuration further apart than this (of the median) get a dagger
+
+
+def _fmt(x, digits=0) -> str:
+    return "-" if x is None else f"{x:,.{digits}f}"
+
+
+def _cell(row) -> str:
+    if row is None:
+        return "-"
+    if "images_per_s" not in row:
+        return f"failed: {row.get('error', '?')[:80]}"
+    noisy = "†" if row.get("spread", 0) > NOISY else ""
+    return f"{row['images_per_s']:,.0f} ({row.get('speedup', 0):.2f}x){noisy}"
+
+
+def convert_table(result) -> list:
+    """Markdown lines: one row per store (writer), images/s and MB/s of input read."""
+    lines = ["| writer | mode | reads | images/s | MB/s in | median s |",
+             "|---|---|---|---:|---:|---:|"]
+    for key, r in result["convert"].items():
+        if key.startswith("files-"):
+            continue
+        name = r.get("writer", r["store"])
+        if "median_s" in r:
+            lines.append(f"| {name} | {r['mode']} | {r['input']} | {_fmt(r['images_per_s'])} "
+                         f"| {_fmt(r['mb_per_s'], 1)} | {r['median_s']:.2f} |")
+        else:
+            lines.append(f"| {name} | {r['mode']} | {r['input']} | {r.get('error', '-')} | | |")
+    return lines
+
+
+def _ceiling(result, key: str, workers: int):
+    per_core = result["limits"].get(key)
+    cores = min(max(1, workers), result["environment"]["cores"] or 1)
+    return None if per_core is None else per_core * cores
+
+
+LIMIT_ROWS = (("*limit: the same work alone, per sample (PIL / numpy), x cores used*",
+               {"jpeg": "work_jpeg_per_core", "raw": "work_raw_per_core"}),
+              ("*limit: JPEG decode alone (jpeg) / gathering 256 raw rows (raw), x cores*",
+               {"jpeg": "decode_full_per_core", "raw": "gather_256_images_per_s"}))
+
+
+def load_table(result) -> list:
+    """Markdown lines: contender x (mode, workers) images/s (speedup over serial), batch 256."""
+    groups = [g for g in result["groups"] if g["kind"] == "workers"]
+    lines = ["| contender | " + " | ".join(f"{g['mode']} w{g['workers']}" for g in groups)
+             + " | peak PSS MB (max over its runs) |", "|---|" + "---:|" * (len(groups) + 1)]
+    for name, info in result["families"].items():
+        cells, peak = [], 0
+        for g in groups:
+            row = next((r for r in g["rows"] if r["family"] == name), None)
+            cells.append(_cell(row))
+            if row and "memory" in row:
+                peak = max(peak, row["memory"]["pss_kb"] / 1024)
+        label = info["label"] + ("" if info["same_work"] else " *")
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {_fmt(peak or None)} |")
+    lines.append(_foreign_row(groups))
+    for label, keys in LIMIT_ROWS:
+        cells = [_fmt(_ceiling(result, keys[g["mode"]], g["workers"])) for g in groups]
+        lines.append(f"| {label} | " + " | ".join(cells) + " | |")
+    return lines
+
+
+def batch_table(result) -> list:
+    """Markdown lines: speedup over serial by batch size."""
+    groups = [g for g in result["groups"] if g["kind"] == "batch"]
+    if not groups:
+        return []
+    names = sorted({(r["family"], r["workers"]) for g in groups for r in g["rows"]})
+    lines = ["| contender | " + " | ".join(f"{g['mode']} b{g['batch_size']}" for g in groups) + " |",
+             "|---|" + "---:|" * len(groups)]
+    for family, w in names:
+        cells = [_cell(next((r for r in g["rows"] if (r["family"], r["workers"]) == (family, w)),
+                            None)) for g in groups]
+        lines.append(f"| {family} w{w} | " + " | ".join(cells) + " |")
+    lines.append(_foreign_row(groups))
+    return lines
+
+
+def limits_table(result) -> list:
+    """Markdown lines: the physical limits."""
+    lim = result["limits"]
+    names = {"decode_full_per_core": "JPEG decode, PIL, per core (images/s)",
+             "decode_draft_half_per_core": "JPEG decode, PIL draft 1/2 scale, per core",
+             "work_jpeg_per_core": "W_jpeg alone (decode+crop+resize+flip+CHW), per core",
+             "work_raw_per_core": "W_raw alone (crop+flip+CHW), per core",
+             "gather_256_images_per_s": "random gather of 256 raw rows from memmap (images/s)",
+             "gather_gb_per_s": "  the same in GB/s", "memcpy_gb_per_s": "memcpy, 1 thread (GB/s)"}
+    lines = ["| limit | value |", "|---|---:|"]
+    lines += [f"| {label} | {_fmt(lim[k], 1 if 'gb' in k else 0)} |" for k, label in names.items()
+              if k in lim]
+    return lines
+
+
+def markdown(result) -> str:
+    """The whole report as markdown."""
+    env = result["environment"]
+    vers = ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v != "not installed")
+    peers = "; ".join(f"{k}: {v.get('version') or v.get('reason')}" for k, v in result["peers"].items())
+    n = next((r["images"] for r in result["convert"].values() if "images" in r), "?")
+    parts = [
+        f"Measured {env['date']} on {env['cpu']}, {env['cores']} cores, {env['memory_gib']} GiB, "
+        f"{env['platform']}, Python {env['python']}; GPU: {env['gpu']}. Load average before "
+        f"{_loads(env['load_before'])}, after {_loads(env.get('load_after'))}. {n} images, "
+        f"{'--quick' if result['options']['quick'] else 'full'} run, {result['seconds']:.0f} s.",
+        "", f"Versions: {vers}.", "", f"Peers: {peers}.", "", "### Convert", ""]
+    parts += convert_table(result) + ["", "### Load: images/s (speedup over the serial loop "
+                                      "measured in the same group), batch 256", ""]
+    parts += load_table(result) + ["", "\\* not the same per-sample work: the peer's own "
+                                   "decoder and resize. † its timed epochs spread more than "
+                                   f"{NOISY:.0%} around the median. {foreign_text(result)}", "", "### Scaling with batch size "
+                                   "(images/s, speedup over serial)", ""]
+    parts += batch_table(result) + ["", "### Physical limits (single core)", ""]
+    parts += limits_table(result)
+    if env["gpu"].startswith("none"):
+        parts += ["", "GPU end-to-end: no GPU on this machine, not measured."]
+    return "\n".join(parts) + "\n"
+
+
+def _foreign_row(groups) -> str:
+    cells = []
+    for g in groups:
+        loads = sorted(x for r in g["rows"] for x in r.get("foreign_cores", []))
+        cells.append(f"{loads[len(loads) // 2]:.2f}" if loads else "-")
+    return "| *other users' CPU during these epochs (cores, median)* | " + " | ".join(cells) + " |"
+
+
+def foreign_text(result) -> str:
+    """One sentence: CPU used by other users of the machine during the timed epochs."""
+    loads = sorted(x for g in result["groups"] for r in g["rows"] for x in r.get("foreign_cores", []))
+    if not loads:
+        return ""
+    median = loads[len(loads) // 2]
+    busy = sum(x > 0.5 for x in loads) / len(loads)
+    return (f"Other processes on this shared machine used a median {median:.2f} cores (max "
+            f"{loads[-1]:.2f}) during the timed epochs; {busy:.0%} of epochs ran beside more "
+            f"than half a core of foreign load.")
+
+
+def _loads(loads) -> str:
+    return "-" if not loads else "/".join(f"{x:.2f}" for x in loads)
+
+
+def write_all(result, out) -> dict:
+    """Write bench.json, bench.md and the charts into ``out``; return their paths."""
+    paths = {"json": os.path.join(out, "bench.json"), "markdown": os.path.join(out, "bench.md")}
+    with open(paths["json"], "w") as f:
+        json.dump(result, f, indent=1, default=str)
+    with open(paths["markdown"], "w") as f:
+        f.write(markdown(result))
+    try:
+        from dlpack_io.tools.bench.charts import draw
+        paths.update(draw(result, out))
+    except ImportError as exc:
+        log.warning("charts skipped: %s", exc)
+    result["files"] = paths
+    return paths
