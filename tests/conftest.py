@@ -58,3 +58,9 @@ def odd_folder(tmp_path_factory):
     """(root, {kind: relative path}) of grayscale, CMYK, progressive, EXIF, PNG and broken files."""
     root = tmp_path_factory.mktemp("odd")
     return root, make_odd_folder(root)
+
+
+@pytest.fixture
+def triton_interpret(monkeypatch):
+    """Route CPU tensors through Triton's interpreter (set before triton is imported)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")

@@ -24,3 +24,11 @@ def dataset_fingerprint(dst) -> dict:
             data = json.dumps(manifest, sort_keys=True).encode()
         out[name] = data
     return out
+
+
+def random_images(n, h, w, c=3, seed=0):
+    """A reproducible (n, h, w, c) uint8 batch of random pixels, for kernel tests."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (n, h, w, c), dtype=torch.uint8, generator=g)

@@ -14,21 +14,15 @@ from hypothesis import strategies as st
 
 from dlpack_io.kernels import crop_flip_permute, reference
 
+from helpers import random_images
+
 MEAN = (0.485, 0.456, 0.406, 0.5)
 STD = (0.229, 0.224, 0.225, 0.25)
 ATOL = {torch.uint8: 0, torch.float32: 1e-6, torch.float16: 2**-9, torch.bfloat16: 2**-6}
 FLIPS = [(False, False), (True, False), (False, True), (True, True)]
 
 
-@pytest.fixture(autouse=True)
-def _interpret(monkeypatch):
-    """Route CPU tensors through Triton's interpreter (set before triton is imported)."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-
-
-def _images(n, h, w, c=3, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 256, (n, h, w, c), dtype=torch.uint8, generator=g)
+pytestmark = pytest.mark.usefixtures("triton_interpret")
 
 
 def _both(images, top, left, h, w, fh, fv, **kw):
@@ -51,7 +45,7 @@ def test_kernel_path_is_used():
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("fh,fv", FLIPS)
 def test_dtypes_and_flips(dtype, fh, fv):
-    images = _images(3, 9, 13, 3)
+    images = random_images(3, 9, 13, 3)
     top, left = torch.tensor([0, 4, 2]), torch.tensor([0, 6, 3])
     norm = {} if dtype == torch.uint8 else {"mean": MEAN[:3], "std": STD[:3]}
     out, ref = _both(images, top, left, 5, 7, fh, fv, out_dtype=dtype, **norm)
@@ -60,7 +54,7 @@ def test_dtypes_and_flips(dtype, fh, fv):
 
 @pytest.mark.parametrize("channels", [1, 2, 3, 4])
 def test_channel_counts(channels):
-    images = _images(2, 5, 6, channels, seed=channels)
+    images = random_images(2, 5, 6, channels, seed=channels)
     top, left = torch.tensor([1, 0]), torch.tensor([0, 2])
     fh, fv = torch.tensor([True, False]), torch.tensor([False, True])
     out, ref = _both(images, top, left, 4, 4, fh, fv)
@@ -78,7 +72,7 @@ def test_channel_counts(channels):
 ])
 def test_odd_shapes(shape, crop):
     n, h, w, _ = shape
-    images = _images(*shape)
+    images = random_images(*shape)
     top = torch.full((n,), h - crop[0], dtype=torch.int32)  # touches the bottom edge
     left = torch.zeros(n, dtype=torch.int32)                # and the left one
     for fh, fv in FLIPS:
@@ -87,7 +81,7 @@ def test_odd_shapes(shape, crop):
 
 
 def test_crops_touching_every_edge():
-    images = _images(4, 8, 10, 3)
+    images = random_images(4, 8, 10, 3)
     top = torch.tensor([0, 0, 5, 5])
     left = torch.tensor([0, 6, 0, 6])
     fh = torch.tensor([True, False, True, False])
@@ -101,7 +95,7 @@ def test_crops_touching_every_edge():
 def test_large_batch_with_jitter():
     n = 96
     g = torch.Generator().manual_seed(7)
-    images = _images(n, 12, 10, 3, seed=7)
+    images = random_images(n, 12, 10, 3, seed=7)
     top = torch.randint(0, 12 - 7 + 1, (n,), generator=g)
     left = torch.randint(0, 10 - 5 + 1, (n,), generator=g)
     fh = torch.rand(n, generator=g) < 0.5
@@ -118,7 +112,7 @@ def test_large_batch_with_jitter():
 
 
 def test_uint8_copy_is_exact_and_flip_invariant():
-    images = _images(2, 6, 7, 3, seed=9)
+    images = random_images(2, 6, 7, 3, seed=9)
     top, left = torch.tensor([1, 0]), torch.tensor([2, 1])
     plain = crop_flip_permute(images, top, left, 5, 5, False, False)
     both = crop_flip_permute(images, top, left, 5, 5, True, True)
@@ -134,7 +128,7 @@ def test_empty_batch():
 
 
 def test_unvalidated_bad_box_stays_in_memory():
-    images = _images(2, 4, 4, 3)
+    images = random_images(2, 4, 4, 3)
     top, left = torch.tensor([-3, 2]), torch.tensor([0, 3])
     out, ref = _both(images, top, left, 3, 3, False, True, validate=False)
     _check(out, ref, torch.uint8)  # both clamp reads into the image
@@ -151,7 +145,7 @@ def test_random_crops_match_indexing(data):
     lefts = [data.draw(st.integers(0, w - cw)) for _ in range(n)]
     fh = [data.draw(st.booleans()) for _ in range(n)]
     fv = [data.draw(st.booleans()) for _ in range(n)]
-    images = _images(n, h, w, c, seed=n * h * w)
+    images = random_images(n, h, w, c, seed=n * h * w)
     out = crop_flip_permute(images, torch.tensor(tops), torch.tensor(lefts), ch, cw,
                             torch.tensor(fh), torch.tensor(fv))
     for i in range(n):

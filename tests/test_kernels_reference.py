@@ -13,13 +13,10 @@ import torch
 
 from dlpack_io.kernels import reference
 
+from helpers import random_images
+
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
-
-
-def _images(n, h, w, c=3, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 256, (n, h, w, c), dtype=torch.uint8, generator=g)
 
 
 def _bilinear_taps(o, out_len, length):
@@ -54,7 +51,7 @@ def _resample_py(img, box, out_h, out_w, flip_h, flip_v, taps):
 
 
 def test_crop_reference_matches_per_pixel_formula():
-    images = _images(3, 5, 7, 3)
+    images = random_images(3, 5, 7, 3)
     top, left = torch.tensor([0, 2, 1]), torch.tensor([0, 1, 4])
     fh, fv = torch.tensor([False, True, True]), torch.tensor([True, False, True])
     out = reference.crop_flip_permute(images, top, left, 3, 3, fh, fv)
@@ -69,7 +66,7 @@ def test_crop_reference_matches_per_pixel_formula():
 
 
 def test_normalize_matches_torchvision_formula():
-    images = _images(2, 4, 4, 3)
+    images = random_images(2, 4, 4, 3)
     zeros = torch.zeros(2, dtype=torch.int64)
     out = reference.crop_flip_permute(images, zeros, zeros, 4, 4, False, False, mean=MEAN,
                                       std=STD, out_dtype=torch.float32)
@@ -79,7 +76,7 @@ def test_normalize_matches_torchvision_formula():
 
 
 def test_jitter_matches_documented_formula():
-    images = _images(3, 3, 4, 3)
+    images = random_images(3, 3, 4, 3)
     zeros = torch.zeros(3, dtype=torch.int64)
     b = torch.tensor([0.5, 1.0, 1.7])
     ct = torch.tensor([1.3, 0.0, 0.6])
@@ -96,7 +93,7 @@ def test_jitter_matches_documented_formula():
 
 
 def test_jitter_default_contrast_mean_is_mid_grey():
-    images = _images(1, 2, 2, 1)
+    images = random_images(1, 2, 2, 1)
     zeros = torch.zeros(1, dtype=torch.int64)
     out = reference.crop_flip_permute(images, zeros, zeros, 2, 2, False, False,
                                       out_dtype=torch.float32, contrast=torch.tensor([0.0]))
@@ -124,7 +121,7 @@ def test_uint8_rounding_is_half_up():
     ((3, 3, 1, 1), (1, 1)),    # 1x1 -> 1x1
 ])
 def test_resize_reference_matches_per_pixel_formula(box, out_size, antialias):
-    images = _images(1, 9, 11, 3, seed=3)
+    images = random_images(1, 9, 11, 3, seed=3)
     taps = _aa_taps if antialias else _bilinear_taps
     for fh, fv in [(False, False), (True, False), (False, True), (True, True)]:
         out = reference.resized_crop(images, torch.tensor([box]), out_size, fh, fv,
@@ -134,7 +131,7 @@ def test_resize_reference_matches_per_pixel_formula(box, out_size, antialias):
 
 
 def test_ragged_reference_matches_dense():
-    images = _images(2, 6, 5, 3, seed=4)
+    images = random_images(2, 6, 5, 3, seed=4)
     boxes = torch.tensor([[1, 0, 4, 5], [0, 2, 6, 3]])
     dense = reference.resized_crop(images, boxes, (4, 3), True, False, out_dtype=torch.float32)
     flat = torch.cat([torch.zeros(7, dtype=torch.uint8), images[1].flatten(),

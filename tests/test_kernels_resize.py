@@ -11,21 +11,15 @@ import torch
 
 from dlpack_io.kernels import crop_flip_permute, reference, resized_crop
 
+from helpers import random_images
+
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
 ATOL = {torch.float32: 1e-5, torch.float16: 2**-9, torch.bfloat16: 2**-6}
 FLIPS = [(False, False), (True, False), (False, True), (True, True)]
 
 
-@pytest.fixture(autouse=True)
-def _interpret(monkeypatch):
-    """Route CPU tensors through Triton's interpreter (set before triton is imported)."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-
-
-def _images(n, h, w, c=3, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 256, (n, h, w, c), dtype=torch.uint8, generator=g)
+pytestmark = pytest.mark.usefixtures("triton_interpret")
 
 
 def _check(out, ref, dtype):
@@ -55,7 +49,7 @@ BOXES = torch.tensor([
 @pytest.mark.parametrize("antialias", [False, True])
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.float16, torch.bfloat16, torch.float32])
 def test_dtypes(dtype, antialias):
-    images = _images(4, 11, 13, 3)
+    images = random_images(4, 11, 13, 3)
     fh = torch.tensor([False, True, False, True])
     fv = torch.tensor([False, False, True, True])
     norm = {} if dtype == torch.uint8 else {"mean": MEAN, "std": STD}
@@ -67,7 +61,7 @@ def test_dtypes(dtype, antialias):
 @pytest.mark.parametrize("antialias", [False, True])
 @pytest.mark.parametrize("fh,fv", FLIPS)
 def test_flips_match_reference_and_mirror(fh, fv, antialias):
-    images = _images(4, 11, 13, 3, seed=1)
+    images = random_images(4, 11, 13, 3, seed=1)
     kw = {"out_dtype": torch.float32, "antialias": antialias}
     out, ref = _both(images, BOXES, (6, 5), fh, fv, **kw)
     _check(out, ref, torch.float32)
@@ -78,7 +72,7 @@ def test_flips_match_reference_and_mirror(fh, fv, antialias):
 
 @pytest.mark.parametrize("channels", [1, 2, 4])
 def test_channel_counts(channels):
-    images = _images(2, 7, 6, channels, seed=channels)
+    images = random_images(2, 7, 6, channels, seed=channels)
     boxes = torch.tensor([[0, 0, 7, 6], [1, 2, 5, 3]])
     for antialias in (False, True):
         out, ref = _both(images, boxes, (4, 9), True, False, out_dtype=torch.float32,
@@ -94,7 +88,7 @@ def test_channel_counts(channels):
     ((1, 40, 70, 3), (0, 0, 40, 70), (17, 33)),   # ~2x downscale, ragged tile edges
 ])
 def test_odd_shapes(shape, box, size):
-    images = _images(*shape)
+    images = random_images(*shape)
     boxes = torch.tensor([box] * shape[0])
     for antialias in (False, True):
         out, ref = _both(images, boxes, size, True, True, out_dtype=torch.float32,
@@ -103,7 +97,7 @@ def test_odd_shapes(shape, box, size):
 
 
 def test_identity_scale_equals_crop():
-    images = _images(3, 9, 8, 3, seed=2)
+    images = random_images(3, 9, 8, 3, seed=2)
     boxes = torch.tensor([[0, 0, 5, 4], [4, 4, 5, 4], [2, 1, 5, 4]])
     fh, fv = torch.tensor([True, False, True]), torch.tensor([False, True, True])
     want = crop_flip_permute(images, boxes[:, 0], boxes[:, 1], 5, 4, fh, fv)
@@ -143,7 +137,7 @@ def test_ragged_batch(antialias):
 
 
 def test_ragged_single_channel():
-    samples = [_images(1, 5, 7, 1, seed=s)[0] for s in range(3)]
+    samples = [random_images(1, 5, 7, 1, seed=s)[0] for s in range(3)]
     flat, offsets, heights, widths = _ragged(samples, gap=0)
     boxes = torch.tensor([[0, 0, 5, 7], [1, 1, 3, 3], [4, 6, 1, 1]])
     out, ref = _both(flat, boxes, 4, False, True, offsets=offsets, heights=heights,
@@ -154,7 +148,7 @@ def test_ragged_single_channel():
 def test_large_batch_with_jitter():
     n = 64
     g = torch.Generator().manual_seed(8)
-    images = _images(n, 10, 12, 3, seed=8)
+    images = random_images(n, 10, 12, 3, seed=8)
     bh = torch.randint(1, 11, (n,), generator=g)
     bw = torch.randint(1, 13, (n,), generator=g)
     top = (torch.rand(n, generator=g) * (11 - bh)).long()
@@ -181,7 +175,7 @@ def test_empty_batch():
 
 
 def test_unvalidated_bad_box_stays_in_memory():
-    images = _images(2, 4, 4, 3)
+    images = random_images(2, 4, 4, 3)
     boxes = torch.tensor([[-2, 1, 9, 2], [3, 3, 0, 5]])
     out = resized_crop(images, boxes, 3, False, False, validate=False, antialias=True)
     assert out.shape == (2, 3, 3, 3)  # values unspecified; no crash, no stray reads
