@@ -85,7 +85,11 @@ class Dataset:
 
     def __getitem__(self, i: int):
         payload, entry = self.record(i)
-        return decode_record(payload, entry, self.where(i)), int(entry["label"])
+        try:
+            pixels = decode_record(payload, entry, "record")
+        except fmt.FormatError as exc:  # name the place only on failure: not on the hot path
+            raise fmt.FormatError(str(exc).replace("record", self.where(i), 1)) from None
+        return pixels, int(entry["label"])
 
     def __getstate__(self):
         return {"path": self.path, "verify_checksums": self.verify_checksums}
