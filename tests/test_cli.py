@@ -83,3 +83,9 @@ def test_inspect_order_report(image_folder, tmp_path):
     other = json.loads(runner.invoke(main, ["inspect", dst, "--order", "--batch-size", "4",
                                             "--world-size", "2", "--rank", "1", "--json"]).output)
     assert data != other
+
+
+def test_version_names_the_image_stack():
+    result = CliRunner().invoke(main, ["--version"])
+    assert result.exit_code == 0
+    assert "PIL: pillow" in result.output and "JPEG decoding in the Loader:" in result.output

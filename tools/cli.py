@@ -20,8 +20,24 @@ def _echo_json(data) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
 
 
+def _print_version(ctx, param, value):
+    """--version: our version plus the image stack that is active (which PIL, which decoder)."""
+    if not value or ctx.resilient_parsing:
+        return
+    from importlib import metadata, util
+
+    from dlpack_io.packer.finalize import pil_flavour
+    from dlpack_io.reader.jpegdecode import backend_name
+
+    triton = metadata.version("triton") if util.find_spec("triton") else "not installed"
+    click.echo(f"dlpack {metadata.version('dlpack-io')}\nPIL: {pil_flavour()}\n"
+               f"JPEG decoding in the Loader: {backend_name()}\ntriton: {triton}")
+    ctx.exit()
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="dlpack-io", prog_name="dlpack")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Show the version and the active image stack (PIL flavour, decoder), then exit.")
 @click.option("-v", "--verbose", is_flag=True, help="Log debug messages (e.g. each skipped file).")
 def main(verbose: bool):
     """Pack JPEG folders into shards and feed them to PyTorch fast.
