@@ -15,6 +15,7 @@ import numpy as np
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader import jpegdecode
 from dlpack_io.reader.errors import SampleError
+from dlpack_io.reader.skips import check_record_crc, compact_rows, keep_mask, skipped_from
 from dlpack_io.reader.transforms import BatchParams, TransformError, sample_params
 
 
@@ -31,6 +32,8 @@ class Pipeline:
     std: tuple | None = None
     dtype: object = None        # torch dtype of the images; None = uint8
     reduce: bool = True         # decode JPEGs at reduced DCT scale when the crop allows
+    on_error: str = "raise"     # "skip": leave unreadable samples out (see skips.py)
+    verify: bool = False        # check every record's CRC-32 before using it
 
 
 class Scratch:
@@ -46,15 +49,25 @@ class Scratch:
         return self.buffer
 
 
-def batch_meta(pipe: Pipeline, indices: np.ndarray, epoch: int):
-    """(shard ids, record ids, index entries, BatchParams) of a batch."""
-    shard_ids, local, entries = pipe.dataset.lookup(indices)
-    try:
-        params = sample_params(pipe.crop, pipe.flip_h, pipe.flip_v, pipe.seed, epoch, indices,
-                               entries["height"], entries["width"])
-    except TransformError as exc:
-        raise sample_error(pipe.dataset, exc.sample, exc) from exc
-    return shard_ids, local, entries, params
+def batch_meta(pipe: Pipeline, indices, epoch: int, skipped: list | None = None):
+    """(indices, shard ids, record ids, index entries, BatchParams) of a batch.
+
+    With ``on_error="skip"`` and a ``skipped`` list, samples whose transform cannot apply
+    are dropped from the returned indices and appended to ``skipped``."""
+    indices = np.asarray(indices, dtype=np.int64)
+    while True:
+        shard_ids, local, entries = pipe.dataset.lookup(indices)
+        try:
+            params = sample_params(pipe.crop, pipe.flip_h, pipe.flip_v, pipe.seed, epoch,
+                                   indices, entries["height"], entries["width"])
+            return indices, shard_ids, local, entries, params
+        except TransformError as exc:
+            error = sample_error(pipe.dataset, exc.sample, exc)
+            if skipped is None or pipe.on_error != "skip" or exc.sample not in indices:
+                raise error from exc
+            error.__cause__ = exc
+            skipped.append(skipped_from(error))
+            indices = indices[indices != exc.sample]
 
 
 def _fill_raw(payload, entry, box, fh, fv, params: BatchParams, out, offset) -> None:
@@ -123,6 +136,7 @@ class Prepared:
     local: np.ndarray
     entries: np.ndarray
     params: BatchParams
+    skipped: tuple = ()     # samples dropped before filling (on_error="skip")
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -137,8 +151,21 @@ class Prepared:
 
 def prepare(pipe: Pipeline, indices, epoch: int) -> Prepared:
     """Look up and draw the parameters of batch ``indices`` (vectorized)."""
-    indices = np.asarray(indices, dtype=np.int64)
-    return Prepared(indices, *batch_meta(pipe, indices, epoch))
+    skipped = []
+    meta = batch_meta(pipe, indices, epoch, skipped)
+    return Prepared(*meta, skipped=tuple(skipped))
+
+
+def drop_failed(prep: Prepared, out_u8: np.ndarray, failed: list):
+    """Compact a filled batch after ``on_error="skip"`` failures ((position, Skipped) pairs).
+
+    Returns (number of samples kept, their labels, their indices, every Skipped entry)."""
+    skipped = list(prep.skipped) + [entry for _, entry in sorted(failed)]
+    if not failed:
+        return len(prep.indices), prep.labels, prep.indices, skipped
+    keep = keep_mask(len(prep.indices), [pos for pos, _ in failed])
+    m = compact_rows(out_u8, keep)
+    return m, prep.labels[keep], prep.indices[keep], skipped
 
 
 def _raw_crops_at_once(pipe, prep: Prepared, a: int, b: int, flat) -> bool:
@@ -148,7 +175,7 @@ def _raw_crops_at_once(pipe, prep: Prepared, a: int, b: int, flat) -> bool:
     per-sample path then does the work and names any failing record.
     """
     entries, params, shard_ids = prep.entries[a:b], prep.params, prep.shard_ids[a:b]
-    if params.resize or not np.all(entries["kind"] == fmt.KIND_RAW) or \
+    if pipe.verify or params.resize or not np.all(entries["kind"] == fmt.KIND_RAW) or \
             not np.all(entries["channels"] == 3):
         return False
     views = {int(k): file_view(pipe.dataset.shards[int(k)]) for k in np.unique(shard_ids)}
@@ -169,11 +196,12 @@ def _raw_crops_at_once(pipe, prep: Prepared, a: int, b: int, flat) -> bool:
 
 
 def fill_range(pipe: Pipeline, prep: Prepared, a: int, b: int, out_u8: np.ndarray,
-               scratch: Scratch, progress=None) -> None:
+               scratch: Scratch, progress=None, failed: list | None = None) -> None:
     """Fill samples [a, b) of ``out_u8`` ((N, 3, oh, ow) uint8, C-contiguous).
 
     ``progress`` (a 1-element int64 array) receives each sample index before its work,
-    so a crash can be traced to the record."""
+    so a crash can be traced to the record. A failing sample raises SampleError, or with
+    ``on_error="skip"`` appends ``(position, Skipped)`` to ``failed`` (see drop_failed)."""
     if out_u8.shape != prep.shape or not out_u8.flags.c_contiguous:
         raise ValueError(f"batch buffer {out_u8.shape} is not a contiguous {prep.shape}")
     flat = out_u8.reshape(-1)
@@ -186,11 +214,23 @@ def fill_range(pipe: Pipeline, prep: Prepared, a: int, b: int, out_u8: np.ndarra
         if progress is not None:
             progress[0] = prep.indices[pos]
         try:
-            payload = shards[prep.shard_ids[pos]].payload(int(prep.local[pos]))
+            shard = shards[prep.shard_ids[pos]]
+            payload = shard.payload(int(prep.local[pos]))
+            if pipe.verify:
+                check_record_crc(payload, entries[pos], shard.path)
             fill_sample(pipe, payload, entries[pos], params.boxes[pos], params.flip_h[pos],
                         params.flip_v[pos], params, flat, pos * plane, scratch)
         except Exception as exc:
-            raise sample_error(pipe.dataset, prep.indices[pos], exc) from exc
+            skip_or_raise(pipe, prep.indices[pos], exc, failed, pos)
+
+
+def skip_or_raise(pipe: Pipeline, sample, exc: Exception, failed, pos: int) -> None:
+    """Raise the SampleError for ``sample``, or record it in ``failed`` when skipping."""
+    error = sample_error(pipe.dataset, sample, exc)
+    if failed is None or pipe.on_error != "skip":
+        raise error from exc
+    error.__cause__ = exc
+    failed.append((pos, skipped_from(error)))
 
 
 def split_ranges(n: int, parts: int) -> list[tuple[int, int]]:

@@ -17,7 +17,8 @@ import numpy as np
 
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader import jpegdecode
-from dlpack_io.reader.assemble import batch_meta, file_view, sample_error
+from dlpack_io.reader.assemble import batch_meta, file_view, skip_or_raise
+from dlpack_io.reader.skips import check_record_crc
 
 
 @dataclass
@@ -30,6 +31,8 @@ class HostMeta:
     resize: bool
     dense_shape: tuple | None  # (N, H, W, 3) for the dense layout, None for ragged
     nbytes: int             # bytes of the buffer in use
+    indices: np.ndarray     # (N,) global indices of the samples in the buffer
+    skipped: list           # Skipped entries of samples left out (on_error="skip")
 
 
 def is_dense(entries) -> bool:
@@ -87,37 +90,50 @@ def _gather_dense(pipe, shard_ids, entries, buf: np.ndarray) -> bool:
 
 def fill_host(pipe, indices, epoch: int, buf: np.ndarray, scratch, progress=None) -> HostMeta:
     """Gather the batch ``indices`` into ``buf`` (flat uint8); return its HostMeta."""
-    shard_ids, local, entries, params = batch_meta(pipe, indices, epoch)
+    skipped = []
+    indices, shard_ids, local, entries, params = batch_meta(pipe, indices, epoch, skipped)
     dense = is_dense(entries)
     geo = np.zeros((len(indices), 9), dtype=np.int64)
     geo[:, 0:4] = params.boxes
     geo[:, 4], geo[:, 5] = params.flip_h, params.flip_v
-    if dense and _gather_dense(pipe, shard_ids, entries, buf):
+    labels = entries["label"].astype(np.int64)
+    hw = (int(entries["height"][0]), int(entries["width"][0])) if dense else None
+    if dense and not pipe.verify and _gather_dense(pipe, shard_ids, entries, buf):
         size = int(entries["length"][0])
         geo[:, 6] = np.arange(len(indices)) * size
         geo[:, 7], geo[:, 8] = entries["height"], entries["width"]
-        return HostMeta(entries["label"].astype(np.int64), geo, tuple(params.out_size),
-                        bool(params.resize), (len(indices), int(entries["height"][0]),
-                                              int(entries["width"][0]), 3), size * len(indices))
-    offset = 0
+        return HostMeta(labels, geo, tuple(params.out_size), bool(params.resize),
+                        (len(indices), *hw, 3), size * len(indices), indices, skipped)
+    offset, failed = 0, []
     for pos in range(len(indices)):
         if progress is not None:
             progress[0] = indices[pos]
         try:
-            payload = pipe.dataset.shards[shard_ids[pos]].payload(int(local[pos]))
-            geo[pos, 6:9] = offset, entries["height"][pos], entries["width"][pos]
-            if int(entries["kind"][pos]) == fmt.KIND_RAW:
-                offset += _copy_raw(payload, buf, offset)
-                continue
-            size, (rows, cols), box = _place_jpeg(pipe, payload, params.boxes[pos], params,
-                                                  buf, offset, scratch)
-            geo[pos, 0:4], geo[pos, 7:9] = box, (rows, cols)
-            offset += size
+            offset += _place_one(pipe, shard_ids[pos], local[pos], entries[pos], params, pos,
+                                 geo, buf, offset, scratch)
         except Exception as exc:
-            raise sample_error(pipe.dataset, indices[pos], exc) from exc
-    shape = (len(indices), int(entries["height"][0]), int(entries["width"][0]), 3) if dense else None
-    return HostMeta(entries["label"].astype(np.int64), geo, tuple(params.out_size),
-                    bool(params.resize), shape, offset)
+            skip_or_raise(pipe, indices[pos], exc, failed, pos)
+    keep = np.ones(len(indices), dtype=bool)
+    keep[[pos for pos, _ in failed]] = False
+    skipped += [entry for _, entry in failed]
+    m = int(keep.sum())
+    return HostMeta(labels[keep], geo[keep], tuple(params.out_size), bool(params.resize),
+                    (m, *hw, 3) if dense else None, offset, indices[keep], skipped)
+
+
+def _place_one(pipe, shard_id, record, entry, params, pos, geo, buf, offset, scratch) -> int:
+    """Put sample ``pos`` at ``offset`` of ``buf`` and fill its geometry; return its bytes."""
+    shard = pipe.dataset.shards[shard_id]
+    payload = shard.payload(int(record))
+    if pipe.verify:
+        check_record_crc(payload, entry, shard.path)
+    geo[pos, 6:9] = offset, entry["height"], entry["width"]
+    if int(entry["kind"]) == fmt.KIND_RAW:
+        return _copy_raw(payload, buf, offset)
+    size, (rows, cols), box = _place_jpeg(pipe, payload, params.boxes[pos], params,
+                                          buf, offset, scratch)
+    geo[pos, 0:4], geo[pos, 7:9] = box, (rows, cols)
+    return size
 
 
 def device_images(meta: HostMeta, data, pipe, *, validate: bool):
@@ -126,6 +142,9 @@ def device_images(meta: HostMeta, data, pipe, *, validate: bool):
 
     from dlpack_io import kernels
 
+    if not len(meta.labels):  # every sample skipped (on_error="skip")
+        dtype = pipe.dtype if pipe.dtype is not None else torch.uint8
+        return torch.empty((0, 3, *meta.out_size), dtype=dtype, device=data.device)
     geo = torch.from_numpy(meta.geometry).to(data.device, non_blocking=True)
     top, left, bh, bw, fh, fv, off, hs, ws = geo.unbind(1)
     fh, fv = fh.to(torch.uint8), fv.to(torch.uint8)

@@ -9,7 +9,8 @@ Four combinations of (where transforms run) x (worker kind):
                   kernel.
   * DeviceProcJob: like DeviceJob but gathered by processes into shared slots.
 Thread jobs offer ``split`` (see workers.py), process jobs ``build``/``finish`` (see
-procworkers.py); every ``deliver`` returns ``(images, labels, indices)``.
+procworkers.py); every ``deliver`` returns ``(images, labels, indices, skipped)``, where
+``skipped`` lists the samples ``on_error="skip"`` left out of the batch (skips.py).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import functools
 
 import numpy as np
 
-from dlpack_io.reader.assemble import Scratch, fill_range, prepare, split_ranges
+from dlpack_io.reader.assemble import Scratch, drop_failed, fill_range, prepare, split_ranges
 from dlpack_io.reader.buffers import BufferPool
 from dlpack_io.reader.hostbatch import capacity_needed, device_images, fill_host
 from dlpack_io.reader.transforms import normalize_into
@@ -42,8 +43,8 @@ class CpuJob:
     def __init__(self, pipe, pool: BufferPool, parts: int):
         self.pipe, self.pool, self.parts = pipe, pool, max(1, int(parts))
 
-    def _fill(self, prep, a, b, arr, state) -> None:
-        fill_range(self.pipe, prep, a, b, arr, _scratch(state))
+    def _fill(self, prep, a, b, arr, failed, state) -> None:
+        fill_range(self.pipe, prep, a, b, arr, _scratch(state), failed=failed)
 
     def split(self, k: int, indices: np.ndarray, epoch: int):
         """(parts, finalize) of batch ``k``; lookups and random draws happen here."""
@@ -51,15 +52,16 @@ class CpuJob:
 
         prep = prepare(self.pipe, indices, epoch)
         u8 = self.pool.take(prep.shape, torch.uint8)
-        arr = u8.numpy()
-        parts = [functools.partial(self._fill, prep, a, b, arr)
-                 for a, b in split_ranges(len(indices), self.parts)]
+        arr, failed = u8.numpy(), []  # failed: (position, Skipped) from any thread
+        parts = [functools.partial(self._fill, prep, a, b, arr, failed)
+                 for a, b in split_ranges(len(prep.indices), self.parts)]
 
         def finalize():
-            dtype = _out_dtype(self.pipe)
-            images = u8 if dtype == torch.uint8 else normalize_into(
-                u8, self.pool.take(prep.shape, dtype), self.pipe.mean, self.pipe.std)
-            return images, torch.from_numpy(prep.labels), indices
+            m, labels, kept, skipped = drop_failed(prep, arr, failed)
+            dtype, shape = _out_dtype(self.pipe), (m, *prep.shape[1:])
+            images = u8[:m] if dtype == torch.uint8 else normalize_into(
+                u8[:m], self.pool.take(shape, dtype), self.pipe.mean, self.pipe.std)
+            return images, torch.from_numpy(labels), kept, skipped
         return parts, finalize
 
     def deliver(self, result):
@@ -74,26 +76,29 @@ class CpuProcJob:
         self.pipe, self.pool = pipe, pool
 
     def build(self, k, slot, progress, state, indices, epoch):
-        """(In a worker) fill the slot with uint8 NCHW pixels; return (shape, labels, indices)."""
+        """(In a worker) fill the slot with uint8 NCHW pixels; return (shape, labels,
+        indices, skipped) of the samples kept."""
         prep = prepare(self.pipe, indices, epoch)
         out = np.frombuffer(slot, dtype=np.uint8, count=int(np.prod(prep.shape)))
-        out = out.reshape(prep.shape)
-        fill_range(self.pipe, prep, 0, len(indices), out, _scratch(state), progress)
-        return prep.shape, prep.labels, indices
+        out, failed = out.reshape(prep.shape), []
+        fill_range(self.pipe, prep, 0, len(prep.indices), out, _scratch(state), progress, failed)
+        m, labels, kept, skipped = drop_failed(prep, out, failed)
+        return (m, *prep.shape[1:]), labels, kept, skipped
 
     def finish(self, k, slot, meta):
         """(In the consumer) copy / normalise the slot into a recycled tensor."""
         import torch
 
-        shape, labels, indices = meta
-        u8 = torch.frombuffer(slot, dtype=torch.uint8, count=int(np.prod(shape))).view(shape)
+        shape, labels, indices, skipped = meta
+        u8 = torch.frombuffer(slot, dtype=torch.uint8, count=max(int(np.prod(shape)), 1))
+        u8 = u8[:int(np.prod(shape))].view(shape)
         dtype = _out_dtype(self.pipe)
         out = self.pool.take(shape, dtype)
         if dtype == torch.uint8:
             out.copy_(u8)
         else:
             normalize_into(u8, out, self.pipe.mean, self.pipe.std)
-        return out, torch.from_numpy(labels), indices
+        return out, torch.from_numpy(labels), indices, skipped
 
     def deliver(self, result):
         """``finish`` already produced the batch."""
@@ -141,19 +146,18 @@ class DeviceJob:
     def split(self, k, indices, epoch):
         """One part: gather batch ``k`` into a free slot (in a worker thread)."""
         out = []
-        return [functools.partial(self._gather, indices, epoch, out)], \
-            lambda: (out[0], out[1], indices)
+        return [functools.partial(self._gather, indices, epoch, out)], lambda: (out[0], out[1])
 
     def deliver(self, result):
         """(Consumer) copy the slot to the device and run the kernel."""
         import torch
 
-        slot, meta, indices = result
+        slot, meta = result
         host = self._slots.tensor(slot)[:meta.nbytes]
-        if not self.cuda:
+        if not self.cuda or not len(meta.indices):
             images = device_images(meta, host, self.pipe, validate=True)
             self._slots.release(slot)
-            return images, torch.from_numpy(meta.labels), indices
+            return images, torch.from_numpy(meta.labels), meta.indices, meta.skipped
         with torch.cuda.stream(self._stream):
             data = host.to(self.device, non_blocking=True)
             event = torch.cuda.Event()
@@ -163,7 +167,7 @@ class DeviceJob:
         self._pending.append((event, slot))
         images = device_images(meta, data, self.pipe, validate=False)
         labels = torch.from_numpy(meta.labels).to(self.device, non_blocking=True)
-        return images, labels, indices
+        return images, labels, meta.indices, meta.skipped
 
     def reclaim(self) -> None:
         """Release the slots whose device copies have finished (waits for them)."""
@@ -217,19 +221,18 @@ class DeviceProcJob:
         self.pipe, self.device = pipe, device
 
     def build(self, k, slot, progress, state, indices, epoch):
-        """(In a worker) gather batch ``k`` into the slot; return (meta, indices)."""
+        """(In a worker) gather batch ``k`` into the slot; return its HostMeta."""
         buf = np.frombuffer(slot, dtype=np.uint8)
-        return fill_host(self.pipe, indices, epoch, buf, _scratch(state), progress), indices
+        return fill_host(self.pipe, indices, epoch, buf, _scratch(state), progress)
 
     def finish(self, k, slot, meta):
         """(In the consumer) copy the used part of the slot to the device, run the kernel."""
         import torch
 
-        meta, indices = meta
         host = torch.frombuffer(slot, dtype=torch.uint8, count=max(meta.nbytes, 1))
         data = host.to(self.device) if self.device.type == "cuda" else host.clone()
         images = device_images(meta, data, self.pipe, validate=self.device.type != "cuda")
-        return images, torch.from_numpy(meta.labels).to(self.device), indices
+        return images, torch.from_numpy(meta.labels).to(self.device), meta.indices, meta.skipped
 
     def deliver(self, result):
         """``finish`` already produced the batch."""

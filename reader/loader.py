@@ -23,6 +23,7 @@ from dlpack_io.reader.assemble import Pipeline
 from dlpack_io.reader.buffers import BufferPool
 from dlpack_io.reader.jobs import CpuJob, CpuProcJob, DeviceJob, DeviceProcJob, slot_bytes
 from dlpack_io.reader.procworkers import ProcessWorkers
+from dlpack_io.reader.skips import SkipAccount, check_on_error
 from dlpack_io.reader.transforms import CROPS, check_probability
 from dlpack_io.reader.workers import SerialWorkers, ThreadWorkers
 
@@ -51,6 +52,9 @@ class Loader:
             where crop/flip/normalise run; "device" uses dlpack_io.kernels.
         reduced_decode: decode JPEGs at reduced DCT scale when the crop allows.
         return_index: also yield each batch's global sample indices (int64 ndarray).
+        on_error: "raise" (default): an unreadable sample raises SampleError when its batch
+            is due; "skip": it is left out of its batch (which comes out shorter; a batch
+            left empty is not yielded) and listed in ``loader.skipped``.
         block_size, block_window: geometry of the "block" shuffle.
     """
 
@@ -59,7 +63,7 @@ class Loader:
                  flip_v: float = 0.0, mean=None, std=None, dtype=torch.uint8, device="cpu",
                  rank=None, world_size=None, prefetch=None, worker_kind: str = "thread",
                  transform_on=None, reduced_decode: bool = True, return_index: bool = False,
-                 block_size: int = order_mod.DEFAULT_BLOCK_SIZE,
+                 on_error: str = "raise", block_size: int = order_mod.DEFAULT_BLOCK_SIZE,
                  block_window: int = order_mod.DEFAULT_WINDOW):
         if batch_size < 1 or num_workers < 0 or seed < 0:
             raise ValueError(f"batch_size {batch_size} must be >= 1, num_workers "
@@ -88,12 +92,13 @@ class Loader:
         self.pipe = Pipeline(dataset, crop, check_probability("flip_h", flip_h),
                              check_probability("flip_v", flip_v), self.seed,
                              None if mean is None else tuple(mean),
-                             None if std is None else tuple(std), dtype, bool(reduced_decode))
-        self.return_index = bool(return_index)
+                             None if std is None else tuple(std), dtype, bool(reduced_decode),
+                             check_on_error(on_error),
+                             bool(getattr(dataset, "verify_checksums", False)))
+        self.skipped, self.return_index = SkipAccount(), bool(return_index)
         self.block_size, self.block_window = int(block_size), int(block_window)
         self.epoch, self._start, self._position = 0, 0, 0
-        self._pool = None
-        self._active = None
+        self._pool, self._active = None, None
 
     # ---- order -------------------------------------------------------------------------
     def _shard_sizes(self):
@@ -177,6 +182,7 @@ class Loader:
         order = self.indices(epoch)
         total = order_mod.num_batches(len(order), self.batch_size, self.drop_last)
         self._position = start
+        self.skipped.start_epoch(epoch)
         job, workers = self._make()
         self._active = workers
         try:
@@ -188,11 +194,16 @@ class Loader:
                     submitted += 1
                 if hasattr(job, "reclaim"):
                     job.reclaim()
-                images, labels, idx = job.deliver(workers.get(k))
+                images, labels, idx, skipped = job.deliver(workers.get(k))
+                self.skipped.add(skipped)
+                if not len(idx):  # on_error="skip" left nothing of this batch
+                    self._position = k + 1
+                    continue
                 if images.device != self.device:  # host transforms, device output
                     images, labels = images.to(self.device), labels.to(self.device)
                 self._position = k + 1
                 yield (images, labels, idx) if self.return_index else (images, labels)
+            self.skipped.report()
         finally:
             self._active = None
             workers.close()

@@ -120,7 +120,13 @@ class ProcessWorkers:
         slot = self._free.pop()
         wid = k % len(self._procs)
         self._outstanding[k] = wid
-        self._tasks[wid].send((k, slot, args))
+        try:
+            self._tasks[wid].send((k, slot, args))
+        except OSError as exc:  # BrokenPipeError: the worker died since its last batch
+            self._procs[wid].join(1.0)
+            self._check_alive()  # raises WorkerError naming the worker, batch and sample
+            raise WorkerError(f"loader worker {wid} (pid {self._procs[wid].pid}) stopped "
+                              f"accepting work ({exc}) at batch {k}") from exc
 
     def get(self, k: int):
         """Wait for batch ``k``; return ``finish(k, slot, meta)`` or raise the worker's error."""
@@ -160,9 +166,9 @@ class ProcessWorkers:
             code = proc.exitcode
             how = (f"was killed by {signal.Signals(-code).name}" if code and code < 0
                    else f"exited with code {code}")
-            at = self._describe(sample) if sample >= 0 else "before its first sample"
+            at = f"at {self._describe(sample)}" if sample >= 0 else "before its first sample"
             raise WorkerError(f"loader worker {wid} (pid {proc.pid}) {how} while building "
-                              f"batch {batch}, at {at}; if it ran out of memory, lower "
+                              f"batch {batch}, {at}; if it ran out of memory, lower "
                               f"num_workers, prefetch or batch_size")
 
     def close(self, timeout: float = 5.0) -> None:
