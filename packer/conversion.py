@@ -148,7 +148,8 @@ def _fetch_passthrough(record, path: str):
 
 def _encode_options(options: PackOptions) -> dict:
     return {"mode": options.mode, "size": options.size, "max_side": options.max_side,
-            "quality": options.quality, "validate": options.validate}
+            "quality": options.quality, "validate": options.validate,
+            "restarts": options.jpeg_restarts}
 
 
 def _pack(dst, inputs, stats, options: PackOptions, state: _State, journal_) -> Progress:
@@ -191,7 +192,7 @@ def convert(src, dst, *, list_file=None, resume: bool = False, overwrite: bool =
     """Pack the images under ``src`` into a data set at ``dst``; return a summary dict.
 
     ``options`` are PackOptions fields (format, mode, size, max_side, quality, shard_size,
-    seed, shuffle, validate, workers, on_error, progress). ``list_file`` reads
+    seed, shuffle, validate, jpeg_restarts, workers, on_error, progress). ``list_file`` reads
     ``path,label`` rows instead of scanning class folders. Raises ConversionError with
     the file and the fix when the job cannot complete.
     """

@@ -10,6 +10,11 @@ The rule for odd inputs, the same in both modes: **every record decodes to an up
   * ``raw`` mode stores the same upright RGB pixels, resized as asked.
   * A file that cannot be decoded (truncated, zero bytes, not an image) is rejected with
     the reason; with validation on, JPEG bytes are fully entropy-decoded to prove them.
+  * With ``restarts`` (``--restart-markers``), every baseline JPEG record is rewritten
+    losslessly (same DCT coefficients, so the same pixels; optimized Huffman tables) with a
+    restart marker after every MCU, so the reader can Huffman-decode only the MCUs around
+    a crop (reader/_jpeg.c). The rewrite entropy-decodes every coefficient, so it also validates.
+    Progressive files are kept as they are.
 """
 from __future__ import annotations
 
@@ -129,8 +134,22 @@ def _draft_for(img, size, max_side) -> None:
         img.draft("RGB", (tw, th))
 
 
+RESTARTS_ADDED = "restart markers added (lossless)"
+
+
+def _add_restarts(data: bytes) -> bytes | None:
+    """``data`` rewritten with a restart marker per MCU, or None to keep it (progressive,
+    not 3-component, or already so); RejectedInput when it does not decode."""
+    from dlpack_io.reader import _jpeg
+
+    try:
+        return _jpeg.add_restarts(data)
+    except ValueError as exc:
+        raise RejectedInput(f"cannot decode JPEG: {exc}") from None
+
+
 def encode_file(data: bytes, *, mode: str, size=None, max_side=None, quality=95,
-                validate=True) -> EncodedRecord:
+                validate=True, restarts=False) -> EncodedRecord:
     """Encode the bytes of one input file as a record; raise RejectedInput if impossible."""
     img = _open(data)
     orientation = _orientation(img)
@@ -140,14 +159,21 @@ def encode_file(data: bytes, *, mode: str, size=None, max_side=None, quality=95,
             why = "resized (--max-side)"
         if why is None:
             width, height = img.size  # before draft() shrinks it
-            if validate:
+            if restarts:  # decodes every coefficient: validates too
+                rewritten = _add_restarts(data)
+                if rewritten is not None:
+                    return EncodedRecord(rewritten, height, width, KIND_JPEG, RESTARTS_ADDED)
+            elif validate:
                 _validate_jpeg(img)
             return EncodedRecord(data, height, width, KIND_JPEG)
         _draft_for(img, size, max_side)
         img = _resize(_upright_rgb(img, orientation), None, max_side)
         out = io.BytesIO()
         img.save(out, format="JPEG", quality=quality)
-        return EncodedRecord(out.getvalue(), img.size[1], img.size[0], KIND_JPEG, why)
+        payload = out.getvalue()
+        if restarts:
+            payload = _add_restarts(payload) or payload
+        return EncodedRecord(payload, img.size[1], img.size[0], KIND_JPEG, why)
     _draft_for(img, size, max_side)
     img = _resize(_upright_rgb(img, orientation), size, max_side)
     return EncodedRecord(img.tobytes(), img.size[1], img.size[0], KIND_RAW)

@@ -29,7 +29,7 @@ class PackOptions:
     """Everything that decides the bytes of a packed data set (plus how to run).
 
     Fields that change output: format, mode, size, max_side, quality, shard_size, seed,
-    shuffle, validate. Fields that only change how the work runs: workers, on_error,
+    shuffle, validate, jpeg_restarts. Fields that only change how the work runs: workers, on_error,
     progress. Output never depends on ``workers``.
     """
 
@@ -42,6 +42,7 @@ class PackOptions:
     seed: int = 0                  # seed of the packing order shuffle
     shuffle: bool = True           # shuffle samples across shards (helps block shuffling)
     validate: bool = True          # decode every input before packing it
+    jpeg_restarts: bool = False    # jpeg: lossless rewrite with a restart marker per MCU
     workers: int = 0               # 0 = all cores
     on_error: str = "skip"         # skip bad inputs (listed as rejects) or fail on the first
     progress: bool = True
@@ -66,6 +67,14 @@ class PackOptions:
             raise ValueError(f"quality {self.quality}: expected 1..100")
         if self.shard_size < 1:
             raise ValueError(f"shard_size {self.shard_size}: expected a positive byte count")
+        if self.jpeg_restarts and self.mode != "jpeg":
+            raise ValueError("--restart-markers rewrites JPEG records; it needs --mode jpeg")
+        if self.jpeg_restarts:
+            from dlpack_io.reader.jpegdecode import have_extension
+
+            if not have_extension():
+                raise ValueError("--restart-markers needs the C extension dlpack_io.reader._jpeg "
+                                 "(libjpeg-turbo headers at install time)")
         if self.workers < 0:
             raise ValueError(f"workers {self.workers}: expected 0 (all cores) or more")
 

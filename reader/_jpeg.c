@@ -11,6 +11,11 @@
  *       `out` (row stride = cols * pixel_size).
  *       Returns (y0, x0, rows, cols, scaled_height, scaled_width): the decoded block is
  *       rows x cols pixels whose top-left is (y0, x0) in the scaled image.
+ *       A JPEG with a restart interval that divides its MCU row (`dlpack convert
+ *       --restart-markers`) is entered at the restart intervals around the box: the rest
+ *       is never Huffman-decoded (see "Restart-marker fast path" below).
+ *   add_restarts(src, interval=0) -> bytes or None
+ *       The lossless rewrite the packer's --restart-markers does (below).
  *   header(src) -> (height, width, components)
  *   to_chw(src, offset, row_stride, height, width, dst, dst_offset, flip_h, flip_v,
  *          pixel_size=3)
@@ -31,6 +36,7 @@
 
 #include <setjmp.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <jpeglib.h>
@@ -114,8 +120,194 @@ static int plan_region(struct jpeg_decompress_struct *cinfo, Region *r) {
     return (Py_ssize_t)r->rows * r->cols * r->pixel_size > r->out_size;
 }
 
+
+/* ---- Restart-marker fast path ---------------------------------------------------------
+ * A baseline JPEG whose restart interval divides its MCU row (what `dlpack convert
+ * --restart-markers` writes: a restart marker after every MCU) can be
+ * entered at any restart interval: the entropy decoder resets at every RSTn marker. For a
+ * box we build a small stream = the original header segments (SOF height and width
+ * reduced to the rows and columns still needed) + the entropy data of the intervals of
+ * MCU rows first..end-1 that cover MCU columns c0..c1-1 (RST markers renumbered from RST0)
+ * + EOI. Where a box edge falls on an MCU boundary one more MCU row / column is kept
+ * beyond it (the chroma sample fancy upsampling reads there), so the box's pixels decode
+ * exactly as in the whole image; the other intervals are never Huffman-decoded. */
+typedef struct {
+    size_t sof_h;          /* offset of the SOF height field (the width follows) */
+    size_t scan;           /* offset of the first entropy-coded byte */
+    long width, height, mcu_w, mcu_h, rows, cols; /* cols: MCUs per row */
+    long ri;               /* restart interval, MCUs */
+} Layout;
+
+/* Fill L for a single-scan Huffman sequential 8-bit 3-component JPEG; 1 when it also has
+   a restart interval that divides its MCU row. */
+static int parse_layout(const unsigned char *s, size_t len, Layout *L) {
+    size_t p = 2;
+    long hmax = 1, vmax = 1;
+    int ncomp = 0, i;
+    memset(L, 0, sizeof(*L));
+    if (len < 4 || s[0] != 0xFF || s[1] != 0xD8) return 0;
+    for (;;) {
+        unsigned m;
+        size_t seglen;
+        const unsigned char *seg;
+        while (p + 1 < len && s[p] == 0xFF && s[p + 1] == 0xFF) p++; /* fill bytes */
+        if (p + 4 > len || s[p] != 0xFF) return 0;
+        m = s[p + 1];
+        if (m == 0xD8 || m == 0x01 || (m >= 0xD0 && m <= 0xD7)) { p += 2; continue; }
+        if (m == 0xD9) return 0;
+        seglen = ((size_t)s[p + 2] << 8) | s[p + 3];
+        if (seglen < 2 || p + 2 + seglen > len) return 0;
+        seg = s + p + 4;
+        if (m == 0xC0 || m == 0xC1) {
+            if (ncomp || seglen < 8 || seg[0] != 8) return 0;
+            L->sof_h = p + 5;
+            L->height = ((long)seg[1] << 8) | seg[2];
+            L->width = ((long)seg[3] << 8) | seg[4];
+            ncomp = seg[5];
+            if (ncomp != 3 || seglen < 8 + 3 * (size_t)ncomp) return 0;
+            for (i = 0; i < ncomp; i++) {
+                long h = seg[7 + 3 * i] >> 4, v = seg[7 + 3 * i] & 15;
+                if (h < 1 || v < 1) return 0;
+                if (h > hmax) hmax = h;
+                if (v > vmax) vmax = v;
+            }
+        } else if (m >= 0xC2 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC) {
+            return 0; /* progressive, lossless, arithmetic, hierarchical */
+        } else if (m == 0xDD) {
+            if (seglen != 4) return 0;
+            L->ri = ((long)seg[0] << 8) | seg[1];
+        } else if (m == 0xDA) {
+            if (!ncomp || seg[0] != ncomp) return 0; /* one interleaved scan only */
+            L->scan = p + 2 + seglen;
+            break;
+        }
+        p += 2 + seglen;
+    }
+    if (L->height < 1 || L->width < 1) return 0; /* DNL-defined heights: not handled */
+    L->mcu_w = 8 * hmax;
+    L->mcu_h = 8 * vmax;
+    L->rows = (L->height + L->mcu_h - 1) / L->mcu_h;
+    L->cols = (L->width + L->mcu_w - 1) / L->mcu_w;
+    return L->ri > 0 && L->cols % L->ri == 0;
+}
+
+/* Offset of the next marker's 0xFF at or after p in entropy-coded data (0xFF00 is a
+   stuffed byte, extra 0xFFs are fill), or len. */
+static size_t next_marker(const unsigned char *s, size_t p, size_t len) {
+    for (;;) {
+        const unsigned char *q = p < len ? memchr(s + p, 0xFF, len - p) : NULL;
+        if (q == NULL) return len;
+        p = (size_t)(q - s);
+        while (p + 1 < len && s[p + 1] == 0xFF) p++;
+        if (p + 1 >= len) return len;
+        if (s[p + 1] != 0x00) return p;
+        p += 2;
+    }
+}
+
+#define IS_RST(b) ((b) >= 0xD0 && (b) <= 0xD7)
+
+/* The stream of MCU rows [first, end) x restart intervals [i0, i1) of each row, in a
+   malloc'ed buffer; NULL when the data lacks the expected markers (the caller then
+   decodes the whole stream, which reports the damage). */
+static unsigned char *sub_stream(const unsigned char *s, size_t len, const Layout *L,
+                                 long first, long end, long i0, long i1, size_t *out_len) {
+    long q = L->cols / L->ri, total = L->rows * q;
+    long g_first = first * q + i0, g_last = (end - 1) * q + i1 - 1, g, j = 0;
+    long sub_h, sub_w;
+    size_t p = L->scan, head = L->scan, o;
+    unsigned char *b = NULL;
+    for (g = 0; g <= g_last; g++) {
+        size_t start = p, m = next_marker(s, p, len);
+        long col = g % q;
+        if (m >= len || (g < total - 1) != IS_RST(s[m + 1])) {
+            free(b);
+            return NULL;
+        }
+        p = m + 2;
+        if (g < g_first || col < i0 || col >= i1) continue;
+        if (b == NULL) {
+            b = (unsigned char *)malloc(head + (len - start) + 2);
+            if (b == NULL) return NULL;
+            memcpy(b, s, head);
+            o = head;
+        }
+        if (j > 0) { /* the marker ending the previous interval, renumbered */
+            b[o++] = 0xFF;
+            b[o++] = (unsigned char)(0xD0 + ((j - 1) & 7));
+        }
+        memcpy(b + o, s + start, m - start);
+        o += m - start;
+        j++;
+    }
+    if (b == NULL) return NULL;
+    sub_h = (end * L->mcu_h < L->height ? end * L->mcu_h : L->height) - first * L->mcu_h;
+    sub_w = (i1 * L->ri * L->mcu_w < L->width ? i1 * L->ri * L->mcu_w : L->width) -
+            i0 * L->ri * L->mcu_w;
+    b[L->sof_h] = (unsigned char)(sub_h >> 8);
+    b[L->sof_h + 1] = (unsigned char)(sub_h & 0xFF);
+    b[L->sof_h + 2] = (unsigned char)(sub_w >> 8);
+    b[L->sof_h + 3] = (unsigned char)(sub_w & 0xFF);
+    b[o++] = 0xFF;
+    b[o++] = 0xD9;
+    *out_len = o;
+    return b;
+}
+
 /* Runs without the GIL. */
+static void decode_stream(const unsigned char *src, size_t len, Region *r);
+
 static void decode_region_nogil(const unsigned char *src, size_t len, Region *r) {
+    Layout L;
+    if (parse_layout(src, len, &L) && r->top >= 0 && r->height >= 1 && r->left >= 0 &&
+        r->width >= 1 && r->top + r->height <= L.height && r->left + r->width <= L.width) {
+        /* In scaled pixels (n/8): the box is rows ys..ye-1, columns xs..xe-1; an MCU is
+           hs x ws. The upsampler reads one chroma sample beyond a box edge, which lies in
+           the neighbouring MCU only when the edge falls on an MCU boundary. */
+        long n = r->scale_num, q = L.cols / L.ri;
+        long hs = L.mcu_h * n / 8, ws = L.mcu_w * n / 8;
+        long ys = r->top * n / 8, ye = ((r->top + r->height) * n + 7) / 8;
+        long xs = r->left * n / 8, xe = ((r->left + r->width) * n + 7) / 8;
+        long first = ys / hs - (ys % hs == 0), end = (ye - 1) / hs + 1 + (ye % hs == 0);
+        long c0 = xs / ws - (xs % ws == 0), c1 = (xe - 1) / ws + 1 + (xe % ws == 0);
+        long i0, i1;
+        if (first < 0) first = 0;
+        if (end > L.rows) end = L.rows;
+        if (c0 < 0) c0 = 0;
+        if (c1 > L.cols) c1 = L.cols;
+        /* libjpeg-turbo upsamples chroma 2:1 horizontally with the fancy (triangle)
+           filter only when the downsampled width is > 2: keep >= 3 MCUs */
+        while (c1 - c0 < 3 && (c0 > 0 || c1 < L.cols)) {
+            if (c1 < L.cols) c1++;
+            else c0--;
+        }
+        i0 = c0 / L.ri;
+        i1 = (c1 + L.ri - 1) / L.ri;
+        if (first > 0 || i0 > 0 || i1 < q) {
+            long dy = first * L.mcu_h, dx = i0 * L.ri * L.mcu_w;
+            size_t n = 0;
+            unsigned char *b = sub_stream(src, len, &L, first, end, i0, i1, &n);
+            if (b != NULL) {
+                r->top -= dy;
+                r->left -= dx;
+                decode_stream(b, n, r);
+                free(b);
+                r->top += dy;
+                r->left += dx;
+                r->y0 += dy * r->scale_num / 8;
+                r->x0 += dx * r->scale_num / 8;
+                r->scaled_h = (L.height * r->scale_num + 7) / 8;
+                r->scaled_w = (L.width * r->scale_num + 7) / 8;
+                r->image_h = L.height;
+                r->image_w = L.width;
+                return;
+            }
+        }
+    }
+    decode_stream(src, len, r);
+}
+
+static void decode_stream(const unsigned char *src, size_t len, Region *r) {
     struct jpeg_decompress_struct cinfo;
     ErrorMgr err;
     long i;
@@ -460,7 +652,138 @@ fail:
     return NULL;
 }
 
+/* add_restarts(src, interval=0) -> bytes or None: losslessly rewrite a sequential
+   (baseline) JPEG with a restart marker every `interval` MCUs (0: every MCU; an interval
+   that does not divide the MCU row gives a file the region decoder cannot enter midway)
+   (jpeg_read_coefficients -> jpeg_write_coefficients with optimized Huffman tables; the DCT
+   coefficients, hence the decoded pixels, are unchanged; APPn/COM segments are copied).
+   None when there is nothing to do: progressive or arithmetic-coded files, files that are
+   not 3-component, files that already have that restart interval. Every coefficient is
+   entropy-decoded, so corrupt or truncated data raises ValueError. */
+#define RESTART_MCUS 1
+
+typedef struct {
+    const unsigned char *src;
+    size_t len;
+    unsigned char *out;
+    unsigned long out_len;
+    long interval; /* MCUs per restart interval; 0: RESTART_MCUS */
+    int status; /* OK, ERR_JPEG, ERR_TRUNCATED, or -1: nothing to do */
+    char message[JMSG_LENGTH_MAX];
+} Transcode;
+
+static void add_restarts_nogil(Transcode *t) {
+    struct jpeg_decompress_struct in;
+    struct jpeg_compress_struct out;
+    ErrorMgr err_in;
+    jvirt_barray_ptr *coefs;
+    jpeg_saved_marker_ptr mk;
+    Layout L;
+    int i;
+    setup_errors(&in, &err_in, t->message);
+    out.err = &err_in.pub; /* one error manager: the compressor's errors jump too */
+    jpeg_create_decompress(&in);
+    jpeg_create_compress(&out);
+    t->out = NULL;
+    t->out_len = 0;
+    if (setjmp(err_in.jump)) {
+        /* decoding errors come before jpeg_mem_dest; an error while writing (out of
+           memory only) would leak its buffer: jpeg_mem_dest's *outbuffer may already be
+           freed by a reallocation, so it must not be freed here */
+        jpeg_destroy_compress(&out);
+        jpeg_destroy_decompress(&in);
+        t->out = NULL;
+        t->status = ERR_JPEG;
+        return;
+    }
+    jpeg_mem_src(&in, (unsigned char *)t->src, (unsigned long)t->len);
+    jpeg_save_markers(&in, JPEG_COM, 0xFFFF);
+    for (i = 0; i < 16; i++)
+        jpeg_save_markers(&in, JPEG_APP0 + i, 0xFFFF);
+    jpeg_read_header(&in, TRUE);
+    if (!in.progressive_mode && !in.arith_code && in.num_components == 3 &&
+        in.data_precision == 8) {
+        long cols;
+        parse_layout(t->src, t->len, &L);
+        cols = L.cols > 0 ? L.cols : 1;
+        if (t->interval <= 0 || t->interval > cols)
+            for (t->interval = RESTART_MCUS < cols ? RESTART_MCUS : cols;
+                 cols % t->interval; t->interval--) {}
+    }
+    if (in.progressive_mode || in.arith_code || in.num_components != 3 ||
+        in.data_precision != 8 || L.cols < 1 || L.ri == t->interval) {
+        /* still prove the data decodes */
+        coefs = jpeg_read_coefficients(&in);
+        (void)coefs;
+        t->status = err_in.truncated ? ERR_TRUNCATED : -1;
+        jpeg_destroy_compress(&out);
+        jpeg_destroy_decompress(&in);
+        return;
+    }
+    coefs = jpeg_read_coefficients(&in);
+    if (err_in.truncated) {
+        jpeg_destroy_compress(&out);
+        jpeg_destroy_decompress(&in);
+        t->status = ERR_TRUNCATED;
+        return;
+    }
+    jpeg_copy_critical_parameters(&in, &out);
+    out.restart_in_rows = 0;
+    out.restart_interval = (unsigned int)t->interval;
+    out.optimize_coding = TRUE;
+    jpeg_mem_dest(&out, &t->out, &t->out_len);
+    jpeg_write_coefficients(&out, coefs);
+    for (mk = in.marker_list; mk != NULL; mk = mk->next) {
+        if (out.write_JFIF_header && mk->marker == JPEG_APP0 && mk->data_length >= 5 &&
+            memcmp(mk->data, "JFIF", 5) == 0)
+            continue; /* written by the compressor */
+        if (out.write_Adobe_marker && mk->marker == JPEG_APP0 + 14 && mk->data_length >= 5 &&
+            memcmp(mk->data, "Adobe", 5) == 0)
+            continue;
+        jpeg_write_marker(&out, mk->marker, mk->data, mk->data_length);
+    }
+    jpeg_finish_compress(&out);
+    jpeg_finish_decompress(&in);
+    jpeg_destroy_compress(&out);
+    jpeg_destroy_decompress(&in);
+    t->status = OK;
+}
+
+static PyObject *py_add_restarts(PyObject *self, PyObject *args) {
+    Py_buffer src;
+    Transcode t;
+    PyObject *res;
+    (void)self;
+    long interval = 0;
+    if (!PyArg_ParseTuple(args, "y*|l", &src, &interval))
+        return NULL;
+    memset(&t, 0, sizeof(t));
+    t.interval = interval;
+    t.src = (const unsigned char *)src.buf;
+    t.len = (size_t)src.len;
+    Py_BEGIN_ALLOW_THREADS
+    add_restarts_nogil(&t);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&src);
+    if (t.status == -1)
+        Py_RETURN_NONE;
+    if (t.status == ERR_JPEG) {
+        free(t.out);
+        return PyErr_Format(PyExc_ValueError, "JPEG decode error: %s", t.message);
+    }
+    if (t.status == ERR_TRUNCATED) {
+        free(t.out);
+        return PyErr_Format(PyExc_ValueError, "truncated JPEG data: %s", t.message);
+    }
+    res = PyBytes_FromStringAndSize((const char *)t.out, (Py_ssize_t)t.out_len);
+    free(t.out);
+    return res;
+}
+
 static PyMethodDef methods[] = {
+    {"add_restarts", py_add_restarts, METH_VARARGS,
+     "add_restarts(src, interval=0) -> bytes or None: lossless rewrite with a restart marker "
+     "every `interval` MCUs (0: every MCU)"},
     {"crop_chw", py_crop_chw, METH_VARARGS,
      "crop_chw(src, params_int64_nx5, height, width, dst): batch of HWC crops -> CHW"},
     {"gather", py_gather, METH_VARARGS,

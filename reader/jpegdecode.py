@@ -6,7 +6,9 @@ Two back ends with the same geometry:
     ``jpeg_crop_scanline`` + ``jpeg_skip_scanlines`` + DCT scaling, GIL released,
     writing into a caller-owned buffer): rows below the box are never entropy-decoded,
     rows above are entropy-decoded but skip the IDCT, columns outside the box (rounded
-    to iMCU boundaries) skip IDCT, upsampling and colour conversion;
+    to iMCU boundaries) skip IDCT, upsampling and colour conversion; in records packed
+    with ``--restart-markers`` (a restart marker per MCU) only the MCUs around the box
+    are entropy-decoded at all, with bit-identical box pixels;
   * PIL (always available): ``Image.draft`` picks the same DCT scale, the whole image
     is decoded at that scale.
 

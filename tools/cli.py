@@ -78,6 +78,12 @@ def main(verbose: bool):
               help="Shuffle sample order across shards (recommended for block shuffling).")
 @click.option("--validate/--no-validate", default=True, show_default=True,
               help="Decode every input before packing it; bad files become rejects.")
+@click.option("--restart-markers", is_flag=True,
+              help="jpeg mode: rewrite each baseline JPEG losslessly (same pixels, optimized "
+                   "Huffman tables, usually a little smaller) with a restart marker after every "
+                   "MCU, so the reader Huffman-decodes only the part of the image a crop needs "
+                   "(~40% less decode time for random-resized crops). Packing is ~3x slower; "
+                   "progressive files are kept as they are.")
 @click.option("--on-error", type=click.Choice(["skip", "fail"]), default="skip", show_default=True,
               help="skip: list bad inputs in rejects.tsv and go on; fail: stop at the first.")
 @click.option("--resume", is_flag=True, help="Finish an interrupted conversion into DST.")
@@ -85,7 +91,8 @@ def main(verbose: bool):
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def convert(src, dst, list_file, data_format, mode, size, max_side, quality, shard_size,
-            workers, seed, shuffle, validate, on_error, resume, overwrite, quiet, as_json):
+            workers, seed, shuffle, validate, restart_markers, on_error, resume, overwrite, quiet,
+            as_json):
     """Pack the JPEGs under SRC (class sub-folders, or --list) into shards in DST."""
     from dlpack_io.packer.conversion import convert as run
     from dlpack_io.packer.pipeline import ConversionError
@@ -95,7 +102,8 @@ def convert(src, dst, list_file, data_format, mode, size, max_side, quality, sha
         result = run(src, dst, list_file=list_file, resume=resume, overwrite=overwrite,
                      format=data_format, mode=mode, size=size, max_side=max_side,
                      quality=quality, shard_size=shard_size, workers=workers, seed=seed,
-                     shuffle=shuffle, validate=validate, on_error=on_error, progress=not quiet)
+                     shuffle=shuffle, validate=validate, jpeg_restarts=restart_markers,
+                     on_error=on_error, progress=not quiet)
     except (ConversionError, ValueError, RuntimeError, FileNotFoundError) as exc:
         _fail(str(exc))
     if as_json:
@@ -106,8 +114,9 @@ def convert(src, dst, list_file, data_format, mode, size, max_side, quality, sha
                f"({human_bytes(result['num_bytes'])}) in {result['seconds']:.1f} s: "
                f"{result['images_per_s']:.0f} images/s, {result['mb_per_s']:.1f} MB/s read"
                + (f" (resumed at input {result['resumed_from']})" if result["resumed_from"] else ""))
-    click.echo(f"re-encoded {sum(result['reencoded'].values())}, "
-               f"skipped {result['rejects']}" + (" (see rejects.tsv)" if result["rejects"] else ""))
+    changed = ", ".join(f"{n} {why}" for why, n in sorted(result["reencoded"].items()))
+    click.echo(f"skipped {result['rejects']}" + (" (see rejects.tsv)" if result["rejects"] else "")
+               + (f"; JPEG bytes rewritten: {changed}" if changed else ""))
 
 
 @main.command()
