@@ -47,7 +47,7 @@ def main(argv=None) -> None:
     """Command-line entry point."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("path", help="a packed data set folder")
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--device", default="cpu", help="cpu, or cuda to finish batches on the GPU")
     args = parser.parse_args(argv)
