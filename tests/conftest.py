@@ -64,3 +64,17 @@ def odd_folder(tmp_path_factory):
 def triton_interpret(monkeypatch):
     """Route CPU tensors through Triton's interpreter (set before triton is imported)."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture
+def hang_deadline():
+    """Fail (instead of hanging the suite) if a test takes more than 60 s."""
+    import signal
+
+    def _alarm(signum, frame):
+        raise TimeoutError("test exceeded 60 s: something hung")
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(60)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)

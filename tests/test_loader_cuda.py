@@ -9,22 +9,15 @@ import torch
 
 from dlpack_io.reader import Dataset, Loader, RandomCrop, RandomResizedCrop
 
+from helpers import pack_jpeg_and_raw
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
-    from dlpack_io.packer import convert
-    from dlpack_io.tools.synth import make_image_folder
-
-    root = tmp_path_factory.mktemp("cuda")
-    make_image_folder(root / "src", 50, 5, seed=4, size=(48, 64))
-    out = {}
-    for mode, size in (("jpeg", None), ("raw", 40)):
-        out[mode] = str(root / mode)
-        convert(root / "src", out[mode], mode=mode, size=size, shard_size="80KB", workers=1,
-                progress=False, overwrite=True)
-    return out
+    return pack_jpeg_and_raw(tmp_path_factory.mktemp("cuda"), 50, 5, seed=4,
+                             shard_size="80KB")
 
 
 @pytest.mark.parametrize("kind", ["thread", "process"])

@@ -38,16 +38,7 @@ def corrupt(packed, tmp_path):
     return dst, os.path.basename(ds.shards[shard].path), record
 
 
-@pytest.fixture(autouse=True)
-def _deadline():
-    """Fail (instead of hanging the suite) if a test takes more than 60 s."""
-    def _alarm(signum, frame):
-        raise TimeoutError("test exceeded 60 s: the loader hung")
-    old = signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(60)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+pytestmark = pytest.mark.usefixtures("hang_deadline")
 
 
 def _gone(pid: int) -> bool:

@@ -40,16 +40,7 @@ def packed(tmp_path_factory):
     return root
 
 
-@pytest.fixture(autouse=True)
-def _deadline():
-    """Fail (instead of hanging the suite) if a test takes more than 60 s."""
-    def _alarm(signum, frame):
-        raise TimeoutError("test exceeded 60 s: something hung")
-    old = signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(60)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+pytestmark = pytest.mark.usefixtures("hang_deadline")
 
 
 def _corrupt_copy(src, dst, samples=BAD) -> dict:

@@ -9,20 +9,13 @@ import torch.nn.functional as F
 from dlpack_io.reader import CenterCrop, Dataset, RandomCrop, RandomResizedCrop, rng
 from dlpack_io.reader.transforms import TransformError, normalize_cpu, sample_params
 
+from helpers import pack_jpeg_and_raw
+
 
 @pytest.fixture(scope="module")
 def _packed(tmp_path_factory):
-    from dlpack_io.packer import convert
-    from dlpack_io.tools.synth import make_image_folder
-
-    root = tmp_path_factory.mktemp("transforms")
-    make_image_folder(root / "src", 40, 4, seed=1, size=(48, 64))
-    out = {}
-    for mode, size in (("jpeg", None), ("raw", 40)):
-        out[mode] = str(root / mode)
-        convert(root / "src", out[mode], mode=mode, size=size, shard_size="60KB", workers=1,
-                progress=False, overwrite=True)
-    return out
+    return pack_jpeg_and_raw(tmp_path_factory.mktemp("transforms"), 40, 4, seed=1,
+                             shard_size="60KB")
 
 
 @pytest.fixture
