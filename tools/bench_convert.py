@@ -25,6 +25,7 @@ from dlpack_io.tools.synth import folder_bytes, make_image_folder
 
 
 def _warm(root) -> None:
+    """Read every file under ``root`` (untimed) so the timed run starts from a warm cache."""
     for dirpath, _, files in os.walk(root):
         for name in files:
             with open(os.path.join(dirpath, name), "rb") as f:
@@ -32,18 +33,21 @@ def _warm(root) -> None:
                     pass
 
 
-def _ours(src, dst, **options):
+def pack_ours(src, dst, **options):
+    """Our packer into ``dst`` (overwriting), 256 MB shards, no progress bar."""
     from dlpack_io.packer import convert
 
     convert(src, dst, overwrite=True, progress=False, shard_size="256MB", **options)
 
 
-def _tar(src, dst):
+def tar_folder(src, dst):
+    """``tar cf`` of ``src`` into ``dst/all.tar``."""
     os.makedirs(dst, exist_ok=True)
     subprocess.run(["tar", "cf", os.path.join(dst, "all.tar"), "-C", str(src), "."], check=True)
 
 
-def _webdataset(src, dst):
+def webdataset_shards(src, dst):
+    """WebDataset's ShardWriter over the JPEGs of ``src`` (no decoding), 256 MB shards."""
     import webdataset as wds
 
     from dlpack_io.packer.scan import scan_image_folder
@@ -58,15 +62,15 @@ def _webdataset(src, dst):
 
 def contenders() -> dict:
     """name -> callable(src, dst) for every configuration measured."""
-    runs = {"tar cf": _tar, "webdataset ShardWriter (no validation)": _webdataset}
+    runs = {"tar cf": tar_folder, "webdataset ShardWriter (no validation)": webdataset_shards}
     for fmt_ in ("record", "lmdb"):
         for workers in (1, 2):
             runs[f"ours {fmt_} jpeg, validate, {workers}w"] = (
-                lambda s, d, f=fmt_, w=workers: _ours(s, d, format=f, mode="jpeg", workers=w))
+                lambda s, d, f=fmt_, w=workers: pack_ours(s, d, format=f, mode="jpeg", workers=w))
             runs[f"ours {fmt_} raw 256, {workers}w"] = (
-                lambda s, d, f=fmt_, w=workers: _ours(s, d, format=f, mode="raw", size=256, workers=w))
+                lambda s, d, f=fmt_, w=workers: pack_ours(s, d, format=f, mode="raw", size=256, workers=w))
     runs["ours record jpeg, no validation, 2w"] = (
-        lambda s, d: _ours(s, d, format="record", mode="jpeg", workers=2, validate=False))
+        lambda s, d: pack_ours(s, d, format="record", mode="jpeg", workers=2, validate=False))
     return runs
 
 

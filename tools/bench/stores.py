@@ -138,19 +138,19 @@ def write_ffcv(inputs, out, mode, raw_npy) -> dict:
 
 def write_tar(inputs, out, mode, raw_npy) -> dict:
     """``tar cf`` of the folder (the lead's bench_convert contender)."""
-    from dlpack_io.tools.bench_convert import _tar
+    from dlpack_io.tools.bench_convert import tar_folder
 
-    _tar(inputs.root, out)
+    tar_folder(inputs.root, out)
     return {}
 
 
 def write_ours(fmt: str):
     """Our packer (the lead's bench_convert contender) with all cores."""
     def write(inputs, out, mode, raw_npy) -> dict:
-        from dlpack_io.tools.bench_convert import _ours
+        from dlpack_io.tools.bench_convert import pack_ours
 
         size = {"size": RAW_SIZE} if mode == "raw" else {}
-        _ours(inputs.root, out, format=fmt, mode=mode, workers=os.cpu_count(), **size)
+        pack_ours(inputs.root, out, format=fmt, mode=mode, workers=os.cpu_count(), **size)
         return {}
     return write
 
