@@ -21,16 +21,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from dlpack_io.tools.pagecache import warm
 from dlpack_io.tools.synth import folder_bytes, make_image_folder
-
-
-def _warm(root) -> None:
-    """Read every file under ``root`` (untimed) so the timed run starts from a warm cache."""
-    for dirpath, _, files in os.walk(root):
-        for name in files:
-            with open(os.path.join(dirpath, name), "rb") as f:
-                while f.read(1 << 20):
-                    pass
 
 
 def pack_ours(src, dst, **options):
@@ -82,7 +74,7 @@ def measure(src, out, repeats: int) -> dict:
         for name, fn in runs.items():
             dst = os.path.join(out, "dst")
             shutil.rmtree(dst, ignore_errors=True)
-            _warm(src)
+            warm(src)
             start = time.perf_counter()
             fn(src, dst)
             times[name].append(time.perf_counter() - start)

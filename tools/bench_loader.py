@@ -29,6 +29,7 @@ from pathlib import Path
 
 
 from dlpack_io.tools import bench_loader_peers as peers
+from dlpack_io.tools.pagecache import warm
 
 log = logging.getLogger(__name__)
 BATCH = 256
@@ -52,15 +53,6 @@ def prepare(root: Path, images: int) -> dict:
     if not (paths["big"] / "manifest.json").exists():
         peers.repeat_dataset(paths["raw"], paths["big"], 100_000)
     return paths
-
-
-def warm(path: Path) -> None:
-    """Read every file under ``path`` (untimed) so the epoch starts from a warm cache."""
-    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
-    for p in files:
-        with open(p, "rb") as f:
-            while f.read(1 << 24):
-                pass
 
 
 def epoch_rate(make_iter, warm_path: Path) -> float:

@@ -3,16 +3,9 @@ Loader (random-resized-crop 224, horizontal flip, CHW batches) and print the thr
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
-
-def _warm(path) -> None:
-    """Re-read the shard files: this machine evicts page cache left idle for ~30 s."""
-    for name in sorted(os.listdir(path)):
-        with open(os.path.join(path, name), "rb") as f:
-            while f.read(1 << 22):
-                pass
+from dlpack_io.tools.pagecache import warm
 
 
 def read_epoch(path, *, batch_size: int = 64, num_workers: int = 2, device: str = "cpu") -> dict:
@@ -22,7 +15,7 @@ def read_epoch(path, *, batch_size: int = 64, num_workers: int = 2, device: str 
 
     from dlpack_io.reader import Dataset, Loader, RandomResizedCrop
 
-    _warm(path)
+    warm(path)  # this machine evicts page cache left idle for ~30 s
     start = time.perf_counter()
     ds = Dataset(path)
     loader = Loader(ds, batch_size=batch_size, shuffle="global", seed=0, num_workers=num_workers,

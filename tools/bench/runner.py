@@ -11,18 +11,9 @@ from dlpack_io.tools.bench import families as fam
 from dlpack_io.tools.bench import plan
 from dlpack_io.tools.bench.load import ForeignLoad
 from dlpack_io.tools.bench.procs import Child, ChildError
+from dlpack_io.tools.pagecache import warm
 
 log = logging.getLogger(__name__)
-
-
-def warm(paths) -> None:
-    """Read every file under ``paths`` (untimed) so the epoch starts from a warm page cache."""
-    for root in paths:
-        for dirpath, _, files in os.walk(root):
-            for name in files:
-                with open(os.path.join(dirpath, name), "rb") as f:
-                    while f.read(1 << 22):
-                        pass
 
 
 def _convert_one(src, out, store, mode, raw_npy, logs) -> dict:
@@ -31,7 +22,7 @@ def _convert_one(src, out, store, mode, raw_npy, logs) -> dict:
     cmd = {"op": "convert", "store": store, "mode": mode, "src": src, "out": dst,
            "raw_npy": raw_npy}
     child = Child(cmd, os.path.join(logs, f"convert-{store}-{mode}.log"))
-    warm([src, os.path.dirname(raw_npy)] if raw_npy and mode == "raw" else [src])
+    warm(*([src, os.path.dirname(raw_npy)] if raw_npy and mode == "raw" else [src]))
     try:
         reply = child.start(timeout=1800)
         child.wait_exit(grace=30.0)  # let multiprocessing's resource tracker clean up
@@ -99,7 +90,7 @@ def _start(spec, stores, peers, out, timeout):
 
 def _epoch(child, row, r: int, warm_paths, timeout: float) -> bool:
     """One epoch of one contender (warm cache first); False when the contender failed."""
-    warm(warm_paths)
+    warm(*warm_paths)
     foreign = ForeignLoad(child.proc.pid)
     try:
         reply = child.ask(f"epoch {r}", timeout, track=True)
