@@ -6,6 +6,7 @@ redoes the rest, giving the same bytes as an uninterrupted run.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dlpack_io.packer import finalize, journal
+from dlpack_io.packer.cutting import ShardCutter
 from dlpack_io.packer.options import PackOptions, parse_size
 from dlpack_io.packer.pipeline import ConversionError, encode_in_order
 from dlpack_io.packer.progress import Progress
@@ -82,12 +84,17 @@ def _resume_state(dst: str, plan: dict, num_classes: int) -> _State:
 
 
 class _Packer:
-    """Consumes encoded inputs in order and cuts them into shards."""
+    """Consumes encoded inputs in order and cuts them into shards (ShardCutter's rule).
+
+    The Ray engine subclasses it to plan shards instead of writing them; rejects, counts
+    and the journal are kept here for both engines.
+    """
 
     def __init__(self, dst, inputs, options: PackOptions, state: _State, journal_: journal.Journal):
         self.dst, self.inputs, self.options, self.state = dst, inputs, options, state
         self.journal = journal_
         self.writer = None
+        self.cutter = ShardCutter(options.format, options.shard_size)
         self.since = _State(class_counts=np.zeros(len(inputs.classes), dtype=np.int64))
 
     def reject(self, rel: str, reason: str) -> None:
@@ -98,21 +105,33 @@ class _Packer:
         self.since.rejects.append((rel, reason))
 
     def add(self, rel: str, label: int, record, position: int) -> None:
-        w = self.writer
-        if w is not None and len(w) and w.data_size + len(record.payload) > self.options.shard_size:
+        if self.cutter.starts_new_shard(len(record.payload)):
             self.finish_shard(position)
         if self.writer is None:
             self.writer = open_writer(self.options.format, self.dst, len(self.state.shards),
                                       self.state.next_sample, self.options.shard_size)
         self.writer.add(record, label, rel)
+        self.count(label, record.reencoded)
+
+    def count(self, label: int, reencoded: str | None) -> None:
+        """Account one packed record in the open shard's class and re-encode counts."""
         self.since.class_counts[label] += 1
-        if record.reencoded:
-            self.since.reencoded[record.reencoded] += 1
+        if reencoded:
+            self.since.reencoded[reencoded] += 1
 
     def finish_shard(self, end_input: int) -> None:
         entry = self.writer.finish()
         self.writer = None
+        self.commit(entry, end_input, self.take_since())
+
+    def take_since(self) -> _State:
+        """Hand over the open shard's rejects and counts; start afresh for the next one."""
         since = self.since
+        self.since = _State(class_counts=np.zeros_like(since.class_counts))
+        return since
+
+    def commit(self, entry: dict, end_input: int, since: _State) -> None:
+        """Journal a published shard, then count it as done (shards in order)."""
         self.journal.append({"shard": entry, "end_input": end_input, "rejects": since.rejects,
                              "reencoded": dict(since.reencoded),
                              "class_counts": since.class_counts.tolist()})
@@ -121,10 +140,13 @@ class _Packer:
         st.rejects += since.rejects
         st.reencoded.update(since.reencoded)
         st.class_counts += since.class_counts
-        self.since = _State(class_counts=np.zeros_like(since.class_counts))
+
+    def has_open_shard(self) -> bool:
+        """True while records wait to be written into a shard."""
+        return self.writer is not None
 
     def close(self, end_input: int) -> None:
-        if self.writer is not None:
+        if self.has_open_shard():
             self.finish_shard(end_input)
         self.state.rejects += self.since.rejects  # trailing rejects after the last record
 
@@ -187,18 +209,52 @@ def _pack(dst, inputs, stats, options: PackOptions, state: _State, journal_) -> 
     return progress
 
 
+ENGINES = ("local", "ray")
+
+
+def _engine(engine: str, ray_address, opts: PackOptions):
+    """A context manager that yields the function packing the inputs: worker processes
+    here (local) or tasks on a Ray cluster. Raises at once for a bad choice or missing Ray."""
+    if engine == "local":
+        if ray_address is not None:
+            raise ValueError("--ray-address is for --engine ray (the local engine uses this "
+                             "machine's cores)")
+        return contextlib.nullcontext(_pack)
+    if engine == "ray":
+        from dlpack_io.packer import ray_engine
+
+        return ray_engine.connection(ray_address, opts)
+    raise ValueError(f"engine {engine!r}: expected one of {ENGINES}")
+
+
+def _run(dst, inputs, opts: PackOptions, engine, resume: bool, overwrite: bool):
+    """Prepare DST, take over what a resumed run kept, pack the rest; (state, progress)."""
+    with engine as pack:  # Ray connects here, after the lock and before DST changes
+        _prepare_dst(dst, resume, overwrite)
+        stats = stat_inputs(inputs)
+        plan = {"plan": journal.plan_hash(inputs, stats, opts.output_options(), fmt.FORMAT_VERSION),
+                "num_inputs": len(inputs.paths)}
+        state = _resume_state(dst, plan, len(inputs.classes))
+        resumed_from = state.position
+        progress = pack(dst, inputs, stats, opts, state, journal.Journal(dst))
+    return state, progress, resumed_from
+
+
 def convert(src, dst, *, list_file=None, resume: bool = False, overwrite: bool = False,
-            **options) -> dict:
+            engine: str = "local", ray_address: str | None = None, **options) -> dict:
     """Pack the images under ``src`` into a data set at ``dst``; return a summary dict.
 
     ``options`` are PackOptions fields (format, mode, size, max_side, quality, shard_size,
     seed, shuffle, validate, jpeg_restarts, workers, on_error, progress). ``list_file`` reads
-    ``path,label`` rows instead of scanning class folders. Raises ConversionError with
-    the file and the fix when the job cannot complete.
+    ``path,label`` rows instead of scanning class folders. ``engine="ray"`` runs the work
+    as tasks on a Ray cluster (``ray_address``; none: a private one on this machine) with
+    byte-identical output. Raises ConversionError with the file and the fix when the job
+    cannot complete.
     """
     if "shard_size" in options:
         options["shard_size"] = parse_size(options["shard_size"])
     opts = PackOptions(**options)
+    engine_ = _engine(engine, ray_address, opts)
     inputs = read_list(src, list_file) if list_file else scan_image_folder(src)
     dst = os.path.abspath(dst)
     lock = journal.DstLock(dst)
@@ -213,32 +269,31 @@ def convert(src, dst, *, list_file=None, resume: bool = False, overwrite: bool =
                 and journal.read_journal(dst)[0] is None:
             log.info("%s is already complete; nothing to resume", dst)
             return {"dst": dst, "already_complete": True}
-        _prepare_dst(dst, resume, overwrite)
-        stats = stat_inputs(inputs)
-        plan = {"plan": journal.plan_hash(inputs, stats, opts.output_options(), fmt.FORMAT_VERSION),
-                "num_inputs": len(inputs.paths)}
-        state = _resume_state(dst, plan, len(inputs.classes))
-        resumed_from = state.position
-        journal_ = journal.Journal(dst)
-        progress = _pack(dst, inputs, stats, opts, state, journal_)
-        if not state.shards:
-            reasons = Counter(r for _, r in state.rejects).most_common(3)
-            raise ConversionError(f"{src}: none of the {len(inputs.paths)} inputs could be "
-                                  f"packed; most common reasons: {reasons}")
-        manifest = finalize.build_manifest(inputs, opts, state.shards, state.rejects,
-                                           state.reencoded, state.class_counts.tolist(),
-                                           progress.elapsed)
-        try:
-            finalize.write_dataset_files(dst, manifest, state.rejects)
-        except OSError as exc:
-            raise ConversionError(f"{dst}: cannot write the manifest ({exc.strerror or exc}); "
-                                  f"all shards are complete: free space and run again with "
-                                  f"--resume") from exc
-        journal_.remove()
+        state, progress, resumed_from = _run(dst, inputs, opts, engine_, resume, overwrite)
+        manifest = _finish(src, dst, inputs, opts, state, progress, engine)
     finally:
         lock.release(remove=True)
     return {"dst": dst, "num_samples": manifest["num_samples"], "num_shards": len(state.shards),
             "num_bytes": manifest["num_bytes"], "rejects": len(state.rejects),
             "reencoded": dict(state.reencoded), "resumed_from": resumed_from,
             "seconds": progress.elapsed, "images_per_s": progress.images_per_s,
-            "mb_per_s": progress.mb_per_s}
+            "mb_per_s": progress.mb_per_s, "engine": engine}
+
+
+def _finish(src, dst, inputs, opts: PackOptions, state: _State, progress, engine: str) -> dict:
+    """Write rejects.tsv and, last, the manifest; drop the journal. Returns the manifest."""
+    if not state.shards:
+        reasons = Counter(r for _, r in state.rejects).most_common(3)
+        raise ConversionError(f"{src}: none of the {len(inputs.paths)} inputs could be "
+                              f"packed; most common reasons: {reasons}")
+    manifest = finalize.build_manifest(inputs, opts, state.shards, state.rejects,
+                                       state.reencoded, state.class_counts.tolist(),
+                                       progress.elapsed, engine=engine)
+    try:
+        finalize.write_dataset_files(dst, manifest, state.rejects)
+    except OSError as exc:
+        raise ConversionError(f"{dst}: cannot write the manifest ({exc.strerror or exc}); "
+                              f"all shards are complete: free space and run again with "
+                              f"--resume") from exc
+    journal.Journal(dst).remove()
+    return manifest

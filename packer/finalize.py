@@ -44,8 +44,12 @@ def rejects_tsv(rejects: list) -> bytes:
 
 
 def build_manifest(inputs, options, shards: list, rejects: list, reencoded: dict,
-                   class_counts: list, seconds: float) -> dict:
-    """The manifest dict (checksum included) describing a finished data set."""
+                   class_counts: list, seconds: float, *, engine: str = "local") -> dict:
+    """The manifest dict (checksum included) describing a finished data set.
+
+    Only ``created`` (when, where, by which engine) and the checksum over it differ between
+    two conversions of the same source with the same options.
+    """
     from dlpack_io.packer import __version__
 
     manifest = {
@@ -61,7 +65,8 @@ def build_manifest(inputs, options, shards: list, rejects: list, reencoded: dict
         "reencoded": dict(sorted(reencoded.items())),
         "created": {"at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                     "seconds": round(seconds, 3), "dlpack": __version__, "pil": pil_flavour(),
-                    "python": platform.python_version(), "host": platform.node()},
+                    "python": platform.python_version(), "host": platform.node(),
+                    "engine": engine},
     }
     manifest["checksum"] = fmt.manifest_checksum(manifest)
     return manifest

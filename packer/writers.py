@@ -126,9 +126,11 @@ class LmdbShardWriter(_ShardWriter):
 
         super().__init__(dst, shard_number, first_sample, "lmdb")
         # map_size is address space, not disk: room for an over-full last record too.
+        # meminit=True: unused page space is zeroed, not leftover heap memory, so the same
+        # records give the same file bytes (and no process memory leaks into the shard).
         map_size = 2 * shard_size + 2**30
         self._env = lmdb.open(self.tmp_path, subdir=False, map_size=map_size, lock=False,
-                              sync=False, metasync=False, readahead=False, meminit=False)
+                              sync=False, metasync=False, readahead=False, meminit=True)
         self._txn = self._env.begin(write=True)
         self._uncommitted = 0
 

@@ -71,7 +71,9 @@ def main(verbose: bool):
 @click.option("--shard-size", default="256MB", show_default=True,
               help="Target bytes of record data per shard (e.g. 64MB, 1GiB).")
 @click.option("--workers", type=int, default=0, show_default=True,
-              help="Worker processes; 0 = all cores. Output never depends on it.")
+              help="Worker processes; 0 = all cores. With --engine ray: CPUs of the private "
+                   "cluster, or at most this many CPUs of --ray-address's. Output never "
+                   "depends on it.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of the shuffle of samples across shards.")
 @click.option("--shuffle/--no-shuffle", default=True, show_default=True,
@@ -86,13 +88,21 @@ def main(verbose: bool):
                    "progressive files are kept as they are.")
 @click.option("--on-error", type=click.Choice(["skip", "fail"]), default="skip", show_default=True,
               help="skip: list bad inputs in rejects.tsv and go on; fail: stop at the first.")
+@click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local: worker processes on this machine. ray: tasks on a Ray cluster "
+                   "(pip install 'dlpack-io[ray]'); same bytes as local, resumable. SRC and DST "
+                   "must be paths every node sees (shared file system).")
+@click.option("--ray-address", metavar="ADDRESS",
+              help="With --engine ray: the cluster to use (HOST:PORT of `ray start --head`, or "
+                   "'auto' for the one running here). Default: $RAY_ADDRESS, else a private "
+                   "cluster on this machine with --workers CPUs.")
 @click.option("--resume", is_flag=True, help="Finish an interrupted conversion into DST.")
 @click.option("--overwrite", is_flag=True, help="Replace a data set already in DST.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def convert(src, dst, list_file, data_format, mode, size, max_side, quality, shard_size,
-            workers, seed, shuffle, validate, restart_markers, on_error, resume, overwrite, quiet,
-            as_json):
+            workers, seed, shuffle, validate, restart_markers, on_error, engine, ray_address,
+            resume, overwrite, quiet, as_json):
     """Pack the JPEGs under SRC (class sub-folders, or --list) into shards in DST."""
     from dlpack_io.packer.conversion import convert as run
     from dlpack_io.packer.pipeline import ConversionError
@@ -103,7 +113,8 @@ def convert(src, dst, list_file, data_format, mode, size, max_side, quality, sha
                      format=data_format, mode=mode, size=size, max_side=max_side,
                      quality=quality, shard_size=shard_size, workers=workers, seed=seed,
                      shuffle=shuffle, validate=validate, jpeg_restarts=restart_markers,
-                     on_error=on_error, progress=not quiet)
+                     on_error=on_error, progress=not quiet, engine=engine,
+                     ray_address=ray_address)
     except (ConversionError, ValueError, RuntimeError, FileNotFoundError) as exc:
         _fail(str(exc))
     if as_json:

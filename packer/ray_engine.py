@@ -1,0 +1,255 @@
+"""``--engine ray``: the local engine's plan, run as tasks on a Ray cluster.
+
+Shards are cut by encoded size, so a task cannot simply be "one shard". The driver (this
+process) therefore works in two phases, streamed:
+
+1. ``encode_segment`` tasks encode fixed ranges of inputs (segments) in packing order; the
+   payloads stay in Ray's object store, only sizes and outcomes come back to the driver.
+2. The driver feeds those outcomes, in order, through the local engine's ``_Packer``:
+   the same reject handling and the same ShardCutter rule decide where each shard ends.
+   Each planned shard becomes an ``assemble_shard`` task that writes it with the local
+   writer (temp file, fsync, rename). Finished shards are journaled in shard order, and
+   the driver writes the manifest last, exactly as the local engine does.
+
+So the bytes do not depend on the engine, the cluster, segment sizes or task timing, and a
+killed driver resumes from the journal like a local run. SRC and DST must be paths that
+every node sees (a shared file system).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections import deque
+from typing import NamedTuple
+
+from dlpack_io.packer import ray_tasks
+from dlpack_io.packer.conversion import _encode_options, _Packer, packing_order
+from dlpack_io.packer.pipeline import ConversionError
+from dlpack_io.packer.progress import Progress
+
+log = logging.getLogger(__name__)
+
+INSTALL = "pip install 'dlpack-io[ray]'"
+MAX_RETRIES = 3            # attempts after a worker or node dies mid-task (Ray re-runs it)
+SEGMENT_INPUTS = (8, 256)  # bounds on inputs per encode task
+ASSEMBLY_CPUS = 0.5        # shard writing is mostly I/O: let it overlap encoding
+
+
+def import_ray():
+    """The ``ray`` module, or ConversionError saying how to install it."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise ConversionError(f"--engine ray needs Ray, which is not installed ({exc}); "
+                              f"install it with: {INSTALL}") from None
+    return ray
+
+
+class _Planned(NamedTuple):
+    """An encoded record as the driver knows it: where its payload is, and its facts."""
+
+    blob: object  # ObjectRef of the segment's payload array
+    offset: int
+    length: int
+    crc: int
+    height: int
+    width: int
+    kind: int
+    reencoded: str | None
+    source_bytes: int
+
+
+class _RayPlanner(_Packer):
+    """The local packer with shard writing replaced by assembly tasks; shards are
+    journaled in order as their tasks finish, at most ``max_pending`` in flight."""
+
+    def __init__(self, dst, inputs, options, state, journal_, *, ray, max_pending: int):
+        super().__init__(dst, inputs, options, state, journal_)
+        self.ray, self.max_pending = ray, max_pending
+        self.assemble = ray.remote(ray_tasks.assemble_shard).options(
+            num_cpus=ASSEMBLY_CPUS, max_retries=MAX_RETRIES)
+        self.items, self.blobs = [], {}
+        self.pending: deque = deque()  # (task ref, shard number, end_input, since)
+        self.planned_shards, self.planned_samples = len(state.shards), state.next_sample
+
+    def add(self, rel: str, label: int, record: _Planned, position: int) -> None:
+        if self.cutter.starts_new_shard(record.length):
+            self.finish_shard(position)
+        slot = self.blobs.setdefault(record.blob, len(self.blobs))
+        self.items.append((slot, record.offset, record.length, label, rel, record.crc,
+                           record.height, record.width, record.kind))
+        self.count(label, record.reencoded)
+
+    def has_open_shard(self) -> bool:
+        return bool(self.items)
+
+    def finish_shard(self, end_input: int) -> None:
+        o = self.options
+        ref = self.assemble.remote(self.dst, o.format, self.planned_shards, self.planned_samples,
+                                   o.shard_size, self.items, *self.blobs)
+        self.pending.append((ref, self.planned_shards, end_input, self.take_since()))
+        self.planned_shards += 1
+        self.planned_samples += len(self.items)
+        self.items, self.blobs = [], {}
+        while len(self.pending) > self.max_pending:
+            self.commit_next()
+
+    def commit_next(self) -> None:
+        """Wait for the oldest assembly, then journal its shard."""
+        ref, number, end_input, since = self.pending[0]
+        entry = _result(self.ray, ref, f"writing shard {number} into {self.dst}")
+        self.pending.popleft()
+        self.commit(entry, end_input, since)
+
+    def poll(self) -> None:
+        """Journal the shards whose tasks are done, in order, without waiting."""
+        while self.pending and self.ray.wait([self.pending[0][0]], timeout=0)[0]:
+            self.commit_next()
+
+    def drain(self) -> None:
+        """Wait for every planned shard and journal it."""
+        while self.pending:
+            self.commit_next()
+
+    def abort(self) -> None:
+        """Cancel the shards still being written; their tasks delete their temp files."""
+        refs = [p[0] for p in self.pending]
+        for ref in refs:
+            self.ray.cancel(ref)
+        self.ray.wait(refs, num_returns=len(refs), timeout=30)
+        self.pending.clear()
+
+
+def _result(ray, ref, doing: str):
+    """``ray.get(ref)`` with Ray's failures turned into ConversionError naming the work."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:  # the task raised: OSError, MemoryError...
+        cause = exc.cause if getattr(exc, "cause", None) is not None else exc
+        if isinstance(cause, OSError):
+            raise ConversionError(f"{doing}: cannot write shard ({cause}); completed shards "
+                                  f"are kept: fix the cause (free disk space?) and run again "
+                                  f"with --resume") from None
+        raise ConversionError(f"{doing}: {type(cause).__name__}: {cause}; completed shards "
+                              f"are kept, run again with --resume") from None
+    except ray.exceptions.RayError as exc:  # worker or node died more than MAX_RETRIES times
+        raise ConversionError(f"{doing}: a Ray worker died {MAX_RETRIES + 1} times "
+                              f"({type(exc).__name__}: killed, out of memory, or a crash in "
+                              f"the image decoder); completed shards are kept, run again with "
+                              f"--resume") from None
+
+
+def _segments(ray, files: list, options, cpus: int):
+    """Yield (start, outcomes, payload ref) per segment in order, keeping 2 x ``cpus``
+    encode tasks queued so no worker waits for the driver."""
+    size = min(max(math.ceil(len(files) / (4 * cpus)), SEGMENT_INPUTS[0]), SEGMENT_INPUTS[1])
+    encode = ray.remote(ray_tasks.encode_segment).options(
+        num_returns=2, num_cpus=1, max_retries=MAX_RETRIES)
+    enc_options = _encode_options(options)
+    starts = iter(range(0, len(files), size))
+    queued: deque = deque()
+    log.info("Ray: %d inputs in segments of %d on %d CPUs", len(files), size, cpus)
+    while True:
+        while len(queued) < 2 * cpus and (start := next(starts, None)) is not None:
+            queued.append((start, *encode.remote(files[start:start + size], enc_options)))
+        if not queued:
+            return
+        start, meta, blob = queued.popleft()
+        last = files[min(start + size, len(files)) - 1][0]
+        yield start, _result(ray, meta, f"encoding {files[start][0]} .. {last}"), blob
+
+
+def pack(dst, inputs, stats, options, state, journal_, *, ray, cpus: int) -> Progress:
+    """The Ray engine's counterpart of conversion._pack: same arguments, same effect on
+    ``state`` and the journal, same Progress."""
+    order = packing_order(len(inputs.paths), options)
+    todo = order[state.position:]
+    files = [(os.path.join(inputs.root, inputs.paths[i]), *stats[i]) for i in todo]
+    base = state.position
+    progress = Progress(len(order), f"convert {os.path.basename(dst)}",
+                        enabled=options.progress, initial=base)
+    planner = _RayPlanner(dst, inputs, options, state, journal_, ray=ray, max_pending=max(2, cpus))
+    try:
+        for start, outcomes, blob in _segments(ray, files, options, cpus):
+            for k, outcome in enumerate(outcomes):
+                i = todo[start + k]
+                if outcome[0] != "ok":
+                    planner.reject(inputs.paths[i], outcome[1])
+                    progress.update(1)
+                    continue
+                record = _Planned(blob, *outcome[1:])
+                planner.add(inputs.paths[i], inputs.labels[i], record, base + start + k)
+                progress.update(1, record.source_bytes)
+            planner.poll()
+        planner.close(len(order))
+        planner.drain()
+    except ConversionError:
+        _keep_completed(planner)
+        raise
+    except OSError as exc:  # the journal, in the driver
+        planner.abort()
+        raise ConversionError(f"{dst}: cannot write shard ({exc}); completed shards are kept: "
+                              f"fix the cause (free disk space?) and run again with --resume") from exc
+    except BaseException:
+        planner.abort()
+        raise
+    finally:
+        progress.close()
+    return progress
+
+
+def _keep_completed(planner: _RayPlanner) -> None:
+    """After a failure, journal the shards already written before it (as the local engine
+    has them), then cancel the rest."""
+    try:
+        planner.drain()
+    except ConversionError as exc:
+        log.debug("after the first failure: %s", exc)
+    finally:
+        planner.abort()
+
+
+class connection:  # noqa: N801  (used like a function: ``with connection(...) as pack``)
+    """Connect to the cluster at ``address`` (None: start a private one on this machine
+    with ``options.workers`` CPUs); entering yields a ``pack`` bound to it."""
+
+    def __init__(self, address, options):
+        self.ray = import_ray()
+        self.address, self.options = address, options
+        self.connected_here = False
+
+    def __enter__(self):
+        ray = self.ray
+        if ray.is_initialized():  # the caller's own connection: use it, leave it open
+            if self.address not in (None, "auto"):
+                raise ConversionError(f"this process is already connected to a Ray cluster; "
+                                      f"leave out --ray-address {self.address} or disconnect")
+        else:
+            self._init()
+        cpus = int(ray.cluster_resources().get("CPU", 0))
+        if cpus < 1:
+            raise ConversionError("the Ray cluster has no CPUs to run tasks on; add a node "
+                                  "with `ray start --address ... --num-cpus N`")
+        if self.address is not None and self.options.workers:
+            cpus = min(cpus, self.options.workers)
+        log.info("Ray %s: %d nodes, %d CPUs used", ray.__version__, len(ray.nodes()), cpus)
+        return lambda *args: pack(*args, ray=ray, cpus=cpus)
+
+    def _init(self) -> None:
+        kwargs = {"log_to_driver": False, "logging_level": logging.WARNING}
+        if self.address is None and not os.environ.get("RAY_ADDRESS"):
+            # A private single-machine cluster: loopback only, no dashboard.
+            kwargs.update(num_cpus=self.options.num_workers, include_dashboard=False,
+                          _node_ip_address="127.0.0.1")
+        try:
+            self.ray.init(address=self.address, **kwargs)
+        except (ConnectionError, ValueError, RuntimeError) as exc:
+            raise ConversionError(f"cannot connect to the Ray cluster at {self.address}: "
+                                  f"{exc}; start it with `ray start --head` or fix "
+                                  f"--ray-address") from None
+        self.connected_here = True
+
+    def __exit__(self, *exc_info) -> None:
+        if self.connected_here:
+            self.ray.shutdown()  # a private cluster stops; a shared one only loses this driver
