@@ -239,9 +239,8 @@ class connection:  # noqa: N801  (used like a function: ``with connection(...) a
     def _init(self) -> None:
         kwargs = {"log_to_driver": False, "logging_level": logging.WARNING}
         if self.address is None and not os.environ.get("RAY_ADDRESS"):
-            # A private single-machine cluster: loopback only, no dashboard.
-            kwargs.update(num_cpus=self.options.num_workers, include_dashboard=False,
-                          _node_ip_address="127.0.0.1")
+            # A private cluster on this machine, gone with this process; no dashboard.
+            kwargs.update(num_cpus=self.options.num_workers, include_dashboard=False)
         try:
             self.ray.init(address=self.address, **kwargs)
         except (ConnectionError, ValueError, RuntimeError) as exc:

@@ -7,10 +7,14 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
 
+# Ray reads its auth mode when it is imported; `ray start` clusters of Ray 2.60 have token
+# authentication off, and so do the tests' clusters (tests/raycluster.py).
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 pytest.importorskip("ray")
 
 from dlpack_io.packer import convert  # noqa: E402
@@ -220,3 +224,45 @@ def test_worker_killed_mid_task_is_retried_and_output_identical(cluster, source,
     assert not os.path.exists(f"/proc/{victim}")
     assert dataset_fingerprint(dst) == dataset_fingerprint(reference["record"])
     _assert_finished_cleanly(dst)
+
+
+def test_resume_with_the_other_engine_is_identical(cluster, source, reference, tmp_path):
+    """The journal does not depend on the engine: a Ray run killed mid-way is finished by
+    the local engine (and would be the other way round) with the same bytes."""
+    dst = tmp_path / "ds"
+    proc = subprocess.Popen(_cli(cluster, source, dst), env=cluster.env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _wait_for(lambda: len(_journaled(dst)) >= 2, proc, "two journaled shards")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    result = convert(source, dst, resume=True, shard_size=SHARD, workers=1, progress=False)
+    assert result["resumed_from"] > 0 and result["engine"] == "local"
+    assert dataset_fingerprint(dst) == dataset_fingerprint(reference["record"])
+
+
+def _in_loopback_namespace(cmd: list) -> list:
+    """``cmd`` in a new network namespace whose only interface is loopback (needs root):
+    a cluster that Ray starts by itself then cannot listen on, or talk to, anything else."""
+    return ["unshare", "--net", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", *cmd]
+
+
+@pytest.mark.slow
+def test_private_cluster_when_no_address_is_given(source, reference, tmp_path):
+    """Without --ray-address the driver starts a Ray instance of its own (--workers CPUs)
+    and stops it when done."""
+    probe = subprocess.run(_in_loopback_namespace(["true"]), capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a network namespace here: {probe.stderr.decode().strip()}")
+    ray_tmp = tempfile.mkdtemp(prefix="dlpriv")  # short: Ray's socket paths must fit
+    env = dict(os.environ, HOME=str(tmp_path), RAY_TMPDIR=ray_tmp, RAY_USAGE_STATS_ENABLED="0")
+    env.pop("RAY_ADDRESS", None)
+    dst = tmp_path / "ds"
+    cmd = [sys.executable, "-m", "dlpack_io.tools.cli", "convert", str(source), str(dst),
+           "--shard-size", SHARD, "--quiet", "--engine", "ray", "--workers", "2"]
+    done = subprocess.run(_in_loopback_namespace(cmd), env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert dataset_fingerprint(dst) == dataset_fingerprint(reference["record"])
+    assert _manifest(dst)["created"]["engine"] == "ray"
+    survivors = subprocess.run(["pgrep", "-f", ray_tmp], capture_output=True, text=True).stdout
+    assert survivors == "", "the private cluster outlived its driver"

@@ -1,0 +1,228 @@
+"""Conversion benchmark: ``--engine ray`` against the local engine on the same CPUs.
+
+    unshare --net sh -c 'ip link set lo up && python -m dlpack_io.tools.bench_convert_ray'
+        [--images 3000] [--cpus 2] [--repeats 5] [--shard-size 256MB] [--out bench-out]
+
+(``unshare --net``, as root, keeps every Ray process on loopback; without it Ray listens on
+and talks to the machine's network address.) Contenders, interleaved round by round from a
+warm page cache (files re-read, untimed, before each run), medians of the repeats:
+
+* ``local``: ``convert(..., workers=CPUS)``, the default engine.
+* ``ray, cluster running``: a one-node cluster of CPUS CPUs was started before the clock
+  (``ray start --head --num-cpus CPUS``); timed: connect, convert, disconnect.
+* ``ray, private cluster``: no address, so ``convert`` starts Ray itself (``ray.init``
+  with CPUS CPUs) and stops it: what ``dlpack convert --engine ray`` costs on one machine.
+
+Besides wall time it records ``pack_s`` (the conversion's own ``seconds``: scan, connect
+and manifest excluded), the driver's CPU seconds (this process) and the fixed costs
+(importing ray, connecting, starting and stopping a cluster), and the driver's CPU cost
+per image from a second, smaller run (the slope between the two sizes).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from dlpack_io.tools.pagecache import warm
+from dlpack_io.tools.synth import folder_bytes, make_image_folder
+
+HOST = "127.0.0.2"  # loopback; Ray rewrites 127.0.0.1 to the machine's network address
+
+
+class HeadNode:
+    """``ray start --head --block`` in its own session, on loopback, private temp dir."""
+
+    def __init__(self, cpus: int):
+        self.tmp = tempfile.mkdtemp(prefix="dlbench")
+        self.env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
+        with socket.socket() as s:
+            s.bind((HOST, 0))
+            port = s.getsockname()[1]
+        self.address = f"{HOST}:{port}"
+        self.log = Path(self.tmp, "head.log")
+        ray = str(Path(sys.executable).with_name("ray"))
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [ray, "start", "--head", "--block", "--node-ip-address", HOST, "--port", str(port),
+                 "--num-cpus", str(cpus), "--include-dashboard=false", "--temp-dir", self.tmp,
+                 "--disable-usage-stats"], stdout=out, stderr=subprocess.STDOUT, env=self.env,
+                start_new_session=True)
+        deadline = time.monotonic() + 120
+        while "Ray runtime started" not in self.log.read_text(errors="replace"):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"ray start failed:\n{self.log.read_text(errors='replace')}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        """SIGTERM (Ray drains and stops its processes), SIGKILL what is left after 60 s."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _convert(src, dst, list_file=None, **options) -> dict:
+    from dlpack_io.packer import convert
+
+    return convert(src, dst, overwrite=True, progress=False, list_file=list_file, **options)
+
+
+def timed(fn) -> dict:
+    """Run ``fn()``; wall and this process's CPU seconds, plus what it returned."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = fn()
+    return {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu,
+            "pack_s": (result or {}).get("seconds")}
+
+
+def fixed_costs(cpus: int) -> dict:
+    """Seconds to import ray, start a head node, connect/disconnect, start a private one."""
+    out = timed(lambda: __import__("ray"))
+    import ray
+
+    start = time.perf_counter()
+    head = HeadNode(cpus)
+    started = time.perf_counter() - start
+    connect = timed(lambda: ray.init(address=head.address, log_to_driver=False,
+                                     logging_level="WARNING"))
+    shutdown = timed(ray.shutdown)
+    head.stop()
+    private = timed(lambda: ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False,
+                                     logging_level="WARNING"))
+    private_down = timed(ray.shutdown)
+    return {"import_ray_s": out["wall_s"], "ray_start_head_s": started,
+            "connect_s": connect["wall_s"], "disconnect_s": shutdown["wall_s"],
+            "private_init_s": private["wall_s"], "private_shutdown_s": private_down["wall_s"]}
+
+
+def measure(src, out, cpus: int, repeats: int, shard_size: str, subset=None,
+            only=None) -> dict:
+    """Every contender (or those in ``only``) ``repeats`` times, interleaved; timings."""
+    head = HeadNode(cpus)
+    opts = dict(shard_size=shard_size, workers=cpus, list_file=subset)
+    runs = {"local": lambda d: _convert(src, d, **opts),
+            "ray, cluster running": lambda d: _convert(src, d, engine="ray",
+                                                       ray_address=head.address, **opts),
+            "ray, private cluster": lambda d: _convert(src, d, engine="ray", **opts)}
+    runs = {k: v for k, v in runs.items() if only is None or k in only}
+    times = {name: [] for name in runs}
+    try:
+        for r in range(repeats):
+            for name, fn in runs.items():
+                dst = os.path.join(out, "dst")
+                shutil.rmtree(dst, ignore_errors=True)
+                warm(src)
+                times[name].append(timed(lambda: fn(dst)))
+                shutil.rmtree(dst, ignore_errors=True)
+            print(f"round {r + 1}/{repeats} done", flush=True)
+    finally:
+        head.stop()
+    return times
+
+
+def summarize(times: dict, images: int) -> dict:
+    """Medians and rates per contender, and each Ray contender's ratio to local."""
+    rows = {}
+    for name, runs in times.items():
+        med = {k: statistics.median(r[k] for r in runs) for k in ("wall_s", "cpu_s", "pack_s")}
+        rows[name] = dict(med, runs=runs, images_per_s=images / med["wall_s"],
+                          pack_images_per_s=images / med["pack_s"])
+    local = rows["local"]
+    for name, row in rows.items():
+        row["vs_local"] = row["images_per_s"] / local["images_per_s"]
+        row["pack_vs_local"] = row["pack_images_per_s"] / local["pack_images_per_s"]
+    return rows
+
+
+def _subset_list(src, count: int, path: Path) -> Path:
+    """A --list file naming the first ``count`` images of ``src`` (same files, no copy)."""
+    from dlpack_io.packer.scan import scan_image_folder
+
+    inputs = scan_image_folder(src)
+    rows = [f"{p},{inputs.classes[label]}" for p, label in
+            list(zip(inputs.paths, inputs.labels))[:count]]
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def markdown(result: dict) -> str:
+    """Tables for docs/benchmarks.md."""
+    lines = ["| contender | images/s (wall) | vs local | pack-only images/s | vs local | "
+             "driver CPU s | median wall s |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, r in result["rows"].items():
+        lines.append(f"| {name} | {r['images_per_s']:,.0f} | {r['vs_local']:.2f}x | "
+                     f"{r['pack_images_per_s']:,.0f} | {r['pack_vs_local']:.2f}x | "
+                     f"{r['cpu_s']:.2f} | {r['wall_s']:.2f} |")
+    lines += ["", "| fixed cost | seconds |", "|---|---:|"]
+    lines += [f"| {k} | {v:.2f} |" for k, v in result["fixed"].items()]
+    d = result["driver"]
+    lines += ["", f"Driver CPU per image (slope {d['small']} -> {d['images']} images, cluster "
+                  f"running): {d['per_image_us']:.0f} us; per shard: {d['per_shard_ms']:.1f} ms."]
+    return "\n".join(lines)
+
+
+def driver_cost(src, out, cpus: int, shard_size: str, images: int, rows: dict) -> dict:
+    """The driver's CPU seconds (this process, Ray's threads in it included) per image and
+    per shard: slopes against a run with a tenth of the images and one with 32x more shards."""
+    from dlpack_io.packer.options import parse_size
+
+    ray_only = ("ray, cluster running",)
+    small = max(images // 10, 100)
+    subset = _subset_list(src, small, Path(out) / "subset.csv")
+    few = measure(src, out, cpus, 3, shard_size, subset=subset, only=ray_only)
+    little_cpu = statistics.median(r["cpu_s"] for r in few[ray_only[0]])
+    big_cpu = rows[ray_only[0]]["cpu_s"]
+    per_image = (big_cpu - little_cpu) / (images - small)
+    nbytes, size = folder_bytes(src), parse_size(shard_size)
+    many = measure(src, out, cpus, 3, str(max(size // 32, 2**20)), only=ray_only)
+    many_cpu = statistics.median(r["cpu_s"] for r in many[ray_only[0]])
+    shards = (nbytes / size, nbytes / max(size // 32, 2**20))
+    return {"small": small, "images": images, "per_image_us": per_image * 1e6,
+            "per_shard_ms": (many_cpu - big_cpu) / (shards[1] - shards[0]) * 1e3,
+            "cpu_s": {"small": little_cpu, "full": big_cpu, "many_shards": many_cpu},
+            "shards": shards}
+
+
+def main(argv=None) -> None:
+    """Command-line entry point."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=3000)
+    parser.add_argument("--cpus", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--shard-size", default="256MB")
+    parser.add_argument("--out", default="bench-out")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    src = Path(args.out) / f"jpegs-{args.images}"
+    if not src.exists():
+        print(f"generating {args.images} ImageNet-like JPEGs in {src} ...", flush=True)
+        make_image_folder(src, args.images, 100, seed=0)
+    fixed = fixed_costs(args.cpus)
+    rows = summarize(measure(src, args.out, args.cpus, args.repeats, args.shard_size), args.images)
+    driver = driver_cost(src, args.out, args.cpus, args.shard_size, args.images, rows)
+    result = {"rows": rows, "fixed": fixed, "driver": driver, "machine": {
+        "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d %H:%M"), "images": args.images, "ray_cpus": args.cpus,
+        "shard_size": args.shard_size, "mean_kb": folder_bytes(src) / args.images / 1e3,
+        "load_avg": os.getloadavg()}}
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    Path(args.out, "bench_convert_ray.json").write_text(json.dumps(result, indent=2))
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
