@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 INSTALL = "pip install 'dlpack-io[ray]'"
 MAX_RETRIES = 3            # attempts after a worker or node dies mid-task (Ray re-runs it)
-SEGMENT_INPUTS = (8, 256)  # bounds on inputs per encode task
+SEGMENT_INPUTS = (8, 64)   # bounds on inputs per encode task
 ASSEMBLY_CPUS = 0.5        # shard writing is mostly I/O: let it overlap encoding
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import shutil
@@ -86,7 +87,7 @@ def timed(fn) -> dict:
     wall, cpu = time.perf_counter(), time.process_time()
     result = fn()
     return {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu,
-            "pack_s": (result or {}).get("seconds")}
+            "pack_s": result.get("seconds") if isinstance(result, dict) else None}
 
 
 def fixed_costs(cpus: int) -> dict:
@@ -170,31 +171,42 @@ def markdown(result: dict) -> str:
     lines += ["", "| fixed cost | seconds |", "|---|---:|"]
     lines += [f"| {k} | {v:.2f} |" for k, v in result["fixed"].items()]
     d = result["driver"]
-    lines += ["", f"Driver CPU per image (slope {d['small']} -> {d['images']} images, cluster "
-                  f"running): {d['per_image_us']:.0f} us; per shard: {d['per_shard_ms']:.1f} ms."]
+    m = d["marginal_images_per_s"]
+    lines += ["", f"Marginal rate, start-up excluded (slope {d['small']} -> {d['images']} images): "
+                  f"local {m['local']:,.0f} images/s, Ray (cluster running) "
+                  f"{m['ray, cluster running']:,.0f} images/s = {d['marginal_ray_vs_local']:.2f}x.",
+              f"Driver CPU: {d['driver_per_image_us']:.0f} us per image, "
+              f"{d['driver_per_shard_ms']:.1f} ms per shard, {d['driver_fixed_cpu_s']:.2f} s per run."]
     return "\n".join(lines)
 
 
-def driver_cost(src, out, cpus: int, shard_size: str, images: int, rows: dict) -> dict:
-    """The driver's CPU seconds (this process, Ray's threads in it included) per image and
-    per shard: slopes against a run with a tenth of the images and one with 32x more shards."""
+def slopes(src, out, cpus: int, shard_size: str, images: int, rows: dict) -> dict:
+    """What start-up costs hide: the marginal rate (images/s between a run of a tenth of the
+    images and the full runs) of local and Ray, and the driver's CPU seconds (this process,
+    Ray's threads in it included) per image and, against a run with 32x more shards, per shard."""
     from dlpack_io.packer.options import parse_size
 
-    ray_only = ("ray, cluster running",)
+    running = "ray, cluster running"
     small = max(images // 10, 100)
     subset = _subset_list(src, small, Path(out) / "subset.csv")
-    few = measure(src, out, cpus, 3, shard_size, subset=subset, only=ray_only)
-    little_cpu = statistics.median(r["cpu_s"] for r in few[ray_only[0]])
-    big_cpu = rows[ray_only[0]]["cpu_s"]
-    per_image = (big_cpu - little_cpu) / (images - small)
-    nbytes, size = folder_bytes(src), parse_size(shard_size)
-    many = measure(src, out, cpus, 3, str(max(size // 32, 2**20)), only=ray_only)
-    many_cpu = statistics.median(r["cpu_s"] for r in many[ray_only[0]])
-    shards = (nbytes / size, nbytes / max(size // 32, 2**20))
-    return {"small": small, "images": images, "per_image_us": per_image * 1e6,
-            "per_shard_ms": (many_cpu - big_cpu) / (shards[1] - shards[0]) * 1e3,
-            "cpu_s": {"small": little_cpu, "full": big_cpu, "many_shards": many_cpu},
-            "shards": shards}
+    few = summarize(measure(src, out, cpus, 3, shard_size, subset=subset,
+                            only=("local", running)), small)
+    marginal = {name: (images - small) / (rows[name]["wall_s"] - few[name]["wall_s"])
+                for name in few}
+    per_image = (rows[running]["cpu_s"] - few[running]["cpu_s"]) / (images - small)
+    size = parse_size(shard_size)
+    many_size = max(size // 32, 2**20)
+    many = measure(src, out, cpus, 3, str(many_size), only=(running,))
+    many_cpu = statistics.median(r["cpu_s"] for r in many[running])
+    nbytes = folder_bytes(src)
+    extra_shards = math.ceil(nbytes / many_size) - math.ceil(nbytes / size)
+    return {"small": small, "images": images,
+            "marginal_images_per_s": marginal,
+            "marginal_ray_vs_local": marginal[running] / marginal["local"],
+            "small_wall_s": {name: few[name]["wall_s"] for name in few},
+            "driver_per_image_us": per_image * 1e6,
+            "driver_per_shard_ms": (many_cpu - rows[running]["cpu_s"]) / extra_shards * 1e3,
+            "driver_fixed_cpu_s": few[running]["cpu_s"] - per_image * small}
 
 
 def main(argv=None) -> None:
@@ -207,13 +219,16 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default="bench-out")
     args = parser.parse_args(argv)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Before ray is imported (it reads this then): the private clusters skip the token file
+    # in ~/.ray that Ray 2.60 writes by default; the head node has no token either.
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     src = Path(args.out) / f"jpegs-{args.images}"
     if not src.exists():
         print(f"generating {args.images} ImageNet-like JPEGs in {src} ...", flush=True)
         make_image_folder(src, args.images, 100, seed=0)
     fixed = fixed_costs(args.cpus)
     rows = summarize(measure(src, args.out, args.cpus, args.repeats, args.shard_size), args.images)
-    driver = driver_cost(src, args.out, args.cpus, args.shard_size, args.images, rows)
+    driver = slopes(src, args.out, args.cpus, args.shard_size, args.images, rows)
     result = {"rows": rows, "fixed": fixed, "driver": driver, "machine": {
         "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
         "date": time.strftime("%Y-%m-%d %H:%M"), "images": args.images, "ray_cpus": args.cpus,
