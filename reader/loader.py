@@ -36,6 +36,17 @@ from dlpack_io.reader.skips import SkipAccount
 log = logging.getLogger(__name__)
 
 
+def _stage(runner, finisher, ticket):
+    """Take a built batch early and start its copy to the device, so that the copy overlaps
+    the training step on the batch before it; a failure is returned, raised when it is due."""
+    try:
+        hb = runner.get(ticket)
+    except Exception as exc:  # noqa: BLE001 - delivered in order, one batch later
+        return exc
+    finisher.stage(hb)
+    return hb
+
+
 class Loader:
     """Batches of ``dataset`` as ``(images, labels)`` (``(images, labels, indices)`` with
     ``return_index=True``). Options: :class:`dlpack_io.reader.options.LoaderOptions`
@@ -225,10 +236,11 @@ class Loader:
                 runner.submit(ticket0 + submitted, batches[submitted], epoch)
                 submitted += 1
             hb = staged if staged is not None else runner.get(ticket0 + k)
+            if isinstance(hb, BaseException):  # batch k failed while it was being staged
+                raise hb
             staged = None
             if k + 1 < submitted and runner.ready(ticket0 + k + 1):
-                staged = runner.get(ticket0 + k + 1)
-                finisher.stage(staged)  # its copy overlaps the training step on batch k
+                staged = _stage(runner, finisher, ticket0 + k + 1)
             images, labels = finisher.finish(hb)
             if prefetch is not None:
                 prefetch.release(k - start)
