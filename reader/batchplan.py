@@ -21,6 +21,7 @@ from dlpack_io.reader.skips import skipped_from
 from dlpack_io.reader.transforms import (
     CROPS, PUBLIC, CenterCrop, ColorJitter, Normalize, RandomCrop, RandomHorizontalFlip,
     RandomResizedCrop, RandomVerticalFlip, Resize, ResizeThenCrop, TransformError)
+from dlpack_io.reader.transforms import decode_windows
 
 ORDER_HELP = ("transforms must come in this order: [Resize] [RandomResizedCrop | RandomCrop | "
               "CenterCrop], then RandomHorizontalFlip / RandomVerticalFlip / ColorJitter in any "
@@ -51,16 +52,22 @@ class TransformSpec:
     def draw(self, seed: int, epoch: int, indices, heights, widths) -> "SampleParams":
         """Boxes, flips and jitter of the samples ``indices`` (a pure function)."""
         indices = np.asarray(indices, dtype=np.int64)
+        exact = windows = None
         if self.geometry is None:
             boxes, size = full_image_boxes(heights, widths, indices)
             resize = False
         else:
             boxes = self.geometry.boxes(heights, widths, seed, epoch, indices)
             size, resize = tuple(self.geometry.size), self.geometry.resizes
+        if isinstance(self.geometry, ResizeThenCrop):
+            exact = self.geometry.exact_boxes(heights, widths, seed, epoch, indices)
+            windows = decode_windows(exact, size, np.asarray(heights, np.int64),
+                                     np.asarray(widths, np.int64))
         fh = rng.uniforms(seed, epoch, rng.STREAM_FLIP_H, indices)[:, 0] < self.flip_h
         fv = rng.uniforms(seed, epoch, rng.STREAM_FLIP_V, indices)[:, 0] < self.flip_v
         factors, order = draw_jitter(self.jitter, seed, epoch, indices)
-        return SampleParams(boxes, fh, fv, factors, order, tuple(size), bool(resize))
+        return SampleParams(boxes, fh, fv, factors, order, tuple(size), bool(resize),
+                            exact, windows)
 
 
 @dataclass(frozen=True)
@@ -74,12 +81,15 @@ class SampleParams:
     order: np.ndarray | None   # (N, 4) int8: the jitter ops in application order (0..3)
     out_size: tuple            # (height, width) of every output image
     resize: bool               # True: resample box -> out_size; False: box size == out_size
+    exact: np.ndarray | None = None    # (N, 4) float64 fractional boxes (Resize + crop)
+    windows: np.ndarray | None = None  # (N, 4) int64 decode windows around ``exact``
 
     def take(self, rows) -> "SampleParams":
         """The parameters of the given rows (an index array or boolean mask)."""
         pick = (lambda a: None if a is None else a[rows])
         return replace(self, boxes=self.boxes[rows], flip_h=self.flip_h[rows],
-                       flip_v=self.flip_v[rows], jitter=pick(self.jitter), order=pick(self.order))
+                       flip_v=self.flip_v[rows], jitter=pick(self.jitter), order=pick(self.order),
+                       exact=pick(self.exact), windows=pick(self.windows))
 
 
 def draw_jitter(jitter: ColorJitter | None, seed: int, epoch: int, indices):

@@ -70,17 +70,24 @@ def user_pixels(ctx: BuildContext, plan: BatchPlan, pos: int, epoch: int, payloa
         got = (f"{type(pixels).__name__} {getattr(pixels, 'dtype', '')} "
                f"{getattr(pixels, 'shape', '')}")
         raise TypeError(f"sample_transform must return an (H, W, 3) uint8 ndarray, got {got}")
-    idx = plan.indices[pos:pos + 1]
-    box = ctx.spec.draw(ctx.seed, epoch, idx, [pixels.shape[0]], [pixels.shape[1]]).boxes[0]
-    plan.params.boxes[pos] = box
+    idx, p = plan.indices[pos:pos + 1], plan.params
+    new = ctx.spec.draw(ctx.seed, epoch, idx, [pixels.shape[0]], [pixels.shape[1]])
+    p.boxes[pos] = new.boxes[0]
+    if p.exact is not None:
+        p.exact[pos], p.windows[pos] = new.exact[0], new.windows[0]
     return np.ascontiguousarray(pixels)
 
 
 # ---- finished layout: CHW uint8 -------------------------------------------------------
-def _fill_pixels(pixels: np.ndarray, box, fh, fv, params, out, offset) -> None:
+def _fill_pixels(pixels: np.ndarray, pos: int, fh, fv, params, out, offset) -> None:
     """Crop / resize + flip an (h, w, 3) C-contiguous array into CHW planes at ``offset``."""
-    top, left, h, w = (int(v) for v in box)
-    if params.resize:
+    top, left, h, w = (int(v) for v in params.boxes[pos])
+    if params.exact is not None:  # Resize + crop: the fractional box, filter reads around it
+        t, lf, bh, bw = (float(v) for v in params.exact[pos])
+        resized = jpegdecode.resize_box(pixels, (lf, t, lf + bw, t + bh), params.out_size,
+                                        within_box=False)
+        jpegdecode.to_chw_array(resized, out, offset, fh, fv)
+    elif params.resize:
         resized = jpegdecode.resize_box(pixels, (left, top, left + w, top + h), params.out_size)
         jpegdecode.to_chw_array(resized, out, offset, fh, fv)
     else:
@@ -88,11 +95,15 @@ def _fill_pixels(pixels: np.ndarray, box, fh, fv, params, out, offset) -> None:
         jpegdecode.to_chw(pixels, (top * cols + left) * 3, cols * 3, h, w, out, offset, fh, fv)
 
 
-def _fill_jpeg(ctx, payload, entry, box, fh, fv, params, out, offset, scratch) -> None:
+def _fill_jpeg(ctx, payload, entry, pos, fh, fv, params, out, offset, scratch) -> None:
     oh, ow = params.out_size
+    box = params.boxes[pos]
     buf = scratch.get(jpegdecode.scratch_bytes(int(entry["height"]), int(entry["width"])))
     if params.resize:
-        resized = jpegdecode.decode_resized(payload, box, (oh, ow), buf, ctx.spec.reduced_decode)
+        exact = None if params.exact is None else params.exact[pos]
+        window = box if exact is None else params.windows[pos]
+        resized = jpegdecode.decode_resized(payload, window, (oh, ow), buf,
+                                            ctx.spec.reduced_decode, exact_box=exact)
         jpegdecode.to_chw_array(resized, out, offset, fh, fv)
         return
     region = jpegdecode.decode_region(payload, box, 8, buf)
@@ -112,13 +123,13 @@ def fill_sample(ctx, plan: BatchPlan, pos: int, epoch: int, flat, offset, scratc
     kind = int(entry["kind"])
     if ctx.sample_transform is not None:
         pixels = user_pixels(ctx, plan, pos, epoch, payload)
-        _fill_pixels(pixels, params.boxes[pos], fh, fv, params, flat, offset)
+        _fill_pixels(pixels, pos, fh, fv, params, flat, offset)
     elif kind == fmt.KIND_RAW:
         pixels = np.frombuffer(payload, dtype=np.uint8).reshape(int(entry["height"]),
                                                                 int(entry["width"]), 3)
-        _fill_pixels(pixels, params.boxes[pos], fh, fv, params, flat, offset)
+        _fill_pixels(pixels, pos, fh, fv, params, flat, offset)
     elif kind == fmt.KIND_JPEG:
-        _fill_jpeg(ctx, payload, entry, params.boxes[pos], fh, fv, params, flat, offset, scratch)
+        _fill_jpeg(ctx, payload, entry, pos, fh, fv, params, flat, offset, scratch)
     else:
         raise fmt.FormatError(f"unknown record kind {kind}")
 

@@ -203,9 +203,10 @@ class Resize:
 @dataclass(frozen=True)
 class ResizeThenCrop:
     """``Resize`` followed by ``CenterCrop``/``RandomCrop`` (or alone with a fixed size),
-    fused: the crop's box in the resized image is mapped back to the stored image and
-    resized once. The box is rounded to whole stored pixels (a shift of < 0.5 stored pixel
-    against resizing the whole image first)."""
+    fused: the crop's box in the resized image is mapped back to the stored image (an exact,
+    fractional box) and resampled once. On the host the filter reads around the box as
+    resizing the whole image and cropping does (same pixels up to rounding); the GPU
+    kernel resamples the box rounded to whole stored pixels (a shift of < 0.5 pixel)."""
 
     resize: Resize
     crop: object = None   # CenterCrop, RandomCrop or None (Resize((h, w)) alone)
@@ -216,19 +217,44 @@ class ResizeThenCrop:
         """Output (height, width)."""
         return self.crop.size if self.crop is not None else self.resize.size
 
-    def boxes(self, heights, widths, seed: int, epoch: int, indices) -> np.ndarray:
-        """(N, 4) int64 boxes (top, left, height, width) in the stored images."""
+    def exact_boxes(self, heights, widths, seed: int, epoch: int, indices) -> np.ndarray:
+        """(N, 4) float64 boxes (top, left, height, width): the crop of the resized image
+        mapped back to the stored image, exactly."""
         hs, ws = _as_int64(heights, widths)
-        nh, nw = self.resize.resized_shape(hs, ws)
         if self.crop is None:
-            return np.stack([np.zeros_like(hs), np.zeros_like(ws), hs, ws], axis=1)
+            return np.stack([np.zeros_like(hs), np.zeros_like(ws), hs, ws], axis=1).astype(float)
+        nh, nw = self.resize.resized_shape(hs, ws)
         top, left = self.crop.corners(nh, nw, seed, epoch, indices)
         sy, sx = hs / nh, ws / nw
-        t = np.minimum(np.rint(top * sy).astype(np.int64), hs - 1)
-        lf = np.minimum(np.rint(left * sx).astype(np.int64), ws - 1)
-        bh = np.clip(np.rint(self.size[0] * sy).astype(np.int64), 1, hs - t)
-        bw = np.clip(np.rint(self.size[1] * sx).astype(np.int64), 1, ws - lf)
-        return np.stack([t, lf, bh, bw], axis=1)
+        return np.stack([top * sy, left * sx, self.size[0] * sy, self.size[1] * sx], axis=1)
+
+    def boxes(self, heights, widths, seed: int, epoch: int, indices) -> np.ndarray:
+        """(N, 4) int64 boxes (top, left, height, width): the exact boxes rounded to whole
+        stored pixels (what the GPU kernel resamples: a shift of < 0.5 stored pixel)."""
+        hs, ws = _as_int64(heights, widths)
+        exact = self.exact_boxes(hs, ws, seed, epoch, indices)
+        return round_boxes(exact, hs, ws)
+
+
+def round_boxes(exact: np.ndarray, hs: np.ndarray, ws: np.ndarray) -> np.ndarray:
+    """Float (top, left, h, w) boxes rounded to whole pixels inside (hs, ws) images."""
+    t = np.clip(np.rint(exact[:, 0]).astype(np.int64), 0, hs - 1)
+    lf = np.clip(np.rint(exact[:, 1]).astype(np.int64), 0, ws - 1)
+    bh = np.clip(np.rint(exact[:, 2]).astype(np.int64), 1, hs - t)
+    bw = np.clip(np.rint(exact[:, 3]).astype(np.int64), 1, ws - lf)
+    return np.stack([t, lf, bh, bw], axis=1)
+
+
+def decode_windows(exact: np.ndarray, out_size, hs: np.ndarray, ws: np.ndarray) -> np.ndarray:
+    """Whole-pixel (top, left, h, w) windows around exact boxes, wide enough for the
+    resampling filter's support (1 output pixel's footprint, at least 1 pixel, plus 1)."""
+    my = np.ceil(np.maximum(exact[:, 2] / out_size[0], 1.0)) + 1
+    mx = np.ceil(np.maximum(exact[:, 3] / out_size[1], 1.0)) + 1
+    t = np.maximum(np.floor(exact[:, 0] - my), 0).astype(np.int64)
+    lf = np.maximum(np.floor(exact[:, 1] - mx), 0).astype(np.int64)
+    b = np.minimum(np.ceil(exact[:, 0] + exact[:, 2] + my), hs).astype(np.int64)
+    r = np.minimum(np.ceil(exact[:, 1] + exact[:, 3] + mx), ws).astype(np.int64)
+    return np.stack([t, lf, b - t, r - lf], axis=1)
 
 
 @dataclass(frozen=True)
