@@ -122,12 +122,47 @@ class _Copies:
         self._staged.clear()
 
 
+def pin_host_memory(buffers) -> list:
+    """Register writable host buffers (the process workers' shared slots) as pinned CUDA
+    memory, so their copies are true asynchronous DMA; returns what ``unpin`` needs."""
+    import ctypes
+
+    import torch
+
+    cudart, pinned = torch.cuda.cudart(), []
+    for buf in buffers:
+        holder = ctypes.c_char.from_buffer(buf)  # keeps the buffer exported while pinned
+        ptr = ctypes.addressof(holder)
+        err = cudart.cudaHostRegister(ptr, len(buf), 0)
+        if int(err) != 0:
+            raise RuntimeError(f"cudaHostRegister of a {len(buf)}-byte loader slot failed "
+                               f"(error {int(err)}): lower prefetch or batch_size")
+        pinned.append((ptr, holder))
+    return pinned
+
+
+def unpin_host_memory(pinned: list) -> None:
+    """Undo :func:`pin_host_memory`."""
+    import torch
+
+    cudart = torch.cuda.cudart()
+    for ptr, _ in pinned:
+        cudart.cudaHostUnregister(ptr)
+    pinned.clear()
+
+
 class DeviceFinisher:
     """Gathered batch -> one copy -> one kernel (see the module doc)."""
 
     def __init__(self, spec, device):
         self.spec, self.device = spec, device
         self._copies = _Copies(device)
+        self._pinned = []
+
+    def pin(self, buffers) -> None:
+        """Pin the process workers' shared slots (CUDA only; once)."""
+        if self._copies.cuda and not self._pinned:
+            self._pinned = pin_host_memory(buffers)
 
     def stage(self, hb) -> None:
         """Start the host->device copy of ``hb`` (no-op when it has started)."""
@@ -147,8 +182,10 @@ class DeviceFinisher:
         self._copies.reclaim(block)
 
     def close(self) -> None:
-        """Finish outstanding copies and release their buffers."""
+        """Finish outstanding copies, release their buffers, unpin the slots."""
         self._copies.close()
+        if self._pinned:
+            unpin_host_memory(self._pinned)
 
 
 class HostFinisher:

@@ -195,6 +195,8 @@ class Loader:
         elif o.worker_kind == "process":
             runner = ProcessRunner(job, o.num_workers, job.slot_bytes(o.batch_size),
                                    o.in_flight + 1, timeout=o.timeout, describe=self.dataset.where)
+            if self.device_transforms:
+                finisher.pin(runner.slot_buffers())  # slots are read by the device copy
         else:
             runner = ThreadRunner(job, o.num_workers, timeout=o.timeout,
                                   describe=self.dataset.where)
@@ -235,6 +237,8 @@ class Loader:
                     prefetch.wait(submitted - start)
                 runner.submit(ticket0 + submitted, batches[submitted], epoch)
                 submitted += 1
+            if staged is None and not runner.ready(ticket0 + k):
+                finisher.reclaim(block=True)  # a worker may be waiting for a held buffer
             hb = staged if staged is not None else runner.get(ticket0 + k)
             if isinstance(hb, BaseException):  # batch k failed while it was being staged
                 raise hb
@@ -255,8 +259,8 @@ class Loader:
         engine, self._engine = self._engine, None
         if engine is not None:
             job, runner, finisher = engine
+            finisher.close()  # copies in flight finish before their slots go away
             runner.close()
-            finisher.close()
 
     def close(self) -> None:
         """Stop the workers and free the buffers (the Loader can still iterate again)."""

@@ -329,3 +329,18 @@ def test_a_share_smaller_than_one_batch_warns(packed, caplog):
     with caplog.at_level(logging.WARNING, logger="dlpack_io.reader.loader"):
         assert list(loader) == [] and len(loader) == 0
     assert "fewer than one batch of 32 with drop_last=True" in caplog.text
+
+
+def test_cuda_without_triton_asks_for_it_or_an_explicit_fallback(monkeypatch):
+    import importlib.util
+
+    from dlpack_io.reader.options import use_device_transforms
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "triton" else real(name, *a))
+    cuda = torch.device("cuda", 0)
+    with pytest.raises(RuntimeError, match=r"pip install 'dlpack-io\[gpu\]'.*device_transforms=False"):
+        use_device_transforms(None, cuda)
+    assert use_device_transforms(False, cuda) is False  # the explicit host fallback
+    assert use_device_transforms(None, torch.device("cpu")) is False
