@@ -306,9 +306,13 @@ def test_context_manager_stops_the_workers(packed):
 
 
 # ---- a worker that never returns -----------------------------------------------------------
+RELEASE = threading.Event()
+
+
 def never_returns(pixels):
-    """A sample_transform that hangs (a deadlock in user code, a stuck network read)."""
-    time.sleep(120)
+    """A sample_transform that hangs (a deadlock in user code, a stuck network read) until
+    the test releases it (so abandoned threads end with the test)."""
+    RELEASE.wait(120)
     return pixels
 
 
@@ -316,11 +320,19 @@ def never_returns(pixels):
 def test_timeout_names_the_batch_and_the_sample(packed, kind, hang_deadline):
     loader = Loader(Dataset(packed["raw"]), batch_size=8, num_workers=2, worker_kind=kind,
                     sample_transform=never_returns, timeout=1.0, transforms=[RandomCrop(20)])
-    with pytest.raises(LoaderTimeout, match=r"batch \d+ .*not built after timeout=1 s: "
-                                            r".*shard-\d+\.rec record \d+ \(sample \d+\)"):
-        next(iter(loader))
-    assert loader.worker_pids() == []  # processes killed and reaped; threads abandoned
-    loader.close()  # returns at once: abandoned threads are not waited for
+    RELEASE.clear()
+    try:
+        with pytest.raises(LoaderTimeout, match=r"batch \d+ .*not built after timeout=1 s: "
+                                                r".*shard-\d+\.rec record \d+ \(sample \d+\)"):
+            next(iter(loader))
+        assert loader.worker_pids() == []  # processes killed and reaped; threads abandoned
+        loader.close()  # returns at once: abandoned threads are not waited for
+    finally:
+        RELEASE.set()
+    deadline = time.monotonic() + 30  # hang guard only: released threads exit promptly
+    while _loader_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _loader_threads()
 
 
 def test_a_share_smaller_than_one_batch_warns(packed, caplog):

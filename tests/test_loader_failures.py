@@ -84,11 +84,11 @@ def test_exception_inside_a_transform_reaches_the_loop(packed, monkeypatch):
     real = jpegdecode.resize_region
     calls = []
 
-    def flaky(region, box, out_size):
+    def flaky(region, box, out_size, **kw):
         calls.append(1)
         if len(calls) == 20:
             raise RuntimeError("boom in resize")
-        return real(region, box, out_size)
+        return real(region, box, out_size, **kw)
 
     monkeypatch.setattr(jpegdecode, "resize_region", flaky)
     loader = Loader(Dataset(packed / "jpeg"), batch_size=8, transforms=[RandomResizedCrop(24)],
