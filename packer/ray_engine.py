@@ -31,9 +31,8 @@ from dlpack_io.packer.progress import Progress
 log = logging.getLogger(__name__)
 
 INSTALL = "pip install 'dlpack-io[ray]'"
-MAX_RETRIES = 3            # attempts after a worker or node dies mid-task (Ray re-runs it)
-SEGMENT_INPUTS = (8, 64)   # bounds on inputs per encode task
-ASSEMBLY_CPUS = 0.5        # shard writing is mostly I/O: let it overlap encoding
+MAX_RETRIES = 3       # attempts after a worker or node dies mid-task (Ray re-runs it)
+ASSEMBLY_CPUS = 0.5   # shard writing is mostly I/O: let it overlap encoding
 
 
 def import_ray():
@@ -140,10 +139,22 @@ def _result(ray, ref, doing: str):
                               f"--resume") from None
 
 
-def _segments(ray, files: list, options, cpus: int):
+def segment_size(inputs: int, cpus: int, shard_size: int, mean_bytes: float) -> int:
+    """Inputs per encode task; the output never depends on it.
+
+    Small enough that every CPU gets at least 4 tasks (balance) and that a segment, whose
+    payloads move as one object, spans few shards (each shard's task fetches whole
+    segments); large enough that the driver, which spends ~0.6 ms on each task, keeps up
+    with the cluster: 2 inputs per CPU, at least 64.
+    """
+    cap = min(max(64, 2 * cpus), int(shard_size // (4 * max(mean_bytes, 1.0))))
+    return max(8, min(math.ceil(inputs / (4 * cpus)), cap))
+
+
+def _segments(ray, files, options, cpus: int, size: int):
     """Yield (start, outcomes, payload ref) per segment in order, keeping 2 x ``cpus``
-    encode tasks queued so no worker waits for the driver."""
-    size = min(max(math.ceil(len(files) / (4 * cpus)), SEGMENT_INPUTS[0]), SEGMENT_INPUTS[1])
+    encode tasks queued so no worker waits for the driver. ``files`` is a sequence of
+    (path, size, mtime_ns) items, sliced lazily."""
     encode = ray.remote(ray_tasks.encode_segment).options(
         num_returns=2, num_cpus=1, max_retries=MAX_RETRIES)
     enc_options = _encode_options(options)
@@ -156,8 +167,27 @@ def _segments(ray, files: list, options, cpus: int):
         if not queued:
             return
         start, meta, blob = queued.popleft()
-        last = files[min(start + size, len(files)) - 1][0]
-        yield start, _result(ray, meta, f"encoding {files[start][0]} .. {last}"), blob
+        span = f"{files[start][0]} .. {files[min(start + size, len(files)) - 1][0]}"
+        yield start, _result(ray, meta, f"encoding {span}"), blob
+
+
+class _Items:
+    """The encode items (path, size, mtime_ns) of inputs ``todo``, made per slice: a list
+    of them all would hold ~250 bytes per input in the driver for the whole run."""
+
+    def __init__(self, inputs, stats, todo):
+        self.inputs, self.stats, self.todo = inputs, stats, todo
+
+    def __len__(self) -> int:
+        return len(self.todo)
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            return [self._item(i) for i in self.todo[key]]
+        return self._item(self.todo[key])
+
+    def _item(self, i) -> tuple:
+        return (os.path.join(self.inputs.root, self.inputs.paths[i]), *self.stats[i])
 
 
 def pack(dst, inputs, stats, options, state, journal_, *, ray, cpus: int) -> Progress:
@@ -165,13 +195,15 @@ def pack(dst, inputs, stats, options, state, journal_, *, ray, cpus: int) -> Pro
     ``state`` and the journal, same Progress."""
     order = packing_order(len(inputs.paths), options)
     todo = order[state.position:]
-    files = [(os.path.join(inputs.root, inputs.paths[i]), *stats[i]) for i in todo]
+    files = _Items(inputs, stats, todo)
+    mean_bytes = sum(stats[i][0] for i in todo) / max(len(todo), 1)
+    size = segment_size(len(todo), cpus, options.shard_size, mean_bytes)
     base = state.position
     progress = Progress(len(order), f"convert {os.path.basename(dst)}",
                         enabled=options.progress, initial=base)
     planner = _RayPlanner(dst, inputs, options, state, journal_, ray=ray, max_pending=max(2, cpus))
     try:
-        for start, outcomes, blob in _segments(ray, files, options, cpus):
+        for start, outcomes, blob in _segments(ray, files, options, cpus, size):
             for k, outcome in enumerate(outcomes):
                 i = todo[start + k]
                 if outcome[0] != "ok":

@@ -46,6 +46,18 @@ def test_cutter_accounts_exactly_like_the_writer(tmp_path, data_format):
     writer.abort()
 
 
+def test_segment_size_balances_bounds_the_driver_and_spans_few_shards():
+    from dlpack_io.packer.ray_engine import segment_size
+
+    mb = 10**6
+    assert segment_size(3000, 2, 256 * mb, 110e3) == 64         # at most 64 on a small cluster
+    assert segment_size(1000, 2, 256 * mb, 110e3) == 64
+    assert segment_size(200, 2, 256 * mb, 110e3) == 25          # 4 tasks per CPU
+    assert segment_size(10**8, 1024, 256 * mb, 110e3) == 581    # 1/4 of a shard
+    assert segment_size(10**8, 200, 256 * mb, 110e3) == 400     # 2 per CPU
+    assert segment_size(360, 2, 60e3, 10e3) == 8                # tiny shards: the floor
+
+
 def _items(image_folder):
     paths = sorted(image_folder.rglob("*.jpg"))[:5]
     return [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths]
