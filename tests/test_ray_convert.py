@@ -266,3 +266,30 @@ def test_private_cluster_when_no_address_is_given(source, reference, tmp_path):
     assert _manifest(dst)["created"]["engine"] == "ray"
     survivors = subprocess.run(["pgrep", "-f", ray_tmp], capture_output=True, text=True).stdout
     assert survivors == "", "the private cluster outlived its driver"
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(mnt)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root (CAP_SYS_ADMIN)")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_disk_full_in_a_shard_task_then_resume_is_identical(cluster, source, reference,
+                                                            small_tmpfs):
+    """A shard task meets a full disk: the local engine's message, no temp file left,
+    the shards written before it kept; --resume with room finishes byte-identical."""
+    dst = small_tmpfs / "ds"
+    kwargs = dict(shard_size=SHARD, progress=False, engine="ray", ray_address=cluster.address)
+    with pytest.raises(ConversionError, match=r"cannot write shard \(.*No space left.*--resume"):
+        convert(source, dst, **kwargs)
+    assert not [n for n in os.listdir(dst) if n.endswith(".partial")]
+    assert not (dst / "manifest.json").exists() and len(_journaled(dst)) > 0
+    subprocess.run(["mount", "-o", "remount,size=8m", str(small_tmpfs)], check=True)
+    result = convert(source, dst, resume=True, **kwargs)
+    assert result["resumed_from"] > 0
+    assert dataset_fingerprint(dst) == dataset_fingerprint(reference["record"])
