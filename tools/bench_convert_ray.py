@@ -14,9 +14,14 @@ warm page cache (files re-read, untimed, before each run), medians of the repeat
   with CPUS CPUs) and stops it: what ``dlpack convert --engine ray`` costs on one machine.
 
 Besides wall time it records ``pack_s`` (the conversion's own ``seconds``: scan, connect
-and manifest excluded), the driver's CPU seconds (this process) and the fixed costs
-(importing ray, connecting, starting and stopping a cluster), and the driver's CPU cost
-per image from a second, smaller run (the slope between the two sizes).
+and manifest excluded), the CPU seconds of every process doing the work (driver, the local
+engine's workers, the Ray node's raylet, GCS and workers; the private cluster is not
+sampled), the fixed costs (importing ray, connecting, starting and stopping a cluster),
+the marginal rates and the driver's costs per image and per shard (slopes against smaller
+runs), and a larger job (``--larger K``: every image listed K times) where the start-up
+weighs less. On a machine shared with other jobs the engine with more processes gets more
+of the CPU, so compare the CPU columns too: with nothing else running, both engines keep
+every core busy and images/s goes as 1 / CPU seconds.
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ import json
 import math
 import os
 import platform
+import resource
 import shutil
 import signal
 import socket
@@ -32,12 +38,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 from dlpack_io.tools.pagecache import warm
 from dlpack_io.tools.synth import folder_bytes, make_image_folder
 
+TICKS = os.sysconf("SC_CLK_TCK")
 HOST = "127.0.0.2"  # loopback; Ray rewrites 127.0.0.1 to the machine's network address
 
 
@@ -76,18 +84,64 @@ class HeadNode:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
+class SessionCPU:
+    """CPU seconds used by every process of a session (a Ray node: raylet, GCS, workers),
+    sampled from /proc every 20 ms while running; a worker that exits between samples
+    loses at most its last 20 ms."""
+
+    def __init__(self, sid: int):
+        self.sid, self.seen, self._stop = sid, {}, threading.Event()
+        self._sample()
+        self.before = dict(self.seen)
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _sample(self) -> None:
+        pids = subprocess.run(["pgrep", "-s", str(self.sid)], capture_output=True,
+                              text=True).stdout.split()
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                self.seen[pid] = (int(fields[11]) + int(fields[12])) / TICKS
+            except (OSError, IndexError, ValueError):
+                pass
+
+    def _loop(self) -> None:
+        while not self._stop.wait(0.02):
+            self._sample()
+
+    def stop(self) -> float:
+        """CPU seconds used since the start."""
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        return sum(cpu - self.before.get(pid, 0.0) for pid, cpu in self.seen.items())
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _convert(src, dst, list_file=None, **options) -> dict:
     from dlpack_io.packer import convert
 
     return convert(src, dst, overwrite=True, progress=False, list_file=list_file, **options)
 
 
-def timed(fn) -> dict:
-    """Run ``fn()``; wall and this process's CPU seconds, plus what it returned."""
-    wall, cpu = time.perf_counter(), time.process_time()
+def timed(fn, cluster_sid=None) -> dict:
+    """Run ``fn()``; wall and this process's CPU seconds, plus what it returned, and
+    ``total_cpu_s``: the CPU of every process doing the work (this one, its children such
+    as the local engine's workers, and the processes of the Ray node ``cluster_sid``)."""
+    sampler = SessionCPU(cluster_sid) if cluster_sid else None
+    wall, cpu, children = time.perf_counter(), time.process_time(), _children_cpu()
     result = fn()
-    return {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu,
-            "pack_s": result.get("seconds") if isinstance(result, dict) else None}
+    out = {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu,
+           "pack_s": result.get("seconds") if isinstance(result, dict) else None}
+    out["total_cpu_s"] = out["cpu_s"] + _children_cpu() - children + (
+        sampler.stop() if sampler else 0.0)
+    return out
 
 
 def fixed_costs(cpus: int) -> dict:
@@ -127,7 +181,8 @@ def measure(src, out, cpus: int, repeats: int, shard_size: str, subset=None,
                 dst = os.path.join(out, "dst")
                 shutil.rmtree(dst, ignore_errors=True)
                 warm(src)
-                times[name].append(timed(lambda: fn(dst)))
+                sid = head.proc.pid if name == "ray, cluster running" else None
+                times[name].append(timed(lambda: fn(dst), sid))
                 shutil.rmtree(dst, ignore_errors=True)
             print(f"round {r + 1}/{repeats} done", flush=True)
     finally:
@@ -139,13 +194,17 @@ def summarize(times: dict, images: int) -> dict:
     """Medians and rates per contender, and each Ray contender's ratio to local."""
     rows = {}
     for name, runs in times.items():
-        med = {k: statistics.median(r[k] for r in runs) for k in ("wall_s", "cpu_s", "pack_s")}
+        med = {k: statistics.median(r[k] for r in runs)
+               for k in ("wall_s", "cpu_s", "pack_s", "total_cpu_s")}
         rows[name] = dict(med, runs=runs, images_per_s=images / med["wall_s"],
                           pack_images_per_s=images / med["pack_s"])
     local = rows["local"]
     for name, row in rows.items():
         row["vs_local"] = row["images_per_s"] / local["images_per_s"]
         row["pack_vs_local"] = row["pack_images_per_s"] / local["pack_images_per_s"]
+        # On a machine with nothing else running both engines keep every core busy, so
+        # images/s there goes as 1 / CPU seconds per image (private cluster: not sampled).
+        row["cpu_vs_local"] = local["total_cpu_s"] / row["total_cpu_s"]
     return rows
 
 
@@ -163,11 +222,18 @@ def _subset_list(src, count: int, path: Path) -> Path:
 def markdown(result: dict) -> str:
     """Tables for docs/benchmarks.md."""
     lines = ["| contender | images/s (wall) | vs local | pack-only images/s | vs local | "
-             "driver CPU s | median wall s |", "|---|---:|---:|---:|---:|---:|---:|"]
+             "CPU s, all processes | vs local (CPU) | median wall s |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in result["rows"].items():
+        cpu = (f"{r['total_cpu_s']:.2f} | {r['cpu_vs_local']:.2f}x" if name != "ray, private cluster"
+               else "n/a | n/a")
         lines.append(f"| {name} | {r['images_per_s']:,.0f} | {r['vs_local']:.2f}x | "
-                     f"{r['pack_images_per_s']:,.0f} | {r['pack_vs_local']:.2f}x | "
-                     f"{r['cpu_s']:.2f} | {r['wall_s']:.2f} |")
+                     f"{r['pack_images_per_s']:,.0f} | {r['pack_vs_local']:.2f}x | {cpu} | "
+                     f"{r['wall_s']:.2f} |")
+    for k, big in result.get("larger", {}).items():
+        lines += ["", f"{k}: local {big['local']['images_per_s']:,.0f} images/s, Ray (cluster "
+                      f"running) {big['ray']['images_per_s']:,.0f} images/s = "
+                      f"{big['ray_vs_local']:.2f}x wall, {big['cpu_vs_local']:.2f}x by CPU."]
     lines += ["", "| fixed cost | seconds |", "|---|---:|"]
     lines += [f"| {k} | {v:.2f} |" for k, v in result["fixed"].items()]
     d = result["driver"]
@@ -236,6 +302,22 @@ def driver_footprint(src) -> dict:
             "stat_us": (done - scanned) / n * 1e6, "bytes_per_input": held / n}
 
 
+def larger_run(src, out, cpus: int, shard_size: str, times: int, images: int) -> dict:
+    """Local and Ray on a list naming every image ``times`` times (a larger job without
+    more files: each entry is read and validated again), 2 rounds interleaved."""
+    from dlpack_io.packer.scan import scan_image_folder
+
+    inputs = scan_image_folder(src)
+    rows = [f"{p},{inputs.classes[label]}" for p, label in zip(inputs.paths, inputs.labels)]
+    listed = Path(out) / f"repeat{times}.csv"
+    listed.write_text("\n".join(rows * times) + "\n")
+    got = summarize(measure(src, out, cpus, 2, shard_size, subset=listed,
+                            only=("local", "ray, cluster running")), images * times)
+    ray = got["ray, cluster running"]
+    return {"images": images * times, "local": got["local"], "ray": ray,
+            "ray_vs_local": ray["vs_local"], "cpu_vs_local": ray["cpu_vs_local"]}
+
+
 def main(argv=None) -> None:
     """Command-line entry point."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -244,6 +326,8 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--shard-size", default="256MB")
     parser.add_argument("--out", default="bench-out")
+    parser.add_argument("--larger", type=int, default=10, metavar="K",
+                        help="also time a job listing every image K times (0: skip)")
     args = parser.parse_args(argv)
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # Before ray is imported (it reads this then): the private clusters skip the token file
@@ -257,7 +341,11 @@ def main(argv=None) -> None:
     rows = summarize(measure(src, args.out, args.cpus, args.repeats, args.shard_size), args.images)
     driver = slopes(src, args.out, args.cpus, args.shard_size, args.images, rows)
     driver.update(driver_footprint(src))
-    result = {"rows": rows, "fixed": fixed, "driver": driver, "machine": {
+    larger = {}
+    if args.larger:
+        larger[f"{args.images * args.larger:,} entries ({args.larger}x each image)"] = larger_run(
+            src, args.out, args.cpus, args.shard_size, args.larger, args.images)
+    result = {"rows": rows, "fixed": fixed, "driver": driver, "larger": larger, "machine": {
         "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
         "date": time.strftime("%Y-%m-%d %H:%M"), "images": args.images, "ray_cpus": args.cpus,
         "shard_size": args.shard_size, "mean_kb": folder_bytes(src) / args.images / 1e3,
