@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import socket
 from collections import deque
 from typing import NamedTuple
 
@@ -97,7 +98,7 @@ class _RayPlanner(_Packer):
     def commit_next(self) -> None:
         """Wait for the oldest assembly, then journal its shard."""
         ref, number, end_input, since = self.pending[0]
-        entry = _result(self.ray, ref, f"writing shard {number} into {self.dst}")
+        entry = _result(self.ray, ref, f"{self.dst}: cannot write shard {number}")
         self.pending.popleft()
         self.commit(entry, end_input, since)
 
@@ -113,11 +114,16 @@ class _RayPlanner(_Packer):
 
     def abort(self) -> None:
         """Cancel the shards still being written; their tasks delete their temp files."""
-        refs = [p[0] for p in self.pending]
-        for ref in refs:
-            self.ray.cancel(ref)
-        self.ray.wait(refs, num_returns=len(refs), timeout=30)
+        _cancel(self.ray, [p[0] for p in self.pending])
         self.pending.clear()
+
+
+def _cancel(ray, refs: list) -> None:
+    """Cancel tasks (a running one gets KeyboardInterrupt and cleans up); wait up to 30 s."""
+    for ref in refs:
+        ray.cancel(ref)
+    if refs:
+        ray.wait(refs, num_returns=len(refs), timeout=30)
 
 
 def _result(ray, ref, doing: str):
@@ -126,17 +132,15 @@ def _result(ray, ref, doing: str):
         return ray.get(ref)
     except ray.exceptions.RayTaskError as exc:  # the task raised: OSError, MemoryError...
         cause = exc.cause if getattr(exc, "cause", None) is not None else exc
-        if isinstance(cause, OSError):
-            raise ConversionError(f"{doing}: cannot write shard ({cause}); completed shards "
-                                  f"are kept: fix the cause (free disk space?) and run again "
-                                  f"with --resume") from None
-        raise ConversionError(f"{doing}: {type(cause).__name__}: {cause}; completed shards "
-                              f"are kept, run again with --resume") from None
-    except ray.exceptions.RayError as exc:  # worker or node died more than MAX_RETRIES times
-        raise ConversionError(f"{doing}: a Ray worker died {MAX_RETRIES + 1} times "
-                              f"({type(exc).__name__}: killed, out of memory, or a crash in "
-                              f"the image decoder); completed shards are kept, run again with "
-                              f"--resume") from None
+        fix = "fix the cause (free disk space?) and " if isinstance(cause, OSError) else ""
+        raise ConversionError(f"{doing} ({type(cause).__name__}: {cause}); completed shards "
+                              f"are kept: {fix}run again with --resume") from None
+    except ray.exceptions.RayError as exc:  # a worker or node died, again after the retries
+        first_line = str(exc).strip().split("\n", 1)[0][:200]
+        raise ConversionError(f"{doing}: Ray gave up after {MAX_RETRIES} retries "
+                              f"({type(exc).__name__}: {first_line}); a worker or node was "
+                              f"killed, ran out of memory or crashed in the image decoder; "
+                              f"completed shards are kept, run again with --resume") from None
 
 
 def segment_size(inputs: int, cpus: int, shard_size: int, mean_bytes: float) -> int:
@@ -161,14 +165,17 @@ def _segments(ray, files, options, cpus: int, size: int):
     starts = iter(range(0, len(files), size))
     queued: deque = deque()
     log.info("Ray: %d inputs in segments of %d on %d CPUs", len(files), size, cpus)
-    while True:
-        while len(queued) < 2 * cpus and (start := next(starts, None)) is not None:
-            queued.append((start, *encode.remote(files[start:start + size], enc_options)))
-        if not queued:
-            return
-        start, meta, blob = queued.popleft()
-        span = f"{files[start][0]} .. {files[min(start + size, len(files)) - 1][0]}"
-        yield start, _result(ray, meta, f"encoding {span}"), blob
+    try:
+        while True:
+            while len(queued) < 2 * cpus and (start := next(starts, None)) is not None:
+                queued.append((start, *encode.remote(files[start:start + size], enc_options)))
+            if not queued:
+                return
+            start, meta, blob = queued.popleft()
+            span = f"{files[start][0]} .. {files[min(start + size, len(files)) - 1][0]}"
+            yield start, _result(ray, meta, f"encoding {span}"), blob
+    finally:  # stopped early (an error, Ctrl-C): no encode task outlives the conversion
+        _cancel(ray, [q[1] for q in queued])
 
 
 class _Items:
@@ -242,12 +249,30 @@ def _keep_completed(planner: _RayPlanner) -> None:
         planner.abort()
 
 
+def check_reachable(address) -> None:
+    """Fail in seconds, naming the address, when nothing listens at a HOST:PORT address:
+    Ray itself retries for minutes. ('auto', ray:// and no address are Ray's to resolve.)"""
+    if not address or address == "auto" or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConversionError(f"--ray-address {address!r}: expected HOST:PORT (the --port of "
+                              f"`ray start --head`), 'auto' or ray://HOST:PORT")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except OSError as exc:
+        raise ConversionError(f"cannot reach the Ray cluster at {address} "
+                              f"({exc.strerror or exc}); start it with `ray start --head "
+                              f"--port {port}` or fix --ray-address") from None
+
+
 class connection:  # noqa: N801  (used like a function: ``with connection(...) as pack``)
     """Connect to the cluster at ``address`` (None: start a private one on this machine
     with ``options.workers`` CPUs); entering yields a ``pack`` bound to it."""
 
     def __init__(self, address, options):
         self.ray = import_ray()
+        check_reachable(address)
         self.address, self.options = address, options
         self.connected_here = False
 
@@ -259,12 +284,15 @@ class connection:  # noqa: N801  (used like a function: ``with connection(...) a
                                       f"leave out --ray-address {self.address} or disconnect")
         else:
             self._init()
-        cpus = int(ray.cluster_resources().get("CPU", 0))
-        if cpus < 1:
-            raise ConversionError("the Ray cluster has no CPUs to run tasks on; add a node "
-                                  "with `ray start --address ... --num-cpus N`")
-        if self.address is not None and self.options.workers:
-            cpus = min(cpus, self.options.workers)
+        try:
+            cpus = int(ray.cluster_resources().get("CPU", 0))
+            if cpus < 1:
+                raise ConversionError("the Ray cluster has no CPUs to run tasks on; add a node "
+                                      "with `ray start --address ... --num-cpus N`")
+        except BaseException:
+            self.__exit__()
+            raise
+        cpus = min(cpus, self.options.workers or cpus)
         log.info("Ray %s: %d nodes, %d CPUs used", ray.__version__, len(ray.nodes()), cpus)
         return lambda *args: pack(*args, ray=ray, cpus=cpus)
 

@@ -285,7 +285,7 @@ def test_disk_full_in_a_shard_task_then_resume_is_identical(cluster, source, ref
     the shards written before it kept; --resume with room finishes byte-identical."""
     dst = small_tmpfs / "ds"
     kwargs = dict(shard_size=SHARD, progress=False, engine="ray", ray_address=cluster.address)
-    with pytest.raises(ConversionError, match=r"cannot write shard \(.*No space left.*--resume"):
+    with pytest.raises(ConversionError, match=r"cannot write shard \d+ \(OSError: .*No space left.*--resume"):
         convert(source, dst, **kwargs)
     assert not [n for n in os.listdir(dst) if n.endswith(".partial")]
     assert not (dst / "manifest.json").exists() and len(_journaled(dst)) > 0
@@ -293,3 +293,31 @@ def test_disk_full_in_a_shard_task_then_resume_is_identical(cluster, source, ref
     result = convert(source, dst, resume=True, **kwargs)
     assert result["resumed_from"] > 0
     assert dataset_fingerprint(dst) == dataset_fingerprint(reference["record"])
+
+
+def test_unreachable_address_fails_fast_and_touches_nothing(tmp_path):
+    from raycluster import HOST, free_ports
+
+    address = f"{HOST}:{free_ports(1)[0]}"  # nothing listens there
+    start = time.monotonic()
+    with pytest.raises(ConversionError, match=f"cannot reach the Ray cluster at {address}"):
+        convert(tmp_path, tmp_path / "ds", engine="ray", ray_address=address, progress=False)
+    assert time.monotonic() - start < 30 and not (tmp_path / "ds").exists()
+    with pytest.raises(ConversionError, match="expected HOST:PORT"):
+        convert(tmp_path, tmp_path / "ds", engine="ray", ray_address="headnode", progress=False)
+
+
+def test_a_task_that_keeps_dying_is_a_clear_error(cluster):
+    """What the driver says when Ray gives up on a task whose worker dies every time."""
+    import ray
+
+    from dlpack_io.packer.ray_engine import _result
+
+    ray.init(address=cluster.address, log_to_driver=False, logging_level="WARNING")
+    try:
+        ref = ray.remote(max_retries=1)(lambda: os._exit(1)).remote()
+        with pytest.raises(ConversionError, match=r"encoding a\.jpg \.\. b\.jpg: Ray gave up "
+                                                  r"after 3 retries \(\w+Error.*--resume"):
+            _result(ray, ref, "encoding a.jpg .. b.jpg")
+    finally:
+        ray.shutdown()
