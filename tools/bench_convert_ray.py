@@ -30,7 +30,6 @@ import json
 import math
 import os
 import platform
-import resource
 import shutil
 import signal
 import socket
@@ -38,21 +37,21 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 from dlpack_io.tools.pagecache import warm
 from dlpack_io.tools.synth import folder_bytes, make_image_folder
 
-TICKS = os.sysconf("SC_CLK_TCK")
 HOST = "127.0.0.2"  # loopback; Ray rewrites 127.0.0.1 to the machine's network address
 
 
 class HeadNode:
-    """``ray start --head --block`` in its own session, on loopback, private temp dir."""
+    """``ray start --head --block`` in its own session, on loopback, private temp dir; its
+    processes count their CPU in ``self.cpu`` (a CPUGroup)."""
 
     def __init__(self, cpus: int):
+        self.cpu = CPUGroup("dlbench-head")
         self.tmp = tempfile.mkdtemp(prefix="dlbench")
         self.env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
         with socket.socket() as s:
@@ -66,7 +65,7 @@ class HeadNode:
                 [ray, "start", "--head", "--block", "--node-ip-address", HOST, "--port", str(port),
                  "--num-cpus", str(cpus), "--include-dashboard=false", "--temp-dir", self.tmp,
                  "--disable-usage-stats"], stdout=out, stderr=subprocess.STDOUT, env=self.env,
-                start_new_session=True)
+                start_new_session=True, preexec_fn=lambda: self.cpu.add(os.getpid()))
         deadline = time.monotonic() + 120
         while "Ray runtime started" not in self.log.read_text(errors="replace"):
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -82,46 +81,66 @@ class HeadNode:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
         shutil.rmtree(self.tmp, ignore_errors=True)
+        self.cpu.remove()
 
 
-class SessionCPU:
-    """CPU seconds used by every process of a session (a Ray node: raylet, GCS, workers),
-    sampled from /proc every 20 ms while running; a worker that exits between samples
-    loses at most its last 20 ms."""
+class CPUGroup:
+    """A cgroup that counts the CPU time of every process put in it and of their children,
+    exited ones included (cgroup v1 cpuacct, or v2). ``usage()`` is None where cgroups
+    cannot be made (not root): the CPU columns then read n/a."""
 
-    def __init__(self, sid: int):
-        self.sid, self.seen, self._stop = sid, {}, threading.Event()
-        self._sample()
-        self.before = dict(self.seen)
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
+    ROOTS = ("/sys/fs/cgroup/cpuacct", "/sys/fs/cgroup/unified", "/sys/fs/cgroup")
 
-    def _sample(self) -> None:
-        pids = subprocess.run(["pgrep", "-s", str(self.sid)], capture_output=True,
-                              text=True).stdout.split()
-        for pid in pids:
+    def __init__(self, name: str):
+        self.path = None
+        for root in self.ROOTS:
+            v1 = os.path.exists(os.path.join(root, "cpuacct.usage"))
+            v2 = os.path.exists(os.path.join(root, "cgroup.procs")) and not v1 \
+                and os.path.exists(os.path.join(root, "cgroup.controllers"))
+            if not (v1 or v2):
+                continue
+            path = os.path.join(root, f"{name}-{os.getpid()}")
             try:
-                with open(f"/proc/{pid}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-                self.seen[pid] = (int(fields[11]) + int(fields[12])) / TICKS
-            except (OSError, IndexError, ValueError):
-                pass
+                os.makedirs(path, exist_ok=True)
+            except OSError:
+                continue
+            self.path, self.root, self.v1 = path, root, v1
+            break
 
-    def _loop(self) -> None:
-        while not self._stop.wait(0.02):
-            self._sample()
+    def add(self, pid: int) -> None:
+        """Count ``pid`` (and the processes it starts from now on) in this group."""
+        if self.path:
+            with open(os.path.join(self.path, "cgroup.procs"), "w") as f:
+                f.write(str(pid))
 
-    def stop(self) -> float:
-        """CPU seconds used since the start."""
-        self._stop.set()
-        self._thread.join()
-        self._sample()
-        return sum(cpu - self.before.get(pid, 0.0) for pid, cpu in self.seen.items())
+    def usage(self):
+        """CPU seconds used in the group so far, or None."""
+        if not self.path:
+            return None
+        if self.v1:
+            with open(os.path.join(self.path, "cpuacct.usage")) as f:
+                return int(f.read()) / 1e9
+        with open(os.path.join(self.path, "cpu.stat")) as f:
+            return int(f.read().split("usage_usec")[1].split()[0]) / 1e6
+
+    def remove(self, *, move_self: bool = False) -> None:
+        """Delete the group once its processes are gone (``move_self``: this process
+        first goes back to the root group)."""
+        if not self.path:
+            return
+        if move_self:
+            with open(os.path.join(self.root, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                os.rmdir(self.path)
+                return
+            except OSError:  # processes still leaving
+                time.sleep(0.1)
 
 
-def _children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+SELF_CPU = None  # main(): a CPUGroup of this process and all it starts (workers, private Ray)
 
 
 def _convert(src, dst, list_file=None, **options) -> dict:
@@ -130,17 +149,18 @@ def _convert(src, dst, list_file=None, **options) -> dict:
     return convert(src, dst, overwrite=True, progress=False, list_file=list_file, **options)
 
 
-def timed(fn, cluster_sid=None) -> dict:
+def timed(fn, groups=()) -> dict:
     """Run ``fn()``; wall and this process's CPU seconds, plus what it returned, and
-    ``total_cpu_s``: the CPU of every process doing the work (this one, its children such
-    as the local engine's workers, and the processes of the Ray node ``cluster_sid``)."""
-    sampler = SessionCPU(cluster_sid) if cluster_sid else None
-    wall, cpu, children = time.perf_counter(), time.process_time(), _children_cpu()
+    ``total_cpu_s``: the CPU of every process in ``groups`` (the benchmark process with
+    whatever it starts, and the Ray node when the run uses it), None without cgroups."""
+    before = [g.usage() for g in groups]
+    wall, cpu = time.perf_counter(), time.process_time()
     result = fn()
     out = {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu,
            "pack_s": result.get("seconds") if isinstance(result, dict) else None}
-    out["total_cpu_s"] = out["cpu_s"] + _children_cpu() - children + (
-        sampler.stop() if sampler else 0.0)
+    after = [g.usage() for g in groups]
+    out["total_cpu_s"] = (sum(a - b for a, b in zip(after, before))
+                          if groups and None not in before + after else None)
     return out
 
 
@@ -181,8 +201,8 @@ def measure(src, out, cpus: int, repeats: int, shard_size: str, subset=None,
                 dst = os.path.join(out, "dst")
                 shutil.rmtree(dst, ignore_errors=True)
                 warm(src)
-                sid = head.proc.pid if name == "ray, cluster running" else None
-                times[name].append(timed(lambda: fn(dst), sid))
+                groups = (SELF_CPU, head.cpu) if name == "ray, cluster running" else (SELF_CPU,)
+                times[name].append(timed(lambda: fn(dst), groups))
                 shutil.rmtree(dst, ignore_errors=True)
             print(f"round {r + 1}/{repeats} done", flush=True)
     finally:
@@ -194,8 +214,9 @@ def summarize(times: dict, images: int) -> dict:
     """Medians and rates per contender, and each Ray contender's ratio to local."""
     rows = {}
     for name, runs in times.items():
-        med = {k: statistics.median(r[k] for r in runs)
-               for k in ("wall_s", "cpu_s", "pack_s", "total_cpu_s")}
+        med = {k: statistics.median(r[k] for r in runs) for k in ("wall_s", "cpu_s", "pack_s")}
+        cpus = [r["total_cpu_s"] for r in runs]
+        med["total_cpu_s"] = None if None in cpus else statistics.median(cpus)
         rows[name] = dict(med, runs=runs, images_per_s=images / med["wall_s"],
                           pack_images_per_s=images / med["pack_s"])
     local = rows["local"]
@@ -204,7 +225,8 @@ def summarize(times: dict, images: int) -> dict:
         row["pack_vs_local"] = row["pack_images_per_s"] / local["pack_images_per_s"]
         # On a machine with nothing else running both engines keep every core busy, so
         # images/s there goes as 1 / CPU seconds per image (private cluster: not sampled).
-        row["cpu_vs_local"] = local["total_cpu_s"] / row["total_cpu_s"]
+        row["cpu_vs_local"] = (local["total_cpu_s"] / row["total_cpu_s"]
+                               if row["total_cpu_s"] and local["total_cpu_s"] else None)
     return rows
 
 
@@ -225,7 +247,7 @@ def markdown(result: dict) -> str:
              "CPU s, all processes | vs local (CPU) | median wall s |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in result["rows"].items():
-        cpu = (f"{r['total_cpu_s']:.2f} | {r['cpu_vs_local']:.2f}x" if name != "ray, private cluster"
+        cpu = (f"{r['total_cpu_s']:.2f} | {r['cpu_vs_local']:.2f}x" if r["cpu_vs_local"]
                else "n/a | n/a")
         lines.append(f"| {name} | {r['images_per_s']:,.0f} | {r['vs_local']:.2f}x | "
                      f"{r['pack_images_per_s']:,.0f} | {r['pack_vs_local']:.2f}x | {cpu} | "
@@ -233,7 +255,8 @@ def markdown(result: dict) -> str:
     for k, big in result.get("larger", {}).items():
         lines += ["", f"{k}: local {big['local']['images_per_s']:,.0f} images/s, Ray (cluster "
                       f"running) {big['ray']['images_per_s']:,.0f} images/s = "
-                      f"{big['ray_vs_local']:.2f}x wall, {big['cpu_vs_local']:.2f}x by CPU."]
+                      f"{big['ray_vs_local']:.2f}x wall, "
+                      f"{big['cpu_vs_local'] or float('nan'):.2f}x by CPU."]
     lines += ["", "| fixed cost | seconds |", "|---|---:|"]
     lines += [f"| {k} | {v:.2f} |" for k, v in result["fixed"].items()]
     d = result["driver"]
@@ -337,6 +360,17 @@ def main(argv=None) -> None:
     if not src.exists():
         print(f"generating {args.images} ImageNet-like JPEGs in {src} ...", flush=True)
         make_image_folder(src, args.images, 100, seed=0)
+    global SELF_CPU
+    SELF_CPU = CPUGroup("dlbench")
+    SELF_CPU.add(os.getpid())
+    try:
+        run(args, src)
+    finally:
+        SELF_CPU.remove(move_self=True)
+
+
+def run(args, src) -> None:
+    """Every measurement, then the JSON and the tables."""
     fixed = fixed_costs(args.cpus)
     rows = summarize(measure(src, args.out, args.cpus, args.repeats, args.shard_size), args.images)
     driver = slopes(src, args.out, args.cpus, args.shard_size, args.images, rows)
