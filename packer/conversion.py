@@ -228,7 +228,8 @@ def _engine(engine: str, ray_address, opts: PackOptions):
 
 
 def _run(dst, inputs, opts: PackOptions, engine, resume: bool, overwrite: bool):
-    """Prepare DST, take over what a resumed run kept, pack the rest; (state, progress)."""
+    """Prepare DST, take over what a resumed run kept, pack the rest; return (state,
+    progress, the input position it resumed from)."""
     with engine as pack:  # Ray connects here, after the lock and before DST changes
         _prepare_dst(dst, resume, overwrite)
         stats = stat_inputs(inputs)
