@@ -13,6 +13,7 @@ their own, but stay in the session), and SIGKILLs what is left only as a fallbac
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -126,3 +127,4 @@ class LocalRayCluster:
                 os.kill(pid, signal.SIGKILL)
             proc.wait()
         self.procs.clear()
+        shutil.rmtree(self.root, ignore_errors=True)  # Ray's session files and the logs

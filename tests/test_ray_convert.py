@@ -4,6 +4,7 @@ driver SIGKILLed then --resume), the DST rules. One cluster serves the whole mod
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -259,13 +260,16 @@ def test_private_cluster_when_no_address_is_given(source, reference, tmp_path):
     dst = tmp_path / "ds"
     cmd = [sys.executable, "-m", "dlpack_io.tools.cli", "convert", str(source), str(dst),
            "--shard-size", SHARD, "--quiet", "--engine", "ray", "--workers", "2"]
-    done = subprocess.run(_in_loopback_namespace(cmd), env=env, capture_output=True,
-                          text=True, timeout=300)
+    try:
+        done = subprocess.run(_in_loopback_namespace(cmd), env=env, capture_output=True,
+                              text=True, timeout=300)
+    finally:
+        survivors = subprocess.run(["pgrep", "-f", ray_tmp], capture_output=True, text=True).stdout
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert survivors == "", "the private cluster outlived its driver"
     assert done.returncode == 0, done.stderr
     assert dataset_fingerprint(dst) == dataset_fingerprint(reference["record"])
     assert _manifest(dst)["created"]["engine"] == "ray"
-    survivors = subprocess.run(["pgrep", "-f", ray_tmp], capture_output=True, text=True).stdout
-    assert survivors == "", "the private cluster outlived its driver"
 
 
 @pytest.fixture
