@@ -1,9 +1,11 @@
-"""Triton helpers of the resampling kernels: per-sample geometry, pixel gathers, weights.
+"""Triton helpers of the resampling kernels: per-sample geometry, pixel taps, weights.
 
-Geometry of sample ``n``: dense batches use ``base = n * H * W * C`` and the batch's H, W;
-ragged ones load ``offsets[n]`` (byte offset in the flat buffer), ``heights[n]`` and
-``widths[n]``. All in-sample offsets are int32 (an image is < 2**31 bytes, checked on
-the host); the batch/buffer offset is int64.
+Geometry of sample ``n`` comes from its record (``records.py``): dense batches use
+``base = n * H * W * C`` and the batch's H, W; ragged ones the record's offset, height and
+width. The sample is then addressed through one pointer ``in_ptr + base`` (int64 maths once
+per program) plus int32 offsets inside the sample (an image is < 2**31 bytes, checked on the
+host, and re-checked here for ragged records so that an unvalidated bad record cannot make
+a read leave the buffer).
 """
 
 from __future__ import annotations
@@ -14,43 +16,50 @@ tl = None  # bound to triton.language by lazy_jit on first launch
 
 
 @lazy_jit
-def sample_geometry(n, off_ptr, h_ptr, w_ptr, H, W, C: tl.constexpr, RAGGED: tl.constexpr):
-    """``(base, height, width)`` of sample ``n``: int64 byte offset and int32 sizes."""
+def sample_source(in_ptr, rec_ptr, n, H, W, total, C: tl.constexpr, RAGGED: tl.constexpr):
+    """``(src, height, width)``: pointer to sample ``n``'s first byte and its int32 size.
+
+    A ragged record that does not fit the buffer (only possible with validate=False)
+    reads pixel 0 of the buffer as a 1x1 image instead.
+    """
     if RAGGED:
-        base = tl.load(off_ptr + n).to(tl.int64)
-        ih = tl.load(h_ptr + n).to(tl.int32)
-        iw = tl.load(w_ptr + n).to(tl.int32)
+        rec = rec_ptr + n * 16
+        lo = tl.load(rec + 8).to(tl.int64) & 0xFFFFFFFF
+        base = (tl.load(rec + 9).to(tl.int64) << 32) | lo
+        ih = tl.load(rec + 6)
+        iw = tl.load(rec + 7)
+        size = ih.to(tl.int64) * iw.to(tl.int64) * C
+        bad = (ih < 1) | (iw < 1) | (base < 0) | (size > 2147483647) | (base > total - size)
+        base = tl.where(bad, 0, base)
+        ih = tl.where(bad, 1, ih)
+        iw = tl.where(bad, 1, iw)
     else:
         base = n.to(tl.int64) * (H * W * C)
         ih = H + 0 * n
         iw = W + 0 * n
-    return base, ih, iw
+    return in_ptr + base, ih, iw
 
 
 @lazy_jit
-def load_box(box_ptr, fh_ptr, fv_ptr, n):
-    """``(top, left, height, width, flip_h, flip_v)`` of sample ``n``."""
-    top = tl.load(box_ptr + n * 4).to(tl.int32)
-    left = tl.load(box_ptr + n * 4 + 1).to(tl.int32)
-    bh = tl.load(box_ptr + n * 4 + 2).to(tl.int32)
-    bw = tl.load(box_ptr + n * 4 + 3).to(tl.int32)
-    return top, left, bh, bw, tl.load(fh_ptr + n) != 0, tl.load(fv_ptr + n) != 0
+def load_box(rec_ptr, n):
+    """``(top, left, height, width, flip_h, flip_v)`` of sample ``n``'s record."""
+    rec = rec_ptr + n * 16
+    flags = tl.load(rec + 4)
+    return (tl.load(rec), tl.load(rec + 1), tl.load(rec + 2), tl.load(rec + 3),
+            (flags & 1) != 0, (flags & 2) != 0)
 
 
 @lazy_jit
-def gather(in_ptr, base, row, col, iw, pmask, cols, total,
-           C: tl.constexpr, RAGGED: tl.constexpr):
-    """Load the [pixels, CP] float32 tile at absolute (row, col) of one sample.
-
-    ``row``/``col`` are already clamped into the image. For ragged input the flat index
-    is also clamped into the buffer, so unchecked offsets cannot read out of memory.
-    """
-    start = base + ((row * iw + col) * C)
-    if RAGGED:
-        start = tl.minimum(tl.maximum(start, 0), total - C)
-    mask = pmask[:, None] & (cols < C)[None, :]
-    px = tl.load(in_ptr + start[:, None] + cols[None, :], mask=mask, other=0)
-    return px.to(tl.float32)
+def tap(ptrs, w, a0, a1, a2, a3, C: tl.constexpr):
+    """Add ``w * pixel`` of every channel at ``ptrs`` (first channel's bytes) to ``a0..a3``."""
+    a0 += w * tl.load(ptrs).to(tl.float32)
+    if C > 1:
+        a1 += w * tl.load(ptrs + 1).to(tl.float32)
+    if C > 2:
+        a2 += w * tl.load(ptrs + 2).to(tl.float32)
+    if C > 3:
+        a3 += w * tl.load(ptrs + 3).to(tl.float32)
+    return a0, a1, a2, a3
 
 
 @lazy_jit
