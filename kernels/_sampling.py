@@ -50,15 +50,23 @@ def load_box(rec_ptr, n):
 
 
 @lazy_jit
+def u8_to_f32(x):
+    """Exact uint8 -> float32 without a conversion instruction (those run at 1/8 of the
+    FP32 rate on sm_80/sm_90): ``2**23 + x`` built from its bits, minus ``2**23``."""
+    return (x.to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+
+
+@lazy_jit
 def tap(ptrs, w, a0, a1, a2, a3, C: tl.constexpr):
-    """Add ``w * pixel`` of every channel at ``ptrs`` (first channel's bytes) to ``a0..a3``."""
-    a0 += w * tl.load(ptrs).to(tl.float32)
+    """``a += w * pixel`` (one fused multiply-add) for every channel of the pixels whose
+    first byte is at ``ptrs``."""
+    a0 = tl.fma(w, u8_to_f32(tl.load(ptrs)), a0)
     if C > 1:
-        a1 += w * tl.load(ptrs + 1).to(tl.float32)
+        a1 = tl.fma(w, u8_to_f32(tl.load(ptrs + 1)), a1)
     if C > 2:
-        a2 += w * tl.load(ptrs + 2).to(tl.float32)
+        a2 = tl.fma(w, u8_to_f32(tl.load(ptrs + 2)), a2)
     if C > 3:
-        a3 += w * tl.load(ptrs + 3).to(tl.float32)
+        a3 = tl.fma(w, u8_to_f32(tl.load(ptrs + 3)), a3)
     return a0, a1, a2, a3
 
 

@@ -20,7 +20,7 @@ from dlpack_io.kernels._triton import lazy_jit
 
 tl = None  # bound to triton.language by lazy_jit on first launch
 
-BLOCK_H = 16  # output rows per program
+BLOCK_H = 32  # output rows per program
 BLOCK_W = 32  # output columns per program (224 = 7 * 32: no masked lanes at ImageNet size)
 NUM_WARPS = 4
 MAX_PROGRAMS = 2**31 - 1  # CUDA grid x-dimension limit

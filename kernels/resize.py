@@ -75,33 +75,37 @@ def _resized_crop_aa_kernel(
     # Filter windows: rows are [BLOCK_H, 1], columns [1, BLOCK_W]; ky/kx are scalars.
     cy, inv_y, y_lo, y_hi, ky = aa_axis(tl.where(flip_v, OH - 1 - oy, oy), OH, bh)
     cx, inv_x, x_lo, x_hi, kx = aa_axis(tl.where(flip_h, OW - 1 - ox, ox), OW, bw)
-    sum_y = tl.zeros_like(cy)
-    for t in range(0, ky):
-        sum_y += aa_weight(y_lo + t, cy, inv_y, y_hi)
-    sum_x = tl.zeros_like(cx)
-    for t in range(0, kx):
-        sum_x += aa_weight(x_lo + t, cx, inv_x, x_hi)
-    # Normalise by multiplying with 1 / sum (0 only when the box is empty: validate=False).
-    inv_sum_y = tl.math.div_rn(1.0, tl.where(sum_y > 0.0, sum_y, 1.0))
-    inv_sum_x = tl.math.div_rn(1.0, tl.where(sum_x > 0.0, sum_x, 1.0))
     row0 = top + y_lo  # [BLOCK_H, 1]: first source row of each output row's window
     col0 = left + x_lo  # [1, BLOCK_W]
     z = tl.zeros([BLOCK_H, BLOCK_W], dtype=tl.float32)
     a0, a1, a2, a3 = z, z, z, z
-    for ty in range(0, ky):
-        roff = clamp(row0 + ty, 0, ih - 1) * (iw * C)
-        l0, l1, l2, l3 = z, z, z, z
-        for tx in range(0, kx):
-            wx = aa_weight(x_lo + tx, cx, inv_x, x_hi) * inv_sum_x
-            ptrs = src + (roff + clamp(col0 + tx, 0, iw - 1) * C)
-            l0, l1, l2, l3 = tap(ptrs, wx, l0, l1, l2, l3, C)
-        wy = aa_weight(y_lo + ty, cy, inv_y, y_hi) * inv_sum_y
-        a0 += wy * l0
-        a1 += wy * l1
-        a2 += wy * l2
-        a3 += wy * l3
-    epilogue(out_ptr, a0, a1, a2, a3, n, oy, ox, pmask, OH, OW, rec_ptr, scale_ptr, bias_ptr,
-             cmean_ptr, stats_ptr, C, OPS, STATS, OUT_U8, False)
+    # Columns outside, rows inside: a thread holds one row and several columns of the tile,
+    # so the inner loop's row weight and offset cost one evaluation per thread and tap.
+    # Weights are unnormalised here; the normalisation is one multiply after the loops, so
+    # nothing computed outside the loops (in another register layout) is used inside.
+    for tx in range(0, kx):
+        wx = aa_weight(x_lo + tx, cx, inv_x, x_hi)
+        cptrs = src + clamp(col0 + tx, 0, iw - 1) * C  # [1, BLOCK_W]
+        v0, v1, v2, v3 = z, z, z, z
+        for ty in range(0, ky):
+            wy = aa_weight(y_lo + ty, cy, inv_y, y_hi)
+            roff = clamp(row0 + ty, 0, ih - 1) * (iw * C)  # [BLOCK_H, 1]
+            v0, v1, v2, v3 = tap(cptrs + roff, wy, v0, v1, v2, v3, C)
+        a0 = tl.fma(wx, v0, a0)
+        a1 = tl.fma(wx, v1, a1)
+        a2 = tl.fma(wx, v2, a2)
+        a3 = tl.fma(wx, v3, a3)
+    sum_y = cy * 0.0
+    for t in range(0, ky):
+        sum_y += aa_weight(y_lo + t, cy, inv_y, y_hi)
+    sum_x = cx * 0.0
+    for t in range(0, kx):
+        sum_x += aa_weight(x_lo + t, cx, inv_x, x_hi)
+    # 1 / (sum_y * sum_x); the sums are 0 only for an empty box (validate=False).
+    norm = tl.math.div_rn(1.0, tl.where(sum_y > 0.0, sum_y, 1.0) * tl.where(sum_x > 0.0, sum_x,
+                                                                            1.0))
+    epilogue(out_ptr, a0 * norm, a1 * norm, a2 * norm, a3 * norm, n, oy, ox, pmask, OH, OW,
+             rec_ptr, scale_ptr, bias_ptr, cmean_ptr, stats_ptr, C, OPS, STATS, OUT_U8, False)
 
 
 def resized_crop(images: torch.Tensor, boxes: torch.Tensor, out_size, flip_h, flip_v, *,
