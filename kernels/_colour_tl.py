@@ -51,18 +51,19 @@ def hue3(r, g, b, hue):
     h = h + hue
     h = h - tl.floor(h)  # remainder(h, 1)
     h6 = h * 6.0
-    i = tl.floor(h6)
-    f = h6 - i
-    sxf = s * f
-    oms = 1.0 - s
-    q = clamp01((1.0 - sxf) * maxc)
-    t = clamp01((sxf + oms) * maxc)
-    p = clamp01(oms * maxc)
-    i = tl.where(i >= 6.0, i - 6.0, i)
-    r = tl.where((i == 0.0) | (i == 5.0), maxc, tl.where(i == 1.0, q, tl.where(i == 4.0, t, p)))
-    g = tl.where((i == 1.0) | (i == 2.0), maxc, tl.where(i == 0.0, t, tl.where(i == 3.0, q, p)))
-    b = tl.where((i == 3.0) | (i == 4.0), maxc, tl.where(i == 2.0, t, tl.where(i == 5.0, q, p)))
+    r = hsv_channel(h6, s, maxc, 5.0)
+    g = hsv_channel(h6, s, maxc, 3.0)
+    b = hsv_channel(h6, s, maxc, 1.0)
     return r, g, b
+
+
+@lazy_jit
+def hsv_channel(h6, s, v, n):
+    """``v * (1 - s * clamp(min(k, 4 - k), 0, 1))``, ``k = (n + h6) mod 6`` (see ``_hue.py``)."""
+    k = h6 + n
+    k = k - tl.minimum(tl.maximum(tl.floor(k) - 5.0, 0.0), 1.0) * 6.0
+    a = tl.minimum(tl.maximum(tl.minimum(k, 4.0 - k), 0.0), 1.0)
+    return (1.0 - a * s) * v
 
 
 @lazy_jit

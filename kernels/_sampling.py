@@ -97,8 +97,10 @@ def aa_axis(o, out_len, length):
 
     ``scale = length / out_len``; ``support = max(scale, 1)``; ``inv = 1 / max(scale, 1)``;
     ``center = scale * (o + 0.5)``; taps ``lo <= j < hi`` with ``lo = max(int(center -
-    support + 0.5), 0)``, ``hi = min(int(center + support + 0.5), length)``; returns also
-    the per-sample tap-count bound ``k = ceil(2 * support) + 1``.
+    support + 0.5), 0)``, ``hi = min(int(center + support + 0.5), length)``. Returns
+    ``(d0, inv, lo, taps, k)``: ``d0 = lo - center + 0.5`` (so tap ``t``'s filter argument
+    is ``(d0 + t) * inv``), the tap count ``hi - lo`` and the per-sample bound
+    ``k = ceil(2 * support) + 1`` on it.
     """
     scale = tl.math.div_rn(tl.cast(length, tl.float32), tl.cast(out_len, tl.float32))
     support = tl.maximum(scale, 1.0)
@@ -107,11 +109,12 @@ def aa_axis(o, out_len, length):
     lo = tl.maximum((center - support + 0.5).to(tl.int32), 0)
     hi = tl.minimum((center + support + 0.5).to(tl.int32), length)
     k = tl.ceil(2.0 * support).to(tl.int32) + 1
-    return center, inv, lo, hi, k
+    return (lo.to(tl.float32) - center) + 0.5, inv, lo, hi - lo, k
 
 
 @lazy_jit
-def aa_weight(j, center, inv, hi):
-    """Unnormalised triangle weight of tap ``j`` (zero at and beyond ``hi``)."""
-    w = tl.maximum(1.0 - tl.abs((j.to(tl.float32) - center + 0.5) * inv), 0.0)
-    return tl.where(j < hi, w, 0.0)
+def aa_weight(t, tf, d0, inv, taps):
+    """Unnormalised triangle weight of tap ``t`` (``tf``: ``t`` as float32) of each
+    window: ``max(0, 1 - |(d0 + t) * inv|)``, and 0 from tap ``taps`` on."""
+    w = tl.maximum(1.0 - tl.abs((d0 + tf) * inv), 0.0)
+    return tl.where(t < taps, w, 0.0)

@@ -73,8 +73,8 @@ def _resized_crop_aa_kernel(
     src, ih, iw = sample_source(in_ptr, rec_ptr, n, H, W, total, C, RAGGED)
     top, left, bh, bw, flip_h, flip_v = load_box(rec_ptr, n)
     # Filter windows: rows are [BLOCK_H, 1], columns [1, BLOCK_W]; ky/kx are scalars.
-    cy, inv_y, y_lo, y_hi, ky = aa_axis(tl.where(flip_v, OH - 1 - oy, oy), OH, bh)
-    cx, inv_x, x_lo, x_hi, kx = aa_axis(tl.where(flip_h, OW - 1 - ox, ox), OW, bw)
+    dy, inv_y, y_lo, ny, ky = aa_axis(tl.where(flip_v, OH - 1 - oy, oy), OH, bh)
+    dx, inv_x, x_lo, nx, kx = aa_axis(tl.where(flip_h, OW - 1 - ox, ox), OW, bw)
     row0 = top + y_lo  # [BLOCK_H, 1]: first source row of each output row's window
     col0 = left + x_lo  # [1, BLOCK_W]
     z = tl.zeros([BLOCK_H, BLOCK_W], dtype=tl.float32)
@@ -84,23 +84,23 @@ def _resized_crop_aa_kernel(
     # Weights are unnormalised here; the normalisation is one multiply after the loops, so
     # nothing computed outside the loops (in another register layout) is used inside.
     for tx in range(0, kx):
-        wx = aa_weight(x_lo + tx, cx, inv_x, x_hi)
+        wx = aa_weight(tx, tl.cast(tx, tl.float32), dx, inv_x, nx)
         cptrs = src + clamp(col0 + tx, 0, iw - 1) * C  # [1, BLOCK_W]
         v0, v1, v2, v3 = z, z, z, z
         for ty in range(0, ky):
-            wy = aa_weight(y_lo + ty, cy, inv_y, y_hi)
+            wy = aa_weight(ty, tl.cast(ty, tl.float32), dy, inv_y, ny)
             roff = clamp(row0 + ty, 0, ih - 1) * (iw * C)  # [BLOCK_H, 1]
             v0, v1, v2, v3 = tap(cptrs + roff, wy, v0, v1, v2, v3, C)
         a0 = tl.fma(wx, v0, a0)
         a1 = tl.fma(wx, v1, a1)
         a2 = tl.fma(wx, v2, a2)
         a3 = tl.fma(wx, v3, a3)
-    sum_y = cy * 0.0
+    sum_y = dy * 0.0
     for t in range(0, ky):
-        sum_y += aa_weight(y_lo + t, cy, inv_y, y_hi)
-    sum_x = cx * 0.0
+        sum_y += aa_weight(t, tl.cast(t, tl.float32), dy, inv_y, ny)
+    sum_x = dx * 0.0
     for t in range(0, kx):
-        sum_x += aa_weight(x_lo + t, cx, inv_x, x_hi)
+        sum_x += aa_weight(t, tl.cast(t, tl.float32), dx, inv_x, nx)
     # 1 / (sum_y * sum_x); the sums are 0 only for an empty box (validate=False).
     norm = tl.math.div_rn(1.0, tl.where(sum_y > 0.0, sum_y, 1.0) * tl.where(sum_x > 0.0, sum_x,
                                                                             1.0))

@@ -84,10 +84,42 @@ def loop_bodies(ttgir: str) -> list[str]:
     return bodies
 
 
+def ptx_loops(ptx: str) -> list[list[str]]:
+    """Instructions of every PTX basic block that branches back to itself (loop bodies)."""
+    lines = ptx.splitlines()
+    starts = [(i, m.group(1)) for i, line in enumerate(lines)
+              if (m := re.match(r"^(\$L__BB\w+):", line))]
+    loops = []
+    for k, (i, name) in enumerate(starts):
+        end = starts[k + 1][0] if k + 1 < len(starts) else len(lines)
+        body = [line.strip() for line in lines[i + 1:end]]
+        body = [line for line in body if line and not line.startswith(("//", ".loc", "$L__"))
+                and line not in ("{", "}")]
+        if any(re.search(r"\bbra(\.uni)?\s+" + re.escape(name) + ";", line) for line in body):
+            loops.append(body)
+    return loops
+
+
+def tap_loop(ptx: str) -> dict:
+    """Counts in the PTX loop with the most global loads (the resampling tap loop)."""
+    loops = ptx_loops(ptx)
+    if not loops:
+        return {}
+    body = max(loops, key=lambda b: sum("ld.global" in line for line in b))
+
+    def count(pattern):
+        return sum(bool(re.search(pattern, line)) for line in body)
+    return {"instructions": len(body), "ld_global": count(r"ld\.global"),
+            "shared": count(r"\.shared"), "barriers": count(r"bar\.sync|barrier\."),
+            "int64": count(r"\.[su]64\b"), "int64_mul": count(r"mul\.wide|mad\.wide|m\w+\.lo\.[su]64"),
+            "cvt_to_f32": count(r"cvt\.rn\.f32\.[us]")}
+
+
 def facts(ttgir: str, ptx: str) -> dict:
     """What the tests (and the docs' before/after table) count in one compiled variant."""
     loops = loop_bodies(ttgir)
     return {
+        "tap_loop": tap_loop(ptx),
         "convert_layout": ttgir.count("ttg.convert_layout"),
         "convert_layout_in_loops": sum(b.count("ttg.convert_layout") for b in loops),
         "int64_ops_in_loops": sum(len(re.findall(r"\bi64\b", b)) for b in loops),
@@ -160,8 +192,11 @@ def test_tap_loops_stay_in_registers_with_int32_offsets(compiled):
     for r in compiled["variants"]:
         assert r["convert_layout_in_loops"] == 0, r
         if r["kernel"] == "resize_aa":
+            loop = r["tap_loop"]
             assert r["int64_ops_in_loops"] == 0, r
-            assert r["bar_sync_ptx"] <= 2, r  # only the epilogue's reductions/stores
+            assert loop["shared"] == loop["barriers"] == 0, r
+            assert loop["cvt_to_f32"] <= 1, r  # the tap index; pixels convert without cvt
+            assert loop["int64_mul"] == 0, r  # 64-bit maths: only pointer + int32 offset adds
 
 
 def test_per_batch_sizes_are_not_specialised(compiled):
