@@ -71,7 +71,7 @@ def check_crop(images, top, left, height, width, flip_h, flip_v, *, validate, co
     rec[:, WORD["box_height"]], rec[:, WORD["box_width"]] = height, width
     checks = DeferredChecks(op, validate and n > 0)
     _check_crop_fit(checks, top, left, height, width, h, w)
-    ep = _epilogue(op, n, c, dev, kw, ops, contrast_mean, checks, factors, order)
+    ep = _epilogue(op, n, c, dev, kw, ops, contrast_mean, checks, (factors, order))
     checks.run()
     return Batch(images, rec, height, width, n, c, ep)
 
@@ -88,10 +88,10 @@ def check_crop_packed(images, records, height, width, *, jitter, contrast_mean, 
     rec = check_records(op, records, n, images.device)
     b = Batch(images, rec, height, width, n, c, None)  # columns only, for the checks
     checks = DeferredChecks(op, validate and n > 0)
-    _check_crop_fit(checks, b.column("top"), b.column("left"), height, width, h, w)
-    ops = jitter_names(op, jitter)
-    ep = _epilogue(op, n, c, images.device, kw, ops, contrast_mean, checks, b.factors,
-                   b.column("order"))
+    if checks.enabled:  # reading columns costs host time: only when they are checked
+        _check_crop_fit(checks, b.column("top"), b.column("left"), height, width, h, w)
+    ep = _epilogue(op, n, c, images.device, kw, jitter_names(op, jitter), contrast_mean,
+                   checks, b)
     checks.run()
     return Batch(images, rec, height, width, n, c, ep)
 
@@ -129,7 +129,7 @@ def check_resize(images, boxes, out_size, flip_h, flip_v, *, offsets, heights, w
         rec.view(torch.int64)[:, WORD["offset"] // 2] = offsets
         _check_ragged_extents(checks, offsets, heights, widths, c, total)
     _check_boxes_fit(checks, "boxes", boxes, img_h, img_w)
-    ep = _epilogue(op, n, c, dev, kw, ops, contrast_mean, checks, factors, order)
+    ep = _epilogue(op, n, c, dev, kw, ops, contrast_mean, checks, (factors, order))
     checks.run()
     return Batch(images, rec, out_h, out_w, n, c, ep, ragged, antialias)
 
@@ -160,13 +160,14 @@ def check_resize_packed(images, records, out_size, *, channels, antialias, jitte
     _check_out_elements(op, c, out_h, out_w)
     b = Batch(images, rec, out_h, out_w, n, c, None, ragged, antialias)
     checks = DeferredChecks(op, validate and n > 0)
-    if ragged:
-        img_h, img_w = b.column("height"), b.column("width")
-        _check_ragged_extents(checks, b.column("offset"), img_h, img_w, c, total)
-    boxes = b.records[:, WORD["top"]:WORD["box_width"] + 1]
-    _check_boxes_fit(checks, "records", boxes, img_h, img_w)
-    ep = _epilogue(op, n, c, images.device, kw, jitter_names(op, jitter), contrast_mean, checks,
-                   b.factors, b.column("order"))
+    if checks.enabled:  # reading columns costs host time: only when they are checked
+        if ragged:
+            img_h, img_w = b.column("height"), b.column("width")
+            _check_ragged_extents(checks, b.column("offset"), img_h, img_w, c, total)
+        boxes = b.records[:, WORD["top"]:WORD["box_width"] + 1]
+        _check_boxes_fit(checks, "records", boxes, img_h, img_w)
+    ep = _epilogue(op, n, c, images.device, kw, jitter_names(op, jitter), contrast_mean,
+                   checks, b)
     checks.run()
     return Batch(images, rec, out_h, out_w, n, c, ep, ragged, antialias)
 
@@ -176,13 +177,16 @@ def _jitter(op, n, dev, kw, order):
     return jitter_tensors(op, n, dev, {k: kw.pop(k, None) for k in names}, order)
 
 
-def _epilogue(op, n, c, dev, kw, ops, contrast_mean, checks, factors, order) -> Epilogue:
+def _epilogue(op, n, c, dev, kw, ops, contrast_mean, checks, source) -> Epilogue:
+    """Validate the epilogue; ``source``: the records Batch, or (factors, order) tensors."""
     unknown = set(kw) - set(_EP_KEYS)
     if unknown:
         fail(op, f"unexpected keyword arguments {sorted(unknown)}", TypeError)
     ep = make_epilogue(op, channels=c, n=n, device=dev, ops=ops, contrast_mean=contrast_mean,
                        checks=checks, **kw)
-    if ops:
+    if ops and checks.enabled:
+        factors, order = source if isinstance(source, tuple) else (source.factors,
+                                                                   source.column("order"))
         check_jitter_values(checks, ops, factors, order)
     return ep
 
@@ -231,6 +235,8 @@ def _check_crop_fit(checks, top, left, height, width, h, w) -> None:
 def _check_boxes_fit(checks: DeferredChecks, name: str, boxes: torch.Tensor, img_h,
                      img_w) -> None:
     """Register: every box has size >= 1 and lies inside its image."""
+    if not checks.enabled:
+        return
     top, left, bh, bw = (t.long() for t in boxes.unbind(1))
 
     def describe(i: int) -> str:
