@@ -123,12 +123,26 @@ def jitter_tensors(op: str, n: int, device: torch.device, factors: dict,
     if order is not None:
         if not ops:
             fail(op, "order given without any jitter op (brightness, contrast, saturation, hue)")
-        order = check_vector(op, "order", order, n, device, ORDER_DTYPES).to(torch.int32)
+        order = _order_codes(op, order, n, device)
     if not ops:
         return 0, None, None
     if order is None:
         order = torch.full((n,), IDENTITY_ORDER, dtype=torch.int32, device=device)
     return ops, torch.stack(cols, 1), order
+
+
+def _order_codes(op: str, order, n: int, device: torch.device) -> torch.Tensor:
+    """(N,) order codes, or (N, 4) permutations of the op ids (torchvision's ``fn_idx`` per
+    sample) encoded on their device; out-of-range ids give an invalid code (checked)."""
+    if isinstance(order, torch.Tensor) and order.dim() == 2:
+        if order.shape != (n, 4):
+            fail(op, f"order must have shape ({n},) (codes) or ({n}, 4) (permutations of "
+                     f"0..3), got {tuple(order.shape)}")
+        perms = check_vector(op, "order", order.reshape(-1), 4 * n, device,
+                             ORDER_DTYPES + (torch.int8, torch.int16)).view(n, 4).long()
+        codes = (perms.clamp(0, 3) << torch.tensor([0, 2, 4, 6], device=device)).sum(1)
+        return torch.where((perms < 0).any(1) | (perms > 3).any(1), -1, codes).to(torch.int32)
+    return check_vector(op, "order", order, n, device, ORDER_DTYPES).to(torch.int32)
 
 
 def jitter_names(op: str, jitter) -> int:
