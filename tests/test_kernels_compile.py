@@ -122,7 +122,7 @@ def facts(ttgir: str, ptx: str) -> dict:
         "tap_loop": tap_loop(ptx),
         "convert_layout": ttgir.count("ttg.convert_layout"),
         "convert_layout_in_loops": sum(b.count("ttg.convert_layout") for b in loops),
-        "int64_ops_in_loops": sum(len(re.findall(r"\bi64\b", b)) for b in loops),
+        "int64_ops_in_loops": sum(len(re.findall(r"(?:\b|x)i64\b", b)) for b in loops),
         "shared_ops_ptx": len(re.findall(r"\b(ld|st)\.shared", ptx)),
         "bar_sync_ptx": len(re.findall(r"\bbar\.sync|barrier\.sync", ptx)),
         "loads": sorted(set(re.findall(r"ld\.global[.\w]*", ptx))),

@@ -304,3 +304,19 @@ def _close(out, ref, dtype):
         assert diff.max() <= 1 and (diff > 0).float().mean() <= 0.02
     else:
         torch.testing.assert_close(out, ref, rtol=0, atol=1e-5)
+
+
+def test_order_as_permutations_equals_order_codes():
+    """``order`` also takes the (N, 4) permutations (torchvision's fn_idx per sample)."""
+    chw = random_images(24, 5, 6, 3, seed=21).permute(0, 3, 1, 2).contiguous()
+    factors = _factors(24, seed=22)
+    perms = torch.tensor(PERMS, dtype=torch.int8)
+    by_perm = reference.epilogue(chw, out_dtype=torch.float32, order=perms, **factors)
+    torch.testing.assert_close(by_perm, _ours(chw, PERMS, factors), rtol=0, atol=0)
+    for bad in ([0, 1, 2, 5], [0, 0, 1, 2], [-1, 1, 2, 3]):
+        perms[3] = torch.tensor(bad, dtype=torch.int8)
+        with pytest.raises(ValueError, match=r"^epilogue: order\[3\] = -?\d+ is not an order"):
+            reference.epilogue(chw, out_dtype=torch.float32, order=perms, **factors)
+    with pytest.raises(ValueError, match=r"order must have shape \(24,\) \(codes\) or "
+                                         r"\(24, 4\)"):
+        reference.epilogue(chw, out_dtype=torch.float32, order=perms[:, :3], **factors)
