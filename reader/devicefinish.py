@@ -38,7 +38,7 @@ def epilogue_kwargs(spec, params, a: int | None = None, b: int | None = None,
         for j, name in enumerate(JITTER_OPS):
             if spec.jitter.ranges[j] is not None:
                 kw[name] = factors[:, j].to(device) if device is not None else factors[:, j]
-        kw["jitter_order"] = order.to(device) if device is not None else order
+        kw["order"] = order.to(device) if device is not None else order
     return kw
 
 
