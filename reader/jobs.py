@@ -191,9 +191,10 @@ class GatherJob:
         return [functools.partial(self._gather, indices, epoch, out)], finalize
 
     def slot_bytes(self, batch_size: int) -> int:
-        """Shared slot size for process workers: a batch of full-size stored images."""
+        """Shared slot size for process workers: a batch of full-size stored images, then
+        one 64-byte record per sample."""
         h, w = largest_image(self.ctx.dataset)
-        return batch_size * h * w * 3
+        return batch_size * (h * w * 3 + 64) + 64
 
     def build(self, slot, progress, state, indices, epoch) -> GatherMeta:
         """(In a worker) gather the batch into the shared slot; return its GatherMeta."""
