@@ -59,7 +59,7 @@ def test_errors_are_one_clear_line(image_folder, tmp_path):
     missing = runner.invoke(main, ["inspect", str(tmp_path / "ds"), "--index", "999"])
     assert missing.exit_code == 1 and "is not a dlpack data set (no manifest.json)" in missing.output
     bad = runner.invoke(main, ["verify", str(tmp_path / "ds"), "--quiet"])
-    assert bad.exit_code == 1 and "DAMAGED" in bad.output
+    assert bad.exit_code == 3 and "NOT A DATA SET" in bad.output and "DAMAGED" not in bad.output
 
 
 def test_index_out_of_range(image_folder, tmp_path):
