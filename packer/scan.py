@@ -37,6 +37,7 @@ class _Walk:
     root: Path
     real_root: str
     seen: set = field(default_factory=set)
+    reserved: set = field(default_factory=set)  # SRC and the class folders: walked as tops only
     via_links: int = 0
     outside_src: int = 0
     repeated_dirs: int = 0
@@ -55,10 +56,11 @@ class _Walk:
                 entries = sorted(os.scandir(folder), key=lambda e: e.name)
             except OSError:  # unreadable or dangling: nothing to pack from it
                 continue
-            if (st.st_dev, st.st_ino) in self.seen:
-                self.repeated_dirs += 1
+            key = (st.st_dev, st.st_ino)
+            if key in self.seen or (folder != top and key in self.reserved):
+                self.repeated_dirs += 1  # a loop, an alias, or a link to SRC or another class
                 continue
-            self.seen.add((st.st_dev, st.st_ino))
+            self.seen.add(key)
             for e in entries:
                 if e.name.startswith("."):
                     continue
@@ -99,12 +101,14 @@ def scan_image_folder(root, *, labels: bool = True) -> Inputs:
     if not root.is_dir():
         raise FileNotFoundError(f"source folder {root} does not exist or is not a directory")
     walk = _Walk(root, os.path.realpath(root))
+    walk.reserved.add(_identity(root))
     if not labels:
         paths, _ = walk.images(root, False)
         if not paths:
             raise ValueError(f"no .jpg/.jpeg/.jfif files found under {root}")
         return _inputs(walk, paths, [-1] * len(paths), [], ())
     classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    walk.reserved.update(_identity(root / name) for name in classes)
     paths, label_list, empty = [], [], []
     for label, name in enumerate(classes):
         found, others = walk.images(root / name, (root / name).is_symlink())
@@ -115,6 +119,11 @@ def scan_image_folder(root, *, labels: bool = True) -> Inputs:
     if not paths:
         raise _no_images_error(root)
     return _inputs(walk, paths, label_list, classes, tuple(empty))
+
+
+def _identity(path: Path) -> tuple:
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino)
 
 
 def _inputs(walk: _Walk, paths, labels, classes, empty) -> Inputs:
