@@ -1,16 +1,23 @@
-"""Batch transforms: crop boxes, flips and normalisation, as vectorized pure functions.
+"""Transforms with torchvision's names and meanings, declared once, fused by the Loader.
 
-Random parameters are drawn from :mod:`dlpack_io.reader.rng`, a pure function of
-(seed, epoch, sample index), so a sample gets the same crop and flips whichever worker,
-rank or batch position handles it. The CPU path and the GPU kernels consume the same
-boxes and flags; only the pixel arithmetic differs (see docs/loader.md).
+    transforms=[RandomResizedCrop(224), RandomHorizontalFlip(),
+                ColorJitter(brightness=0.4, contrast=0.4, saturation=0.4),
+                Normalize(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))]
 
-Crops (``size`` is an int or an (height, width) pair, the output size):
-  * :class:`RandomResizedCrop`: torchvision's box sampling (10 tries of a random area
-    fraction in ``scale`` and log-uniform aspect ratio in ``ratio``, then the
-    central-crop fallback), resized to ``size`` with an antialiased bilinear filter.
-  * :class:`RandomCrop`: a uniformly placed ``size`` box (no resize, no padding).
-  * :class:`CenterCrop`: the centred ``size`` box (torchvision's rounding).
+The objects here only *describe* a transform; :func:`dlpack_io.reader.batchplan.compile_spec`
+checks the list once and turns it into a ``TransformSpec`` whose random parameters are
+drawn per batch as a pure function of (seed, epoch, sample index). The pixels are then made
+in one pass: a crop or resized crop with flips (C/PIL on the host, or one Triton kernel on the
+GPU), followed by one shared epilogue (colour jitter, normalisation, cast) whose maths live
+in ``dlpack_io.kernels`` only.
+
+Geometry (at most one of each, in this order):
+  * :class:`Resize`: shorter side to ``size`` (or an exact ``(h, w)``), antialiased bilinear;
+    followed by :class:`CenterCrop` or :class:`RandomCrop` it crops the resized image.
+  * :class:`RandomResizedCrop`: torchvision's box sampling, resized to ``size``.
+  * :class:`RandomCrop` / :class:`CenterCrop`: a ``size`` box (no padding).
+Then, in any order (they commute): :class:`RandomHorizontalFlip`, :class:`RandomVerticalFlip`,
+:class:`ColorJitter`. Last: :class:`Normalize`.
 """
 from __future__ import annotations
 
@@ -22,6 +29,14 @@ import numpy as np
 from dlpack_io.reader import rng
 
 _ATTEMPTS = 10
+
+
+class TransformError(ValueError):
+    """A transform cannot apply to sample ``sample`` (e.g. the image is too small)."""
+
+    def __init__(self, message: str, sample: int):
+        super().__init__(message)
+        self.sample = sample
 
 
 def _pair(size, name: str) -> tuple[int, int]:
@@ -36,12 +51,11 @@ def _pair(size, name: str) -> tuple[int, int]:
     return h, w
 
 
-class TransformError(ValueError):
-    """A transform cannot apply to sample ``sample`` (e.g. the image is too small)."""
-
-    def __init__(self, message: str, sample: int):
-        super().__init__(message)
-        self.sample = sample
+def _probability(name: str, p) -> float:
+    p = float(p)
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"{name}(p={p}): a probability in [0, 1] was expected")
+    return p
 
 
 def _check_fits(name, size, heights, widths, indices) -> None:
@@ -49,14 +63,18 @@ def _check_fits(name, size, heights, widths, indices) -> None:
     if bad.size:
         i = int(bad[0])
         raise TransformError(f"{name}{size}: the image is only {int(heights[i])}x"
-                             f"{int(widths[i])} pixels; crops do not pad: use "
-                             f"RandomResizedCrop, a smaller size, or pack with a larger --size",
-                             int(indices[i]))
+                             f"{int(widths[i])} pixels; crops do not pad: put Resize before "
+                             f"it, use RandomResizedCrop or a smaller size", int(indices[i]))
+
+
+def _as_int64(heights, widths) -> tuple[np.ndarray, np.ndarray]:
+    return np.asarray(heights, np.int64), np.asarray(widths, np.int64)
 
 
 @dataclass(frozen=True)
 class RandomResizedCrop:
-    """torchvision's RandomResizedCrop box sampling, output ``size`` (antialiased resize)."""
+    """torchvision's RandomResizedCrop: a random box (area fraction in ``scale``, log-uniform
+    aspect ratio in ``ratio``, 10 tries, then the central fallback) resized to ``size``."""
 
     size: object = 224
     scale: tuple = (0.08, 1.0)
@@ -75,7 +93,7 @@ class RandomResizedCrop:
 
     def boxes(self, heights, widths, seed: int, epoch: int, indices) -> np.ndarray:
         """(N, 4) int64 boxes (top, left, height, width) for the given samples."""
-        hs, ws = np.asarray(heights, np.int64), np.asarray(widths, np.int64)
+        hs, ws = _as_int64(heights, widths)
         u = rng.uniforms(seed, epoch, rng.STREAM_CROP, indices, 4 * _ATTEMPTS)
         u = u.reshape(len(hs), _ATTEMPTS, 4)
         area = (hs * ws).astype(np.float64)[:, None]
@@ -91,9 +109,8 @@ class RandomResizedCrop:
         bh, bw = ch[rows, first], cw[rows, first]
         top = np.floor(u[rows, first, 2] * (hs - bh + 1)).astype(np.int64)
         left = np.floor(u[rows, first, 3] * (ws - bw + 1)).astype(np.int64)
-        fb = self._fallback(hs, ws)
         out = np.stack([top, left, bh, bw], axis=1)
-        return np.where(found[:, None], out, fb)
+        return np.where(found[:, None], out, self._fallback(hs, ws))
 
     def _fallback(self, hs: np.ndarray, ws: np.ndarray) -> np.ndarray:
         """torchvision's central crop when 10 tries found no box."""
@@ -115,13 +132,18 @@ class RandomCrop:
     def __post_init__(self):
         object.__setattr__(self, "size", _pair(self.size, "RandomCrop"))
 
-    def boxes(self, heights, widths, seed: int, epoch: int, indices) -> np.ndarray:
-        """(N, 4) int64 boxes (top, left, height, width)."""
-        hs, ws = np.asarray(heights, np.int64), np.asarray(widths, np.int64)
+    def corners(self, hs, ws, seed: int, epoch: int, indices) -> tuple[np.ndarray, np.ndarray]:
+        """(top, left) of the box in images of sizes (hs, ws)."""
         _check_fits("RandomCrop", self.size, hs, ws, indices)
         u = rng.uniforms(seed, epoch, rng.STREAM_CROP, indices, 2)
         top = np.floor(u[:, 0] * (hs - self.size[0] + 1)).astype(np.int64)
         left = np.floor(u[:, 1] * (ws - self.size[1] + 1)).astype(np.int64)
+        return top, left
+
+    def boxes(self, heights, widths, seed: int, epoch: int, indices) -> np.ndarray:
+        """(N, 4) int64 boxes (top, left, height, width)."""
+        hs, ws = _as_int64(heights, widths)
+        top, left = self.corners(hs, ws, seed, epoch, indices)
         return np.stack([top, left, np.full_like(hs, self.size[0]),
                          np.full_like(ws, self.size[1])], axis=1)
 
@@ -136,97 +158,185 @@ class CenterCrop:
     def __post_init__(self):
         object.__setattr__(self, "size", _pair(self.size, "CenterCrop"))
 
-    def boxes(self, heights, widths, seed: int, epoch: int, indices) -> np.ndarray:
-        """(N, 4) int64 boxes (top, left, height, width); no randomness."""
-        hs, ws = np.asarray(heights, np.int64), np.asarray(widths, np.int64)
+    def corners(self, hs, ws, seed: int, epoch: int, indices) -> tuple[np.ndarray, np.ndarray]:
+        """(top, left) of the box in images of sizes (hs, ws); no randomness."""
         _check_fits("CenterCrop", self.size, hs, ws, indices)
         top = np.rint((hs - self.size[0]) / 2.0).astype(np.int64)
         left = np.rint((ws - self.size[1]) / 2.0).astype(np.int64)
+        return top, left
+
+    def boxes(self, heights, widths, seed: int, epoch: int, indices) -> np.ndarray:
+        """(N, 4) int64 boxes (top, left, height, width)."""
+        hs, ws = _as_int64(heights, widths)
+        top, left = self.corners(hs, ws, seed, epoch, indices)
         return np.stack([top, left, np.full_like(hs, self.size[0]),
                          np.full_like(ws, self.size[1])], axis=1)
 
 
-CROPS = (RandomResizedCrop, RandomCrop, CenterCrop)
+@dataclass(frozen=True)
+class Resize:
+    """torchvision's Resize: an int ``size`` scales the shorter side to it (the longer side
+    becomes ``int(size * long / short)``), a ``(h, w)`` pair gives that exact size.
+    Antialiased bilinear. ``Resize(int)`` must be followed by CenterCrop or RandomCrop
+    (otherwise every image has its own size and cannot be batched)."""
+
+    size: object = 256
+
+    def __post_init__(self):
+        if isinstance(self.size, (tuple, list)):
+            object.__setattr__(self, "size", _pair(self.size, "Resize"))
+        elif int(self.size) < 1:
+            raise ValueError(f"Resize: size {self.size!r} must be >= 1 pixel")
+        else:
+            object.__setattr__(self, "size", int(self.size))
+
+    def resized_shape(self, hs: np.ndarray, ws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(heights, widths) of the resized images, torchvision's rounding."""
+        if isinstance(self.size, tuple):
+            return np.full_like(hs, self.size[0]), np.full_like(ws, self.size[1])
+        s = self.size
+        short, long_ = np.minimum(hs, ws), np.maximum(hs, ws)
+        new_long = (s * long_.astype(np.float64) / short).astype(np.int64)  # int(): truncates
+        return np.where(hs <= ws, s, new_long), np.where(hs <= ws, new_long, s)
 
 
 @dataclass(frozen=True)
-class BatchParams:
-    """Per-sample transform parameters of one batch (numpy arrays, one row per sample)."""
+class ResizeThenCrop:
+    """``Resize`` followed by ``CenterCrop``/``RandomCrop`` (or alone with a fixed size),
+    fused: the crop's box in the resized image is mapped back to the stored image (an exact,
+    fractional box) and resampled once. On the host the filter reads around the box as
+    resizing the whole image and cropping does (same pixels up to rounding); the GPU
+    kernel resamples the box rounded to whole stored pixels (a shift of < 0.5 pixel)."""
 
-    boxes: np.ndarray   # (N, 4) int64: top, left, height, width in the stored image
-    flip_h: np.ndarray  # (N,) bool
-    flip_v: np.ndarray  # (N,) bool
-    out_size: tuple     # (height, width) of every output image
-    resize: bool        # True: resample box -> out_size; False: box size == out_size
+    resize: Resize
+    crop: object = None   # CenterCrop, RandomCrop or None (Resize((h, w)) alone)
+    resizes = True
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """Output (height, width)."""
+        return self.crop.size if self.crop is not None else self.resize.size
+
+    def exact_boxes(self, heights, widths, seed: int, epoch: int, indices) -> np.ndarray:
+        """(N, 4) float64 boxes (top, left, height, width): the crop of the resized image
+        mapped back to the stored image, exactly."""
+        hs, ws = _as_int64(heights, widths)
+        if self.crop is None:
+            return np.stack([np.zeros_like(hs), np.zeros_like(ws), hs, ws], axis=1).astype(float)
+        nh, nw = self.resize.resized_shape(hs, ws)
+        top, left = self.crop.corners(nh, nw, seed, epoch, indices)
+        sy, sx = hs / nh, ws / nw
+        return np.stack([top * sy, left * sx, self.size[0] * sy, self.size[1] * sx], axis=1)
+
+    def boxes(self, heights, widths, seed: int, epoch: int, indices) -> np.ndarray:
+        """(N, 4) int64 boxes (top, left, height, width): the exact boxes rounded to whole
+        stored pixels (what the GPU kernel resamples: a shift of < 0.5 stored pixel)."""
+        hs, ws = _as_int64(heights, widths)
+        exact = self.exact_boxes(hs, ws, seed, epoch, indices)
+        return round_boxes(exact, hs, ws)
 
 
-def full_image_boxes(heights, widths, indices) -> tuple[np.ndarray, tuple]:
-    """Boxes covering whole images (crop=None); every image must have the same size."""
-    hs, ws = np.asarray(heights, np.int64), np.asarray(widths, np.int64)
-    if len(hs) and (np.any(hs != hs[0]) or np.any(ws != ws[0])):
-        i = int(np.flatnonzero((hs != hs[0]) | (ws != ws[0]))[0])
-        raise TransformError(f"crop=None needs images of one size, but this one is "
-                             f"{int(hs[i])}x{int(ws[i])} and sample {int(indices[0])} is "
-                             f"{int(hs[0])}x{int(ws[0])}; pass a crop (e.g. "
-                             f"RandomResizedCrop(224)) or pack with --mode raw --size",
-                             int(indices[i]))
-    zeros = np.zeros_like(hs)
-    size = (int(hs[0]), int(ws[0])) if len(hs) else (0, 0)
-    return np.stack([zeros, zeros, hs, ws], axis=1), size
+def round_boxes(exact: np.ndarray, hs: np.ndarray, ws: np.ndarray) -> np.ndarray:
+    """Float (top, left, h, w) boxes rounded to whole pixels inside (hs, ws) images."""
+    t = np.clip(np.rint(exact[:, 0]).astype(np.int64), 0, hs - 1)
+    lf = np.clip(np.rint(exact[:, 1]).astype(np.int64), 0, ws - 1)
+    bh = np.clip(np.rint(exact[:, 2]).astype(np.int64), 1, hs - t)
+    bw = np.clip(np.rint(exact[:, 3]).astype(np.int64), 1, ws - lf)
+    return np.stack([t, lf, bh, bw], axis=1)
 
 
-def sample_params(crop, flip_h: float, flip_v: float, seed: int, epoch: int, indices,
-                  heights, widths) -> BatchParams:
-    """Crop boxes and flip flags of the samples ``indices`` (a pure function)."""
-    indices = np.asarray(indices, dtype=np.int64)
-    if crop is None:
-        boxes, size = full_image_boxes(heights, widths, indices)
-        resize = False
+def decode_windows(exact: np.ndarray, out_size, hs: np.ndarray, ws: np.ndarray) -> np.ndarray:
+    """Whole-pixel (top, left, h, w) windows around exact boxes, wide enough for the
+    resampling filter's support (1 output pixel's footprint, at least 1 pixel, plus 1)."""
+    my = np.ceil(np.maximum(exact[:, 2] / out_size[0], 1.0)) + 1
+    mx = np.ceil(np.maximum(exact[:, 3] / out_size[1], 1.0)) + 1
+    t = np.maximum(np.floor(exact[:, 0] - my), 0).astype(np.int64)
+    lf = np.maximum(np.floor(exact[:, 1] - mx), 0).astype(np.int64)
+    b = np.minimum(np.ceil(exact[:, 0] + exact[:, 2] + my), hs).astype(np.int64)
+    r = np.minimum(np.ceil(exact[:, 1] + exact[:, 3] + mx), ws).astype(np.int64)
+    return np.stack([t, lf, b - t, r - lf], axis=1)
+
+
+@dataclass(frozen=True)
+class RandomHorizontalFlip:
+    """Mirror left-right with probability ``p``."""
+
+    p: float = 0.5
+
+    def __post_init__(self):
+        object.__setattr__(self, "p", _probability("RandomHorizontalFlip", self.p))
+
+
+@dataclass(frozen=True)
+class RandomVerticalFlip:
+    """Mirror top-bottom with probability ``p``."""
+
+    p: float = 0.5
+
+    def __post_init__(self):
+        object.__setattr__(self, "p", _probability("RandomVerticalFlip", self.p))
+
+
+def _jitter_range(name: str, value, centre: float, bound: tuple) -> tuple[float, float] | None:
+    """torchvision's ``_check_input``: v -> [centre - v, centre + v] (clipped), or a pair."""
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise ValueError(f"ColorJitter: {name} {value!r} must be a number or a (min, max) pair")
+        lo, hi = float(value[0]), float(value[1])
     else:
-        boxes, size, resize = crop.boxes(heights, widths, seed, epoch, indices), crop.size, crop.resizes
-    fh = rng.uniforms(seed, epoch, rng.STREAM_FLIP_H, indices)[:, 0] < flip_h
-    fv = rng.uniforms(seed, epoch, rng.STREAM_FLIP_V, indices)[:, 0] < flip_v
-    return BatchParams(boxes, fh, fv, tuple(size), resize)
+        v = float(value)
+        if v < 0:
+            raise ValueError(f"ColorJitter: {name}={v} must be non-negative")
+        lo, hi = centre - v, centre + v
+        if bound[0] is not None:
+            lo = max(lo, bound[0])
+    if not (bound[0] is None or bound[0] <= lo) or not lo <= hi or \
+            not (bound[1] is None or hi <= bound[1]):
+        raise ValueError(f"ColorJitter: {name} range ({lo}, {hi}) must be increasing and "
+                         f"within {bound}")
+    return None if lo == hi == centre else (lo, hi)
 
 
-def check_probability(name: str, p) -> float:
-    """Validate a flip probability."""
-    p = float(p)
-    if not 0.0 <= p <= 1.0:
-        raise ValueError(f"{name}={p}: a probability in [0, 1] was expected")
-    return p
+@dataclass(frozen=True)
+class ColorJitter:
+    """torchvision's ColorJitter: per sample, brightness/contrast/saturation factors drawn
+    uniformly from [max(0, 1 - v), 1 + v] (or a given (min, max)), hue from [-v, v]
+    (v <= 0.5), applied in a random order. Exact formulas: docs/kernels.md."""
+
+    brightness: object = 0.0
+    contrast: object = 0.0
+    saturation: object = 0.0
+    hue: object = 0.0
+
+    def __post_init__(self):
+        for name in ("brightness", "contrast", "saturation"):
+            object.__setattr__(self, name, _jitter_range(name, getattr(self, name), 1.0,
+                                                         (0.0, None)))
+        object.__setattr__(self, "hue", _jitter_range("hue", self.hue, 0.0, (-0.5, 0.5)))
+
+    @property
+    def ranges(self) -> tuple:
+        """(brightness, contrast, saturation, hue) ranges, None where the op is off."""
+        return self.brightness, self.contrast, self.saturation, self.hue
 
 
-def _scale_bias(c: int, mean, std):
-    import torch
+@dataclass(frozen=True)
+class Normalize:
+    """``(x / 255 - mean) / std`` per channel (the Loader's float output)."""
 
-    mean = (0.0,) * c if mean is None else tuple(float(m) for m in mean)
-    std = (1.0,) * c if std is None else tuple(float(s) for s in std)
-    if len(mean) != c or len(std) != c or any(s <= 0 for s in std):
-        raise ValueError(f"mean {mean} and std {std} need {c} entries each, std > 0")
-    scale = torch.tensor([1.0 / (255.0 * s) for s in std], dtype=torch.float32)
-    bias = torch.tensor([-m / s for m, s in zip(mean, std)], dtype=torch.float32)
-    return scale.view(1, c, 1, 1), bias.view(1, c, 1, 1)
+    mean: tuple = (0.485, 0.456, 0.406)
+    std: tuple = (0.229, 0.224, 0.225)
 
-
-def normalize_into(images_u8, out, mean, std):
-    """uint8 NCHW -> ``out`` (a float tensor of the same shape); returns ``out``.
-
-    ``v * (1 / (255 * std)) + (-mean / std)`` computed in float32, the same formula as
-    the GPU kernels' epilogue (``(v / 255 - mean) / std``); mean/std None give ``v / 255``.
-    """
-    import torch
-
-    scale, bias = _scale_bias(images_u8.shape[1], mean, std)
-    if out.dtype == torch.float32:
-        torch.mul(images_u8, scale, out=out)
-        return out.add_(bias)
-    out.copy_(images_u8.to(torch.float32).mul_(scale).add_(bias))
-    return out
+    def __post_init__(self):
+        mean, std = tuple(float(m) for m in self.mean), tuple(float(s) for s in self.std)
+        if len(mean) != len(std) or not all(s > 0 and math.isfinite(s) for s in std) or \
+                not all(math.isfinite(m) for m in mean):
+            raise ValueError(f"Normalize: mean {mean} and std {std} need one finite entry per "
+                             f"channel each, std > 0")
+        object.__setattr__(self, "mean", mean)
+        object.__setattr__(self, "std", std)
 
 
-def normalize_cpu(images_u8, mean, std, dtype):
-    """uint8 NCHW -> a new tensor of ``dtype`` (see :func:`normalize_into`)."""
-    import torch
-
-    return normalize_into(images_u8, torch.empty(images_u8.shape, dtype=dtype), mean, std)
+CROPS = (RandomResizedCrop, RandomCrop, CenterCrop)
+PUBLIC = (Resize, RandomResizedCrop, RandomCrop, CenterCrop, RandomHorizontalFlip,
+          RandomVerticalFlip, ColorJitter, Normalize)
