@@ -104,7 +104,7 @@ CHILD = textwrap.dedent('''
     def loader(**kw):
         def run(path):
             ds = Dataset(path)
-            for _ in Loader(ds, batch_size=4, crop=RandomResizedCrop(8), drop_last=False, **kw):
+            for _ in Loader(ds, batch_size=4, transforms=[RandomResizedCrop(8)], **kw):
                 pass
         return run
 

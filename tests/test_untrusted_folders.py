@@ -165,7 +165,7 @@ def test_flat_folder_needs_the_flag_and_then_packs_with_label_minus_one(tmp_path
     assert ds.classes == [] and len(ds) == 5
     assert {ds[i][1] for i in range(len(ds))} == {-1}
     assert verify(tmp_path / "ds", decode=True, progress=False).ok
-    loader = Loader(ds, batch_size=2, drop_last=False, num_workers=0, crop=RandomResizedCrop(8))
+    loader = Loader(ds, batch_size=2, num_workers=0, transforms=[RandomResizedCrop(8)])
     labels = np.concatenate([lab.numpy() for _, lab in loader])
     assert labels.tolist() == [-1] * 5
     inspect = subprocess.run([sys.executable, "-m", "dlpack_io.tools.cli", "inspect",
