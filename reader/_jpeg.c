@@ -850,6 +850,7 @@ fail:
    not 3-component, files that already have that restart interval. Every coefficient is
    entropy-decoded, so corrupt or truncated data raises ValueError. */
 #define RESTART_MCUS 1
+#define TRANSCODE_MAX_MEMORY (2048L * 1024 * 1024) /* ~200 Mpixel of 4:4:4 coefficients */
 
 typedef struct {
     const unsigned char *src;
@@ -873,6 +874,10 @@ static void add_restarts_nogil(Transcode *t) {
     out.err = &err_in.pub; /* one error manager: the compressor's errors jump too */
     jpeg_create_decompress(&in);
     jpeg_create_compress(&out);
+    /* The rewrite buffers every coefficient of the image: a header claiming a huge image
+       (a few hundred bytes can claim 65500 x 65500, 25 GB of coefficients) must fail
+       with "insufficient memory", not allocate and zero it all. */
+    in.mem->max_memory_to_use = TRANSCODE_MAX_MEMORY;
     t->out = NULL;
     t->out_len = 0;
     if (setjmp(err_in.jump)) {
