@@ -164,7 +164,7 @@ def unpack_header(page, file_size: int, where: str) -> ShardHeader:
     if actual_crc != header_crc:
         raise FormatError(f"{where}: header checksum mismatch (stored {header_crc:#010x}, "
                           f"computed {actual_crc:#010x}): the header page is damaged")
-    if any(bytes(page[HEADER_STRUCT.size:HEADER_SIZE])):
+    if bytes(page[HEADER_STRUCT.size:HEADER_SIZE]).count(0) != HEADER_SIZE - HEADER_STRUCT.size:
         raise FormatError(f"{where}: header padding (bytes {HEADER_STRUCT.size}.."
                           f"{HEADER_SIZE - 1}) is not zero: the header page is damaged")
     if version != FORMAT_VERSION:
