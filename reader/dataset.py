@@ -8,7 +8,7 @@ import numpy as np
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.decode import decode_record
 from dlpack_io.reader.manifest import load_manifest
-from dlpack_io.reader.shard import open_shard
+from dlpack_io.reader.shard import guarded_array, open_shard
 
 
 class Dataset:
@@ -116,9 +116,14 @@ class Dataset:
     def __getitem__(self, i: int):
         payload, entry = self.record(i)
         try:
-            pixels = decode_record(payload, entry, "record")
+            if entry["kind"] == fmt.KIND_RAW:  # size checked at open; copied under the guard
+                pixels = guarded_array(payload).reshape(int(entry["height"]), int(entry["width"]), 3)
+            else:
+                pixels = decode_record(payload, entry, "record")
         except fmt.FormatError as exc:  # name the place only on failure: not on the hot path
             raise fmt.FormatError(str(exc).replace("record", self.where(i), 1)) from None
+        except ValueError as exc:  # MappedFileError: the shard changed under the map
+            raise fmt.FormatError(f"{self.where(i)}: {exc}") from None
         return pixels, int(entry["label"])
 
     def start_prefetch(self, batches, *, mode=None):

@@ -63,15 +63,25 @@ def _check_regular(path: str) -> None:
     os.close(fd)
 
 
-def guarded_copy(view) -> bytes:
-    """bytes(view), copied by the native code that turns a SIGBUS into an exception."""
+_ZERO = np.zeros(1, dtype=np.int64)
+
+
+def guarded_array(view) -> np.ndarray:
+    """A writable uint8 copy of ``view``, made by the native code that turns a SIGBUS
+    (the mapped file truncated under the read) into MappedFileError, a ValueError."""
     from dlpack_io.reader import jpegdecode
 
-    if not jpegdecode.have_extension() or not len(view):
-        return bytes(view)
     out = np.empty(len(view), dtype=np.uint8)
-    jpegdecode.gather(view, [0], [len(view)], out, [0])
-    return out.tobytes()
+    if jpegdecode._jpeg is None or not len(view):
+        out[:] = np.frombuffer(view, dtype=np.uint8)
+    else:
+        jpegdecode._jpeg.gather(view, _ZERO, np.array([len(view)], dtype=np.int64), out, _ZERO)
+    return out
+
+
+def guarded_copy(view) -> bytes:
+    """bytes(view), copied under the SIGBUS guard (see guarded_array)."""
+    return guarded_array(view).tobytes()
 
 
 class _Shard:

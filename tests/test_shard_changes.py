@@ -100,6 +100,32 @@ def test_overwrite_by_our_own_convert_leaves_a_running_reader_intact(packed, raw
     assert all(fmt.crc32(p) == int(ds.record(i)[1]["crc"]) for i, p in enumerate(after))
 
 
+@pytest.mark.skipif(not jpegdecode.have_extension(), reason="the SIGBUS guard is in the C extension")
+def test_dataset_survives_a_truncation_after_open(packed, tmp_path):
+    """Dataset[i] of a raw record reads through the guarded copy: a shard truncated after
+    it was opened is an error naming it (run in a child: a SIGBUS that escaped would be
+    its exit status)."""
+    path = tmp_path / "raw"
+    shutil.copytree(packed["raw"], path)
+    code = textwrap.dedent('''
+        import os, sys
+        from dlpack_io.reader import Dataset
+        from dlpack_io.reader.format import FormatError
+        ds = Dataset(sys.argv[1])
+        ds[0]
+        os.truncate(ds.shards[0].path, 4096)
+        try:
+            ds[1]
+        except FormatError as exc:
+            print("RAISED", exc)
+    ''')
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("RAISED "), done.stdout
+    assert "shard-00000.rec record 1 (sample 1): gather: bus error reading byte 0" in done.stdout
+
+
 CHILD = textwrap.dedent('''
     import os, sys
     from dlpack_io.reader import Dataset, Loader, RandomCrop, RandomResizedCrop

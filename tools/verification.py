@@ -65,7 +65,8 @@ def _padding_problem(shard, j: int, gap_end: int) -> str | None:
     """Alignment padding after record ``j`` must be zero bytes: nothing may hide there."""
     entry = shard.index[j]
     start = int(entry["offset"]) + int(entry["length"])
-    if gap_end - start >= fmt.RECORD_ALIGN or any(shard.span(start, gap_end)):
+    if gap_end - start >= fmt.RECORD_ALIGN or \
+            guarded_copy(shard.span(start, gap_end)).count(0) != gap_end - start:
         return f"padding bytes {start}..{gap_end - 1} after the record are not {gap_end - start} zeros"
     return None
 
