@@ -21,7 +21,7 @@ from dlpack_io.reader.skips import skipped_from
 from dlpack_io.reader.transforms import (
     CROPS, PUBLIC, CenterCrop, ColorJitter, Normalize, RandomCrop, RandomHorizontalFlip,
     RandomResizedCrop, RandomVerticalFlip, Resize, ResizeThenCrop, TransformError)
-from dlpack_io.reader.transforms import decode_windows
+from dlpack_io.reader.geometry import decode_windows
 
 ORDER_HELP = ("transforms must come in this order: [Resize] [RandomResizedCrop | RandomCrop | "
               "CenterCrop], then RandomHorizontalFlip / RandomVerticalFlip / ColorJitter in any "

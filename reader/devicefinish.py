@@ -93,21 +93,25 @@ class _Copies:
             event.record(self.stream)
         self._staged[key] = (moved, event)
 
-    def take(self, key, release):
-        """The staged device tensors, usable on the current stream; ``release`` runs once
-        the copy is done."""
+    def take(self, key):
+        """(device tensors, event) staged under ``key``, usable on the current stream."""
         import torch
 
         tensors, event = self._staged.pop(key)
+        if event is not None:
+            current = torch.cuda.current_stream(self.device)
+            current.wait_event(event)
+            for t in tensors:
+                t.record_stream(current)
+        return tensors, event
+
+    def done_with(self, event, release) -> None:
+        """Run ``release`` once the copy behind ``event`` has completed (at once on the CPU,
+        where the caller has finished reading the host tensors)."""
         if event is None:
             release()
-            return tensors
-        current = torch.cuda.current_stream(self.device)
-        current.wait_event(event)
-        for t in tensors:
-            t.record_stream(current)
-        self._pending.append((event, release))
-        return tensors
+        else:
+            self._pending.append((event, release))
 
     def reclaim(self, block: bool = False) -> None:
         """Release host buffers whose copies have finished (all of them with ``block``)."""
@@ -173,8 +177,9 @@ class DeviceFinisher:
     def finish(self, hb):
         """(images, labels) of ``hb`` on the device; its buffer is released after the copy."""
         self.stage(hb)
-        data, labels = self._copies.take(id(hb), hb.release)
+        (data, labels), event = self._copies.take(id(hb))
         images = run_kernel(hb.meta, data, self.spec, validate=not self._copies.cuda)
+        self._copies.done_with(event, hb.release)  # on the CPU the kernel has read it by now
         return images, labels
 
     def reclaim(self, block: bool = False) -> None:
@@ -210,7 +215,8 @@ class HostFinisher:
             hb.release()
             return hb.images, torch.from_numpy(hb.labels)
         self.stage(hb)
-        images, labels = self._copies.take(id(hb), _Keep(hb).release)
+        (images, labels), event = self._copies.take(id(hb))
+        self._copies.done_with(event, _Keep(hb).release)
         return images, labels
 
     def reclaim(self, block: bool = False) -> None:
