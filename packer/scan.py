@@ -138,7 +138,8 @@ def _rows(list_file: Path):
         if not row or not "".join(row).strip() or row[0].lstrip().startswith("#"):
             continue
         if len(row) < 2:
-            raise ValueError(f"{list_file}:{lineno}: expected 'path{delimiter}label', got {delimiter.join(row)!r}")
+            raise ValueError(f"{list_file}:{lineno}: expected 'path{delimiter}label', "
+                             f"got {delimiter.join(row)!r}")
         yield lineno, row[0].strip(), row[1].strip()
 
 

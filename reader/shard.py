@@ -19,69 +19,10 @@ import numpy as np
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.indexcheck import check_index
 from dlpack_io.reader.lmdbcheck import check_lmdb
-from dlpack_io.reader.safeio import open_regular
+from dlpack_io.reader.safeio import (ShardChangedError, check_regular, guarded_array,  # noqa: F401
+                                     guarded_copy, identity, open_regular, pread_all)
 
 log = logging.getLogger(__name__)
-
-
-class ShardChangedError(fmt.FormatError):
-    """A shard file changed (truncated, appended to, rewritten) while it was mapped."""
-
-    def __init__(self, path: str, change: str):
-        super().__init__(f"{path}: changed on disk while this process was reading it ({change}); "
-                         f"someone rewrote or truncated the data set in place: stop, let them "
-                         f"finish, and restart from a checkpoint")
-        self.path, self.change = path, change
-
-    def __reduce__(self):
-        return (type(self), (self.path, self.change))
-
-
-def _identity(st: os.stat_result) -> tuple:
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def _pread_all(fd: int, size: int, offset: int, path: str) -> bytes:
-    """Exactly ``size`` bytes at ``offset`` (a read cannot fault, unlike a mapped page)."""
-    parts, done = [], 0
-    while done < size:
-        chunk = os.pread(fd, min(size - done, 1 << 28), offset + done)
-        if not chunk:
-            raise fmt.FormatError(f"{path}: file ended at {offset + done} while reading "
-                                  f"{size} bytes at {offset}: the shard is truncated")
-        parts.append(chunk)
-        done += len(chunk)
-    return b"".join(parts)
-
-
-def _check_regular(path: str) -> None:
-    """FileNotFoundError naming the shard, or FormatError unless it is a regular file."""
-    try:
-        fd, _ = open_regular(path)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: shard listed in the manifest is missing") from None
-    os.close(fd)
-
-
-_ZERO = np.zeros(1, dtype=np.int64)
-
-
-def guarded_array(view) -> np.ndarray:
-    """A writable uint8 copy of ``view``, made by the native code that turns a SIGBUS
-    (the mapped file truncated under the read) into MappedFileError, a ValueError."""
-    from dlpack_io.reader import jpegdecode
-
-    out = np.empty(len(view), dtype=np.uint8)
-    if jpegdecode._jpeg is None or not len(view):
-        out[:] = np.frombuffer(view, dtype=np.uint8)
-    else:
-        jpegdecode._jpeg.gather(view, _ZERO, np.array([len(view)], dtype=np.int64), out, _ZERO)
-    return out
-
-
-def guarded_copy(view) -> bytes:
-    """bytes(view), copied under the SIGBUS guard (see guarded_array)."""
-    return guarded_array(view).tobytes()
 
 
 class _Shard:
@@ -183,7 +124,7 @@ class RecordShard(_Shard):
         try:
             header = fmt.unpack_header(os.pread(fd, fmt.HEADER_SIZE, 0), st.st_size, self.path)
             self._check_manifest_crc(header.header_crc)
-            index_bytes = _pread_all(fd, header.index_size, header.index_offset, self.path)
+            index_bytes = pread_all(fd, header.index_size, header.index_offset, self.path)
             self._check_crc("index", header.index_crc, index_bytes)
             index = fmt.index_from_buffer(index_bytes, header.num_records, self.path)
             self._check_index(index, data_offset=header.data_offset, data_end=header.index_offset)
@@ -191,7 +132,7 @@ class RecordShard(_Shard):
         finally:
             os.close(fd)
         self._header, self._mm, self._view, self._index = header, mm, memoryview(mm), index
-        self._identity = _identity(st)
+        self._identity = identity(st)
 
     def record_count(self) -> int:
         """Records in the shard, from its header alone (checked against the manifest CRC)."""
@@ -255,10 +196,10 @@ def _lmdb_keys(path: str) -> int:
     real = os.path.realpath(path)
     st = os.stat(real)
     cached = _LMDB_CHECKED.get(real)
-    if cached is not None and cached[0] == _identity(st):
+    if cached is not None and cached[0] == identity(st):
         return cached[1]
     keys = check_lmdb(real)
-    _LMDB_CHECKED[real] = (_identity(st), keys)
+    _LMDB_CHECKED[real] = (identity(st), keys)
     return keys
 
 
@@ -285,7 +226,7 @@ class LmdbShard(_Shard):
     def _open(self) -> None:
         import lmdb
 
-        _check_regular(self.path)  # a regular file, and a FIFO never blocks us
+        check_regular(self.path)  # a regular file, and a FIFO never blocks us
         st = os.stat(self.path)
         try:
             txn = _lmdb_txn(self.path)
@@ -310,11 +251,11 @@ class LmdbShard(_Shard):
         index = fmt.index_from_buffer(index_bytes, num, self.path)
         self._check_index(index)
         self._txn, self._meta, self._index = txn, meta, index
-        self._identity = _identity(st)
+        self._identity = identity(st)
 
     def record_count(self) -> int:
         """Records in the shard: its keys but the index and metadata (structure checked)."""
-        _check_regular(self.path)
+        check_regular(self.path)
         return max(_lmdb_keys(self.path) - 2, 0)
 
     def payload(self, i: int) -> memoryview:

@@ -67,8 +67,9 @@ def mutate(rng: random.Random, data: bytes) -> bytes:
             for marker, offset in ((b"\xff\xc0", 5), (b"\xff\xc2", 5), (b"\xff\xdd", 4)):
                 pos = buf.find(marker)
                 if pos >= 0 and pos + offset + 4 <= len(buf):
-                    struct.pack_into(">HH", buf, pos + offset, rng.choice((0, 1, 7, 8, 255, 65500, 65535, rng.randrange(65536))),
-                                     rng.choice((0, 1, 16, 65535, rng.randrange(65536))))
+                    first = rng.choice((0, 1, 7, 8, 255, 65500, 65535, rng.randrange(65536)))
+                    second = rng.choice((0, 1, 16, 65535, rng.randrange(65536)))
+                    struct.pack_into(">HH", buf, pos + offset, first, second)
         else:
             j = rng.randrange(len(buf)) if buf else 0
             buf[at:at + 8] = bytes(buf[j:j + 8])
