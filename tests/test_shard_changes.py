@@ -150,6 +150,7 @@ CHILD = textwrap.dedent('''
 
 
 @pytest.mark.skipif(not jpegdecode.have_extension(), reason="the SIGBUS guard is in the C extension")
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["thread", "process"])
 @pytest.mark.parametrize("mode", ["raw", "jpeg"])
 def test_truncated_under_a_running_loader(packed, tmp_path, mode, kind):

@@ -1,10 +1,11 @@
 """Folders from strangers (issue 16 items 8-10, issue 13 items 3-4): conversions run as
-the `dlpack` command in a child process with a deadline. What may happen: a clear error
+the `dlpack` command in a child process under an address-space limit and a deadline. What may happen: a clear error
 before any work, or a data set holding each real image once; never a write outside DST,
 a hang, or an exponential scan."""
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
 
@@ -16,12 +17,17 @@ from dlpack_io.tools.synth import make_image_folder
 from dlpack_io.tools.verification import verify
 
 DEADLINE = 120  # a hang guard; every run here takes a few seconds
+ADDRESS_SPACE = 3 * 2**30  # RLIMIT_AS of the conversion and its workers
+
+
+def _limit_memory():
+    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
 
 
 def _convert(src, dst, *extra, timeout=DEADLINE):
     return subprocess.run([sys.executable, "-m", "dlpack_io.tools.cli", "convert", str(src),
                            str(dst), "--workers", "1", *extra], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, preexec_fn=_limit_memory)
 
 
 @pytest.fixture
