@@ -155,7 +155,7 @@ static void on_emit_message(j_common_ptr cinfo, int level) {
 
 static void on_output_message(j_common_ptr cinfo) { (void)cinfo; }
 
-enum { OK = 0, ERR_JPEG = 1, ERR_OUT = 2, ERR_BOX = 3, ERR_TRUNCATED = 4 };
+enum { OK = 0, ERR_JPEG = 1, ERR_OUT = 2, ERR_BOX = 3, ERR_TRUNCATED = 4, ERR_BOMB = 5 };
 
 typedef struct {
     long top, left, height, width; /* requested box, full-size pixel coordinates */
@@ -423,9 +423,7 @@ static void decode_stream(const unsigned char *src, size_t len, Region *r) {
     if ((unsigned long long)r->image_h * (unsigned long long)r->image_w * r->pixel_size >
         (unsigned long long)r->out_size) {
         jpeg_destroy_decompress(&cinfo);
-        r->rows = r->image_h;
-        r->cols = r->image_w;
-        r->status = ERR_OUT;
+        r->status = ERR_BOMB;
         return;
     }
     cinfo.out_color_space = r->pixel_size == 4 ? JCS_EXT_RGBX : JCS_RGB;
@@ -456,6 +454,12 @@ static PyObject *region_error(const Region *r) {
         return PyErr_Format(PyExc_ValueError, "JPEG decode error: %s", r->message);
     case ERR_TRUNCATED:
         return PyErr_Format(PyExc_ValueError, "truncated JPEG data: %s", r->message);
+    case ERR_BOMB:
+        return PyErr_Format(PyExc_ValueError,
+                            "the JPEG header claims %ld x %ld pixels: the %zd-byte output "
+                            "buffer is smaller than the whole image (a decompression bomb, or "
+                            "an index entry that does not match the record)",
+                            r->image_h, r->image_w, r->out_size);
     case ERR_OUT:
         return PyErr_Format(PyExc_ValueError,
                             "output buffer of %zd bytes is smaller than the %ld x %ld x %d "
