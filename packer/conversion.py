@@ -21,7 +21,8 @@ from dlpack_io.packer.progress import Progress
 from dlpack_io.packer.scan import read_list, scan_image_folder, stat_inputs
 from dlpack_io.packer.writers import open_writer
 from dlpack_io.reader import format as fmt
-from dlpack_io.packer.dstfiles import clear_outputs, existing_entries, verify_kept_shard
+from dlpack_io.packer.dstfiles import (check_src_dst, clear_outputs, existing_entries,
+                                       verify_kept_shard)
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +106,8 @@ class _Packer:
             self.writer = open_writer(self.options.format, self.dst, len(self.state.shards),
                                       self.state.next_sample, self.options.shard_size)
         self.writer.add(record, label, rel)
-        self.since.class_counts[label] += 1
+        if label >= 0:  # -1: packed without labels (no classes to count)
+            self.since.class_counts[label] += 1
         if record.reencoded:
             self.since.reencoded[record.reencoded] += 1
 
@@ -187,19 +189,45 @@ def _pack(dst, inputs, stats, options: PackOptions, state: _State, journal_) -> 
     return progress
 
 
+def _scan(src, list_file, labels: bool):
+    if list_file and not labels:
+        raise ValueError("--no-labels packs a folder without classes; a --list gives labels: "
+                         "use one or the other")
+    inputs = read_list(src, list_file) if list_file else scan_image_folder(src, labels=labels)
+    for name, others in inputs.empty_classes:
+        log.warning("class folder %s has no usable image (%d other files, no .jpg/.jpeg/.jfif, "
+                    "or a folder already packed through a symlink): class %r will have 0 "
+                    "samples", os.path.join(inputs.root, name), others, name)
+    return inputs
+
+
+def _summary(dst, manifest, state, inputs, progress, resumed_from) -> dict:
+    empty = [c for c, n in zip(manifest["classes"], manifest["class_counts"]) if n == 0]
+    return {"dst": dst, "num_samples": manifest["num_samples"], "num_shards": len(state.shards),
+            "num_bytes": manifest["num_bytes"], "rejects": len(state.rejects),
+            "reencoded": dict(state.reencoded), "resumed_from": resumed_from,
+            "seconds": progress.elapsed, "images_per_s": progress.images_per_s,
+            "mb_per_s": progress.mb_per_s, "empty_classes": empty,
+            "via_links": inputs.via_links, "outside_src": inputs.outside_src,
+            "repeated_dirs": inputs.repeated_dirs}
+
+
 def convert(src, dst, *, list_file=None, resume: bool = False, overwrite: bool = False,
-            **options) -> dict:
+            labels: bool = True, provenance: bool = True, **options) -> dict:
     """Pack the images under ``src`` into a data set at ``dst``; return a summary dict.
 
     ``options`` are PackOptions fields (format, mode, size, max_side, quality, shard_size,
     seed, shuffle, validate, jpeg_restarts, workers, on_error, progress). ``list_file`` reads
-    ``path,label`` rows instead of scanning class folders. Raises ConversionError with
-    the file and the fix when the job cannot complete.
+    ``path,label`` rows instead of scanning class folders; ``labels=False`` packs every
+    JPEG under ``src`` with label -1 and no classes. ``provenance=False`` leaves the host
+    name and the absolute source paths out of the manifest (a data set meant for sharing).
+    Raises ConversionError with the file and the fix when the job cannot complete.
     """
     if "shard_size" in options:
         options["shard_size"] = parse_size(options["shard_size"])
     opts = PackOptions(**options)
-    inputs = read_list(src, list_file) if list_file else scan_image_folder(src)
+    check_src_dst(src, dst)
+    inputs = _scan(src, list_file, labels)
     dst = os.path.abspath(dst)
     lock = journal.DstLock(dst)
     try:
@@ -224,10 +252,11 @@ def convert(src, dst, *, list_file=None, resume: bool = False, overwrite: bool =
         if not state.shards:
             reasons = Counter(r for _, r in state.rejects).most_common(3)
             raise ConversionError(f"{src}: none of the {len(inputs.paths)} inputs could be "
-                                  f"packed; most common reasons: {reasons}")
+                                  f"packed; most common reasons: "
+                                  + "; ".join(f"{why} ({n}x)" for why, n in reasons))
         manifest = finalize.build_manifest(inputs, opts, state.shards, state.rejects,
                                            state.reencoded, state.class_counts.tolist(),
-                                           progress.elapsed)
+                                           progress.elapsed, provenance=provenance)
         try:
             finalize.write_dataset_files(dst, manifest, state.rejects)
         except OSError as exc:
@@ -237,8 +266,4 @@ def convert(src, dst, *, list_file=None, resume: bool = False, overwrite: bool =
         journal_.remove()
     finally:
         lock.release(remove=True)
-    return {"dst": dst, "num_samples": manifest["num_samples"], "num_shards": len(state.shards),
-            "num_bytes": manifest["num_bytes"], "rejects": len(state.rejects),
-            "reencoded": dict(state.reencoded), "resumed_from": resumed_from,
-            "seconds": progress.elapsed, "images_per_s": progress.images_per_s,
-            "mb_per_s": progress.mb_per_s}
+    return _summary(dst, manifest, state, inputs, progress, resumed_from)

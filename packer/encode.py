@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+import stat
 from dataclasses import dataclass
 
 from dlpack_io.reader.format import KIND_JPEG, KIND_RAW, crc32
@@ -181,8 +182,12 @@ def encode_file(data: bytes, *, mode: str, size=None, max_side=None, quality=95,
 
 def _read_unchanged(path: str, size: int, mtime_ns: int) -> bytes:
     """Read a file, checking it is still the one the scan saw (size and mtime)."""
-    with open(path, "rb") as f:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not block
+    with open(fd, "rb") as f:
         st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):  # FIFO, device (/dev/zero reads without end), ...
+            raise RejectedInput("not a regular file (a FIFO, device or socket); only image "
+                                "files are packed")
         data = f.read()
     if size >= 0 and (st.st_size, st.st_mtime_ns, len(data)) != (size, mtime_ns, size):
         raise RejectedInput(f"file changed while packing (size {size} -> {st.st_size}, "

@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 
+from dlpack_io.packer.nofollow import create_new
 from dlpack_io.reader import format as fmt
 
 
@@ -83,7 +84,7 @@ class RecordShardWriter(_ShardWriter):
 
     def __init__(self, dst, shard_number: int, first_sample: int):
         super().__init__(dst, shard_number, first_sample, "record")
-        self._file = open(self.tmp_path, "wb")
+        self._file = open(create_new(self.tmp_path), "wb")
         self._file.seek(fmt.HEADER_SIZE)
 
     def add(self, record, label: int, path: str) -> None:
@@ -127,6 +128,7 @@ class LmdbShardWriter(_ShardWriter):
         super().__init__(dst, shard_number, first_sample, "lmdb")
         # map_size is address space, not disk: room for an over-full last record too.
         map_size = 2 * shard_size + 2**30
+        os.close(create_new(self.tmp_path))  # a fresh file: liblmdb would follow a planted link
         self._env = lmdb.open(self.tmp_path, subdir=False, map_size=map_size, lock=False,
                               sync=False, metasync=False, readahead=False, meminit=False)
         self._txn = self._env.begin(write=True)

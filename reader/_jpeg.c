@@ -30,17 +30,107 @@
  *
  * libjpeg errors become ValueError through error_exit + longjmp; a premature end of data
  * (which libjpeg only warns about, filling the rest with grey) is an error too.
+ *
+ * Hostile arguments: every size, offset and stride is checked with overflow-checked
+ * unsigned arithmetic before any byte is touched, so a direct call with hostile values
+ * raises ValueError and never reads or writes outside the buffers or loops for long.
+ * Sources are often memory-mapped shard files: if one is truncated or rewritten under us,
+ * reading it raises SIGBUS. Reads of the source run under a per-thread guard (a SIGBUS
+ * handler that siglongjmps back to the entry point), so the call raises MappedFileError
+ * (a ValueError) instead of killing the process; JPEG decoding first copies the source
+ * under that guard, so libjpeg never sees mapped memory. A SIGBUS outside a guarded read
+ * is handed back to the previous handler (the process dies as it would have without us).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <setjmp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <jpeglib.h>
 #include <jerror.h>
+
+/* ---- SIGBUS guard ----------------------------------------------------------------------
+ * A thread inside a guarded read points tls_bus at its BusGuard; the handler jumps back to
+ * it. initial-exec TLS: reading it in the handler never allocates. */
+typedef struct {
+    sigjmp_buf env;
+    const char *volatile addr; /* faulting address, set by the handler */
+} BusGuard;
+
+static __thread BusGuard *volatile tls_bus __attribute__((tls_model("initial-exec")));
+static struct sigaction bus_previous;
+static PyObject *MappedFileError;
+
+static void on_sigbus(int sig, siginfo_t *info, void *ctx) {
+    BusGuard *g = tls_bus;
+    (void)ctx;
+    if (g != NULL) {
+        tls_bus = NULL;
+        g->addr = info != NULL ? (const char *)info->si_addr : NULL;
+        siglongjmp(g->env, 1);
+    }
+    /* Not ours: restore the previous disposition. A fault then repeats on return and goes
+       there; a signal sent with kill() is sent again. */
+    sigaction(SIGBUS, &bus_previous, NULL);
+    if (info == NULL || info->si_code <= 0)
+        raise(sig);
+}
+
+static int install_sigbus_handler(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    return sigaction(SIGBUS, &sa, &bus_previous);
+}
+
+/* Raise MappedFileError for a fault at `addr` while reading the `len`-byte buffer `src`. */
+static PyObject *bus_error(const char *what, const void *src, Py_ssize_t len, const char *addr) {
+    const char *base = (const char *)src;
+    if (addr >= base && addr < base + len)
+        return PyErr_Format(MappedFileError, "%s: bus error reading byte %zd of a %zd-byte "
+                            "memory-mapped source: the file under it was truncated or changed "
+                            "on disk", what, (Py_ssize_t)(addr - base), len);
+    return PyErr_Format(MappedFileError, "%s: bus error reading a %zd-byte memory-mapped "
+                        "source: the file under it was truncated or changed on disk", what, len);
+}
+
+/* Copy n bytes of src into dst under the guard; NULL or the faulting address. */
+static const char *copy_guarded(unsigned char *dst, const unsigned char *src, size_t n) {
+    BusGuard g;
+    g.addr = NULL;
+    if (sigsetjmp(g.env, 1) != 0)
+        return g.addr != NULL ? g.addr : (const char *)src;
+    tls_bus = &g;
+    memcpy(dst, src, n);
+    tls_bus = NULL;
+    return NULL;
+}
+
+/* ---- overflow-checked extents -------------------------------------------------------- */
+/* 1 when rows of row_bytes bytes, `stride` apart, starting at `offset` lie inside a buffer
+   of `len` bytes; every step is checked for overflow, so hostile values give 0. */
+static int block_fits(long long offset, long long rows, long long stride, long long row_bytes,
+                      Py_ssize_t len) {
+    unsigned long long last, end;
+    if (offset < 0 || rows < 1 || stride < 0 || row_bytes < 0 || len < 0)
+        return 0;
+    if (__builtin_mul_overflow((unsigned long long)(rows - 1), (unsigned long long)stride, &last) ||
+        __builtin_add_overflow(last, (unsigned long long)offset, &last) ||
+        __builtin_add_overflow(last, (unsigned long long)row_bytes, &end))
+        return 0;
+    return end <= (unsigned long long)len;
+}
+
+/* a * b into *out, 0 on overflow or a negative factor */
+static int mul_ok(long long a, long long b, long long *out) {
+    return a >= 0 && b >= 0 && !__builtin_mul_overflow(a, b, out);
+}
 
 typedef struct {
     struct jpeg_error_mgr pub;
@@ -65,7 +155,7 @@ static void on_emit_message(j_common_ptr cinfo, int level) {
 
 static void on_output_message(j_common_ptr cinfo) { (void)cinfo; }
 
-enum { OK = 0, ERR_JPEG = 1, ERR_OUT = 2, ERR_BOX = 3, ERR_TRUNCATED = 4 };
+enum { OK = 0, ERR_JPEG = 1, ERR_OUT = 2, ERR_BOX = 3, ERR_TRUNCATED = 4, ERR_BOMB = 5 };
 
 typedef struct {
     long top, left, height, width; /* requested box, full-size pixel coordinates */
@@ -327,6 +417,15 @@ static void decode_stream(const unsigned char *src, size_t len, Region *r) {
         r->status = ERR_BOX;
         return;
     }
+    /* The caller's buffer holds a full-size decode (documented contract): a header that
+       claims more pixels than that (a decompression bomb) is refused before
+       jpeg_start_decompress sizes anything from it. */
+    if ((unsigned long long)r->image_h * (unsigned long long)r->image_w * r->pixel_size >
+        (unsigned long long)r->out_size) {
+        jpeg_destroy_decompress(&cinfo);
+        r->status = ERR_BOMB;
+        return;
+    }
     cinfo.out_color_space = r->pixel_size == 4 ? JCS_EXT_RGBX : JCS_RGB;
     cinfo.scale_num = r->scale_num;
     cinfo.scale_denom = 8;
@@ -355,6 +454,12 @@ static PyObject *region_error(const Region *r) {
         return PyErr_Format(PyExc_ValueError, "JPEG decode error: %s", r->message);
     case ERR_TRUNCATED:
         return PyErr_Format(PyExc_ValueError, "truncated JPEG data: %s", r->message);
+    case ERR_BOMB:
+        return PyErr_Format(PyExc_ValueError,
+                            "the JPEG header claims %ld x %ld pixels: the %zd-byte output "
+                            "buffer is smaller than the whole image (a decompression bomb, or "
+                            "an index entry that does not match the record)",
+                            r->image_h, r->image_w, r->out_size);
     case ERR_OUT:
         return PyErr_Format(PyExc_ValueError,
                             "output buffer of %zd bytes is smaller than the %ld x %ld x %d "
@@ -367,9 +472,13 @@ static PyObject *region_error(const Region *r) {
     }
 }
 
+#define MAX_JPEG_SIDE 65535
+
 static PyObject *py_decode_region(PyObject *self, PyObject *args) {
     Py_buffer src, out;
     Region r;
+    unsigned char *copy;
+    const char *fault;
     (void)self;
     memset(&r, 0, sizeof(r));
     r.pixel_size = 3;
@@ -382,11 +491,35 @@ static PyObject *py_decode_region(PyObject *self, PyObject *args) {
         return PyErr_Format(PyExc_ValueError, "scale_num %d not in 1..16 or pixel_size %d "
                             "not 3 or 4", r.scale_num, r.pixel_size);
     }
+    if (r.top < 0 || r.left < 0 || r.height < 1 || r.width < 1 || r.top > MAX_JPEG_SIDE ||
+        r.left > MAX_JPEG_SIDE || r.height > MAX_JPEG_SIDE || r.width > MAX_JPEG_SIDE) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&out);
+        return PyErr_Format(PyExc_ValueError, "crop box (top=%ld, left=%ld, height=%ld, "
+                            "width=%ld) is not inside any JPEG (sides are 1..%d pixels)",
+                            r.top, r.left, r.height, r.width, MAX_JPEG_SIDE);
+    }
     r.out = (unsigned char *)out.buf;
     r.out_size = out.len;
+    copy = (unsigned char *)malloc(src.len > 0 ? (size_t)src.len : 1);
+    if (copy == NULL) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&out);
+        return PyErr_NoMemory();
+    }
     Py_BEGIN_ALLOW_THREADS
-    decode_region_nogil((const unsigned char *)src.buf, (size_t)src.len, &r);
+    /* decode a private copy: libjpeg never reads (possibly mapped) caller memory */
+    fault = copy_guarded(copy, (const unsigned char *)src.buf, (size_t)src.len);
+    if (fault == NULL)
+        decode_region_nogil(copy, (size_t)src.len, &r);
     Py_END_ALLOW_THREADS
+    free(copy);
+    if (fault != NULL) {
+        bus_error("decode_region", src.buf, src.len, fault);
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&out);
+        return NULL;
+    }
     PyBuffer_Release(&src);
     PyBuffer_Release(&out);
     if (r.status != OK)
@@ -400,22 +533,38 @@ static PyObject *py_header(PyObject *self, PyObject *args) {
     ErrorMgr err;
     char message[JMSG_LENGTH_MAX];
     long h, w, c;
+    unsigned char *volatile copy;
+    const char *fault;
     (void)self;
     if (!PyArg_ParseTuple(args, "y*", &src))
         return NULL;
+    copy = (unsigned char *)malloc(src.len > 0 ? (size_t)src.len : 1);
+    if (copy == NULL) {
+        PyBuffer_Release(&src);
+        return PyErr_NoMemory();
+    }
+    fault = copy_guarded(copy, (const unsigned char *)src.buf, (size_t)src.len);
+    if (fault != NULL) {
+        bus_error("header", src.buf, src.len, fault);
+        free(copy);
+        PyBuffer_Release(&src);
+        return NULL;
+    }
     setup_errors(&cinfo, &err, message);
     jpeg_create_decompress(&cinfo);
     if (setjmp(err.jump)) {
         jpeg_destroy_decompress(&cinfo);
+        free(copy);
         PyBuffer_Release(&src);
         return PyErr_Format(PyExc_ValueError, "JPEG header error: %s", message);
     }
-    jpeg_mem_src(&cinfo, (unsigned char *)src.buf, (unsigned long)src.len);
+    jpeg_mem_src(&cinfo, copy, (unsigned long)src.len);
     jpeg_read_header(&cinfo, TRUE);
     h = cinfo.image_height;
     w = cinfo.image_width;
     c = cinfo.num_components;
     jpeg_destroy_decompress(&cinfo);
+    free(copy);
     PyBuffer_Release(&src);
     return Py_BuildValue("lll", h, w, c);
 }
@@ -544,14 +693,18 @@ static PyObject *py_to_chw(PyObject *self, PyObject *args) {
     Py_buffer src, dst;
     Py_ssize_t offset, row_stride, dst_offset;
     long h, w;
+    long long row_bytes, plane, planes;
     int flip_h, flip_v, ps = 3;
+    BusGuard g;
+    const char *volatile fault = NULL;
     (void)self;
     if (!PyArg_ParseTuple(args, "y*nnllw*npp|i", &src, &offset, &row_stride, &h, &w, &dst,
                           &dst_offset, &flip_h, &flip_v, &ps))
         return NULL;
-    if (h < 1 || w < 1 || (ps != 3 && ps != 4) || offset < 0 || dst_offset < 0 ||
-        row_stride < ps * w || offset + (h - 1) * row_stride + ps * w > src.len ||
-        dst_offset + 3 * h * w > dst.len) {
+    if (h < 1 || w < 1 || (ps != 3 && ps != 4) || !mul_ok(ps, w, &row_bytes) ||
+        row_stride < row_bytes || !block_fits(offset, h, row_stride, row_bytes, src.len) ||
+        !mul_ok(h, w, &plane) || !mul_ok(3, plane, &planes) ||
+        !block_fits(dst_offset, 1, 0, planes, dst.len)) {
         PyBuffer_Release(&src);
         PyBuffer_Release(&dst);
         return PyErr_Format(PyExc_ValueError,
@@ -560,21 +713,34 @@ static PyObject *py_to_chw(PyObject *self, PyObject *args) {
                             h, w, ps, offset, row_stride, src.len, dst.len, dst_offset);
     }
     Py_BEGIN_ALLOW_THREADS
-    to_chw_nogil((const unsigned char *)src.buf + offset, row_stride, h, w, ps,
-                 (unsigned char *)dst.buf + dst_offset, flip_h, flip_v);
+    g.addr = NULL;
+    if (sigsetjmp(g.env, 1) == 0) {
+        tls_bus = &g;
+        to_chw_nogil((const unsigned char *)src.buf + offset, row_stride, h, w, ps,
+                     (unsigned char *)dst.buf + dst_offset, flip_h, flip_v);
+        tls_bus = NULL;
+    } else {
+        fault = g.addr != NULL ? g.addr : (const char *)src.buf;
+    }
     Py_END_ALLOW_THREADS
+    if (fault != NULL)
+        bus_error("to_chw", src.buf, src.len, fault);
     PyBuffer_Release(&src);
     PyBuffer_Release(&dst);
+    if (fault != NULL)
+        return NULL;
     Py_RETURN_NONE;
 }
 
 /* gather(src, src_offsets, lengths, dst, dst_offsets): memcpy n byte ranges of src into
    dst (offsets/lengths: contiguous int64 buffers of one length). All ranges are checked
-   first; the copies run without the GIL. */
+   first (overflow-checked); the copies run without the GIL, under the SIGBUS guard. */
 static PyObject *py_gather(PyObject *self, PyObject *args) {
     Py_buffer src, so, ln, dst, dof;
     Py_ssize_t n, i;
     const long long *s_off, *len, *d_off;
+    BusGuard g;
+    const char *volatile fault = NULL;
     (void)self;
     if (!PyArg_ParseTuple(args, "y*y*y*w*y*", &src, &so, &ln, &dst, &dof))
         return NULL;
@@ -588,8 +754,8 @@ static PyObject *py_gather(PyObject *self, PyObject *args) {
         goto fail;
     }
     for (i = 0; i < n; i++) {
-        if (s_off[i] < 0 || len[i] < 0 || d_off[i] < 0 || s_off[i] + len[i] > src.len ||
-            d_off[i] + len[i] > dst.len) {
+        if (!block_fits(s_off[i], 1, 0, len[i], src.len) ||
+            !block_fits(d_off[i], 1, 0, len[i], dst.len)) {
             PyErr_Format(PyExc_ValueError, "gather: range %zd (%lld bytes from %lld to %lld) "
                          "does not fit a %zd-byte source and %zd-byte destination", i, len[i],
                          s_off[i], d_off[i], src.len, dst.len);
@@ -597,9 +763,20 @@ static PyObject *py_gather(PyObject *self, PyObject *args) {
         }
     }
     Py_BEGIN_ALLOW_THREADS
-    for (i = 0; i < n; i++)
-        memcpy((char *)dst.buf + d_off[i], (const char *)src.buf + s_off[i], (size_t)len[i]);
+    g.addr = NULL;
+    if (sigsetjmp(g.env, 1) == 0) {
+        tls_bus = &g;
+        for (i = 0; i < n; i++)
+            memcpy((char *)dst.buf + d_off[i], (const char *)src.buf + s_off[i], (size_t)len[i]);
+        tls_bus = NULL;
+    } else {
+        fault = g.addr != NULL ? g.addr : (const char *)src.buf;
+    }
     Py_END_ALLOW_THREADS
+    if (fault != NULL) {
+        bus_error("gather", src.buf, src.len, fault);
+        goto fail;
+    }
     PyBuffer_Release(&src); PyBuffer_Release(&so); PyBuffer_Release(&ln);
     PyBuffer_Release(&dst); PyBuffer_Release(&dof);
     Py_RETURN_NONE;
@@ -611,27 +788,32 @@ fail:
 
 /* crop_chw(src, params, height, width, dst): for each row (src_offset, row_stride, flip_h,
    flip_v, dst_offset) of the int64 (n, 5) array `params`, copy the height x width RGB
-   block at src_offset into dst at dst_offset as CHW planes. Checked first, then run
-   without the GIL: a whole batch of raw crops in one call. */
+   block at src_offset into dst at dst_offset as CHW planes. Checked first (overflow-
+   checked), then run without the GIL under the SIGBUS guard: a batch of raw crops in one
+   call. */
 static PyObject *py_crop_chw(PyObject *self, PyObject *args) {
     Py_buffer src, prm, dst;
     long h, w;
+    long long row_bytes, plane, planes;
     Py_ssize_t n, i;
     const long long *p;
+    BusGuard g;
+    const char *volatile fault = NULL;
     (void)self;
     if (!PyArg_ParseTuple(args, "y*y*llw*", &src, &prm, &h, &w, &dst))
         return NULL;
     n = prm.len / (5 * 8);
     p = (const long long *)prm.buf;
-    if (prm.len % 40 || h < 1 || w < 1) {
+    if (prm.len % 40 || h < 1 || w < 1 || !mul_ok(3, w, &row_bytes) || !mul_ok(h, w, &plane) ||
+        !mul_ok(3, plane, &planes)) {
         PyErr_SetString(PyExc_ValueError, "crop_chw: params must be an int64 (n, 5) array "
-                                          "and height, width >= 1");
+                                          "and height, width >= 1 (and not absurdly large)");
         goto fail;
     }
     for (i = 0; i < n; i++) {
         const long long *q = p + 5 * i;
-        if (q[0] < 0 || q[1] < 3 * w || q[4] < 0 || q[0] + (h - 1) * q[1] + 3 * w > src.len ||
-            q[4] + 3 * h * w > dst.len) {
+        if (q[1] < row_bytes || !block_fits(q[0], h, q[1], row_bytes, src.len) ||
+            !block_fits(q[4], 1, 0, planes, dst.len)) {
             PyErr_Format(PyExc_ValueError, "crop_chw: block %zd (%ld x %ld at %lld, stride %lld "
                          "-> %lld) does not fit a %zd-byte source / %zd-byte destination",
                          i, h, w, q[0], q[1], q[4], src.len, dst.len);
@@ -639,12 +821,23 @@ static PyObject *py_crop_chw(PyObject *self, PyObject *args) {
         }
     }
     Py_BEGIN_ALLOW_THREADS
-    for (i = 0; i < n; i++) {
-        const long long *q = p + 5 * i;
-        to_chw_nogil((const unsigned char *)src.buf + q[0], (Py_ssize_t)q[1], h, w, 3,
-                     (unsigned char *)dst.buf + q[4], (int)q[2], (int)q[3]);
+    g.addr = NULL;
+    if (sigsetjmp(g.env, 1) == 0) {
+        tls_bus = &g;
+        for (i = 0; i < n; i++) {
+            const long long *q = p + 5 * i;
+            to_chw_nogil((const unsigned char *)src.buf + q[0], (Py_ssize_t)q[1], h, w, 3,
+                         (unsigned char *)dst.buf + q[4], q[2] != 0, q[3] != 0);
+        }
+        tls_bus = NULL;
+    } else {
+        fault = g.addr != NULL ? g.addr : (const char *)src.buf;
     }
     Py_END_ALLOW_THREADS
+    if (fault != NULL) {
+        bus_error("crop_chw", src.buf, src.len, fault);
+        goto fail;
+    }
     PyBuffer_Release(&src); PyBuffer_Release(&prm); PyBuffer_Release(&dst);
     Py_RETURN_NONE;
 fail:
@@ -661,6 +854,7 @@ fail:
    not 3-component, files that already have that restart interval. Every coefficient is
    entropy-decoded, so corrupt or truncated data raises ValueError. */
 #define RESTART_MCUS 1
+#define TRANSCODE_MAX_MEMORY (2048L * 1024 * 1024) /* ~200 Mpixel of 4:4:4 coefficients */
 
 typedef struct {
     const unsigned char *src;
@@ -684,6 +878,10 @@ static void add_restarts_nogil(Transcode *t) {
     out.err = &err_in.pub; /* one error manager: the compressor's errors jump too */
     jpeg_create_decompress(&in);
     jpeg_create_compress(&out);
+    /* The rewrite buffers every coefficient of the image: a header claiming a huge image
+       (a few hundred bytes can claim 65500 x 65500, 25 GB of coefficients) must fail
+       with "insufficient memory", not allocate and zero it all. */
+    in.mem->max_memory_to_use = TRANSCODE_MAX_MEMORY;
     t->out = NULL;
     t->out_len = 0;
     if (setjmp(err_in.jump)) {
@@ -804,6 +1002,22 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_jpeg",
 PyMODINIT_FUNC PyInit__jpeg(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
+    if (MappedFileError == NULL) {
+        MappedFileError = PyErr_NewExceptionWithDoc(
+            "dlpack_io.reader._jpeg.MappedFileError",
+            "A memory-mapped source changed under a read (SIGBUS): truncated or rewritten.",
+            PyExc_ValueError, NULL);
+        if (MappedFileError == NULL || install_sigbus_handler() != 0) {
+            Py_DECREF(m);
+            return MappedFileError == NULL ? NULL : PyErr_SetFromErrno(PyExc_OSError);
+        }
+    }
+    Py_INCREF(MappedFileError);
+    if (PyModule_AddObject(m, "MappedFileError", MappedFileError) < 0) {
+        Py_DECREF(MappedFileError);
+        Py_DECREF(m);
+        return NULL;
+    }
     PyModule_AddIntConstant(m, "LIBJPEG_TURBO_VERSION_NUMBER",
 #ifdef LIBJPEG_TURBO_VERSION_NUMBER
                             LIBJPEG_TURBO_VERSION_NUMBER

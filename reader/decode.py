@@ -8,12 +8,16 @@ import numpy as np
 from dlpack_io.reader import format as fmt
 
 
-def decode_jpeg(payload, where: str = "record") -> np.ndarray:
-    """Decode JPEG bytes to an HWC uint8 RGB array (a fresh, writable array)."""
+def decode_jpeg(payload, where: str = "record", max_pixels: int | None = None) -> np.ndarray:
+    """Decode JPEG bytes to an HWC uint8 RGB array (a fresh, writable array); refuse,
+    before decoding, a header claiming more than ``max_pixels`` pixels."""
     from PIL import Image
 
     try:
         img = Image.open(io.BytesIO(payload))
+        if max_pixels is not None and img.width * img.height > max_pixels:
+            raise ValueError(f"the JPEG header claims {img.width} x {img.height} pixels, more "
+                             f"than the {max_pixels} its index entry allows")
         img.load()
     except Exception as exc:
         raise fmt.FormatError(f"{where}: cannot decode JPEG payload ({exc})") from None
@@ -50,7 +54,7 @@ def decode_record(payload, entry, where: str = "record") -> np.ndarray:
         fast = _decode_jpeg_fast(payload, h, w, where)
         if fast is not None:
             return fast
-    pixels = decode_jpeg(payload, where)
+    pixels = decode_jpeg(payload, where, max_pixels=h * w)  # a header may not claim more
     if pixels.shape != (h, w, c):
         raise fmt.FormatError(f"{where}: decoded to {pixels.shape}, the index says {(h, w, c)}")
     return pixels

@@ -57,9 +57,9 @@ def test_errors_are_one_clear_line(image_folder, tmp_path):
     result = runner.invoke(main, ["convert", str(image_folder), str(tmp_path / "ds"), "--quiet"])
     assert result.exit_code == 1 and "not empty" in result.output and "--resume" in result.output
     missing = runner.invoke(main, ["inspect", str(tmp_path / "ds"), "--index", "999"])
-    assert missing.exit_code == 1 and "manifest.json not found" in missing.output
+    assert missing.exit_code == 1 and "is not a dlpack data set (no manifest.json)" in missing.output
     bad = runner.invoke(main, ["verify", str(tmp_path / "ds"), "--quiet"])
-    assert bad.exit_code == 1 and "DAMAGED" in bad.output
+    assert bad.exit_code == 3 and "NOT A DATA SET" in bad.output and "DAMAGED" not in bad.output
 
 
 def test_index_out_of_range(image_folder, tmp_path):
