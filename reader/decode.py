@@ -6,6 +6,7 @@ import io
 import numpy as np
 
 from dlpack_io.reader import format as fmt
+from dlpack_io.reader.safeio import guarded_array
 
 
 def decode_jpeg(payload, where: str = "record", max_pixels: int | None = None) -> np.ndarray:
@@ -46,8 +47,8 @@ def _decode_jpeg_fast(payload, h: int, w: int, where: str):
 def decode_record(payload, entry, where: str = "record") -> np.ndarray:
     """Pixels of one record given its index ``entry`` (a row of INDEX_DTYPE)."""
     h, w, c = int(entry["height"]), int(entry["width"]), int(entry["channels"])
-    if entry["kind"] == fmt.KIND_RAW:
-        return np.frombuffer(payload, dtype=np.uint8).reshape(h, w, c).copy()
+    if entry["kind"] == fmt.KIND_RAW:  # copied under the SIGBUS guard (a mapped shard)
+        return guarded_array(payload).reshape(h, w, c)
     if entry["kind"] != fmt.KIND_JPEG:
         raise fmt.FormatError(f"{where}: unknown record kind {int(entry['kind'])}")
     if c == 3:

@@ -27,6 +27,7 @@ from dlpack_io.reader import format as fmt
 from dlpack_io.reader import jpegdecode
 from dlpack_io.reader.batchplan import NEUTRAL_JITTER, BatchPlan, TransformSpec, sample_error
 from dlpack_io.reader.decode import decode_record
+from dlpack_io.reader.safeio import guarded_array
 from dlpack_io.reader.skips import check_record_crc, skipped_from
 
 
@@ -56,9 +57,13 @@ class Scratch:
 
 
 def _record(ctx: BuildContext, plan: BatchPlan, pos: int):
+    """Record ``pos``'s payload: a zero-copy view of the mapped shard, or with ``verify`` a
+    checked copy (the CRC is computed on a copy made under the SIGBUS guard, so a shard
+    truncated under the read is an error naming it, not a crash)."""
     shard = ctx.dataset.shards[plan.shard_ids[pos]]
     payload = shard.payload(int(plan.local[pos]))
     if ctx.verify:
+        payload = guarded_array(payload)
         check_record_crc(payload, plan.entries[pos], shard.path)
     return payload
 
@@ -127,9 +132,11 @@ def fill_sample(ctx, plan: BatchPlan, pos: int, epoch: int, flat, offset, scratc
         pixels = user_pixels(ctx, plan, pos, epoch, payload)
         _fill_pixels(pixels, pos, fh, fv, params, flat, offset)
     elif kind == fmt.KIND_RAW:
-        pixels = np.frombuffer(payload, dtype=np.uint8).reshape(int(entry["height"]),
-                                                                int(entry["width"]), 3)
-        _fill_pixels(pixels, pos, fh, fv, params, flat, offset)
+        # PIL's resize reads its input from Python-land memory: copy a mapped record under
+        # the SIGBUS guard first; a plain crop is read by the (guarded) C copy itself
+        raw = guarded_array(payload) if params.resize else np.frombuffer(payload, np.uint8)
+        _fill_pixels(raw.reshape(int(entry["height"]), int(entry["width"]), 3), pos, fh, fv,
+                     params, flat, offset)
     elif kind == fmt.KIND_JPEG:
         _fill_jpeg(ctx, payload, entry, pos, fh, fv, params, flat, offset, scratch)
     else:
