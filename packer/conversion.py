@@ -21,6 +21,7 @@ from dlpack_io.packer.progress import Progress
 from dlpack_io.packer.scan import read_list, scan_image_folder, stat_inputs
 from dlpack_io.packer.writers import open_writer
 from dlpack_io.reader import format as fmt
+from dlpack_io.reader.decode import require_pil
 from dlpack_io.packer.dstfiles import clear_outputs, existing_entries, verify_kept_shard
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ class _Packer:
     def reject(self, rel: str, reason: str) -> None:
         if self.options.on_error == "fail":
             raise ConversionError(f"{os.path.join(self.inputs.root, rel)}: {reason} "
-                                  f"(--on-error fail stops here; completed shards are kept)")
+                                  f"(--on-error fail stops at the first bad input)")
         log.debug("skipping %s: %s", rel, reason)
         self.since.rejects.append((rel, reason))
 
@@ -177,14 +178,42 @@ def _pack(dst, inputs, stats, options: PackOptions, state: _State, journal_) -> 
         packer.close(len(order))
     except OSError as exc:
         packer.abort()
-        raise ConversionError(f"{dst}: cannot write shard ({exc}); completed shards are kept: "
-                              f"fix the cause (free disk space?) and run again with --resume") from exc
+        raise ConversionError(f"{dst}: cannot write shard ({exc}); free disk space?") from exc
     except BaseException:
         packer.abort()
         raise
     finally:
         progress.close()
     return progress
+
+
+def _retry_advice(dst: str, kept: int) -> str:
+    """The one command that retries a failed conversion, given what it left in ``dst``."""
+    if kept:
+        return (f"{kept} completed shards are kept in {dst}: after fixing this, run the same "
+                f"command with --resume")
+    return f"nothing was left in {dst}: after fixing this, run the same command again"
+
+
+def _discard_if_empty(dst: str, created: bool, state) -> None:
+    """After a failed run that completed no shard, remove every file it wrote (journal,
+    partial shards) and the folder it created, so the same command can simply run again."""
+    if state is None or state.shards:  # state None: the journal there is not this run's
+        return
+    clear_outputs(dst)
+    if created:
+        try:
+            os.rmdir(dst)  # only if empty: the lock file is gone, nothing else is ours
+        except OSError:
+            pass
+
+
+def _check_inputs_exist(inputs, stats) -> None:
+    """Fail before writing anything when not one input can be found (a wrong SRC)."""
+    if stats and all(size < 0 for size, _ in stats):
+        first = os.path.join(inputs.root, inputs.paths[0])
+        where = f" (paths in {inputs.list_file} are relative to SRC)" if inputs.list_file else ""
+        raise ConversionError(f"none of the {len(stats)} input files exist, e.g. {first}{where}")
 
 
 def convert(src, dst, *, list_file=None, resume: bool = False, overwrite: bool = False,
@@ -194,13 +223,18 @@ def convert(src, dst, *, list_file=None, resume: bool = False, overwrite: bool =
     ``options`` are PackOptions fields (format, mode, size, max_side, quality, shard_size,
     seed, shuffle, validate, jpeg_restarts, workers, on_error, progress). ``list_file`` reads
     ``path,label`` rows instead of scanning class folders. Raises ConversionError with
-    the file and the fix when the job cannot complete.
+    the file and the fix when the job cannot complete; a run that completed no shard
+    leaves nothing behind, so the error's advice is to run the same command again.
     """
+    require_pil()  # before scanning: a missing PIL must not surface after the scan
     if "shard_size" in options:
         options["shard_size"] = parse_size(options["shard_size"])
     opts = PackOptions(**options)
     inputs = read_list(src, list_file) if list_file else scan_image_folder(src)
+    stats = stat_inputs(inputs)
+    _check_inputs_exist(inputs, stats)
     dst = os.path.abspath(dst)
+    created = not os.path.exists(dst)
     lock = journal.DstLock(dst)
     try:
         os.makedirs(dst, exist_ok=True)
@@ -212,31 +246,49 @@ def convert(src, dst, *, list_file=None, resume: bool = False, overwrite: bool =
         if resume and os.path.exists(os.path.join(dst, fmt.MANIFEST_NAME)) \
                 and journal.read_journal(dst)[0] is None:
             log.info("%s is already complete; nothing to resume", dst)
+            lock.release(remove=True)
             return {"dst": dst, "already_complete": True}
         _prepare_dst(dst, resume, overwrite)
-        stats = stat_inputs(inputs)
+    except BaseException:
+        lock.release(remove=True)
+        raise
+    state = None
+    try:
         plan = {"plan": journal.plan_hash(inputs, stats, opts.output_options(), fmt.FORMAT_VERSION),
                 "num_inputs": len(inputs.paths)}
         state = _resume_state(dst, plan, len(inputs.classes))
-        resumed_from = state.position
-        journal_ = journal.Journal(dst)
-        progress = _pack(dst, inputs, stats, opts, state, journal_)
-        if not state.shards:
-            reasons = Counter(r for _, r in state.rejects).most_common(3)
-            raise ConversionError(f"{src}: none of the {len(inputs.paths)} inputs could be "
-                                  f"packed; most common reasons: {reasons}")
-        manifest = finalize.build_manifest(inputs, opts, state.shards, state.rejects,
-                                           state.reencoded, state.class_counts.tolist(),
-                                           progress.elapsed)
-        try:
-            finalize.write_dataset_files(dst, manifest, state.rejects)
-        except OSError as exc:
-            raise ConversionError(f"{dst}: cannot write the manifest ({exc.strerror or exc}); "
-                                  f"all shards are complete: free space and run again with "
-                                  f"--resume") from exc
-        journal_.remove()
+        return _convert_locked(src, dst, inputs, stats, opts, state)
+    except ConversionError as exc:
+        lock.release(remove=True)
+        _discard_if_empty(dst, created, state)
+        raise ConversionError(f"{exc}; {_retry_advice(dst, len(state.shards) if state else 0)}") \
+            from exc.__cause__
+    except BaseException:
+        lock.release(remove=True)
+        _discard_if_empty(dst, created, state)
+        raise
     finally:
         lock.release(remove=True)
+
+
+def _convert_locked(src, dst, inputs, stats, opts: PackOptions, state: _State) -> dict:
+    """Pack, then write the manifest; DST is locked and its journal holds the plan."""
+    resumed_from = state.position
+    journal_ = journal.Journal(dst)
+    progress = _pack(dst, inputs, stats, opts, state, journal_)
+    if not state.shards:
+        reasons = Counter(r for _, r in state.rejects).most_common(3)
+        raise ConversionError(f"{src}: none of the {len(inputs.paths)} inputs could be "
+                              f"packed; most common reasons: {reasons}")
+    manifest = finalize.build_manifest(inputs, opts, state.shards, state.rejects,
+                                       state.reencoded, state.class_counts.tolist(),
+                                       progress.elapsed)
+    try:
+        finalize.write_dataset_files(dst, manifest, state.rejects)
+    except OSError as exc:
+        raise ConversionError(f"{dst}: cannot write the manifest ({exc.strerror or exc}); "
+                              f"all shards are complete, free space") from exc
+    journal_.remove()
     return {"dst": dst, "num_samples": manifest["num_samples"], "num_shards": len(state.shards),
             "num_bytes": manifest["num_bytes"], "rejects": len(state.rejects),
             "reencoded": dict(state.reencoded), "resumed_from": resumed_from,
