@@ -32,8 +32,11 @@ def test_round_trip_pixels_and_labels(image_folder, tmp_path, data_format, mode)
     assert ds.classes == ["class_00", "class_01", "class_02"]
     assert result["num_shards"] == len(ds.shards) > 1
     seen = set()
+    labels = ds.labels
+    assert labels.dtype == np.int64 and labels.shape == (24,)
     for i in range(len(ds)):
         pixels, label = ds[i]
+        assert labels[i] == label == int(ds.record(i)[1]["label"])
         rel = record_detail(dst, i)["source"]
         seen.add(rel)
         assert rel.startswith(ds.classes[label] + "/")
