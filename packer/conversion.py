@@ -35,6 +35,7 @@ class _State:
     shards: list = field(default_factory=list)
     rejects: list = field(default_factory=list)
     reencoded: Counter = field(default_factory=Counter)
+    lossless: Counter = field(default_factory=Counter)
     class_counts: np.ndarray | None = None
 
     @property
@@ -75,6 +76,7 @@ def _resume_state(dst: str, plan: dict, num_classes: int) -> _State:
         state.position = entry["end_input"]
         state.rejects += [tuple(r) for r in entry["rejects"]]
         state.reencoded.update(entry["reencoded"])
+        state.lossless.update(entry.get("lossless", {}))
         state.class_counts += np.asarray(entry["class_counts"], dtype=np.int64)
     kept = {s["name"] for s in state.shards}
     clear_outputs(dst, keep=kept)
@@ -109,18 +111,21 @@ class _Packer:
         self.since.class_counts[label] += 1
         if record.reencoded:
             self.since.reencoded[record.reencoded] += 1
+        if record.lossless:
+            self.since.lossless[record.lossless] += 1
 
     def finish_shard(self, end_input: int) -> None:
         entry = self.writer.finish()
         self.writer = None
         since = self.since
         self.journal.append({"shard": entry, "end_input": end_input, "rejects": since.rejects,
-                             "reencoded": dict(since.reencoded),
+                             "reencoded": dict(since.reencoded), "lossless": dict(since.lossless),
                              "class_counts": since.class_counts.tolist()})
         st = self.state
         st.shards.append(entry)
         st.rejects += since.rejects
         st.reencoded.update(since.reencoded)
+        st.lossless.update(since.lossless)
         st.class_counts += since.class_counts
         self.since = _State(class_counts=np.zeros_like(since.class_counts))
 
@@ -150,7 +155,8 @@ def _fetch_passthrough(record, path: str):
 def _encode_options(options: PackOptions) -> dict:
     return {"mode": options.mode, "size": options.size, "max_side": options.max_side,
             "quality": options.quality, "validate": options.validate,
-            "restarts": options.jpeg_restarts}
+            "restarts": options.jpeg_restarts, "non_jpeg": options.non_jpeg,
+            "max_pixels": options.max_pixels}
 
 
 def _pack(dst, inputs, stats, options: PackOptions, state: _State, journal_) -> Progress:
@@ -282,7 +288,7 @@ def _convert_locked(src, dst, inputs, stats, opts: PackOptions, state: _State) -
                               f"packed; most common reasons: {reasons}")
     manifest = finalize.build_manifest(inputs, opts, state.shards, state.rejects,
                                        state.reencoded, state.class_counts.tolist(),
-                                       progress.elapsed)
+                                       progress.elapsed, state.lossless)
     try:
         finalize.write_dataset_files(dst, manifest, state.rejects)
     except OSError as exc:
@@ -291,6 +297,7 @@ def _convert_locked(src, dst, inputs, stats, opts: PackOptions, state: _State) -
     journal_.remove()
     return {"dst": dst, "num_samples": manifest["num_samples"], "num_shards": len(state.shards),
             "num_bytes": manifest["num_bytes"], "rejects": len(state.rejects),
-            "reencoded": dict(state.reencoded), "resumed_from": resumed_from,
+            "reencoded": dict(state.reencoded), "lossless": dict(state.lossless),
+            "ignored": dict(inputs.ignored or {}), "resumed_from": resumed_from,
             "seconds": progress.elapsed, "images_per_s": progress.images_per_s,
             "mb_per_s": progress.mb_per_s}

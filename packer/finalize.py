@@ -44,7 +44,7 @@ def rejects_tsv(rejects: list) -> bytes:
 
 
 def build_manifest(inputs, options, shards: list, rejects: list, reencoded: dict,
-                   class_counts: list, seconds: float) -> dict:
+                   class_counts: list, seconds: float, lossless: dict | None = None) -> dict:
     """The manifest dict (checksum included) describing a finished data set."""
     from dlpack_io.packer import __version__
 
@@ -59,6 +59,7 @@ def build_manifest(inputs, options, shards: list, rejects: list, reencoded: dict
                    "num_inputs": len(inputs.paths)},
         "rejects": [{"path": p, "reason": r} for p, r in rejects],
         "reencoded": dict(sorted(reencoded.items())),
+        "lossless": dict(sorted((lossless or {}).items())),
         "created": {"at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                     "seconds": round(seconds, 3), "dlpack": __version__, "pil": pil_flavour(),
                     "python": platform.python_version(), "host": platform.node()},

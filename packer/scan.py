@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 JPEG_SUFFIXES = (".jpg", ".jpeg", ".jfif")
+# Other image files are packed too (what they are is decided by their content, as for
+# JPEGs: see --non-jpeg); files with any other suffix are ignored and counted.
+IMAGE_SUFFIXES = JPEG_SUFFIXES + (".png", ".webp", ".bmp", ".tif", ".tiff", ".gif")
 
 
 @dataclass(frozen=True)
@@ -22,10 +25,11 @@ class Inputs:
     labels: list
     classes: list
     list_file: str | None = None
+    ignored: dict | None = None  # suffix -> count of files skipped as not images by name
 
 
 def scan_image_folder(root) -> Inputs:
-    """Scan ``root/<class>/**/*.jpg|jpeg|jfif`` (any case); labels = sorted class names.
+    """Scan ``root/<class>/**/*`` for IMAGE_SUFFIXES (any case); labels = sorted class names.
 
     Files directly under ``root`` are ignored, as torchvision's ImageFolder does.
     """
@@ -33,21 +37,27 @@ def scan_image_folder(root) -> Inputs:
     if not root.is_dir():
         raise FileNotFoundError(f"source folder {root} does not exist or is not a directory")
     classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
-    paths, labels = [], []
+    paths, labels, ignored = [], [], {}
     for label, name in enumerate(classes):
         found = []
         for dirpath, dirnames, filenames in os.walk(root / name, followlinks=True):
             dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
             for fn in filenames:
-                if fn.lower().endswith(JPEG_SUFFIXES) and not fn.startswith("."):
+                if fn.startswith("."):
+                    continue
+                if fn.lower().endswith(IMAGE_SUFFIXES):
                     found.append(Path(dirpath, fn).relative_to(root).as_posix())
+                else:
+                    suffix = os.path.splitext(fn)[1].lower() or "(none)"
+                    ignored[suffix] = ignored.get(suffix, 0) + 1
         found.sort()
         paths += found
         labels += [label] * len(found)
     if not paths:
-        raise ValueError(f"no .jpg/.jpeg/.jfif files found in class sub-folders of {root}; "
-                         f"expected {root}/<class name>/<image>.jpg (or pass --list FILE)")
-    return Inputs(str(root.resolve()), paths, labels, classes)
+        raise ValueError(f"no .jpg/.jpeg/.jfif (or {'/'.join(IMAGE_SUFFIXES[3:])}) files found "
+                         f"in class sub-folders of {root}; expected "
+                         f"{root}/<class name>/<image>.jpg (or pass --list FILE)")
+    return Inputs(str(root.resolve()), paths, labels, classes, ignored=dict(sorted(ignored.items())))
 
 
 def _rows(list_file: Path):

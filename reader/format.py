@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 MAGIC = b"DLPKSHRD"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2     # 2: index entries carry orientation + colour (was "reserved" in 1)
 HEADER_SIZE = 4096
 RECORD_ALIGN = 64
 MANIFEST_NAME = "manifest.json"
@@ -46,8 +46,17 @@ SHARD_SUFFIX = {"record": ".rec", "lmdb": ".lmdb"}
 _SHARD_NAME_RE = re.compile(r"^shard-\d{5,}\.(rec|lmdb)$")
 
 # Record kinds stored in INDEX_DTYPE["kind"].
-KIND_JPEG = 0   # payload is a complete JPEG file (baseline or progressive), RGB
+KIND_JPEG = 0   # payload is a complete JPEG file (baseline or progressive, any colour)
 KIND_RAW = 1    # payload is height*width*channels uint8 pixels, HWC, row-major
+
+# INDEX_DTYPE["colour"]: how a JPEG record's pixels are stored (all decode to RGB; raw: 0).
+COLOUR_YCC = 0    # 3 components: YCbCr (or RGB by Adobe marker): decoded as is
+COLOUR_GRAY = 1   # 1 component: grey replicated to R = G = B
+COLOUR_CMYK = 2   # 4 components (CMYK or YCCK, Adobe-inverted): Pillow's CMYK -> RGB
+COLOURS = (COLOUR_YCC, COLOUR_GRAY, COLOUR_CMYK)
+# The largest image (width x height) the packer accepts by default: Pillow's own
+# DecompressionBombError threshold (2 x its warning limit), so whatever Pillow opens packs.
+DEFAULT_MAX_PIXELS = 178_956_970
 
 # magic, version, header_size, num_records, data_offset, data_size, index_offset,
 # index_size, meta_offset, meta_size, record_align, index_entry_size, index_crc,
@@ -63,7 +72,8 @@ INDEX_DTYPE = np.dtype([
     ("width", "<u4"),     # image width in pixels
     ("channels", "u1"),   # 3 (every record decodes to RGB)
     ("kind", "u1"),       # KIND_JPEG or KIND_RAW
-    ("reserved", "<u2"),  # zero
+    ("orientation", "u1"),  # EXIF orientation 1..8 the reader applies (1: upright; raw: 1)
+    ("colour", "u1"),     # COLOUR_* of a JPEG record's stored pixels (raw: 0)
 ])
 INDEX_ENTRY_SIZE = INDEX_DTYPE.itemsize  # 32
 
@@ -73,6 +83,16 @@ INDEX_ENTRY_SIZE = INDEX_DTYPE.itemsize  # 32
 # magic, version, counts and the index CRC instead.
 LMDB_INDEX_KEY = b"__index__"
 LMDB_META_KEY = b"__meta__"
+
+
+def version_error(where: str, version) -> str:
+    """The message for a data set of another format version: what to do about it."""
+    if isinstance(version, int) and version < FORMAT_VERSION:
+        return (f"{where}: format version {version}, this dlpack reads version "
+                f"{FORMAT_VERSION} (version 2 added EXIF orientation and colour to the index); "
+                f"re-pack it with this dlpack: dlpack convert SRC DST --overwrite")
+    return (f"{where}: format version {version}, this dlpack reads version {FORMAT_VERSION}; "
+            f"upgrade dlpack (pip install -U dlpack-io) to read it")
 
 
 class FormatError(Exception):
@@ -160,8 +180,7 @@ def unpack_header(page, file_size: int, where: str) -> ShardHeader:
         raise FormatError(f"{where}: header padding (bytes {HEADER_STRUCT.size}.."
                           f"{HEADER_SIZE - 1}) is not zero: the header page is damaged")
     if version != FORMAT_VERSION:
-        raise FormatError(f"{where}: format version {version}, this dlpack reads version "
-                          f"{FORMAT_VERSION}; upgrade dlpack or re-pack the data set")
+        raise FormatError(version_error(where, version))
     expected = (HEADER_SIZE, HEADER_SIZE, data_off + data_size, n * INDEX_ENTRY_SIZE,
                 index_off + index_size, RECORD_ALIGN, INDEX_ENTRY_SIZE, file_size)
     found = (header_size, data_off, index_off, index_size, meta_off, align, entry_size,
@@ -197,6 +216,7 @@ def check_index_bounds(index: np.ndarray, data_offset: int, data_end: int, where
         i = int(bad[0])
         raise FormatError(f"{where}: record {i} spans [{int(start[i])}, {int(end[i])}) outside "
                           f"the data section [{data_offset}, {data_end})")
+    check_index_fields(index, where)
     raw = index["kind"] == KIND_RAW
     need = (index["height"].astype(np.uint64) * index["width"] * index["channels"])
     bad = np.flatnonzero(raw & (need != index["length"]))
@@ -205,6 +225,21 @@ def check_index_bounds(index: np.ndarray, data_offset: int, data_end: int, where
         raise FormatError(f"{where}: raw record {i} is {int(index['length'][i])} bytes but "
                           f"{int(index['height'][i])}x{int(index['width'][i])}x"
                           f"{int(index['channels'][i])} pixels need {int(need[i])}")
+
+
+def check_index_fields(index: np.ndarray, where: str) -> None:
+    """Raise FormatError unless every entry's kind, orientation and colour are known."""
+    jpeg = index["kind"] == KIND_JPEG
+    bad = np.flatnonzero(~jpeg & (index["kind"] != KIND_RAW)
+                         | (index["orientation"] < 1) | (index["orientation"] > 8)
+                         | (~jpeg & (index["orientation"] != 1))
+                         | (index["colour"] > max(COLOURS)) | (~jpeg & (index["colour"] != 0)))
+    if bad.size:
+        i = int(bad[0])
+        raise FormatError(f"{where}: record {i} has kind {int(index['kind'][i])}, orientation "
+                          f"{int(index['orientation'][i])}, colour {int(index['colour'][i])}; "
+                          f"expected kind 0 (JPEG, orientation 1..8, colour 0..2) or 1 (raw, "
+                          f"orientation 1, colour 0)")
 
 
 def encode_meta(meta: dict) -> bytes:
@@ -249,7 +284,7 @@ def lmdb_meta(num_records: int, index_crc: int, shard_meta: dict) -> dict:
 MANIFEST_FIELDS = {
     "kind": str, "version": int, "format": str, "mode": str, "num_samples": int,
     "num_bytes": int, "classes": list, "class_counts": list, "shards": list,
-    "options": dict, "source": dict, "rejects": list, "reencoded": dict,
+    "options": dict, "source": dict, "rejects": list, "reencoded": dict, "lossless": dict,
     "created": dict, "checksum": int,
 }
 SHARD_ENTRY_FIELDS = {"name": str, "num_samples": int, "first_sample": int, "bytes": int,
@@ -280,8 +315,7 @@ def validate_manifest(manifest: dict, where: str) -> dict:
     if manifest["kind"] != MANIFEST_KIND:
         raise FormatError(f"{where}: kind is {manifest['kind']!r}, expected {MANIFEST_KIND!r}")
     if manifest["version"] != FORMAT_VERSION:
-        raise FormatError(f"{where}: format version {manifest['version']}, this dlpack reads "
-                          f"version {FORMAT_VERSION}; upgrade dlpack or re-pack the data set")
+        raise FormatError(version_error(where, manifest["version"]))
     computed = manifest_checksum(manifest)
     if computed != manifest["checksum"]:
         raise FormatError(f"{where}: manifest checksum mismatch (stored {manifest['checksum']:#x}, "

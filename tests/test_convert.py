@@ -10,6 +10,7 @@ from dlpack_io.packer import convert
 from dlpack_io.packer.journal import DstLock
 from dlpack_io.packer.pipeline import ConversionError
 from dlpack_io.reader import Dataset
+from dlpack_io.reader import format as fmt
 from dlpack_io.tools.inspection import record_detail
 
 from helpers import dataset_fingerprint
@@ -111,25 +112,42 @@ def test_list_paths_may_not_escape_src(image_folder, tmp_path):
         convert(image_folder, tmp_path / "ds", list_file=tmp_path / "list.csv", **FAST)
 
 
-def test_odd_inputs_are_normalised_or_rejected(odd_folder, tmp_path):
+def test_odd_inputs_keep_their_bytes_or_are_rejected(odd_folder, tmp_path):
+    """Grayscale, CMYK, progressive and EXIF-rotated JPEGs keep their original bytes and
+    decode to exactly Pillow's upright RGB; a PNG named .jpg is identified by its content
+    and stored losslessly as raw pixels; broken files are rejected with the reason."""
+    from PIL import ImageOps
+
     root, files = odd_folder
     result = convert(root, tmp_path / "ds", **FAST)
     ds = Dataset(tmp_path / "ds")
     assert len(ds) == 6 and result["rejects"] == 3
-    assert result["reencoded"] == {"CMYK JPEG": 1, "EXIF-rotated JPEG": 1, "L JPEG": 1,
-                                   "PNG file with a JPEG name": 1}
+    assert result["reencoded"] == {}
+    assert result["lossless"] == {"PNG image stored as raw pixels": 1}
+    assert ds.manifest["lossless"] == result["lossless"]
     reasons = {r["path"]: r["reason"] for r in ds.manifest["rejects"]}
     assert set(reasons) == {files["truncated"], files["zero_bytes"], files["not_an_image"]}
     assert "truncated" in reasons[files["truncated"]]
     assert "empty" in reasons[files["zero_bytes"]]
     rejects_tsv = (tmp_path / "ds" / "rejects.tsv").read_text().splitlines()
     assert rejects_tsv[0] == "path\treason" and len(rejects_tsv) == 4
-    shapes = {record_detail(tmp_path / "ds", i)["source"]: ds[i][0].shape for i in range(len(ds))}
-    assert shapes[files["exif_rotated"]] == (40, 30, 3)  # stored upright
-    assert all(s[2] == 3 for s in shapes.values())
-    for i in range(len(ds)):  # every record is a JPEG that decodes to RGB
-        payload, _ = ds.record(i)
-        assert Image.open(io.BytesIO(bytes(payload))).format == "JPEG"
+    for i in range(len(ds)):
+        rel = record_detail(tmp_path / "ds", i)["source"]
+        original = (root / rel).read_bytes()
+        expected = np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(original)))
+                              .convert("RGB"))
+        pixels, _ = ds[i]
+        np.testing.assert_array_equal(pixels, expected, err_msg=rel)
+        payload, entry = ds.record(i)
+        if rel == files["png_named_jpg"]:
+            assert entry["kind"] == fmt.KIND_RAW
+        else:
+            assert bytes(payload) == original, rel
+    by_source = {record_detail(tmp_path / "ds", i)["source"]: ds.record(i)[1] for i in range(6)}
+    assert (int(by_source[files["exif_rotated"]]["orientation"]),
+            int(by_source[files["exif_rotated"]]["height"])) == (6, 40)
+    assert int(by_source[files["gray"]]["colour"]) == fmt.COLOUR_GRAY
+    assert int(by_source[files["cmyk"]]["colour"]) == fmt.COLOUR_CMYK
 
 
 def test_odd_inputs_raw_mode_are_upright_rgb(odd_folder, tmp_path):

@@ -118,10 +118,12 @@ def test_region_of_rewritten_file_is_bit_identical(pair, n, pixel_size):
 def test_raw_extension_result_reports_full_image_geometry(pair):
     _, rewritten, W = pair
     out = np.empty(jpegdecode.scratch_bytes(H, W), np.uint8)
-    y0, x0, rows, cols, sh, sw = jpegdecode._jpeg.decode_region(rewritten, out, 150, 0, 53, W, 4)
-    assert (sh, sw) == (-(-H * 4 // 8), -(-W * 4 // 8))
+    y0, x0, rows, cols, sh, sw, ih, iw = jpegdecode._jpeg.decode_region(rewritten, out, 150, 0,
+                                                                        53, W, 4)
+    assert (sh, sw) == (-(-H * 4 // 8), -(-W * 4 // 8)) and (ih, iw) == (H, W)
     assert y0 == 75 and y0 + rows == sh and (x0, cols) == (0, sw)
-    y0, x0, rows, cols, sh2, sw2 = jpegdecode._jpeg.decode_region(rewritten, out, 60, 70, 9, 9, 8)
+    y0, x0, rows, cols, sh2, sw2, _, _ = jpegdecode._jpeg.decode_region(rewritten, out, 60, 70,
+                                                                        9, 9, 8)
     assert (sh2, sw2) == (H, W) and y0 == 60 and x0 <= 69 and x0 + cols >= 80 and rows == 9
 
 
@@ -135,7 +137,7 @@ def test_truncated_rewritten_file_raises():
 
 def test_encode_file_rewrites_only_sequential_jpegs():
     rec = encode_file(_jpeg(), mode="jpeg", restarts=True)
-    assert rec.reencoded == RESTARTS_ADDED and _restart_interval(rec.payload)
+    assert rec.lossless == RESTARTS_ADDED and rec.reencoded is None and _restart_interval(rec.payload)
     assert (rec.height, rec.width) == (H, W)
     prog = _jpeg(progressive=True)
     rec = encode_file(prog, mode="jpeg", restarts=True)
@@ -157,7 +159,7 @@ def test_convert_with_restart_rows(image_folder, odd_folder, tmp_path):
     assert _shards(a) == _shards(b)  # worker-count independent
     manifest = json.loads((a / "manifest.json").read_text())
     assert manifest["options"]["jpeg_restarts"] is True
-    assert manifest["reencoded"] == {RESTARTS_ADDED: 24} == res["reencoded"]
+    assert manifest["lossless"] == {RESTARTS_ADDED: 24} == res["lossless"]
     plain = Dataset(convert(image_folder, tmp_path / "plain", workers=1, progress=False)["dst"])
     ds = Dataset(a)
     assert len(ds) == len(plain) == 24
@@ -166,7 +168,8 @@ def test_convert_with_restart_rows(image_folder, odd_folder, tmp_path):
         assert lx == ly and np.array_equal(x, y)
     root, kinds = odd_folder
     res = convert(root, tmp_path / "odd", jpeg_restarts=True, workers=1, progress=False)
-    assert res["reencoded"][RESTARTS_ADDED] == 1  # the baseline file; progressive kept
+    assert res["lossless"] == {RESTARTS_ADDED: 2, "PNG image stored as raw pixels": 1}
+    assert res["reencoded"] == {}  # baseline + EXIF-rotated rewritten; the others kept
     assert res["rejects"] == 3  # truncated, zero bytes, not an image
     odd = Dataset(tmp_path / "odd")
     for i in range(len(odd)):

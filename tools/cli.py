@@ -84,6 +84,18 @@ def main(verbose: bool):
                    "MCU, so the reader Huffman-decodes only the part of the image a crop needs "
                    "(~40% less decode time for random-resized crops). Packing is ~3x slower; "
                    "progressive files are kept as they are.")
+@click.option("--non-jpeg", type=click.Choice(["raw", "jpeg", "reject"]), default="raw",
+              show_default=True,
+              help="Images that are not JPEGs by content (PNG, WebP, BMP, TIFF, GIF, also "
+                   "when named .jpg): raw = store their upright RGB pixels losslessly as raw "
+                   "records (larger), jpeg = re-encode at --quality (lossy), reject = skip "
+                   "them (listed in rejects.tsv). Counted in the summary either way. JPEGs "
+                   "(grayscale, CMYK, EXIF-rotated included) always keep their bytes. Files "
+                   "whose suffix is not an image suffix are ignored and counted.")
+@click.option("--max-pixels", type=int, default=None,
+              help="Reject images of more than this many pixels (width x height) before "
+                   "decoding them, naming the size in rejects.tsv (a decompression-bomb "
+                   "guard). Default 178956970, the largest Pillow opens.")
 @click.option("--on-error", type=click.Choice(["skip", "fail"]), default="skip", show_default=True,
               help="skip: list bad inputs in rejects.tsv and go on; fail: stop at the first.")
 @click.option("--resume", is_flag=True, help="Finish an interrupted conversion into DST.")
@@ -91,11 +103,12 @@ def main(verbose: bool):
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def convert(src, dst, list_file, data_format, mode, size, max_side, quality, shard_size,
-            workers, seed, shuffle, validate, restart_markers, on_error, resume, overwrite, quiet,
-            as_json):
+            workers, seed, shuffle, validate, restart_markers, non_jpeg, max_pixels, on_error,
+            resume, overwrite, quiet, as_json):
     """Pack the JPEGs under SRC (class sub-folders, or --list) into shards in DST."""
     from dlpack_io.packer.conversion import convert as run
     from dlpack_io.packer.pipeline import ConversionError
+    from dlpack_io.tools import render
     from dlpack_io.tools.render import human_bytes
 
     try:
@@ -103,6 +116,8 @@ def convert(src, dst, list_file, data_format, mode, size, max_side, quality, sha
                      format=data_format, mode=mode, size=size, max_side=max_side,
                      quality=quality, shard_size=shard_size, workers=workers, seed=seed,
                      shuffle=shuffle, validate=validate, jpeg_restarts=restart_markers,
+                     non_jpeg=non_jpeg,
+                     **({"max_pixels": max_pixels} if max_pixels is not None else {}),
                      on_error=on_error, progress=not quiet)
     except (ConversionError, ValueError, RuntimeError, FileNotFoundError) as exc:
         _fail(str(exc))
@@ -114,9 +129,7 @@ def convert(src, dst, list_file, data_format, mode, size, max_side, quality, sha
                f"({human_bytes(result['num_bytes'])}) in {result['seconds']:.1f} s: "
                f"{result['images_per_s']:.0f} images/s, {result['mb_per_s']:.1f} MB/s read"
                + (f" (resumed at input {result['resumed_from']})" if result["resumed_from"] else ""))
-    changed = ", ".join(f"{n} {why}" for why, n in sorted(result["reencoded"].items()))
-    click.echo(f"skipped {result['rejects']}" + (" (see rejects.tsv)" if result["rejects"] else "")
-               + (f"; JPEG bytes rewritten: {changed}" if changed else ""))
+    click.echo(render.convert_counts(result))
 
 
 @main.command()

@@ -18,6 +18,20 @@ def _size_stats(heights: np.ndarray, widths: np.ndarray) -> dict:
                       "max": int(widths.max())}}
 
 
+def _storage(m: dict, indices: list) -> dict:
+    """How the records were stored: original bytes, lossless transforms, re-encodes (with
+    the reasons), and what the reader does at decode time for the original-bytes ones."""
+    index = np.concatenate(indices) if indices else np.zeros(0, dtype=fmt.INDEX_DTYPE)
+    jpeg = index["kind"] == fmt.KIND_JPEG
+    lossless, reencoded = m.get("lossless", {}), m["reencoded"]
+    return {"original_bytes": m["num_samples"] - sum(lossless.values()) - sum(reencoded.values()),
+            "lossless": lossless, "reencoded": reencoded,
+            "at_decode": {"EXIF orientation applied": int((jpeg & (index["orientation"] != 1)).sum()),
+                          "grayscale to RGB": int((jpeg & (index["colour"] == fmt.COLOUR_GRAY)).sum()),
+                          "CMYK/YCCK to RGB": int((jpeg & (index["colour"] == fmt.COLOUR_CMYK)).sum())},
+            "raw_records": int((index["kind"] == fmt.KIND_RAW).sum())}
+
+
 def summary(path) -> dict:
     """Facts about a whole data set: format, counts, bytes, classes, options, rejects."""
     ds = Dataset(path)
@@ -36,6 +50,7 @@ def summary(path) -> dict:
         "classes": [{"label": i, "name": c, "count": n}
                     for i, (c, n) in enumerate(zip(m["classes"], m["class_counts"]))],
         "options": m["options"], "source": m["source"], "reencoded": m["reencoded"],
+        "storage": _storage(m, indices),
         "num_rejects": len(m["rejects"]), "rejects": m["rejects"], "created": m["created"],
         "shards": m["shards"],
     }
