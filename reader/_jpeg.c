@@ -110,6 +110,17 @@ static int plan_region(struct jpeg_decompress_struct *cinfo, Region *r) {
     sx1++;
     if (sy1 > r->scaled_h) sy1 = r->scaled_h;
     if (sx1 > r->scaled_w) sx1 = r->scaled_w;
+    /* at least 3 iMCUs wide: libjpeg-turbo upsamples chroma with the fancy (triangle)
+       filter only when the cropped, downsampled width is > 2 (a 1-pixel box at the left
+       edge of a 4:2:0 image decoded differently from the whole image without this) */
+    if (sx1 - sx0 < 3L * cinfo->max_h_samp_factor * n) {
+        sx1 = sx0 + 3L * cinfo->max_h_samp_factor * n;
+        if (sx1 > r->scaled_w) {
+            sx1 = r->scaled_w;
+            sx0 = sx1 - 3L * cinfo->max_h_samp_factor * n;
+            if (sx0 < 0) sx0 = 0;
+        }
+    }
     xoff = (JDIMENSION)sx0;
     cw = (JDIMENSION)(sx1 - sx0);
     if (xoff != 0 || cw != cinfo->output_width)
