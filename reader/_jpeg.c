@@ -423,24 +423,30 @@ static int stored_dims(const unsigned char *src, size_t len, Region *r, long *h,
     return 1;
 }
 
+/* One pixel of PS bytes: a constant-size memcpy the compiler turns into plain moves. */
+#define COPY_PX(PS, d, s) memcpy((d), (s), PS)
+
+#define PERMUTE_BODY(PS)                                                                   \
+    for (y = 0; y < out_rows; y++) {                                                       \
+        unsigned char *d = dst + (size_t)y * out_cols * PS;                               \
+        if (!t) {                                                                          \
+            const unsigned char *srow = src + (size_t)(fy ? rows - 1 - y : y) * cols * PS; \
+            if (!fx) { memcpy(d, srow, (size_t)cols * PS); continue; }                     \
+            for (x = 0; x < out_cols; x++) COPY_PX(PS, d + x * PS, srow + (cols - 1 - x) * PS); \
+        } else { /* output row y = source column y (mirrored by fx), read down the rows */ \
+            const unsigned char *scol = src + (size_t)(fx ? cols - 1 - y : y) * PS;       \
+            if (!fy)                                                                       \
+                for (x = 0; x < out_cols; x++) COPY_PX(PS, d + x * PS, scol + (size_t)x * cols * PS); \
+            else                                                                           \
+                for (x = 0; x < out_cols; x++)                                             \
+                    COPY_PX(PS, d + x * PS, scol + (size_t)(rows - 1 - x) * cols * PS);    \
+        }                                                                                  \
+    }
+
 static void permute(const unsigned char *src, long rows, long cols, int ps, int t, int fy,
                     int fx, unsigned char *dst) {
     long out_rows = t ? cols : rows, out_cols = t ? rows : cols, y, x;
-    for (y = 0; y < out_rows; y++) {
-        unsigned char *d = dst + (size_t)y * out_cols * ps;
-        if (!t) {
-            const unsigned char *srow = src + (size_t)(fy ? rows - 1 - y : y) * cols * ps;
-            if (!fx) { memcpy(d, srow, (size_t)cols * ps); continue; }
-            for (x = 0; x < out_cols; x++)
-                memcpy(d + x * ps, srow + (cols - 1 - x) * ps, (size_t)ps);
-        } else { /* output row y = source column v = y, read down the rows */
-            long px = fx ? cols - 1 - y : y;
-            for (x = 0; x < out_cols; x++) {
-                long py = fy ? rows - 1 - x : x;
-                memcpy(d + x * ps, src + ((size_t)py * cols + px) * ps, (size_t)ps);
-            }
-        }
-    }
+    if (ps == 4) { PERMUTE_BODY(4) } else { PERMUTE_BODY(3) }
 }
 
 static void decode_oriented(const unsigned char *src, size_t len, Region *r, int orient) {
