@@ -825,9 +825,13 @@ typedef struct {
     unsigned char *out;
     unsigned long out_len;
     long interval; /* MCUs per restart interval; 0: RESTART_MCUS */
+    int fast;      /* try the bit-copying rewrite first (same tables) */
     int status; /* OK, ERR_JPEG, ERR_TRUNCATED, or -1: nothing to do */
     char message[JMSG_LENGTH_MAX];
 } Transcode;
+
+int fast_restarts(const unsigned char *s, size_t len, long interval, unsigned char **out,
+                  size_t *out_len); /* _restarts.c */
 
 static void add_restarts_nogil(Transcode *t) {
     struct jpeg_decompress_struct in;
@@ -837,6 +841,17 @@ static void add_restarts_nogil(Transcode *t) {
     jpeg_saved_marker_ptr mk;
     Layout L;
     int i;
+    if (t->fast) { /* the bit-copying rewrite (_restarts.c); libjpeg below for the rest */
+        unsigned char *o;
+        size_t olen;
+        if (fast_restarts(t->src, t->len, t->interval > 0 ? t->interval : RESTART_MCUS, &o,
+                          &olen) == 1) {
+            t->out = o;
+            t->out_len = (unsigned long)olen;
+            t->status = OK;
+            return;
+        }
+    }
     setup_errors(&in, &err_in, t->message);
     out.err = &err_in.pub; /* one error manager: the compressor's errors jump too */
     jpeg_create_decompress(&in);
@@ -912,10 +927,12 @@ static PyObject *py_add_restarts(PyObject *self, PyObject *args) {
     PyObject *res;
     (void)self;
     long interval = 0;
-    if (!PyArg_ParseTuple(args, "y*|l", &src, &interval))
+    int fast = 1;
+    if (!PyArg_ParseTuple(args, "y*|lp", &src, &interval, &fast))
         return NULL;
     memset(&t, 0, sizeof(t));
     t.interval = interval;
+    t.fast = fast;
     t.src = (const unsigned char *)src.buf;
     t.len = (size_t)src.len;
     Py_BEGIN_ALLOW_THREADS
