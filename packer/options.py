@@ -43,7 +43,9 @@ class PackOptions:
     seed: int = 0                  # seed of the packing order shuffle
     shuffle: bool = True           # shuffle samples across shards (helps block shuffling)
     validate: bool = True          # decode every input before packing it
-    jpeg_restarts: bool = False    # jpeg: lossless rewrite with a restart marker per MCU
+    # jpeg mode: lossless rewrite with a restart marker per MCU (None: on in jpeg mode when
+    # the C extension is there, which the reader needs to profit from it anyway)
+    jpeg_restarts: bool | None = None
     non_jpeg: str = "raw"          # PNG/WebP/...: raw pixels (lossless), jpeg, or reject
     max_pixels: int = DEFAULT_MAX_PIXELS  # reject images with more pixels (bomb guard)
     workers: int = 0               # 0 = all cores
@@ -74,6 +76,10 @@ class PackOptions:
             raise ValueError(f"quality {self.quality}: expected 1..100")
         if self.shard_size < 1:
             raise ValueError(f"shard_size {self.shard_size}: expected a positive byte count")
+        if self.jpeg_restarts is None:
+            from dlpack_io.reader.jpegdecode import have_extension
+
+            object.__setattr__(self, "jpeg_restarts", self.mode == "jpeg" and have_extension())
         if self.jpeg_restarts and self.mode != "jpeg":
             raise ValueError("--restart-markers rewrites JPEG records; it needs --mode jpeg")
         if self.jpeg_restarts:

@@ -844,7 +844,7 @@ static void add_restarts_nogil(Transcode *t) {
     if (t->fast) { /* the bit-copying rewrite (_restarts.c); libjpeg below for the rest */
         unsigned char *o;
         size_t olen;
-        if (fast_restarts(t->src, t->len, t->interval > 0 ? t->interval : RESTART_MCUS, &o,
+        if (fast_restarts(t->src, t->len, t->interval != 0 ? t->interval : RESTART_MCUS, &o,
                           &olen) == 1) {
             t->out = o;
             t->out_len = (unsigned long)olen;

@@ -331,7 +331,12 @@ int fast_restarts(const uint8_t *s, size_t len, long interval, uint8_t **out, si
     int rc = 0;
     *out = NULL;
     if (f == NULL) return 0;
-    if (interval < 1 || !parse_frame(s, len, f) || f->mcux % interval) goto done;
+    if (interval == 0 || !parse_frame(s, len, f)) goto done;
+    if (interval < 0) { /* -k: the largest divisor of the MCU row that is <= k */
+        interval = -interval < f->mcux ? -interval : f->mcux;
+        while (f->mcux % interval) interval--;
+    }
+    if (f->mcux % interval) goto done;
     u = unstuff(s, len, f->scan, &n, &end);
     if (u == NULL) goto done;
     if (end >= len) { /* no marker ends the scan: truncated, let libjpeg say so */

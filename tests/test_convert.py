@@ -46,12 +46,33 @@ def test_round_trip_pixels_and_labels(image_folder, tmp_path, data_format, mode)
 
 
 def test_jpeg_mode_keeps_original_bytes(image_folder, tmp_path):
-    convert(image_folder, tmp_path / "ds", **FAST)
+    result = convert(image_folder, tmp_path / "ds", jpeg_restarts=False, **FAST)
+    assert result["lossless"] == {} and result["reencoded"] == {}
     ds = Dataset(tmp_path / "ds")
     for i in range(len(ds)):
         payload, _ = ds.record(i)
         rel = record_detail(tmp_path / "ds", i)["source"]
         assert bytes(payload) == (image_folder / rel).read_bytes()
+
+
+def test_default_adds_restart_markers_and_keeps_everything_else(image_folder, tmp_path):
+    """The default jpeg-mode record: the original bytes up to the scan, a DRI segment,
+    then the rewritten scan; the same pixels; counted as a lossless transform."""
+    from dlpack_io.reader.jpegdecode import have_extension
+
+    result = convert(image_folder, tmp_path / "ds", **FAST)
+    if not have_extension():
+        assert result["lossless"] == {}
+        return
+    assert result["lossless"] == {"restart markers added (lossless)": 24}
+    ds = Dataset(tmp_path / "ds")
+    assert ds.manifest["options"]["jpeg_restarts"] is True
+    for i in range(len(ds)):
+        payload = bytes(ds.record(i)[0])
+        original = (image_folder / record_detail(tmp_path / "ds", i)["source"]).read_bytes()
+        sos = original.find(b"\xff\xda")
+        assert payload[:sos] == original[:sos] and payload[sos:sos + 2] == b"\xff\xdd"
+        np.testing.assert_array_equal(ds[i][0], np.asarray(Image.open(io.BytesIO(original))))
 
 
 def test_raw_fixed_size_is_dense(image_folder, tmp_path):
@@ -119,7 +140,7 @@ def test_odd_inputs_keep_their_bytes_or_are_rejected(odd_folder, tmp_path):
     from PIL import ImageOps
 
     root, files = odd_folder
-    result = convert(root, tmp_path / "ds", **FAST)
+    result = convert(root, tmp_path / "ds", jpeg_restarts=False, **FAST)
     ds = Dataset(tmp_path / "ds")
     assert len(ds) == 6 and result["rejects"] == 3
     assert result["reencoded"] == {}

@@ -199,7 +199,7 @@ def mixed(tmp_path_factory):
 
 
 def test_non_jpeg_default_is_lossless_raw(mixed, tmp_path):
-    result = convert(mixed, tmp_path / "ds", **FAST)
+    result = convert(mixed, tmp_path / "ds", jpeg_restarts=False, **FAST)
     assert result["rejects"] == 0 and result["reencoded"] == {}
     assert result["ignored"] == {".json": 1, ".txt": 1}
     assert sum(result["lossless"].values()) == N_OTHER and result["num_samples"] == N_OTHER + 1
@@ -214,10 +214,10 @@ def test_non_jpeg_default_is_lossless_raw(mixed, tmp_path):
 
 
 def test_non_jpeg_jpeg_and_reject_policies(mixed, tmp_path):
-    result = convert(mixed, tmp_path / "j", non_jpeg="jpeg", **FAST)
+    result = convert(mixed, tmp_path / "j", non_jpeg="jpeg", jpeg_restarts=False, **FAST)
     assert sum(result["reencoded"].values()) == N_OTHER and result["lossless"] == {}
     assert result["reencoded"]["GIF image re-encoded as JPEG (--non-jpeg jpeg)"] == 2
-    result = convert(mixed, tmp_path / "r", non_jpeg="reject", **FAST)
+    result = convert(mixed, tmp_path / "r", non_jpeg="reject", jpeg_restarts=False, **FAST)
     assert (result["num_samples"], result["rejects"]) == (1, N_OTHER)
     reasons = (tmp_path / "r" / "rejects.tsv").read_text()
     assert "x/png_lies.jpg\tPNG image, not a JPEG (--non-jpeg reject)" in reasons

@@ -215,3 +215,48 @@ def test_cli_convert_restart_markers(image_folder, tmp_path):
                                     "--restart-markers", "--mode", "raw", "--size", "32"])
     assert res.exit_code != 0 and "needs --mode jpeg" in res.output
     assert "--restart-markers" in CliRunner().invoke(main, ["convert", "--help"]).output
+
+
+def _scan_start(data: bytes) -> int:
+    return data.find(b"\xff\xda")
+
+
+@pytest.mark.parametrize("kw", [dict(subsampling=2), dict(subsampling=1), dict(subsampling=0),
+                                dict(subsampling=2, optimize=True), dict(subsampling=2, quality=50)])
+def test_fast_rewrite_keeps_headers_and_pixels(kw):
+    """The bit-copying rewrite: bytes before SOS unchanged (EXIF, tables...), a DRI segment
+    inserted right before SOS, bytes after the scan (EOI + trailing data) unchanged, same
+    pixels; same pixels as the libjpeg transcode."""
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    out = io.BytesIO()
+    Image.fromarray(_pixels(_jpeg(w=157, seed=4))).save(out, format="JPEG", exif=exif, **kw)
+    original = out.getvalue() + b"trailing bytes after EOI"
+    fast = jpegdecode._jpeg.add_restarts(original, 0, True)
+    slow = jpegdecode._jpeg.add_restarts(original, 0, False)
+    assert np.array_equal(_pixels(fast), _pixels(original))
+    assert np.array_equal(_pixels(slow), _pixels(original))
+    sos = _scan_start(original)
+    if fast != slow:  # the fast path wrote it (else its DC table lacked a code: libjpeg did)
+        assert fast[:sos] == original[:sos]
+        assert fast[sos:sos + 6] == b"\xff\xdd\x00\x04\x00\x01"
+        assert fast.endswith(b"\xff\xd9trailing bytes after EOI")
+    if not kw.get("optimize"):  # standard tables code every DC value: always the fast path
+        assert fast != slow and len(fast) < len(original) * 1.2  # 8x8 MCUs (4:4:4) cost most
+
+
+def test_fast_rewrite_rejects_damage_like_libjpeg():
+    good = _jpeg(w=157, seed=2)
+    sos = _scan_start(good)
+    with pytest.raises(ValueError):
+        jpegdecode._jpeg.add_restarts(good[:sos + 200])  # truncated inside the scan
+    rng = np.random.default_rng(0)
+    for _ in range(200):  # flipped bits: never a crash; either rewritten or an error
+        data = bytearray(good)
+        pos = int(rng.integers(sos + 20, len(data) - 2))
+        data[pos] ^= 1 << int(rng.integers(0, 8))
+        try:
+            out = jpegdecode._jpeg.add_restarts(bytes(data))
+        except ValueError:
+            continue
+        assert out is None or out[:2] == b"\xff\xd8"

@@ -1,7 +1,13 @@
-"""Read-time cost of keeping original JPEG bytes (EXIF orientation and colour conversion
-done by the reader) against the upright RGB JPEG that re-encoding used to store.
+"""Fidelity and JPEG-speed benchmarks (one self-contained file).
 
-``python -m dlpack_io.tools.bench_fidelity [--images 40] [--repeats 5]``
+``python -m dlpack_io.tools.bench_fidelity cost [--images 40] [--repeats 5]``
+    read-time cost of keeping original JPEG bytes (EXIF orientation and colour conversion
+    done by the reader) against an upright YCbCr JPEG of the same picture;
+``python -m dlpack_io.tools.bench_fidelity speed ROOT [--photos DIR] [--images 1000]``
+    conversion with and without restart markers, and one epoch of the torch DataLoader over
+    the files (PIL decode, random-resized-crop 224, flip, batch 256, 2 workers) against our
+    Loader (2 threads) over both data sets, plus the decode-only limit: contenders
+    interleaved round by round, medians of per-round ratios (see speed_main).
 
 For ImageNet-like photos (tools/synth.py, ~500x375) in each variant (YCbCr upright, EXIF
 orientation 3 and 6, grayscale, CMYK, YCCK) it times, per image, one full decode
@@ -14,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import statistics
 import time
 
@@ -83,18 +90,189 @@ def run(images: int = 40, repeats: int = 5, seed: int = 0) -> dict:
                 "crop_ratio": round(c / base[1], 2)} for n, (f, c) in med.items()}
 
 
-def main(argv=None) -> None:
-    """Command-line entry point: print a markdown table."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--images", type=int, default=40)
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args(argv)
+def cost_main(args) -> None:
+    """``cost``: print a markdown table of the read-time cost."""
     result = run(args.images, args.repeats)
     print("| stored as | full decode (us) | ratio | 224 crop decode+resize (us) | ratio |")
     print("|---|---|---|---|---|")
     for n, r in result.items():
         print(f"| {n} | {r['full_us']} | {r['full_ratio']:.2f}x | {r['crop_us']} | "
               f"{r['crop_ratio']:.2f}x |")
+
+
+# ---- speed -------------------------------------------------------------------------------
+
+def photo_crops(dst, count: int, photos, seed: int = 0) -> None:
+    """ImageNet-like JPEGs (~500x375, 4:2:0, quality 75-95, standard tables) cut from real
+    photographs: random crops (25-100% of the area, aspect 3:4..4:3) of the pictures in
+    ``photos`` (e.g. scikit-image's and scikit-learn's sample photos), resized and
+    mirrored at random. Without ``photos``: tools/synth.py's noisy synthetic images."""
+    from pathlib import Path
+
+    from PIL import Image
+
+    from dlpack_io.tools.synth import make_image_folder
+
+    if photos is None:
+        make_image_folder(dst, count, 10, seed=seed)
+        return
+    sources = [Image.open(p).convert("RGB") for p in sorted(Path(photos).iterdir())
+               if p.suffix.lower() in (".jpg", ".png") and min(Image.open(p).size) >= 300]
+    rng = np.random.default_rng(seed)
+    for i in range(count):
+        img = sources[i % len(sources)]
+        area = img.width * img.height * rng.uniform(0.25, 1.0)
+        aspect = float(np.exp(rng.uniform(np.log(3 / 4), np.log(4 / 3))))
+        w = min(img.width, int(round((area * aspect) ** 0.5)))
+        h = min(img.height, int(round((area / aspect) ** 0.5)))
+        left, top = int(rng.integers(0, img.width - w + 1)), int(rng.integers(0, img.height - h + 1))
+        tw = int(500 * rng.uniform(0.85, 1.15))
+        crop = img.crop((left, top, left + w, top + h)).resize((tw, max(8, tw * h // w)))
+        if rng.random() < 0.5:
+            crop = crop.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        folder = Path(dst) / f"class_{i % 10:02d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        crop.save(folder / f"img_{i:06d}.jpg", quality=int(rng.integers(75, 96)))
+
+
+def _files_loader(src, workers: int):
+    """torch DataLoader over the JPEG files: PIL decode, RRC 224 (PIL bilinear), flip, CHW."""
+    import random
+    from pathlib import Path
+
+    import torch
+    from PIL import Image
+
+    from dlpack_io.reader.transforms import RandomResizedCrop
+
+    files = sorted(str(p) for p in Path(src).rglob("*.jpg"))
+    rrc = RandomResizedCrop(224)
+
+    class Files(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(files)
+
+        def __getitem__(self, i):
+            rnd = random.Random(i)
+            img = Image.open(files[i]).convert("RGB")
+            top, left, h, w = (int(v) for v in rrc.boxes([img.height], [img.width], 0, 0, [i])[0])
+            out = img.resize((224, 224), Image.BILINEAR, box=(left, top, left + w, top + h))
+            if rnd.random() < 0.5:
+                out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+            return torch.from_numpy(np.asarray(out).transpose(2, 0, 1).copy()), 0
+
+    return lambda: torch.utils.data.DataLoader(Files(), batch_size=256, shuffle=True,
+                                               num_workers=workers, persistent_workers=False)
+
+
+def _our_loader(dst, workers: int):
+    import torch
+
+    from dlpack_io.reader import Dataset, Loader, RandomResizedCrop
+
+    ds = Dataset(dst)
+    return lambda: Loader(ds, batch_size=256, shuffle="global", seed=0, num_workers=workers,
+                          crop=RandomResizedCrop(224), flip_h=0.5, dtype=torch.uint8)
+
+
+def _decode_limit(dst) -> float:
+    """Images/s of the region decode + resize alone (no loader), one core, same boxes."""
+    from dlpack_io.reader import Dataset, jpegdecode
+    from dlpack_io.reader.transforms import RandomResizedCrop
+
+    ds, rrc = Dataset(dst), RandomResizedCrop(224)
+    scratch = np.empty(jpegdecode.scratch_bytes(800, 800), np.uint8)
+    jobs = []
+    for i in range(len(ds)):
+        payload, entry = ds.record(i)
+        box = rrc.boxes([int(entry["height"])], [int(entry["width"])], 0, 0, [i])[0]
+        jobs.append((bytes(payload), box, int(entry["orientation"])))
+    start = time.perf_counter()
+    for payload, box, o in jobs:
+        jpegdecode.decode_resized(payload, box, (224, 224), scratch, orientation=o)
+    return len(jobs) / (time.perf_counter() - start)
+
+
+def _epoch(make_iter, path) -> float:
+    from dlpack_io.tools.pagecache import warm
+
+    warm(path)
+    start, n = time.perf_counter(), 0
+    for _, labels in make_iter():
+        n += len(labels)
+    return n / (time.perf_counter() - start)
+
+
+def _convert_seconds(src, dst, restarts: bool) -> tuple[float, int]:
+    from dlpack_io.packer import convert
+
+    start = time.perf_counter()
+    res = convert(src, dst, shard_size="64MB", workers=2, progress=False, overwrite=True,
+                  jpeg_restarts=restarts)
+    return time.perf_counter() - start, res["num_bytes"]
+
+
+def speed_main(args) -> dict:
+    """``speed``: conversion and loader rounds, interleaved; print and return the ratios."""
+    import json
+    from pathlib import Path
+
+    from dlpack_io.tools.pagecache import warm
+
+    root = Path(args.root)
+    src = root / "jpegs"
+    if not src.exists():
+        photo_crops(src, args.images, args.photos)
+    conv = {False: [], True: []}
+    for r in range(args.rounds):
+        for restarts in ((False, True) if r % 2 == 0 else (True, False)):
+            warm(src)
+            conv[restarts].append(_convert_seconds(src, root / f"ds-{restarts}", restarts))
+    table = {"dataloader": (_files_loader(src, 2), src),
+             "ours": (_our_loader(root / "ds-False", 2), root / "ds-False"),
+             "ours_restarts": (_our_loader(root / "ds-True", 2), root / "ds-True")}
+    rates = {n: [] for n in table}
+    limits = {False: [], True: []}
+    for r in range(-1, args.rounds):  # round -1 warms up
+        names = list(table)[r % 3:] + list(table)[:r % 3] if r >= 0 else list(table)
+        for n in names:
+            rate = _epoch(*table[n])
+            if r >= 0:
+                rates[n].append(rate)
+        for restarts in (False, True):
+            limits[restarts].append(_decode_limit(root / f"ds-{restarts}"))
+    med = statistics.median
+    out = {
+        "images": len(list(src.rglob("*.jpg"))), "source_bytes": sum(p.stat().st_size for p in src.rglob("*.jpg")),
+        "convert_s": {str(k): med(s for s, _ in v) for k, v in conv.items()},
+        "convert_ratio": med(b[0] / a[0] for a, b in zip(conv[False], conv[True])),
+        "bytes": {str(k): v[0][1] for k, v in conv.items()},
+        "loader": {n: med(v) for n, v in rates.items()},
+        "ours / dataloader": med(a / b for a, b in zip(rates["ours"], rates["dataloader"])),
+        "ours_restarts / dataloader": med(a / b for a, b in zip(rates["ours_restarts"], rates["dataloader"])),
+        "decode_limit_1core": {str(k): med(v) for k, v in limits.items()},
+        "load": os.getloadavg()[0],
+    }
+    out["ours_restarts / (2 x decode limit)"] = out["loader"]["ours_restarts"] / (2 * out["decode_limit_1core"]["True"])
+    print(json.dumps(out, indent=1))
+    (root / "speed.json").write_text(json.dumps(out, indent=1))
+    return out
+
+
+def main(argv=None) -> None:
+    """Command-line entry point."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    cost = sub.add_parser("cost", help="read-time cost of orientation and colour")
+    cost.add_argument("--images", type=int, default=40)
+    cost.add_argument("--repeats", type=int, default=5)
+    speed = sub.add_parser("speed", help="conversion and loader throughput, restarts or not")
+    speed.add_argument("root", help="work folder (JPEGs and data sets are made there)")
+    speed.add_argument("--photos", help="folder of real photographs to cut the JPEGs from")
+    speed.add_argument("--images", type=int, default=1000)
+    speed.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args(argv)
+    (cost_main if args.cmd == "cost" else speed_main)(args)
 
 
 if __name__ == "__main__":
