@@ -143,7 +143,7 @@ def _files_loader(src, workers: int):
     import torch
     from PIL import Image
 
-    from dlpack_io.reader.transforms import RandomResizedCrop
+    from dlpack_io.reader import RandomResizedCrop
 
     files = sorted(str(p) for p in Path(src).rglob("*.jpg"))
     rrc = RandomResizedCrop(224)
@@ -168,17 +168,17 @@ def _files_loader(src, workers: int):
 def _our_loader(dst, workers: int):
     import torch
 
-    from dlpack_io.reader import Dataset, Loader, RandomResizedCrop
+    from dlpack_io.reader import Dataset, Loader, RandomHorizontalFlip, RandomResizedCrop
 
     ds = Dataset(dst)
     return lambda: Loader(ds, batch_size=256, shuffle="global", seed=0, num_workers=workers,
-                          crop=RandomResizedCrop(224), flip_h=0.5, dtype=torch.uint8)
+                          transforms=[RandomResizedCrop(224), RandomHorizontalFlip()],
+                          dtype=torch.uint8)
 
 
 def _decode_limit(dst) -> float:
     """Images/s of the region decode + resize alone (no loader), one core, same boxes."""
-    from dlpack_io.reader import Dataset, jpegdecode
-    from dlpack_io.reader.transforms import RandomResizedCrop
+    from dlpack_io.reader import Dataset, RandomResizedCrop, jpegdecode
 
     ds, rrc = Dataset(dst), RandomResizedCrop(224)
     scratch = np.empty(jpegdecode.scratch_bytes(800, 800), np.uint8)
