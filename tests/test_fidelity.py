@@ -285,3 +285,21 @@ def test_loader_crops_are_upright(tmp_path):
         rel = record_detail(tmp_path / "ds", i)["source"]
         ref = reference((tmp_path / "src" / rel).read_bytes())[5:25, 10:30]
         np.testing.assert_array_equal(img.transpose(1, 2, 0), ref, err_msg=rel)
+
+
+def test_cli_summary_counts_kept_lossless_reencoded_ignored(mixed, tmp_path):
+    from click.testing import CliRunner
+
+    from dlpack_io.tools.cli import main
+
+    dst = str(tmp_path / "ds")
+    result = CliRunner().invoke(main, ["convert", str(mixed), dst, "--quiet", "--workers", "1",
+                                       "--no-restart-markers", "--non-jpeg", "jpeg"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[1].startswith(f"original bytes kept: 1; transformed losslessly: 0; "
+                               f"re-encoded: {N_OTHER} (")
+    assert lines[2:] == ["skipped 0", "ignored 2 files without an image suffix (.json 1, .txt 1)"]
+    shown = CliRunner().invoke(main, ["inspect", dst]).output
+    assert "stored        1 with their original bytes" in shown
+    assert f"              {N_OTHER} re-encoded" in shown

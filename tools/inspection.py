@@ -85,6 +85,8 @@ def _entry_dict(entry, j: int, sample: int, meta: dict, classes) -> dict:
             "crc": int(entry["crc"]), "height": int(entry["height"]),
             "width": int(entry["width"]), "channels": int(entry["channels"]),
             "kind": "raw" if entry["kind"] == fmt.KIND_RAW else "jpeg",
+            "orientation": int(entry["orientation"]),
+            "colour": ("ycbcr", "grayscale", "cmyk")[min(int(entry["colour"]), 2)],
             "source": paths[j] if j < len(paths) else None}
 
 

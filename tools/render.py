@@ -94,7 +94,7 @@ def shard_text(d: dict) -> str:
 def record_text(r: dict) -> str:
     """Readable detail of inspection.record_detail()."""
     keys = ("sample", "shard", "record", "offset", "length", "label", "class", "height",
-            "width", "channels", "kind", "source", "crc", "crc_ok")
+            "width", "channels", "kind", "orientation", "colour", "source", "crc", "crc_ok")
     return "\n".join(f"{k:9s} {r[k]:#010x}" if k == "crc" else f"{k:9s} {r[k]}" for k in keys)
 
 
