@@ -232,9 +232,13 @@ static int parse_frame(const uint8_t *s, size_t len, Frame *f) {
     return 1;
 }
 
+/* Zero bytes after the unstuffed data: the scan is checked against its end after each
+   block, and one block reads at most 64 codes of 16 + 15 bits plus an 8-byte peek. */
+#define TAIL_PAD 512
+
 /* Unstuff the entropy data from f->scan up to the next marker; *end = that marker. */
 static uint8_t *unstuff(const uint8_t *s, size_t len, size_t start, size_t *n, size_t *end) {
-    uint8_t *u = (uint8_t *)malloc(len - start + 16);
+    uint8_t *u = (uint8_t *)malloc(len - start + TAIL_PAD);
     size_t p = start, o = 0;
     if (u == NULL) return NULL;
     for (;;) {
@@ -248,7 +252,7 @@ static uint8_t *unstuff(const uint8_t *s, size_t len, size_t start, size_t *n, s
         *end = stop;
         break;
     }
-    memset(u + o, 0, 16);
+    memset(u + o, 0, TAIL_PAD);
     *n = o;
     return u;
 }
@@ -327,7 +331,7 @@ int fast_restarts(const uint8_t *s, size_t len, long interval, uint8_t **out, si
     Bits b;
     Writer w;
     uint8_t *u = NULL;
-    size_t n = 0, end = 0;
+    size_t n = 0, end = 0, mcus;
     int rc = 0;
     *out = NULL;
     if (f == NULL) return 0;
@@ -347,7 +351,11 @@ int fast_restarts(const uint8_t *s, size_t len, long interval, uint8_t **out, si
     b.nbits = n * 8;
     b.pos = 0;
     memset(&w, 0, sizeof(w));
-    w.cap = f->scan + 6 + 2 * (n + 16 * (size_t)(f->mcux * f->mcuy)) + (len - end) + 64;
+    /* every block takes >= 2 input bits, so at most 4 n MCUs can be written whatever the
+       header claims: the buffer stays linear in the input size */
+    mcus = (size_t)f->mcux * (size_t)f->mcuy;
+    if (mcus > 4 * n + 1) mcus = 4 * n + 1;
+    w.cap = f->scan + 6 + 2 * (n + 16 * mcus) + (len - end) + 64;
     w.out = (uint8_t *)malloc(w.cap);
     if (w.out == NULL) goto done;
     memcpy(w.out, s, f->sos); /* everything before SOS, then DRI, then SOS itself */
