@@ -21,6 +21,7 @@ from dlpack_io.packer.progress import Progress
 from dlpack_io.packer.scan import read_list, scan_image_folder, stat_inputs
 from dlpack_io.packer.writers import open_writer
 from dlpack_io.reader import format as fmt
+from dlpack_io.reader.decode import require_pil
 from dlpack_io.packer.dstfiles import (check_src_dst, clear_outputs, existing_entries,
                                        verify_kept_shard)
 
@@ -35,6 +36,7 @@ class _State:
     shards: list = field(default_factory=list)
     rejects: list = field(default_factory=list)
     reencoded: Counter = field(default_factory=Counter)
+    lossless: Counter = field(default_factory=Counter)
     class_counts: np.ndarray | None = None
 
     @property
@@ -75,6 +77,7 @@ def _resume_state(dst: str, plan: dict, num_classes: int) -> _State:
         state.position = entry["end_input"]
         state.rejects += [tuple(r) for r in entry["rejects"]]
         state.reencoded.update(entry["reencoded"])
+        state.lossless.update(entry.get("lossless", {}))
         state.class_counts += np.asarray(entry["class_counts"], dtype=np.int64)
     kept = {s["name"] for s in state.shards}
     clear_outputs(dst, keep=kept)
@@ -94,7 +97,7 @@ class _Packer:
     def reject(self, rel: str, reason: str) -> None:
         if self.options.on_error == "fail":
             raise ConversionError(f"{os.path.join(self.inputs.root, rel)}: {reason} "
-                                  f"(--on-error fail stops here; completed shards are kept)")
+                                  f"(--on-error fail stops at the first bad input)")
         log.debug("skipping %s: %s", rel, reason)
         self.since.rejects.append((rel, reason))
 
@@ -110,18 +113,21 @@ class _Packer:
             self.since.class_counts[label] += 1
         if record.reencoded:
             self.since.reencoded[record.reencoded] += 1
+        if record.lossless:
+            self.since.lossless[record.lossless] += 1
 
     def finish_shard(self, end_input: int) -> None:
         entry = self.writer.finish()
         self.writer = None
         since = self.since
         self.journal.append({"shard": entry, "end_input": end_input, "rejects": since.rejects,
-                             "reencoded": dict(since.reencoded),
+                             "reencoded": dict(since.reencoded), "lossless": dict(since.lossless),
                              "class_counts": since.class_counts.tolist()})
         st = self.state
         st.shards.append(entry)
         st.rejects += since.rejects
         st.reencoded.update(since.reencoded)
+        st.lossless.update(since.lossless)
         st.class_counts += since.class_counts
         self.since = _State(class_counts=np.zeros_like(since.class_counts))
 
@@ -151,7 +157,8 @@ def _fetch_passthrough(record, path: str):
 def _encode_options(options: PackOptions) -> dict:
     return {"mode": options.mode, "size": options.size, "max_side": options.max_side,
             "quality": options.quality, "validate": options.validate,
-            "restarts": options.jpeg_restarts}
+            "restarts": options.jpeg_restarts, "non_jpeg": options.non_jpeg,
+            "max_pixels": options.max_pixels}
 
 
 def _pack(dst, inputs, stats, options: PackOptions, state: _State, journal_) -> Progress:
@@ -179,8 +186,7 @@ def _pack(dst, inputs, stats, options: PackOptions, state: _State, journal_) -> 
         packer.close(len(order))
     except OSError as exc:
         packer.abort()
-        raise ConversionError(f"{dst}: cannot write shard ({exc}); completed shards are kept: "
-                              f"fix the cause (free disk space?) and run again with --resume") from exc
+        raise ConversionError(f"{dst}: cannot write shard ({exc}); free disk space?") from exc
     except BaseException:
         packer.abort()
         raise
@@ -195,7 +201,7 @@ def _scan(src, list_file, labels: bool):
                          "use one or the other")
     inputs = read_list(src, list_file) if list_file else scan_image_folder(src, labels=labels)
     for name, others in inputs.empty_classes:
-        log.warning("class folder %s has no usable image (%d other files, no .jpg/.jpeg/.jfif, "
+        log.warning("class folder %s has no usable image (%d other files, none an image, "
                     "or a folder already packed through a symlink): class %r will have 0 "
                     "samples", os.path.join(inputs.root, name), others, name)
     return inputs
@@ -205,11 +211,41 @@ def _summary(dst, manifest, state, inputs, progress, resumed_from) -> dict:
     empty = [c for c, n in zip(manifest["classes"], manifest["class_counts"]) if n == 0]
     return {"dst": dst, "num_samples": manifest["num_samples"], "num_shards": len(state.shards),
             "num_bytes": manifest["num_bytes"], "rejects": len(state.rejects),
-            "reencoded": dict(state.reencoded), "resumed_from": resumed_from,
+            "reencoded": dict(state.reencoded), "lossless": dict(state.lossless),
+            "ignored": dict(inputs.ignored or {}), "resumed_from": resumed_from,
             "seconds": progress.elapsed, "images_per_s": progress.images_per_s,
             "mb_per_s": progress.mb_per_s, "empty_classes": empty,
             "via_links": inputs.via_links, "outside_src": inputs.outside_src,
             "repeated_dirs": inputs.repeated_dirs}
+
+
+def _retry_advice(dst: str, kept: int) -> str:
+    """The one command that retries a failed conversion, given what it left in ``dst``."""
+    if kept:
+        return (f"{kept} completed shards are kept in {dst}: after fixing this, run the same "
+                f"command with --resume")
+    return f"nothing was left in {dst}: after fixing this, run the same command again"
+
+
+def _discard_if_empty(dst: str, created: bool, state) -> None:
+    """After a failed run that completed no shard, remove every file it wrote (journal,
+    partial shards) and the folder it created, so the same command can simply run again."""
+    if state is None or state.shards:  # state None: the journal there is not this run's
+        return
+    clear_outputs(dst)
+    if created:
+        try:
+            os.rmdir(dst)  # only if empty: the lock file is gone, nothing else is ours
+        except OSError:
+            pass
+
+
+def _check_inputs_exist(inputs, stats) -> None:
+    """Fail before writing anything when not one input can be found (a wrong SRC)."""
+    if stats and all(size < 0 for size, _ in stats):
+        first = os.path.join(inputs.root, inputs.paths[0])
+        where = f" (paths in {inputs.list_file} are relative to SRC)" if inputs.list_file else ""
+        raise ConversionError(f"none of the {len(stats)} input files exist, e.g. {first}{where}")
 
 
 def convert(src, dst, *, list_file=None, resume: bool = False, overwrite: bool = False,
@@ -219,16 +255,21 @@ def convert(src, dst, *, list_file=None, resume: bool = False, overwrite: bool =
     ``options`` are PackOptions fields (format, mode, size, max_side, quality, shard_size,
     seed, shuffle, validate, jpeg_restarts, workers, on_error, progress). ``list_file`` reads
     ``path,label`` rows instead of scanning class folders; ``labels=False`` packs every
-    JPEG under ``src`` with label -1 and no classes. ``provenance=False`` leaves the host
+    image under ``src`` with label -1 and no classes. ``provenance=False`` leaves the host
     name and the absolute source paths out of the manifest (a data set meant for sharing).
-    Raises ConversionError with the file and the fix when the job cannot complete.
+    Raises ConversionError with the file and the fix when the job cannot complete; a run
+    that completed no shard leaves nothing behind, so the advice is to run it again.
     """
+    require_pil()  # before scanning: a missing PIL must not surface after the scan
     if "shard_size" in options:
         options["shard_size"] = parse_size(options["shard_size"])
     opts = PackOptions(**options)
     check_src_dst(src, dst)
     inputs = _scan(src, list_file, labels)
+    stats = stat_inputs(inputs)
+    _check_inputs_exist(inputs, stats)
     dst = os.path.abspath(dst)
+    created = not os.path.exists(dst)
     lock = journal.DstLock(dst)
     try:
         os.makedirs(dst, exist_ok=True)
@@ -240,30 +281,49 @@ def convert(src, dst, *, list_file=None, resume: bool = False, overwrite: bool =
         if resume and os.path.exists(os.path.join(dst, fmt.MANIFEST_NAME)) \
                 and journal.read_journal(dst)[0] is None:
             log.info("%s is already complete; nothing to resume", dst)
+            lock.release(remove=True)
             return {"dst": dst, "already_complete": True}
         _prepare_dst(dst, resume, overwrite)
-        stats = stat_inputs(inputs)
+    except BaseException:
+        lock.release(remove=True)
+        raise
+    state = None
+    try:
         plan = {"plan": journal.plan_hash(inputs, stats, opts.output_options(), fmt.FORMAT_VERSION),
                 "num_inputs": len(inputs.paths)}
         state = _resume_state(dst, plan, len(inputs.classes))
-        resumed_from = state.position
-        journal_ = journal.Journal(dst)
-        progress = _pack(dst, inputs, stats, opts, state, journal_)
-        if not state.shards:
-            reasons = Counter(r for _, r in state.rejects).most_common(3)
-            raise ConversionError(f"{src}: none of the {len(inputs.paths)} inputs could be "
-                                  f"packed; most common reasons: "
-                                  + "; ".join(f"{why} ({n}x)" for why, n in reasons))
-        manifest = finalize.build_manifest(inputs, opts, state.shards, state.rejects,
-                                           state.reencoded, state.class_counts.tolist(),
-                                           progress.elapsed, provenance=provenance)
-        try:
-            finalize.write_dataset_files(dst, manifest, state.rejects)
-        except OSError as exc:
-            raise ConversionError(f"{dst}: cannot write the manifest ({exc.strerror or exc}); "
-                                  f"all shards are complete: free space and run again with "
-                                  f"--resume") from exc
-        journal_.remove()
+        return _convert_locked(src, dst, inputs, stats, opts, state, provenance)
+    except ConversionError as exc:
+        lock.release(remove=True)
+        _discard_if_empty(dst, created, state)
+        raise ConversionError(f"{exc}; {_retry_advice(dst, len(state.shards) if state else 0)}") \
+            from exc.__cause__
+    except BaseException:
+        lock.release(remove=True)
+        _discard_if_empty(dst, created, state)
+        raise
     finally:
         lock.release(remove=True)
+
+
+def _convert_locked(src, dst, inputs, stats, opts: PackOptions, state: _State,
+                    provenance: bool) -> dict:
+    """Pack, then write the manifest; DST is locked and its journal holds the plan."""
+    resumed_from = state.position
+    journal_ = journal.Journal(dst)
+    progress = _pack(dst, inputs, stats, opts, state, journal_)
+    if not state.shards:
+        reasons = Counter(r for _, r in state.rejects).most_common(3)
+        raise ConversionError(f"{src}: none of the {len(inputs.paths)} inputs could be "
+                              f"packed; most common reasons: "
+                              + "; ".join(f"{why} ({n}x)" for why, n in reasons))
+    manifest = finalize.build_manifest(inputs, opts, state.shards, state.rejects,
+                                       state.reencoded, state.class_counts.tolist(),
+                                       progress.elapsed, state.lossless, provenance=provenance)
+    try:
+        finalize.write_dataset_files(dst, manifest, state.rejects)
+    except OSError as exc:
+        raise ConversionError(f"{dst}: cannot write the manifest ({exc.strerror or exc}); "
+                              f"all shards are complete, free space") from exc
+    journal_.remove()
     return _summary(dst, manifest, state, inputs, progress, resumed_from)

@@ -45,7 +45,8 @@ def rejects_tsv(rejects: list) -> bytes:
 
 
 def build_manifest(inputs, options, shards: list, rejects: list, reencoded: dict,
-                   class_counts: list, seconds: float, *, provenance: bool = True) -> dict:
+                   class_counts: list, seconds: float, lossless: dict | None = None, *,
+                   provenance: bool = True) -> dict:
     """The manifest dict (checksum included) describing a finished data set.
 
     ``provenance=False`` leaves out what identifies the machine that packed it: the host
@@ -64,6 +65,7 @@ def build_manifest(inputs, options, shards: list, rejects: list, reencoded: dict
                    "num_inputs": len(inputs.paths)},
         "rejects": [{"path": p, "reason": r} for p, r in rejects],
         "reencoded": dict(sorted(reencoded.items())),
+        "lossless": dict(sorted((lossless or {}).items())),
         "created": {"at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                     "seconds": round(seconds, 3), "dlpack": __version__, "pil": pil_flavour(),
                     "python": platform.python_version(), "host": platform.node()},

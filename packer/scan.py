@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 JPEG_SUFFIXES = (".jpg", ".jpeg", ".jfif")
+# Other image files are packed too (what they are is decided by their content, as for
+# JPEGs: see --non-jpeg); files with any other suffix are ignored and counted.
+IMAGE_SUFFIXES = JPEG_SUFFIXES + (".png", ".webp", ".bmp", ".tif", ".tiff", ".gif")
 
 
 @dataclass(frozen=True)
@@ -27,7 +30,8 @@ class Inputs:
     via_links: int = 0           # inputs reached through a symlink (file or folder)
     outside_src: int = 0         # ... whose real path lies outside SRC
     repeated_dirs: int = 0       # folders reached again (symlink loops, aliases) and skipped
-    empty_classes: tuple = ()    # (class name, files in it that are not JPEGs)
+    empty_classes: tuple = ()    # (class name, files in it that are not images)
+    ignored: dict | None = None  # suffix -> count of files skipped as not images by name
 
 
 @dataclass
@@ -41,9 +45,10 @@ class _Walk:
     via_links: int = 0
     outside_src: int = 0
     repeated_dirs: int = 0
+    ignored: dict = field(default_factory=dict)  # suffix -> files skipped as not images
 
     def images(self, top: Path, top_is_link: bool) -> tuple[list, int]:
-        """(sorted relative paths of the JPEGs under ``top``, count of other files).
+        """(sorted relative paths of the images under ``top``, count of other files).
 
         Symlinks are followed, but each real directory is walked once per scan: a loop
         (a link to a parent) or a second link to a folder already walked adds nothing.
@@ -66,11 +71,13 @@ class _Walk:
                     continue
                 if e.is_dir():
                     stack.append((Path(e.path), via or e.is_symlink()))
-                elif e.name.lower().endswith(JPEG_SUFFIXES) and e.is_file():
+                elif e.name.lower().endswith(IMAGE_SUFFIXES) and e.is_file():
                     found.append(Path(e.path).relative_to(self.root).as_posix())
                     self._count_link(e, via)
                 elif e.is_file():
                     others += 1
+                    suffix = os.path.splitext(e.name)[1].lower() or "(none)"
+                    self.ignored[suffix] = self.ignored.get(suffix, 0) + 1
         return sorted(found), others
 
     def _count_link(self, entry, via: bool) -> None:
@@ -82,16 +89,17 @@ class _Walk:
 
 
 def _no_images_error(root: Path) -> ValueError:
-    loose = sum(1 for e in os.scandir(root) if e.is_file() and e.name.lower().endswith(JPEG_SUFFIXES))
-    found = f"found {loose} JPEG files directly in {root} but none in class sub-folders" if loose \
-        else f"no .jpg/.jpeg/.jfif files found in class sub-folders of {root}"
+    loose = sum(1 for e in os.scandir(root) if e.is_file() and e.name.lower().endswith(IMAGE_SUFFIXES))
+    found = f"found {loose} image files directly in {root} but none in class sub-folders" if loose \
+        else (f"no image files ({', '.join(IMAGE_SUFFIXES)}) found in class sub-folders of "
+              f"{root}")
     return ValueError(f"{found}; expected {root}/<class name>/<image>.jpg, or pass --list FILE "
                       f"(path,label rows), or --no-labels to pack a folder of images without "
                       f"classes (every label is then -1)")
 
 
 def scan_image_folder(root, *, labels: bool = True) -> Inputs:
-    """Scan ``root/<class>/**/*.jpg|jpeg|jfif`` (any case); labels = sorted class names.
+    """Scan ``root/<class>/**/*`` for IMAGE_SUFFIXES (any case); labels = sorted class names.
 
     Files directly under ``root`` are ignored, as torchvision's ImageFolder does. With
     ``labels=False`` every JPEG under ``root`` (any depth) is an input with label -1 and
@@ -105,7 +113,7 @@ def scan_image_folder(root, *, labels: bool = True) -> Inputs:
     if not labels:
         paths, _ = walk.images(root, False)
         if not paths:
-            raise ValueError(f"no .jpg/.jpeg/.jfif files found under {root}")
+            raise ValueError(f"no image files ({', '.join(IMAGE_SUFFIXES)}) found under {root}")
         return _inputs(walk, paths, [-1] * len(paths), [], ())
     classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
     walk.reserved.update(_identity(root / name) for name in classes)
@@ -128,7 +136,7 @@ def _identity(path: Path) -> tuple:
 
 def _inputs(walk: _Walk, paths, labels, classes, empty) -> Inputs:
     return Inputs(str(walk.root.resolve()), paths, labels, classes, None, walk.via_links,
-                  walk.outside_src, walk.repeated_dirs, empty)
+                  walk.outside_src, walk.repeated_dirs, empty, dict(sorted(walk.ignored.items())))
 
 
 def _rows(list_file: Path):

@@ -46,8 +46,8 @@ class _ShardWriter:
         return len(self.entries)
 
     def _entry(self, record, label: int, offset: int) -> tuple:
-        return (offset, len(record.payload), label, record.crc,
-                record.height, record.width, 3, record.kind, 0)
+        return (offset, len(record.payload), label, record.crc, record.height, record.width,
+                3, record.kind, record.orientation, record.colour)
 
     def _index_and_meta(self) -> tuple[np.ndarray, dict]:
         index = np.array(self.entries, dtype=fmt.INDEX_DTYPE)

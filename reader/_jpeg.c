@@ -163,6 +163,8 @@ typedef struct {
     int pixel_size;                 /* 3: RGB, 4: RGBX (PIL's own layout, shared without copy) */
     unsigned char *out;
     Py_ssize_t out_size;
+    Py_ssize_t limit;               /* the caller's buffer: a full-size decode must fit (bomb
+                                       check; decode_oriented decodes into a smaller block) */
     long y0, x0, rows, cols, scaled_h, scaled_w, image_h, image_w;
     int status;
     char message[JMSG_LENGTH_MAX];
@@ -200,6 +202,17 @@ static int plan_region(struct jpeg_decompress_struct *cinfo, Region *r) {
     sx1++;
     if (sy1 > r->scaled_h) sy1 = r->scaled_h;
     if (sx1 > r->scaled_w) sx1 = r->scaled_w;
+    /* at least 3 iMCUs wide: libjpeg-turbo upsamples chroma with the fancy (triangle)
+       filter only when the cropped, downsampled width is > 2 (a 1-pixel box at the left
+       edge of a 4:2:0 image decoded differently from the whole image without this) */
+    if (sx1 - sx0 < 3L * cinfo->max_h_samp_factor * n) {
+        sx1 = sx0 + 3L * cinfo->max_h_samp_factor * n;
+        if (sx1 > r->scaled_w) {
+            sx1 = r->scaled_w;
+            sx0 = sx1 - 3L * cinfo->max_h_samp_factor * n;
+            if (sx0 < 0) sx0 = 0;
+        }
+    }
     xoff = (JDIMENSION)sx0;
     cw = (JDIMENSION)(sx1 - sx0);
     if (xoff != 0 || cw != cinfo->output_width)
@@ -397,14 +410,34 @@ static void decode_region_nogil(const unsigned char *src, size_t len, Region *r)
     decode_stream(src, len, r);
 }
 
+/* Pillow's CMYK -> RGB for a four-component JPEG, on libjpeg's CMYK output (YCCK already
+   converted to CMYK by libjpeg): Pillow reads every 4-component JPEG as inverted ("CMYK;I",
+   Adobe's convention), then R = (255 - K') - round(C' * (255 - K') / 255) with C' = 255 - C,
+   K' = 255 - K, i.e. with nk = K: R = nk - round((255 - C) * nk / 255). The rounding
+   division is (t + (t >> 8)) >> 8 with t = a * b + 128, exact for a, b in 0..255. */
+static void cmyk_row(const unsigned char *in, unsigned char *out, long n, int ps) {
+    long x;
+    for (x = 0; x < n; x++, in += 4, out += ps) {
+        int nk = in[3], c;
+        for (c = 0; c < 3; c++) {
+            int t = (255 - in[c]) * nk + 128;
+            out[c] = (unsigned char)(nk - ((t + (t >> 8)) >> 8));
+        }
+        if (ps == 4) out[3] = 255;
+    }
+}
+
 static void decode_stream(const unsigned char *src, size_t len, Region *r) {
     struct jpeg_decompress_struct cinfo;
     ErrorMgr err;
     long i;
+    int cmyk;
+    unsigned char *volatile row_tmp = NULL; /* CMYK scanline, freed on every exit */
     setup_errors(&cinfo, &err, r->message);
     jpeg_create_decompress(&cinfo);
     if (setjmp(err.jump)) {
         jpeg_destroy_decompress(&cinfo);
+        free(row_tmp);
         r->status = ERR_JPEG;
         return;
     }
@@ -417,16 +450,21 @@ static void decode_stream(const unsigned char *src, size_t len, Region *r) {
         r->status = ERR_BOX;
         return;
     }
-    /* The caller's buffer holds a full-size decode (documented contract): a header that
-       claims more pixels than that (a decompression bomb) is refused before
-       jpeg_start_decompress sizes anything from it. */
-    if ((unsigned long long)r->image_h * (unsigned long long)r->image_w * r->pixel_size >
-        (unsigned long long)r->out_size) {
+    /* The caller's buffer holds a whole-image decode at the requested scale (documented
+       contract): a header that claims more pixels than that (a decompression bomb, or an
+       index entry that does not match the record) is refused before jpeg_start_decompress
+       sizes anything from it. */
+    if ((((unsigned long long)r->image_h * r->scale_num + 7) / 8) *
+        (((unsigned long long)r->image_w * r->scale_num + 7) / 8) * r->pixel_size >
+        (unsigned long long)r->limit) {
         jpeg_destroy_decompress(&cinfo);
         r->status = ERR_BOMB;
         return;
     }
-    cinfo.out_color_space = r->pixel_size == 4 ? JCS_EXT_RGBX : JCS_RGB;
+    /* grayscale, YCbCr and RGB JPEGs: libjpeg converts to RGB(X) itself (grey replicated,
+       as PIL's L -> RGB); CMYK and YCCK: CMYK out, converted per row as Pillow does */
+    cmyk = cinfo.num_components == 4;
+    cinfo.out_color_space = cmyk ? JCS_CMYK : r->pixel_size == 4 ? JCS_EXT_RGBX : JCS_RGB;
     cinfo.scale_num = r->scale_num;
     cinfo.scale_denom = 8;
     jpeg_start_decompress(&cinfo);
@@ -435,17 +473,136 @@ static void decode_stream(const unsigned char *src, size_t len, Region *r) {
         r->status = ERR_OUT;
         return;
     }
+    if (cmyk && (row_tmp = (unsigned char *)malloc((size_t)r->cols * 4)) == NULL) {
+        jpeg_destroy_decompress(&cinfo);
+        strcpy(r->message, "out of memory");
+        r->status = ERR_JPEG;
+        return;
+    }
     if (r->y0 > 0)
         jpeg_skip_scanlines(&cinfo, (JDIMENSION)r->y0);
     for (i = 0; i < r->rows;) {
-        JSAMPROW row = r->out + (size_t)i * r->cols * r->pixel_size;
+        JSAMPROW dst = r->out + (size_t)i * r->cols * r->pixel_size;
+        JSAMPROW row = cmyk ? row_tmp : dst;
         JDIMENSION got = jpeg_read_scanlines(&cinfo, &row, 1);
         if (got == 0) break;
+        if (cmyk) cmyk_row(row_tmp, dst, r->cols, r->pixel_size);
         i += got;
     }
     jpeg_abort_decompress(&cinfo);
     jpeg_destroy_decompress(&cinfo);
+    free(row_tmp);
     r->status = err.truncated ? ERR_TRUNCATED : OK;
+}
+
+/* ---- EXIF orientation -----------------------------------------------------------------
+ * Records keep the original bytes; the index says which EXIF orientation (1..8) makes the
+ * stored image upright, and boxes are given in the upright ("displayed") image. Displayed
+ * pixel (y, x) is stored pixel (sy, sx) with (u, v) = transpose ? (x, y) : (y, x),
+ * sy = flip_y ? H - 1 - u : u, sx = flip_x ? W - 1 - v : v: Pillow's exif_transpose
+ * (2 FLIP_LEFT_RIGHT, 3 ROTATE_180, 4 FLIP_TOP_BOTTOM, 5 TRANSPOSE, 6 ROTATE_270,
+ * 7 TRANSVERSE, 8 ROTATE_90). The stored box is decoded (restart fast path included) into
+ * a temporary block, which is then permuted into the caller's buffer. */
+static const int ORIENT_T[9] = {0, 0, 0, 0, 0, 1, 1, 1, 1};
+static const int ORIENT_FY[9] = {0, 0, 0, 1, 1, 0, 1, 1, 0};
+static const int ORIENT_FX[9] = {0, 0, 1, 1, 0, 0, 0, 1, 1};
+
+/* Image height and width from the header; 0 with r->status set on failure. */
+static int stored_dims(const unsigned char *src, size_t len, Region *r, long *h, long *w) {
+    struct jpeg_decompress_struct cinfo;
+    ErrorMgr err;
+    setup_errors(&cinfo, &err, r->message);
+    jpeg_create_decompress(&cinfo);
+    if (setjmp(err.jump)) {
+        jpeg_destroy_decompress(&cinfo);
+        r->status = ERR_JPEG;
+        return 0;
+    }
+    jpeg_mem_src(&cinfo, (unsigned char *)src, (unsigned long)len);
+    jpeg_read_header(&cinfo, TRUE);
+    *h = cinfo.image_height;
+    *w = cinfo.image_width;
+    jpeg_destroy_decompress(&cinfo);
+    return 1;
+}
+
+/* One pixel of PS bytes: a constant-size memcpy the compiler turns into plain moves. */
+#define COPY_PX(PS, d, s) memcpy((d), (s), PS)
+
+#define PERMUTE_BODY(PS)                                                                   \
+    for (y = 0; y < out_rows; y++) {                                                       \
+        unsigned char *d = dst + (size_t)y * out_cols * PS;                               \
+        if (!t) {                                                                          \
+            const unsigned char *srow = src + (size_t)(fy ? rows - 1 - y : y) * cols * PS; \
+            if (!fx) { memcpy(d, srow, (size_t)cols * PS); continue; }                     \
+            for (x = 0; x < out_cols; x++) COPY_PX(PS, d + x * PS, srow + (cols - 1 - x) * PS); \
+        } else { /* output row y = source column y (mirrored by fx), read down the rows */ \
+            const unsigned char *scol = src + (size_t)(fx ? cols - 1 - y : y) * PS;       \
+            if (!fy)                                                                       \
+                for (x = 0; x < out_cols; x++) COPY_PX(PS, d + x * PS, scol + (size_t)x * cols * PS); \
+            else                                                                           \
+                for (x = 0; x < out_cols; x++)                                             \
+                    COPY_PX(PS, d + x * PS, scol + (size_t)(rows - 1 - x) * cols * PS);    \
+        }                                                                                  \
+    }
+
+static void permute(const unsigned char *src, long rows, long cols, int ps, int t, int fy,
+                    int fx, unsigned char *dst) {
+    long out_rows = t ? cols : rows, out_cols = t ? rows : cols, y, x;
+    if (ps == 4) { PERMUTE_BODY(4) } else { PERMUTE_BODY(3) }
+}
+
+static void decode_oriented(const unsigned char *src, size_t len, Region *r, int orient) {
+    int t = ORIENT_T[orient], fy = ORIENT_FY[orient], fx = ORIENT_FX[orient];
+    long hs, ws, hd, wd;
+    size_t need;
+    Region s;
+    if (orient == 1) {
+        decode_region_nogil(src, len, r);
+        return;
+    }
+    if (!stored_dims(src, len, r, &hs, &ws)) return;
+    hd = t ? ws : hs;
+    wd = t ? hs : ws;
+    r->image_h = hd;
+    r->image_w = wd;
+    if (!box_ok(r)) {
+        r->status = ERR_BOX;
+        return;
+    }
+    s = *r;
+    if (t) { s.top = r->left; s.left = r->top; s.height = r->width; s.width = r->height; }
+    if (fy) s.top = hs - s.top - s.height;
+    if (fx) s.left = ws - s.left - s.width;
+    /* the stored block: its rows <= box rows at scale + 2, its columns <= the scaled width */
+    need = (size_t)(s.height * s.scale_num / 8 + 2) * (size_t)((ws * s.scale_num + 7) / 8 + 1) *
+           (size_t)s.pixel_size;
+    if (need > (size_t)r->out_size) need = (size_t)r->out_size;
+    s.out_size = (Py_ssize_t)need;
+    s.out = (unsigned char *)malloc(need ? need : 1);
+    if (s.out == NULL) {
+        strcpy(r->message, "out of memory");
+        r->status = ERR_JPEG;
+        return;
+    }
+    decode_region_nogil(src, len, &s);
+    if (s.status == OK || s.status == ERR_TRUNCATED) {
+        long u0 = fy ? s.scaled_h - s.y0 - s.rows : s.y0;
+        long v0 = fx ? s.scaled_w - s.x0 - s.cols : s.x0;
+        r->y0 = t ? v0 : u0;
+        r->x0 = t ? u0 : v0;
+        r->rows = t ? s.cols : s.rows;
+        r->cols = t ? s.rows : s.cols;
+        r->scaled_h = t ? s.scaled_w : s.scaled_h;
+        r->scaled_w = t ? s.scaled_h : s.scaled_w;
+        permute(s.out, s.rows, s.cols, s.pixel_size, t, fy, fx, r->out);
+    } else if (s.status == ERR_OUT) {
+        r->rows = t ? s.cols : s.rows;
+        r->cols = t ? s.rows : s.cols;
+    }
+    free(s.out);
+    memcpy(r->message, s.message, sizeof(r->message));
+    r->status = s.status;
 }
 
 static PyObject *region_error(const Region *r) {
@@ -457,9 +614,10 @@ static PyObject *region_error(const Region *r) {
     case ERR_BOMB:
         return PyErr_Format(PyExc_ValueError,
                             "the JPEG header claims %ld x %ld pixels: the %zd-byte output "
-                            "buffer is smaller than the whole image (a decompression bomb, or "
+                            "buffer is smaller than the whole image at the decode scale (a "
+                            "decompression bomb, or "
                             "an index entry that does not match the record)",
-                            r->image_h, r->image_w, r->out_size);
+                            r->image_h, r->image_w, r->limit);
     case ERR_OUT:
         return PyErr_Format(PyExc_ValueError,
                             "output buffer of %zd bytes is smaller than the %ld x %ld x %d "
@@ -482,14 +640,17 @@ static PyObject *py_decode_region(PyObject *self, PyObject *args) {
     (void)self;
     memset(&r, 0, sizeof(r));
     r.pixel_size = 3;
-    if (!PyArg_ParseTuple(args, "y*w*lllli|i", &src, &out, &r.top, &r.left, &r.height,
-                          &r.width, &r.scale_num, &r.pixel_size))
+    int orientation = 1;
+    if (!PyArg_ParseTuple(args, "y*w*lllli|ii", &src, &out, &r.top, &r.left, &r.height,
+                          &r.width, &r.scale_num, &r.pixel_size, &orientation))
         return NULL;
-    if (r.scale_num < 1 || r.scale_num > 16 || (r.pixel_size != 3 && r.pixel_size != 4)) {
+    if (r.scale_num < 1 || r.scale_num > 16 || (r.pixel_size != 3 && r.pixel_size != 4) ||
+        orientation < 1 || orientation > 8) {
         PyBuffer_Release(&src);
         PyBuffer_Release(&out);
-        return PyErr_Format(PyExc_ValueError, "scale_num %d not in 1..16 or pixel_size %d "
-                            "not 3 or 4", r.scale_num, r.pixel_size);
+        return PyErr_Format(PyExc_ValueError, "scale_num %d not in 1..16, pixel_size %d "
+                            "not 3 or 4, or EXIF orientation %d not in 1..8", r.scale_num,
+                            r.pixel_size, orientation);
     }
     if (r.top < 0 || r.left < 0 || r.height < 1 || r.width < 1 || r.top > MAX_JPEG_SIDE ||
         r.left > MAX_JPEG_SIDE || r.height > MAX_JPEG_SIDE || r.width > MAX_JPEG_SIDE) {
@@ -500,7 +661,7 @@ static PyObject *py_decode_region(PyObject *self, PyObject *args) {
                             r.top, r.left, r.height, r.width, MAX_JPEG_SIDE);
     }
     r.out = (unsigned char *)out.buf;
-    r.out_size = out.len;
+    r.out_size = r.limit = out.len;
     copy = (unsigned char *)malloc(src.len > 0 ? (size_t)src.len : 1);
     if (copy == NULL) {
         PyBuffer_Release(&src);
@@ -511,7 +672,7 @@ static PyObject *py_decode_region(PyObject *self, PyObject *args) {
     /* decode a private copy: libjpeg never reads (possibly mapped) caller memory */
     fault = copy_guarded(copy, (const unsigned char *)src.buf, (size_t)src.len);
     if (fault == NULL)
-        decode_region_nogil(copy, (size_t)src.len, &r);
+        decode_oriented(copy, (size_t)src.len, &r, orientation);
     Py_END_ALLOW_THREADS
     free(copy);
     if (fault != NULL) {
@@ -524,7 +685,8 @@ static PyObject *py_decode_region(PyObject *self, PyObject *args) {
     PyBuffer_Release(&out);
     if (r.status != OK)
         return region_error(&r);
-    return Py_BuildValue("llllll", r.y0, r.x0, r.rows, r.cols, r.scaled_h, r.scaled_w);
+    return Py_BuildValue("llllllll", r.y0, r.x0, r.rows, r.cols, r.scaled_h, r.scaled_w,
+                         r.image_h, r.image_w);
 }
 
 static PyObject *py_header(PyObject *self, PyObject *args) {
@@ -862,9 +1024,13 @@ typedef struct {
     unsigned char *out;
     unsigned long out_len;
     long interval; /* MCUs per restart interval; 0: RESTART_MCUS */
+    int fast;      /* try the bit-copying rewrite first (same tables) */
     int status; /* OK, ERR_JPEG, ERR_TRUNCATED, or -1: nothing to do */
     char message[JMSG_LENGTH_MAX];
 } Transcode;
+
+int fast_restarts(const unsigned char *s, size_t len, long interval, unsigned char **out,
+                  size_t *out_len); /* _restarts.c */
 
 static void add_restarts_nogil(Transcode *t) {
     struct jpeg_decompress_struct in;
@@ -874,6 +1040,17 @@ static void add_restarts_nogil(Transcode *t) {
     jpeg_saved_marker_ptr mk;
     Layout L;
     int i;
+    if (t->fast) { /* the bit-copying rewrite (_restarts.c); libjpeg below for the rest */
+        unsigned char *o;
+        size_t olen;
+        if (fast_restarts(t->src, t->len, t->interval != 0 ? t->interval : RESTART_MCUS, &o,
+                          &olen) == 1) {
+            t->out = o;
+            t->out_len = (unsigned long)olen;
+            t->status = OK;
+            return;
+        }
+    }
     setup_errors(&in, &err_in, t->message);
     out.err = &err_in.pub; /* one error manager: the compressor's errors jump too */
     jpeg_create_decompress(&in);
@@ -953,10 +1130,12 @@ static PyObject *py_add_restarts(PyObject *self, PyObject *args) {
     PyObject *res;
     (void)self;
     long interval = 0;
-    if (!PyArg_ParseTuple(args, "y*|l", &src, &interval))
+    int fast = 1;
+    if (!PyArg_ParseTuple(args, "y*|lp", &src, &interval, &fast))
         return NULL;
     memset(&t, 0, sizeof(t));
     t.interval = interval;
+    t.fast = fast;
     t.src = (const unsigned char *)src.buf;
     t.len = (size_t)src.len;
     Py_BEGIN_ALLOW_THREADS
@@ -987,8 +1166,9 @@ static PyMethodDef methods[] = {
     {"gather", py_gather, METH_VARARGS,
      "gather(src, src_offsets, lengths, dst, dst_offsets): copy int64-described byte ranges"},
     {"decode_region", py_decode_region, METH_VARARGS,
-     "decode_region(src, out, top, left, height, width, scale_num, pixel_size=3) -> "
-     "(y0, x0, rows, cols, scaled_height, scaled_width)"},
+     "decode_region(src, out, top, left, height, width, scale_num, pixel_size=3, "
+     "orientation=1) -> (y0, x0, rows, cols, scaled_height, scaled_width, height, width), "
+     "all in the upright image"},
     {"header", py_header, METH_VARARGS, "header(src) -> (height, width, components)"},
     {"to_chw", py_to_chw, METH_VARARGS,
      "to_chw(src, offset, row_stride, height, width, dst, dst_offset, flip_h, flip_v, "

@@ -98,6 +98,15 @@ class Dataset:
                                   f"manifest says {self.manifest['shards'][k]['num_samples']}")
         return index
 
+    @property
+    def labels(self) -> np.ndarray:
+        """The label of every sample, in sample order (int64 array; reads only the index
+        tables, never a payload)."""
+        if not len(self.shards):
+            return np.zeros(0, dtype=np.int64)
+        return np.concatenate([self._checked_index(k)["label"].astype(np.int64)
+                               for k in range(len(self.shards))])
+
     def where(self, i: int) -> str:
         """Human-readable location of sample ``i`` for error messages."""
         k, j = self.locate(i)

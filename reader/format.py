@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 MAGIC = b"DLPKSHRD"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2     # 2: index entries carry orientation + colour (was "reserved" in 1)
 HEADER_SIZE = 4096
 RECORD_ALIGN = 64
 MANIFEST_NAME = "manifest.json"
@@ -46,8 +46,14 @@ SHARD_SUFFIX = {"record": ".rec", "lmdb": ".lmdb"}
 _SHARD_NAME_RE = re.compile(r"^shard-\d{5,}\.(rec|lmdb)$")
 
 # Record kinds stored in INDEX_DTYPE["kind"].
-KIND_JPEG = 0   # payload is a complete JPEG file (baseline or progressive), RGB
+KIND_JPEG = 0   # payload is a complete JPEG file (baseline or progressive, any colour)
 KIND_RAW = 1    # payload is height*width*channels uint8 pixels, HWC, row-major
+
+# INDEX_DTYPE["colour"]: how a JPEG record's pixels are stored (all decode to RGB; raw: 0).
+COLOUR_YCC = 0    # 3 components: YCbCr (or RGB by Adobe marker): decoded as is
+COLOUR_GRAY = 1   # 1 component: grey replicated to R = G = B
+COLOUR_CMYK = 2   # 4 components (CMYK or YCCK, Adobe-inverted): Pillow's CMYK -> RGB
+COLOURS = (COLOUR_YCC, COLOUR_GRAY, COLOUR_CMYK)
 
 # magic, version, header_size, num_records, data_offset, data_size, index_offset,
 # index_size, meta_offset, meta_size, record_align, index_entry_size, index_crc,
@@ -63,7 +69,8 @@ INDEX_DTYPE = np.dtype([
     ("width", "<u4"),     # image width in pixels
     ("channels", "u1"),   # 3 (every record decodes to RGB)
     ("kind", "u1"),       # KIND_JPEG or KIND_RAW
-    ("reserved", "<u2"),  # zero
+    ("orientation", "u1"),  # EXIF orientation 1..8 the reader applies (1: upright; raw: 1)
+    ("colour", "u1"),     # COLOUR_* of a JPEG record's stored pixels (raw: 0)
 ])
 INDEX_ENTRY_SIZE = INDEX_DTYPE.itemsize  # 32
 
@@ -81,6 +88,16 @@ DEFAULT_MAX_PIXELS = 89_478_485   # height x width; Pillow's decompression-bomb 
 #                                   also the default of `dlpack convert --max-pixels`
 MAX_MANIFEST_BYTES = 256 * 2**20  # a manifest is read whole; larger ones are refused
 MAX_JSON_INT = 2**63 - 1          # counts, sizes and offsets in JSON must fit in int64
+
+
+def version_error(where: str, version) -> str:
+    """The message for a data set of another format version: what to do about it."""
+    if isinstance(version, int) and version < FORMAT_VERSION:
+        return (f"{where}: format version {version}, this dlpack reads version "
+                f"{FORMAT_VERSION} (version 2 added EXIF orientation and colour to the index); "
+                f"re-pack it with this dlpack: dlpack convert SRC DST --overwrite")
+    return (f"{where}: format version {version}, this dlpack reads version {FORMAT_VERSION}; "
+            f"upgrade dlpack (pip install -U dlpack-io) to read it")
 
 
 class FormatError(Exception):
@@ -168,8 +185,7 @@ def unpack_header(page, file_size: int, where: str) -> ShardHeader:
         raise FormatError(f"{where}: header padding (bytes {HEADER_STRUCT.size}.."
                           f"{HEADER_SIZE - 1}) is not zero: the header page is damaged")
     if version != FORMAT_VERSION:
-        raise FormatError(f"{where}: format version {version}, this dlpack reads version "
-                          f"{FORMAT_VERSION}; upgrade dlpack or re-pack the data set")
+        raise FormatError(version_error(where, version))
     layout = (("header_size", header_size, HEADER_SIZE), ("data_offset", data_off, HEADER_SIZE),
               ("index_offset", index_off, data_off + data_size),
               ("index_size", index_size, n * INDEX_ENTRY_SIZE),
@@ -208,6 +224,21 @@ def record_offsets(lengths: np.ndarray, data_offset: int = HEADER_SIZE) -> tuple
         starts[0] = data_offset
         starts[1:] = ends[:-1]
     return starts, int(ends[-1]) if len(ends) else data_offset
+
+
+def check_index_fields(index: np.ndarray, where: str) -> None:
+    """Raise FormatError unless every entry's kind, orientation and colour are known."""
+    jpeg = index["kind"] == KIND_JPEG
+    bad = np.flatnonzero(~jpeg & (index["kind"] != KIND_RAW)
+                         | (index["orientation"] < 1) | (index["orientation"] > 8)
+                         | (~jpeg & (index["orientation"] != 1))
+                         | (index["colour"] > max(COLOURS)) | (~jpeg & (index["colour"] != 0)))
+    if bad.size:
+        i = int(bad[0])
+        raise FormatError(f"{where}: record {i} has kind {int(index['kind'][i])}, orientation "
+                          f"{int(index['orientation'][i])}, colour {int(index['colour'][i])}; "
+                          f"expected kind 0 (JPEG, orientation 1..8, colour 0..2) or 1 (raw, "
+                          f"orientation 1, colour 0)")
 
 
 def encode_meta(meta: dict) -> bytes:
@@ -254,7 +285,7 @@ def lmdb_meta(num_records: int, index_crc: int, shard_meta: dict) -> dict:
 MANIFEST_FIELDS = {
     "kind": str, "version": int, "format": str, "mode": str, "num_samples": int,
     "num_bytes": int, "classes": list, "class_counts": list, "shards": list,
-    "options": dict, "source": dict, "rejects": list, "reencoded": dict,
+    "options": dict, "source": dict, "rejects": list, "reencoded": dict, "lossless": dict,
     "created": dict, "checksum": int,
 }
 SHARD_ENTRY_FIELDS = {"name": str, "num_samples": int, "first_sample": int, "bytes": int,
@@ -320,8 +351,7 @@ def validate_manifest(manifest: dict, where: str) -> dict:
     if manifest["kind"] != MANIFEST_KIND:
         raise FormatError(f"{where}: kind is {manifest['kind']!r}, expected {MANIFEST_KIND!r}")
     if manifest["version"] != FORMAT_VERSION:
-        raise FormatError(f"{where}: format version {manifest['version']}, this dlpack reads "
-                          f"version {FORMAT_VERSION}; upgrade dlpack or re-pack the data set")
+        raise FormatError(version_error(where, manifest["version"]))
     try:
         computed = manifest_checksum(manifest)
     except (RecursionError, ValueError) as exc:

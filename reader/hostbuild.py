@@ -110,10 +110,12 @@ def _fill_jpeg(ctx, payload, entry, pos, fh, fv, params, out, offset, scratch) -
         exact = None if params.exact is None else params.exact[pos]
         window = box if exact is None else params.windows[pos]
         resized = jpegdecode.decode_resized(payload, window, (oh, ow), buf,
-                                            ctx.spec.reduced_decode, exact_box=exact)
+                                            ctx.spec.reduced_decode, exact_box=exact,
+                                            orientation=int(entry["orientation"]))
         jpegdecode.to_chw_array(resized, out, offset, fh, fv)
         return
-    region = jpegdecode.decode_region(payload, box, 8, buf)
+    region = jpegdecode.decode_region(payload, box, 8, buf,
+                                      orientation=int(entry["orientation"]))
     top, left = int(box[0]) - region.y0, int(box[1]) - region.x0
     cols = region.pixels.shape[1]
     jpegdecode.to_chw(region.pixels, (top * cols + left) * 3, cols * 3, oh, ow, out, offset,
@@ -273,15 +275,17 @@ def _records_at(pixel_bytes: int) -> int:
     return -(-pixel_bytes // RECORD_ALIGN) * RECORD_ALIGN
 
 
-def _place_jpeg(ctx, payload, box, params, buf, offset, scratch):
-    """Decode the box's region into buf at offset; return (bytes, (h, w), box in region)."""
-    n = 8
+def _place_jpeg(ctx, payload, entry, box, params, buf, offset, scratch):
+    """Decode the box's region (upright: the record's EXIF orientation applied) into buf at
+    offset; return (bytes, (h, w), box in region)."""
+    n, orientation = 8, int(entry["orientation"])
     if params.resize and ctx.spec.reduced_decode:
         n = jpegdecode.choose_scale(int(box[2]), int(box[3]), *params.out_size)
     if jpegdecode.have_extension():
-        region = jpegdecode.decode_region(payload, box, n, buf[offset:])
+        region = jpegdecode.decode_region(payload, box, n, buf[offset:], orientation=orientation)
     else:
-        region = jpegdecode.decode_region(payload, box, n, scratch.get(0))
+        region = jpegdecode.decode_region(payload, box, n, scratch.get(0),
+                                          orientation=orientation)
         px = region.pixels
         buf[offset:offset + px.size] = px.reshape(-1)
     rows, cols = region.pixels.shape[:2]
@@ -321,7 +325,7 @@ def _place_one(ctx, plan, pos, epoch, geo, buf, offset, scratch) -> int:
         data = np.frombuffer(payload, dtype=np.uint8)
         buf[offset:offset + data.size] = data
         return data.size
-    size, (rows, cols), box = _place_jpeg(ctx, payload, params.boxes[pos], params, buf,
+    size, (rows, cols), box = _place_jpeg(ctx, payload, entry, params.boxes[pos], params, buf,
                                           offset, scratch)
     geo[pos, 0:4], geo[pos, 7:9] = box, (rows, cols)
     return size

@@ -90,6 +90,7 @@ def check_index(index: np.ndarray, where: str, *, data_offset: int | None = None
     offsets must be 0); ``num_classes``: the manifest's class count (None: labels unchecked).
     """
     check_pixels(index, where, int(max_pixels))
+    fmt.check_index_fields(index, where)  # kind, EXIF orientation, colour
     if data_offset is None:
         i = _first(index["offset"] != 0)
         if i is not None:

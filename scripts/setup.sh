@@ -11,6 +11,8 @@ PY=${PYTHON:-python3}
 . .venv/bin/activate
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 quiet() { "$@" 2>&1 | grep -vE "^WARNING: Location .* is ignored" || true; }
+# numpy before torch: torch imported without numpy warns "Failed to initialize NumPy"
+python -c "import numpy" 2>/dev/null || quiet pip install -q "numpy>=1.24"
 python -c "import torch" 2>/dev/null || quiet pip install -q "torch==2.13.0"
 python -c "import torch" || { echo "setup: torch did not install" >&2; exit 1; }
 if ! python -c "import PIL" 2>/dev/null; then

@@ -81,7 +81,7 @@ def one_record_shard(ds, payload: bytes, *, height: int, width: int, kind: int,
     """Replace shard 0 of ``ds`` by a single record with this payload and index entry."""
     index = np.zeros(1, fmt.INDEX_DTYPE)
     index[0] = (fmt.HEADER_SIZE, len(payload), label, fmt.crc32(payload), height, width,
-                channels, kind, 0)
+                channels, kind, 1, 0)  # orientation 1 (upright), colour 0
     pad = fmt.align_up(len(payload)) - len(payload)
     reseal_shard(ds, 0, payload + b"\0" * pad, index)
 

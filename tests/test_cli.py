@@ -36,7 +36,7 @@ def test_convert_inspect_verify(image_folder, tmp_path):
     assert result.exit_code == 0, result.output
     assert "packed 24 images" in result.output
     summary = runner.invoke(main, ["inspect", dst])
-    assert summary.exit_code == 0 and "lmdb (version 1)" in summary.output
+    assert summary.exit_code == 0 and "lmdb (version 2)" in summary.output
     assert "class_02" in summary.output
     data = json.loads(runner.invoke(main, ["inspect", dst, "--json"]).output)
     assert data["num_samples"] == 24 and [c["count"] for c in data["classes"]] == [8, 8, 8]

@@ -65,6 +65,7 @@ def _manifest():
     m = {"kind": fmt.MANIFEST_KIND, "version": fmt.FORMAT_VERSION, "format": "record",
          "mode": "jpeg", "num_samples": 3, "num_bytes": 10, "classes": ["a"],
          "class_counts": [3], "options": {}, "source": {}, "rejects": [], "reencoded": {},
+         "lossless": {},
          "created": {}, "shards": [{"name": "shard-00000.rec", "num_samples": 3,
                                     "first_sample": 0, "bytes": 10, "crc": 1}]}
     m["checksum"] = fmt.manifest_checksum(m)

@@ -65,6 +65,7 @@ def test_pil_path_refuses_a_header_larger_than_the_index(monkeypatch):
     struct.pack_into(">HH", data, at + 5, 9000, 9000)
     entry = np.zeros(1, fmt.INDEX_DTYPE)[0]
     entry["height"], entry["width"], entry["channels"], entry["kind"] = 8, 8, 3, fmt.KIND_JPEG
+    entry["orientation"] = 1
     monkeypatch.setattr(jpegdecode, "_jpeg", None)
     with pytest.raises(fmt.FormatError, match="claims 9000 x 9000 pixels, more than the 64"):
         decode_record(bytes(data), entry, "x.rec record 0")

@@ -139,16 +139,20 @@ def test_dst_and_src_must_not_nest(src, tmp_path, where):
 
 
 def test_a_class_folder_without_usable_images_is_said_loudly(src, tmp_path):
-    """Before: 20 PNGs made an empty class silently."""
+    """Before: 20 PNGs made an empty class silently (PNGs are now packed by default, see
+    --non-jpeg: a folder of them is empty only when they are rejected)."""
     from PIL import Image
 
-    (src / "pngs").mkdir()
+    (src / "notes").mkdir()
     for i in range(3):
+        (src / "notes" / f"{i}.txt").write_text("not an image")
+    (src / "pngs").mkdir()
+    for i in range(2):
         Image.new("RGB", (8, 8)).save(src / "pngs" / f"{i}.png")
-    done = _convert(src, tmp_path / "ds", "--quiet")
+    done = _convert(src, tmp_path / "ds", "--quiet", "--non-jpeg", "reject")
     assert done.returncode == 0, done.stderr
-    assert "class folder" in done.stderr and "pngs has no usable image (3 other files" in done.stderr
-    assert "WARNING: 1 class with no packed image: pngs" in done.stderr
+    assert "class folder" in done.stderr and "notes has no usable image (3 other files" in done.stderr
+    assert "WARNING: 2 classes with no packed image: notes, pngs" in done.stderr
 
 
 # ---- issue 13 item 4: a folder of images without classes -------------------------------
@@ -162,7 +166,7 @@ def test_flat_folder_needs_the_flag_and_then_packs_with_label_minus_one(tmp_path
         img.rename(flat / f"{i}.jpg")
     refused = _convert(flat, tmp_path / "no", "--quiet")
     assert refused.returncode == 1
-    assert "found 5 JPEG files directly in" in refused.stderr and "--no-labels" in refused.stderr
+    assert "found 5 image files directly in" in refused.stderr and "--no-labels" in refused.stderr
     (flat / "deeper").mkdir()  # --no-labels takes images at any depth
     (flat / "4.jpg").rename(flat / "deeper" / "4.jpg")
     done = _convert(flat, tmp_path / "ds", "--quiet", "--no-labels")

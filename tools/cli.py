@@ -78,12 +78,26 @@ def main(verbose: bool):
               help="Shuffle sample order across shards (recommended for block shuffling).")
 @click.option("--validate/--no-validate", default=True, show_default=True,
               help="Decode every input before packing it; bad files become rejects.")
-@click.option("--restart-markers", is_flag=True,
-              help="jpeg mode: rewrite each baseline JPEG losslessly (same pixels, optimized "
-                   "Huffman tables, usually a little smaller) with a restart marker after every "
-                   "MCU, so the reader Huffman-decodes only the part of the image a crop needs "
-                   "(~40% less decode time for random-resized crops). Packing is ~3x slower; "
-                   "progressive files are kept as they are.")
+@click.option("--restart-markers/--no-restart-markers", default=None,
+              help="jpeg mode, on by default: rewrite each baseline colour JPEG losslessly "
+                   "with a restart marker after every MCU (same pixels; every header byte "
+                   "and every Huffman code kept except the first DC code of each MCU; "
+                   "~5-8% larger files), so the reader Huffman-decodes only the part of the "
+                   "image a crop needs. Costs no more than the validation it replaces. "
+                   "--no-restart-markers stores every JPEG's original bytes untouched. "
+                   "Progressive, grayscale and CMYK files are always kept as they are.")
+@click.option("--non-jpeg", type=click.Choice(["raw", "jpeg", "reject"]), default="raw",
+              show_default=True,
+              help="Images that are not JPEGs by content (PNG, WebP, BMP, TIFF, GIF, also "
+                   "when named .jpg): raw = store their upright RGB pixels losslessly as raw "
+                   "records (larger), jpeg = re-encode at --quality (lossy), reject = skip "
+                   "them (listed in rejects.tsv). Counted in the summary either way. JPEGs "
+                   "(grayscale, CMYK, EXIF-rotated included) always keep their bytes. Files "
+                   "whose suffix is not an image suffix are ignored and counted.")
+@click.option("--max-pixels", type=int, default=None,
+              help="Reject images of more than this many pixels (width x height) before "
+                   "decoding them, naming the size in rejects.tsv (a decompression-bomb "
+                   "guard). Default 89478485, where Pillow starts warning of a bomb.")
 @click.option("--on-error", type=click.Choice(["skip", "fail"]), default="skip", show_default=True,
               help="skip: list bad inputs in rejects.tsv and go on; fail: stop at the first.")
 @click.option("--no-labels", is_flag=True,
@@ -99,9 +113,9 @@ def main(verbose: bool):
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def convert(src, dst, list_file, data_format, mode, size, max_side, quality, shard_size,
-            workers, seed, shuffle, validate, restart_markers, on_error, no_labels,
-            no_provenance, resume, overwrite, quiet, as_json):
-    """Pack the JPEGs under SRC (class sub-folders, --list, or --no-labels) into shards in
+            workers, seed, shuffle, validate, restart_markers, non_jpeg, max_pixels, on_error,
+            no_labels, no_provenance, resume, overwrite, quiet, as_json):
+    """Pack the images under SRC (class sub-folders, --list, or --no-labels) into shards in
     DST. DST must lie outside SRC. Symlinks in SRC are followed (each real folder once) and
     counted in the summary."""
     from dlpack_io.packer.conversion import convert as run
@@ -113,6 +127,8 @@ def convert(src, dst, list_file, data_format, mode, size, max_side, quality, sha
                      format=data_format, mode=mode, size=size, max_side=max_side,
                      quality=quality, shard_size=shard_size, workers=workers, seed=seed,
                      shuffle=shuffle, validate=validate, jpeg_restarts=restart_markers,
+                     non_jpeg=non_jpeg,
+                     **({"max_pixels": max_pixels} if max_pixels is not None else {}),
                      on_error=on_error, progress=not quiet)
     except (ConversionError, ValueError, RuntimeError, FileNotFoundError) as exc:
         _fail(str(exc))
@@ -124,6 +140,7 @@ def convert(src, dst, list_file, data_format, mode, size, max_side, quality, sha
 
 
 def _echo_convert_summary(result: dict) -> None:
+    from dlpack_io.tools import render
     from dlpack_io.tools.render import human_bytes, plural
 
     click.echo(f"packed {plural(result['num_samples'], 'image')} into "
@@ -131,9 +148,7 @@ def _echo_convert_summary(result: dict) -> None:
                f"{result['seconds']:.1f} s: {result['images_per_s']:.0f} images/s, "
                f"{result['mb_per_s']:.1f} MB/s read"
                + (f" (resumed at input {result['resumed_from']})" if result["resumed_from"] else ""))
-    changed = ", ".join(f"{n} {why}" for why, n in sorted(result["reencoded"].items()))
-    click.echo(f"skipped {result['rejects']}" + (" (see rejects.tsv)" if result["rejects"] else "")
-               + (f"; JPEG bytes rewritten: {changed}" if changed else ""))
+    click.echo(render.convert_counts(result))
     if result["via_links"] or result["repeated_dirs"]:
         click.echo(f"symlinks: {plural(result['via_links'], 'input')} reached through a link, "
                    f"{result['outside_src']} of them outside SRC; "

@@ -19,6 +19,20 @@ def _size_stats(heights: np.ndarray, widths: np.ndarray) -> dict:
                       "max": int(widths.max())}}
 
 
+def _storage(m: dict, indices: list) -> dict:
+    """How the records were stored: original bytes, lossless transforms, re-encodes (with
+    the reasons), and what the reader does at decode time for the original-bytes ones."""
+    index = np.concatenate(indices) if indices else np.zeros(0, dtype=fmt.INDEX_DTYPE)
+    jpeg = index["kind"] == fmt.KIND_JPEG
+    lossless, reencoded = m.get("lossless", {}), m["reencoded"]
+    return {"original_bytes": m["num_samples"] - sum(lossless.values()) - sum(reencoded.values()),
+            "lossless": lossless, "reencoded": reencoded,
+            "at_decode": {"EXIF orientation applied": int((jpeg & (index["orientation"] != 1)).sum()),
+                          "grayscale to RGB": int((jpeg & (index["colour"] == fmt.COLOUR_GRAY)).sum()),
+                          "CMYK/YCCK to RGB": int((jpeg & (index["colour"] == fmt.COLOUR_CMYK)).sum())},
+            "raw_records": int((index["kind"] == fmt.KIND_RAW).sum())}
+
+
 def summary(path, *, max_pixels: int = fmt.DEFAULT_MAX_PIXELS) -> dict:
     """Facts about a whole data set: format, counts, bytes, classes, options, rejects."""
     ds = Dataset(path, max_pixels=max_pixels)
@@ -37,6 +51,7 @@ def summary(path, *, max_pixels: int = fmt.DEFAULT_MAX_PIXELS) -> dict:
         "classes": [{"label": i, "name": c, "count": n}
                     for i, (c, n) in enumerate(zip(m["classes"], m["class_counts"]))],
         "options": m["options"], "source": m["source"], "reencoded": m["reencoded"],
+        "storage": _storage(m, indices),
         "num_rejects": len(m["rejects"]), "rejects": m["rejects"], "created": m["created"],
         "shards": m["shards"],
     }
@@ -73,6 +88,8 @@ def _entry_dict(entry, j: int, sample: int, meta: dict, classes) -> dict:
             "crc": int(entry["crc"]), "height": int(entry["height"]),
             "width": int(entry["width"]), "channels": int(entry["channels"]),
             "kind": "raw" if entry["kind"] == fmt.KIND_RAW else "jpeg",
+            "orientation": int(entry["orientation"]),
+            "colour": ("ycbcr", "grayscale", "cmyk")[min(int(entry["colour"]), 2)],
             "source": paths[j] if j < len(paths) else None}
 
 

@@ -16,12 +16,43 @@ def plural(n: int, word: str, many: str | None = None) -> str:
     return f"{n} {word if n == 1 else many or word + 's'}"
 
 
+def _reasons(counts: dict) -> str:
+    return ", ".join(f"{n} {why}" for why, n in sorted(counts.items()))
+
+
+def convert_counts(result: dict) -> str:
+    """What `dlpack convert` did with its inputs: kept, transformed, re-encoded, skipped."""
+    changed = sum(result["reencoded"].values()) + sum(result.get("lossless", {}).values())
+    lines = [f"original bytes kept: {result['num_samples'] - changed}; "
+             f"transformed losslessly: {sum(result.get('lossless', {}).values())}"
+             + (f" ({_reasons(result['lossless'])})" if result.get("lossless") else "")
+             + f"; re-encoded: {sum(result['reencoded'].values())}"
+             + (f" ({_reasons(result['reencoded'])})" if result["reencoded"] else ""),
+             f"skipped {result['rejects']}" + (" (see rejects.tsv)" if result["rejects"] else "")]
+    if result.get("ignored"):
+        lines.append(f"ignored {plural(sum(result['ignored'].values()), 'file')} without an "
+                     f"image suffix ("
+                     + ", ".join(f"{s} {n}" for s, n in result["ignored"].items()) + ")")
+    return "\n".join(lines)
+
+
 def _size_line(stats: dict) -> str:
     if not stats:
         return "-"
     h, w = stats["height"], stats["width"]
     return (f"height {h['min']}..{h['max']} (median {h['median']:g}), "
             f"width {w['min']}..{w['max']} (median {w['median']:g})")
+
+
+def _storage_text(st: dict) -> str:
+    at = ", ".join(f"{n} {what}" for what, n in st["at_decode"].items() if n)
+    lines = [f"stored        {st['original_bytes']} with their original bytes"
+             + (f" (the reader applies: {at})" if at else ""),
+             f"              {sum(st['lossless'].values())} transformed losslessly"]
+    lines += [f"                {n:6d}  {why}" for why, n in st["lossless"].items()]
+    lines.append(f"              {sum(st['reencoded'].values())} re-encoded")
+    lines += [f"                {n:6d}  {why}" for why, n in st["reencoded"].items()]
+    return "\n".join(lines)
 
 
 def summary_text(s: dict, max_classes: int = 30) -> str:
@@ -40,8 +71,7 @@ def summary_text(s: dict, max_classes: int = 30) -> str:
         + (f", list {source['list']})" if source.get('list') else ")"),
         f"created       {s['created'].get('at')} in {s['created'].get('seconds')} s "
         f"with {s['created'].get('pil')}",
-        f"re-encoded    {sum(s['reencoded'].values())}"
-        + "".join(f"\n                {n:6d}  {why}" for why, n in s["reencoded"].items()),
+        _storage_text(s["storage"]),
         f"rejects       {s['num_rejects']}"
         + "".join(f"\n                {r['path']}: {r['reason']}" for r in s["rejects"][:10])
         + (f"\n                ... (all in rejects.tsv)" if s["num_rejects"] > 10 else ""),
@@ -74,7 +104,7 @@ def shard_text(d: dict) -> str:
 def record_text(r: dict) -> str:
     """Readable detail of inspection.record_detail()."""
     keys = ("sample", "shard", "record", "offset", "length", "label", "class", "height",
-            "width", "channels", "kind", "source", "crc", "crc_ok")
+            "width", "channels", "kind", "orientation", "colour", "source", "crc", "crc_ok")
     return "\n".join(f"{k:9s} {r[k]:#010x}" if k == "crc" else f"{k:9s} {r[k]}" for k in keys)
 
 
