@@ -9,6 +9,7 @@ from dlpack_io.reader import format as fmt
 from dlpack_io.reader.decode import decode_record
 from dlpack_io.reader.manifest import load_manifest
 from dlpack_io.reader.shard import open_shard
+from dlpack_io.reader.storage import is_remote
 
 
 class Dataset:
@@ -19,15 +20,39 @@ class Dataset:
     ``(HWC uint8 ndarray, int label)``; ``ds.classes`` lists the class names.
     """
 
-    def __init__(self, path, *, verify_checksums: bool = False):
-        self.path = os.fspath(path)
-        self.manifest = load_manifest(self.path)
+    def __init__(self, path, *, verify_checksums: bool = False, cache_dir=None,
+                 cache_limit=None, storage_options=None, fetch_mode=None, _attach=None):
+        self.path = path if is_remote(path) else os.fspath(path)
+        self.verify_checksums = verify_checksums
+        self._remote = None
+        if is_remote(self.path):  # s3://: see reader/remote.py and docs/remote.md
+            from dlpack_io.reader.remote import open_remote
+
+            self._remote = open_remote(self.path, cache_dir=cache_dir, cache_limit=cache_limit,
+                                       storage_options=storage_options, fetch_mode=fetch_mode,
+                                       attach=_attach)
+            self.manifest = self._remote.manifest
+        else:
+            self.manifest = load_manifest(self.path)
         self.classes = list(self.manifest["classes"])
         self.format = self.manifest["format"]
         self.mode = self.manifest["mode"]
-        self.verify_checksums = verify_checksums
-        self.shards = [open_shard(self.path, e, self.format) for e in self.manifest["shards"]]
+        self.shards = self._remote.shards if self._remote else \
+            [open_shard(self.path, e, self.format) for e in self.manifest["shards"]]
         self._starts = np.array([e["first_sample"] for e in self.manifest["shards"]], dtype=np.int64)
+
+    def start_prefetch(self, batches, *, mode=None):
+        """Start fetching the records of ``batches`` (int64 arrays of sample indices, this
+        rank's upcoming batches in order) into the local cache; returns a Prefetch with
+        ``wait(k)``, ``release(k)``, ``close()``, or None for a data set on local disk."""
+        if self._remote is None:
+            return None
+        return self._remote.start_prefetch(self, batches, mode=mode)
+
+    def close(self) -> None:
+        """Release what a remote data set holds (cache session, prefetch threads)."""
+        if self._remote is not None:
+            self._remote.close()
 
     def __len__(self) -> int:
         return self.manifest["num_samples"]
@@ -92,10 +117,15 @@ class Dataset:
         return pixels, int(entry["label"])
 
     def __getstate__(self):
-        return {"path": self.path, "verify_checksums": self.verify_checksums}
+        state = {"path": self.path, "verify_checksums": self.verify_checksums}
+        if self._remote is not None:
+            state["remote"] = self._remote.attach_state()
+        return state
 
     def __setstate__(self, state):
-        self.__init__(state["path"], verify_checksums=state["verify_checksums"])
+        # a spawned worker of a remote data set attaches to the owner's cache session
+        self.__init__(state["path"], verify_checksums=state["verify_checksums"],
+                      _attach=state.get("remote"))
 
     def __repr__(self) -> str:
         return (f"Dataset({self.path!r}: {len(self)} samples, {len(self.classes)} classes, "
