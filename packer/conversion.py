@@ -21,6 +21,7 @@ from dlpack_io.packer.progress import Progress
 from dlpack_io.packer.scan import read_list, scan_image_folder, stat_inputs
 from dlpack_io.packer.writers import open_writer
 from dlpack_io.reader import format as fmt
+from dlpack_io.reader.storage import is_remote
 from dlpack_io.packer.dstfiles import clear_outputs, existing_entries, verify_kept_shard
 
 log = logging.getLogger(__name__)
@@ -187,6 +188,21 @@ def _pack(dst, inputs, stats, options: PackOptions, state: _State, journal_) -> 
     return progress
 
 
+def prepare_inputs(src, list_file, options: dict):
+    """(PackOptions, scanned inputs) of a conversion."""
+    if "shard_size" in options:
+        options["shard_size"] = parse_size(options["shard_size"])
+    opts = PackOptions(**options)
+    return opts, (read_list(src, list_file) if list_file else scan_image_folder(src))
+
+
+def plan_inputs(inputs, opts: PackOptions):
+    """(stats of the inputs, the journal's plan line): what decides the output bytes."""
+    stats = stat_inputs(inputs)
+    return stats, {"plan": journal.plan_hash(inputs, stats, opts.output_options(),
+                                             fmt.FORMAT_VERSION), "num_inputs": len(inputs.paths)}
+
+
 def convert(src, dst, *, list_file=None, resume: bool = False, overwrite: bool = False,
             **options) -> dict:
     """Pack the images under ``src`` into a data set at ``dst``; return a summary dict.
@@ -196,10 +212,14 @@ def convert(src, dst, *, list_file=None, resume: bool = False, overwrite: bool =
     ``path,label`` rows instead of scanning class folders. Raises ConversionError with
     the file and the fix when the job cannot complete.
     """
-    if "shard_size" in options:
-        options["shard_size"] = parse_size(options["shard_size"])
-    opts = PackOptions(**options)
-    inputs = read_list(src, list_file) if list_file else scan_image_folder(src)
+    if is_remote(dst):  # s3://bucket/prefix: pack locally, upload (packer/upload.py)
+        from dlpack_io.packer.upload import convert_remote
+
+        return convert_remote(src, dst, list_file=list_file, resume=resume,
+                              overwrite=overwrite, **options)
+    if options.pop("staging", None) is not None:
+        raise ValueError("--staging is for s3:// destinations (shards waiting for upload)")
+    opts, inputs = prepare_inputs(src, list_file, options)
     dst = os.path.abspath(dst)
     lock = journal.DstLock(dst)
     try:
@@ -214,9 +234,7 @@ def convert(src, dst, *, list_file=None, resume: bool = False, overwrite: bool =
             log.info("%s is already complete; nothing to resume", dst)
             return {"dst": dst, "already_complete": True}
         _prepare_dst(dst, resume, overwrite)
-        stats = stat_inputs(inputs)
-        plan = {"plan": journal.plan_hash(inputs, stats, opts.output_options(), fmt.FORMAT_VERSION),
-                "num_inputs": len(inputs.paths)}
+        stats, plan = plan_inputs(inputs, opts)
         state = _resume_state(dst, plan, len(inputs.classes))
         resumed_from = state.position
         journal_ = journal.Journal(dst)

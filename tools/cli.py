@@ -35,6 +35,20 @@ def _print_version(ctx, param, value):
     ctx.exit()
 
 
+class _DatasetArg(click.ParamType):
+    """A data set folder that exists, or an s3://bucket/prefix URL (checked when opened)."""
+
+    name = "DST"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.startswith("s3://"):
+            return value
+        return click.Path(exists=True, file_okay=False).convert(value, param, ctx)
+
+
+_DATASET = _DatasetArg()
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
               help="Show the version and the active image stack (PIL flavour, decoder), then exit.")
@@ -87,13 +101,21 @@ def main(verbose: bool):
 @click.option("--on-error", type=click.Choice(["skip", "fail"]), default="skip", show_default=True,
               help="skip: list bad inputs in rejects.tsv and go on; fail: stop at the first.")
 @click.option("--resume", is_flag=True, help="Finish an interrupted conversion into DST.")
+@click.option("--staging", type=click.Path(file_okay=False),
+              help="DST s3://...: local folder for shards waiting to be uploaded (default: the "
+                   "system temp folder; needs room for about two shards).")
 @click.option("--overwrite", is_flag=True, help="Replace a data set already in DST.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def convert(src, dst, list_file, data_format, mode, size, max_side, quality, shard_size,
-            workers, seed, shuffle, validate, restart_markers, on_error, resume, overwrite, quiet,
-            as_json):
-    """Pack the JPEGs under SRC (class sub-folders, or --list) into shards in DST."""
+            workers, seed, shuffle, validate, restart_markers, on_error, resume, staging, overwrite,
+            quiet, as_json):
+    """Pack the JPEGs under SRC (class sub-folders, or --list) into shards in DST.
+
+    DST may be s3://bucket/prefix (needs pip install 'dlpack-io[s3]'; credentials and endpoint
+    from the AWS_* variables or ~/.aws): each shard is uploaded as it is finished, the
+    manifest last, and the journal kept in the bucket so --resume works from any machine.
+    """
     from dlpack_io.packer.conversion import convert as run
     from dlpack_io.packer.pipeline import ConversionError
     from dlpack_io.tools.render import human_bytes
@@ -103,8 +125,9 @@ def convert(src, dst, list_file, data_format, mode, size, max_side, quality, sha
                      format=data_format, mode=mode, size=size, max_side=max_side,
                      quality=quality, shard_size=shard_size, workers=workers, seed=seed,
                      shuffle=shuffle, validate=validate, jpeg_restarts=restart_markers,
-                     on_error=on_error, progress=not quiet)
-    except (ConversionError, ValueError, RuntimeError, FileNotFoundError) as exc:
+                     on_error=on_error, progress=not quiet,
+                     **({"staging": staging} if staging else {}))
+    except (ConversionError, ValueError, RuntimeError, FileNotFoundError, ImportError) as exc:
         _fail(str(exc))
     if as_json:
         return _echo_json(result)
@@ -120,7 +143,7 @@ def convert(src, dst, list_file, data_format, mode, size, max_side, quality, sha
 
 
 @main.command()
-@click.argument("dst", type=click.Path(exists=True, file_okay=False))
+@click.argument("dst", type=_DATASET)
 @click.option("--shard", type=int, help="Show shard number K and its first records.")
 @click.option("--index", "sample", type=int, help="Show everything about sample I.")
 @click.option("--grid", type=click.Path(dir_okay=False),
@@ -166,7 +189,7 @@ def inspect(dst, shard, sample, grid, grid_count, order, shuffle, epoch, world_s
         else:
             data = inspection.summary(dst)
             text = render.summary_text(data)
-    except (FormatError, FileNotFoundError, IndexError, ValueError) as exc:
+    except (FormatError, FileNotFoundError, IndexError, ValueError, ImportError, OSError) as exc:
         _fail(str(exc))
     if as_json:
         return _echo_json(data)
@@ -174,7 +197,7 @@ def inspect(dst, shard, sample, grid, grid_count, order, shuffle, epoch, world_s
 
 
 @main.command()
-@click.argument("dst", type=click.Path(exists=True, file_okay=False))
+@click.argument("dst", type=_DATASET)
 @click.option("--decode", is_flag=True, help="Also decode every image (slower, proves more).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")

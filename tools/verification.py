@@ -120,7 +120,12 @@ def _check_shard(dataset, entry, manifest, decode, report, progress):
 def verify(dataset, *, decode: bool = False, progress: bool = True) -> VerifyReport:
     """Check a data set folder; return a VerifyReport (``report.ok`` when intact)."""
     from dlpack_io.packer.progress import Progress
+    from dlpack_io.reader.storage import is_remote
 
+    if is_remote(dataset):  # s3://: each shard streamed down and checked the same way
+        from dlpack_io.tools.remoteverify import verify_remote
+
+        return verify_remote(dataset, decode=decode, progress=progress)
     dataset = os.fspath(dataset)
     report = VerifyReport(dataset)
     try:
