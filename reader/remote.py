@@ -32,10 +32,10 @@ class RemoteSource:
     def __init__(self, url: str, *, cache_dir=None, cache_limit=None, storage_options=None,
                  policy: Policy | None = None, attach: dict | None = None):
         self.url = url.rstrip("/")
-        self.policy = policy or Policy()
         self.cache_dir = os.fspath(cache_dir) if cache_dir else cache_mod.default_cache_dir()
         os.makedirs(self.cache_dir, exist_ok=True)
-        self.store = Store(self.url, storage_options=storage_options, policy=self.policy)
+        self.store = Store(self.url, storage_options=storage_options, policy=policy)
+        self.policy = self.store.policy
         raw = self._manifest_bytes(attach)
         where = f"{self.url}/{fmt.MANIFEST_NAME}"
         self.manifest = fmt.validate_manifest(fmt.decode_json(raw, where), where)
@@ -56,7 +56,11 @@ class RemoteSource:
         self.lengths = np.concatenate([s.index["length"] for s in self.shards]).astype(np.int64) \
             if self.shards else np.zeros(0, np.int64)
         self.fetch_mode, self._active = None, None
-        self.fetch_options = {"max_inflight": 64, "gap": 64 * 1024, "max_request": 8 * 2**20}
+        # Coalesce neighbours whose gap is under 1/8 of a typical record (capped at 64 KiB):
+        # adjacent records always share a request, bytes wasted stay under ~12%.
+        typical = int(np.median(self.lengths)) if len(self.lengths) else 0
+        self.fetch_options = {"max_inflight": 64, "gap": min(64 * 1024, typical // 8),
+                              "max_request": 8 * 2**20}
 
     def _manifest_bytes(self, attach) -> bytes:
         if attach is None:

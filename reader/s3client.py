@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 INSTALL_HINT = "reading or writing s3:// needs the S3 extra: pip install 'dlpack-io[s3]'"
 OPTION_KEYS = ("endpoint", "region", "access_key_id", "secret_access_key", "session_token",
                "profile", "allow_http")
+# patience settings, also accepted in storage_options (see storage.Policy)
+POLICY_KEYS = ("request_timeout", "connect_timeout", "retries", "deadline")
 _SECRET_KEYS = ("secret_access_key", "session_token")
 
 
@@ -68,10 +70,11 @@ def _shared_files(profile: str) -> dict:
 
 def resolve_options(storage_options: dict | None = None) -> dict:
     """Merged connection settings (see the module docstring for the order)."""
-    given = dict(storage_options or {})
+    given = {k: v for k, v in (storage_options or {}).items() if k not in POLICY_KEYS}
     unknown = sorted(set(given) - set(OPTION_KEYS))
     if unknown:
-        raise ValueError(f"storage_options: unknown keys {unknown}; expected some of {OPTION_KEYS}")
+        raise ValueError(f"storage_options: unknown keys {unknown}; expected some of "
+                         f"{OPTION_KEYS + POLICY_KEYS}")
     env = os.environ
     from_env = {"endpoint": env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL"),
                 "region": env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION"),

@@ -14,6 +14,7 @@ never silently different bytes.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import random
 import time
@@ -103,12 +104,14 @@ def _classify(exc: BaseException) -> tuple[bool, str]:
 class Store:
     """One bucket + prefix; requests only from the process that created the client."""
 
-    def __init__(self, url: str, *, storage_options: dict | None = None, policy: Policy = Policy()):
+    def __init__(self, url: str, *, storage_options: dict | None = None, policy: Policy | None = None):
         self.url = url.rstrip("/")
         self.bucket, self.prefix = parse_url(url)
         s3client.import_obstore()  # the install hint, before anything else can fail
         self.options = s3client.resolve_options(storage_options)
-        self.policy = policy
+        tuned = {k: float(v) if k != "retries" else int(v)
+                 for k, v in (storage_options or {}).items() if k in s3client.POLICY_KEYS}
+        self.policy = dataclasses.replace(policy or Policy(), **tuned)
         self._store, self._pid = None, None
 
     def _client(self):

@@ -105,6 +105,7 @@ class SeaweedServer:
 
     def start(self) -> "SeaweedServer":
         """Start the server and return once it answers S3 requests (or raise)."""
+        os.makedirs(self.root, exist_ok=True)
         ports = dict(zip(_PORT_FLAGS, free_ports(len(_PORT_FLAGS))))
         self.port = ports["s3.port"]
         out = open(os.path.join(self.root, "weed.out"), "wb")
