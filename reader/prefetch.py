@@ -159,7 +159,7 @@ class _Planner:
 
     async def _fetch_range(self, k, start, end, samples, local, entries) -> None:
         shard = self.shards[k]
-        data = memoryview(await self.store.aget_range(shard.name, start, end))
+        data = memoryview(await self.store.aget_range(shard.name, start, end, etag=shard.etag))
         self.stats["requests"] += 1
         self.stats["bytes_fetched"] += end - start
         for sample, j, e in zip(samples.tolist(), local.tolist(), entries):
@@ -211,6 +211,24 @@ class _Planner:
                 if left <= 0:
                     raise TimeoutError(self._timeout_message(k, limit))
                 self.cond.wait(left)
+
+    def wait_record(self, shard: int, sample: int) -> bool:
+        """(Reader threads of this process) wait for a record the plan will fetch anyway
+        instead of fetching it twice; False if it is not planned (fetch it yourself)."""
+        item = shard if self.plan.mode == "shards" else sample
+        deadline = time.monotonic() + self.store.policy.deadline
+        with self.cond:
+            if self.plan.last_use[item] < 0:
+                return False
+            while self.state[item] != PRESENT:
+                if self.error is not None:
+                    raise _rewrap(self.error, -1)
+                left = deadline - time.monotonic()
+                if self.closed or left <= 0 or (self.state[item] == ABSENT and
+                                                self.released[self.plan.last_use[item]]):
+                    return False
+                self.cond.wait(left)
+            return True
 
     def _timeout_message(self, k: int, waited: float) -> str:
         items = self.plan.needs[k]

@@ -177,7 +177,7 @@ class RemoteShard:
         self.path = f"{source.url}/{self.name}"
         self.size, self.expected_crc = entry["bytes"], entry["crc"]
         self._index = self._header = self._meta_bytes = None
-        self.etag = None
+        self.etag = None  # seen when the index was fetched; later reads require the same
 
     # -- index ------------------------------------------------------------------------------
     def _parse(self, page: bytes, tail: bytes, where: str) -> None:
@@ -215,9 +215,11 @@ class RemoteShard:
         if self.size < fmt.HEADER_SIZE:
             raise fmt.FormatError(f"{self.path}: the manifest says {self.size} bytes, shorter "
                                   f"than a {fmt.HEADER_SIZE}-byte header page")
-        page = bytes(await store.aget_range(self.name, 0, fmt.HEADER_SIZE))
+        page, self.etag = await store.aget_range(self.name, 0, fmt.HEADER_SIZE, with_etag=True)
+        page = bytes(page)
         header = fmt.unpack_header(page, self.size, self.path)
-        tail = bytes(await store.aget_range(self.name, header.index_offset, self.size))
+        tail = bytes(await store.aget_range(self.name, header.index_offset, self.size,
+                                            etag=self.etag))
         self._parse(page, tail, self.path)
         cache_mod.publish(self.source.cache.index_path(self.name), page + tail)
 
@@ -252,6 +254,9 @@ class RemoteShard:
         data = cache_mod.read_file(session.record_path(self.number, j))
         if data is None:
             data = _pread(session.pin_path(self.name), offset, length)
+        if data is None and self._planned(j):  # the prefetcher brings it: don't fetch twice
+            data = cache_mod.read_file(session.record_path(self.number, j)) or \
+                _pread(session.pin_path(self.name), offset, length)
         if data is None:
             data = self._fetch_now(j, offset, length)
         if len(data) != length or fmt.crc32(data) != int(entry["crc"]):
@@ -260,6 +265,12 @@ class RemoteShard:
                                   f"the bucket is damaged or was replaced")
         return data
 
+    def _planned(self, j: int) -> bool:
+        active = self.source._active() if self.source._active else None
+        if active is None or self.source.store._pid != os.getpid():
+            return False
+        return active._planner.wait_record(self.number, int(self.source._starts[self.number]) + j)
+
     def _fetch_now(self, j: int, offset: int, length: int) -> bytes:
         if self.source.store._pid not in (None, os.getpid()) or not self.source.session.owner:
             raise StorageError(
@@ -267,7 +278,7 @@ class RemoteShard:
                 f"this process (pid {os.getpid()}) may not fetch it (only the process that "
                 f"opened the data set talks to the network); call dataset.start_prefetch(...) "
                 f"and wait for the batch first (the Loader does this)")
-        return self.source.store.get_range(self.name, offset, offset + length)
+        return self.source.store.get_range(self.name, offset, offset + length, etag=self.etag)
 
     def __getstate__(self):
         raise TypeError("RemoteShard is pickled as part of its Dataset, not on its own")

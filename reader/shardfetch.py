@@ -37,7 +37,8 @@ async def fetch_shard(store, shard, cache, session, limit: int, *, max_parts: in
         async def part(start):
             async with sem:
                 end = min(start + PART, shard.size)
-                os.pwrite(fd, await store.aget_range(shard.name, start, end), start)
+                os.pwrite(fd, await store.aget_range(shard.name, start, end, etag=shard.etag),
+                          start)
         starts = list(range(0, shard.size, PART))
         # wait for every part even when one fails: none may write after fd is closed
         results = await asyncio.gather(*(part(s) for s in starts), return_exceptions=True)

@@ -193,8 +193,10 @@ class Store:
             obstore.get(self._client(), self.key(name), options=opts).bytes()), start, end)
         return self._check_length(data, name, start, end)
 
-    async def aget_range(self, name: str, start: int, end: int, *, etag: str | None = None):
-        """Async ``get_range`` (for the prefetch planner's event loop)."""
+    async def aget_range(self, name: str, start: int, end: int, *, etag: str | None = None,
+                         with_etag: bool = False):
+        """Async ``get_range`` (for the prefetch planner's event loop); ``with_etag``
+        returns (bytes, the object's ETag)."""
         import obstore
 
         opts = {"range": (start, end)} | ({"if_match": etag} if etag else {})
@@ -202,9 +204,10 @@ class Store:
 
         async def once():
             result = await obstore.get_async(client, self.key(name), options=opts)
-            return await result.bytes_async()
-        data = await self._aretry("GET", name, once, start, end)
-        return self._check_length(data, name, start, end)
+            return await result.bytes_async(), result.meta.get("e_tag")
+        data, tag = await self._aretry("GET", name, once, start, end)
+        data = self._check_length(data, name, start, end)
+        return (data, tag) if with_etag else data
 
     def _check_length(self, data, name, start, end):
         if len(data) != end - start:

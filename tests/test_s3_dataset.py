@@ -103,11 +103,13 @@ def test_a_cache_limit_too_small_for_one_batch_is_refused(s3_env, packed):
 
 
 def test_a_changed_record_in_the_bucket_is_an_error_not_wrong_pixels(s3_env, packed, tmp_path):
+    from dlpack_io.reader.storage import ObjectChangedError
+
     url = f"s3://{BUCKET}/dataset/corrupt"
     store = Store(url)
     for name in os.listdir(packed[0]):
         store.put_file(name, os.path.join(packed[0], name))
-    remote = Dataset(url, cache_dir=tmp_path / "cache")  # header + index cached now
+    remote = Dataset(url, cache_dir=tmp_path / "cache")  # header + index cached, ETags seen
     shard = remote.shards[1]
     j = 2
     off = int(shard.index["offset"][j])
@@ -115,14 +117,19 @@ def test_a_changed_record_in_the_bucket_is_an_error_not_wrong_pixels(s3_env, pac
     data[off + 50] ^= 0x01  # one bit of one record; header and index stay valid
     store.put(shard.name, bytes(data))
     sample = int(remote._remote._starts[1]) + j
+    with pytest.raises(ObjectChangedError, match=rf"{shard.name} bytes {off}-.*replaced since"):
+        remote[sample]   # the ETag seen at open no longer matches
+    # a later open reuses the cached index and has no ETag to compare: the CRCs catch it
+    again = Dataset(url, cache_dir=tmp_path / "cache")
+    assert again.shards[1].etag is None
     with pytest.raises(fmt.FormatError, match=rf"{shard.name} record {j} \(bytes {off}-.*checksum"):
-        remote[sample]
-    prefetch = remote.start_prefetch([np.array([sample, 0])], mode="records")
+        again[sample]
+    prefetch = again.start_prefetch([np.array([sample, 0])], mode="records")
     with pytest.raises(fmt.FormatError, match=rf"{url}/{shard.name} record {j} \(bytes {off}-"):
         prefetch.wait(0, timeout=60)
     prefetch.close()
     with pytest.raises(fmt.FormatError, match="checksum mismatch"):
-        remote.start_prefetch([np.array([sample])], mode="shards").wait(0, timeout=60)
+        again.start_prefetch([np.array([sample])], mode="shards").wait(0, timeout=60)
 
 
 def test_a_new_data_set_at_the_same_url_gets_a_new_cache(s3_env, packed, tmp_path):
