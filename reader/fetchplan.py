@@ -21,6 +21,7 @@ class Plan:
     needs: list          # list of int64 arrays, one per batch
     size: np.ndarray     # bytes of each item (indexed by item id)
     last_use: np.ndarray # last batch needing each item, -1 if none
+    first_pos: list = None  # records mode: position of each needed item in its batch
 
     def batch_bytes(self, k: int) -> int:
         """Bytes batch ``k`` needs in the cache at once."""
@@ -43,8 +44,10 @@ def make_plan(mode: str, batches, shard_ids_of, record_lengths, shard_sizes) -> 
     """
     if mode not in MODES:
         raise ValueError(f"fetch mode {mode!r}: expected one of {MODES}")
+    first_pos = None
     if mode == "records":
-        needs = [np.unique(np.asarray(b, dtype=np.int64)) for b in batches]
+        pairs = [np.unique(np.asarray(b, dtype=np.int64), return_index=True) for b in batches]
+        needs, first_pos = [n for n, _ in pairs], [p for _, p in pairs]
         size = np.asarray(record_lengths, dtype=np.int64)
     else:
         needs = [np.unique(shard_ids_of(np.asarray(b, dtype=np.int64))).astype(np.int64)
@@ -53,7 +56,7 @@ def make_plan(mode: str, batches, shard_ids_of, record_lengths, shard_sizes) -> 
     last_use = np.full(len(size), -1, dtype=np.int64)
     for k, items in enumerate(needs):
         last_use[items] = k  # batches come in order: the later one wins
-    return Plan(mode, needs, size, last_use)
+    return Plan(mode, needs, size, last_use, first_pos)
 
 
 def check_limit(plan: Plan, cache_limit: int, where: str) -> None:

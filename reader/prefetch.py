@@ -100,14 +100,16 @@ class _Planner:
             with self.cond:
                 if self.closed:
                     return
-                todo = items[self.state[items] == ABSENT]
+                absent = self.state[items] == ABSENT
+                todo = items[absent]
             nbytes = int(self.plan.size[todo].sum())
             while True:  # clear first: a release() landing after the check wakes the wait
                 self._budget.clear()
                 if self._reserve(k, todo, nbytes):
                     break
                 await self._budget.wait()
-            for request in self._requests(todo):
+            pos = self.plan.first_pos[k][absent] if self.plan.first_pos else None
+            for request in self._requests(todo, pos):
                 await sem.acquire()
                 task = asyncio.ensure_future(self._fetch(request, sem))
                 tasks.add(task)
@@ -128,7 +130,9 @@ class _Planner:
             self.stats["max_held"] = max(self.stats["max_held"], self.held)
             return True
 
-    def _requests(self, items: np.ndarray) -> list:
+    def _requests(self, items: np.ndarray, positions) -> list:
+        """Coalesced range requests for ``items``, the ones holding the records needed
+        earliest in the batch first (so decoding can start while the rest arrive)."""
         if self.plan.mode == "shards":
             return [("shard", int(s)) for s in items]
         shard_ids, local, entries = self.source.dataset_lookup(items)
@@ -139,8 +143,10 @@ class _Planner:
             for start, end, pos in coalesce(entries["offset"][sel], entries["length"][sel],
                                             gap=self.gap, max_bytes=self.max_request):
                 p = sel[pos]
-                out.append(("range", int(k), start, end, items[p], local[p], entries[p]))
-        return out
+                out.append((int(positions[p].min()),
+                            ("range", int(k), start, end, items[p], local[p], entries[p])))
+        out.sort(key=lambda r: r[0])
+        return [r for _, r in out]
 
     async def _fetch(self, request, sem) -> None:
         try:

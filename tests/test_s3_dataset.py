@@ -55,6 +55,14 @@ def test_remote_samples_equal_local_ones(s3_env, packed):
     assert len(remote.shards) >= 4
     _same(local, remote, range(48))   # on demand: one range request each
     assert local.start_prefetch([np.arange(4)]) is None
+    prefetch = remote.start_prefetch([np.arange(48)], mode="records")
+    prefetch.wait(0, timeout=60)
+    secret = os.environ["AWS_SECRET_ACCESS_KEY"].encode()
+    cache_root = os.environ["DLPACK_CACHE_DIR"]
+    files = [os.path.join(d, f) for d, _, fs in os.walk(cache_root) for f in fs]
+    assert len(files) > 48 and not any(secret in open(f, "rb").read() for f in files)
+    assert secret not in pickle.dumps(remote)
+    prefetch.close()
 
 
 @pytest.mark.parametrize("mode", ["records", "shards"])

@@ -36,6 +36,8 @@ def test_records_plan_last_use_and_batch_bytes():
     assert [n.tolist() for n in plan.needs] == [[1, 3], [2, 3], [9]]
     assert plan.last_use.tolist() == [-1, 0, 1, 1, -1, -1, -1, -1, -1, 2]
     assert [plan.batch_bytes(k) for k in range(3)] == [20 + 40, 30 + 40, 100]
+    # where each needed record first appears in its batch: requests go out in that order
+    assert [p.tolist() for p in plan.first_pos] == [[1, 0], [0, 1], [0]]
     assert plan.max_batch_bytes() == (100, 2)
 
 

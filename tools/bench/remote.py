@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import random
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -114,7 +113,8 @@ def _streaming(endpoint, out, cache):
             from dlpack_io.tools.bench.work import jpeg_work
 
             item = super().__getitem__(idx)
-            return torch.from_numpy(jpeg_work(item["data"], random.Random(idx))), int(item["cls"])
+            return (torch.from_numpy(jpeg_work(item["data"], random.Random(int(idx)))),
+                    int(item["cls"]))
 
     streaming.base.util.clean_stale_shared_memory()
     ds = Worked(remote=f"s3://{BUCKET}/mds", local=os.path.join(cache, "mds"), shuffle=True,
@@ -292,77 +292,6 @@ def _machine() -> str:
     return f"{os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}"
 
 
-def summarize(result: dict) -> list:
-    """Median per (contender, rtt) of images/s, first batch, CPU costs."""
-    groups = {}
-    for r in result["runs"]:
-        groups.setdefault((r["contender"], r["rtt_ms"]), []).append(r)
-    rows = []
-    for (name, rtt), rs in groups.items():
-        ok = [r for r in rs if "error" not in r]
-        if not ok:
-            rows.append({"contender": name, "rtt_ms": rtt, "error": rs[0]["error"]})
-            continue
-        med = lambda k: statistics.median(r[k] for r in ok)  # noqa: E731
-        rows.append({"contender": name, "rtt_ms": rtt, "runs": len(ok),
-                     "images_per_s": med("images_per_s"), "first_batch_s": med("first_batch_s"),
-                     "cpu_s": med("cpu_s"), "server_cpu_s": med("server_cpu_s"),
-                     "proxy_cpu_s": med("proxy_cpu_s"),
-                     "images_per_cpu_s": statistics.median(r["images"] / r["cpu_s"] for r in ok)})
-    return rows
-
-
-def markdown(result: dict) -> str:
-    """Tables: images/s by RTT, then first batch and CPU per contender at 20 ms."""
-    rows = summarize(result)
-    rtts = sorted({r["rtt_ms"] for r in rows})
-    by = {(r["contender"], r["rtt_ms"]): r for r in rows}
-    out = ["| contender | " + " | ".join(f"{t} ms" for t in rtts) + " |",
-           "|---|" + "---|" * len(rtts)]
-    for name in dict.fromkeys(r["contender"] for r in rows):
-        cells = [by.get((name, t), {}) for t in rtts]
-        out.append(f"| {name} | " + " | ".join(
-            f"{c['images_per_s']:.0f}" if "images_per_s" in c else c.get("error", "-")[:40]
-            for c in cells) + " |")
-    out += ["", "| contender (per RTT: median) | first batch s | loader CPU s | images per loader "
-            "CPU-s | server CPU s | proxy CPU s |", "|---|---|---|---|---|---|"]
-    for r in rows:
-        if "error" not in r:
-            out.append(f"| {r['contender']} @ {r['rtt_ms']} ms | {r['first_batch_s']:.2f} | "
-                       f"{r['cpu_s']:.1f} | {r['images_per_cpu_s']:.0f} | "
-                       f"{r['server_cpu_s']:.1f} | {r['proxy_cpu_s']:.1f} |")
-    total = result["data"]["bytes"]
-    for r in result["two_ranks"]:
-        if "error" not in r:
-            out.append(f"\nours-records, rank of 2: {r['images']} images, fetched "
-                       f"{r['bytes_fetched'] / 1e6:.1f} MB = {r['bytes_fetched'] / total:.2f} "
-                       f"of the JPEG bytes")
-    return "\n".join(out)
-
-
-def chart(result: dict, path: str) -> bool:
-    """images/s against added RTT per contender (False when matplotlib is missing)."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    rows = [r for r in summarize(result) if "error" not in r]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for name in dict.fromkeys(r["contender"] for r in rows):
-        pts = sorted((r["rtt_ms"], r["images_per_s"]) for r in rows if r["contender"] == name)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
-    ax.set_xlabel("added round trip (ms)")
-    ax.set_ylabel("images/s, first epoch, cold cache")
-    ax.set_title(f"{result['data']['images']} JPEGs from S3 (SeaweedFS), batch 256, 2 workers")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return True
-
-
 def main(argv=None) -> None:
     """Command line entry point (see the module docstring)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -384,6 +313,8 @@ def main(argv=None) -> None:
                      rounds=a.rounds, contenders=contenders)
     with open(os.path.join(a.out, "remote.json"), "w") as f:
         json.dump(result, f, indent=1)
+    from dlpack_io.tools.bench.remote_report import chart, markdown
+
     text = markdown(result)
     with open(os.path.join(a.out, "remote.md"), "w") as f:
         f.write(text + "\n")
