@@ -43,6 +43,8 @@ def markdown(result: dict) -> str:
             out.append(f"| {r['contender']} @ {r['rtt_ms']} ms | {r['first_batch_s']:.2f} | "
                        f"{r['cpu_s']:.1f} | {r['images_per_cpu_s']:.0f} | "
                        f"{r['server_cpu_s']:.1f} | {r['proxy_cpu_s']:.1f} |")
+    out += ["", "| ratio (median over rounds, each within one round) | value |", "|---|---|"]
+    out += [f"| {k} | {v} |" for k, v in ratios(result).items()]
     total = result["data"]["bytes"]
     for r in result["two_ranks"]:
         if "error" not in r:
@@ -73,3 +75,30 @@ def chart(result: dict, path: str) -> bool:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return True
+
+
+def _per_round(result: dict) -> dict:
+    """{(round, rtt): {contender: images/s}} of the successful runs."""
+    out = {}
+    for r in result["runs"]:
+        if "error" not in r:
+            out.setdefault((r["round"], r["rtt_ms"]), {})[r["contender"]] = r["images_per_s"]
+    return out
+
+
+def ratios(result: dict, rtt: int = 20) -> dict:
+    """The issue's targets as medians of ratios taken within one round (contenders that ran
+    back to back), so that load from other jobs on the machine mostly cancels out."""
+    rounds = _per_round(result)
+
+    def med(a, b, rtt_a=rtt, rtt_b=rtt):
+        vals = [rounds[(n, rtt_a)][a] / rounds[(n, rtt_b)][b] for n in {k[0] for k in rounds}
+                if a in rounds.get((n, rtt_a), {}) and b in rounds.get((n, rtt_b), {})]
+        return round(statistics.median(vals), 2) if vals else None
+    return {f"records / dataloader-1 @ {rtt} ms (target >= 20)": med("ours-records", "dataloader-1"),
+            f"records / dataloader-16 @ {rtt} ms (target >= 2)": med("ours-records", "dataloader-16"),
+            f"records / streaming @ {rtt} ms (target > 1)": med("ours-records", "streaming"),
+            f"records / local disk @ {rtt} ms": med("ours-records", "ours-local"),
+            f"shards / local disk @ {rtt} ms": med("ours-shards", "ours-local"),
+            "records @ 50 ms / records @ 0 ms (target >= 0.9)":
+                med("ours-records", "ours-records", 50, 0)}
