@@ -99,3 +99,23 @@ def _clamp_box(box, img_h: int, img_w: int) -> tuple[int, int, int, int]:
     top, left, bh, bw = box
     top, left = min(max(top, 0), img_h - 1), min(max(left, 0), img_w - 1)
     return top, left, min(max(bh, 1), img_h - top), min(max(bw, 1), img_w - left)
+
+
+def epilogue(images, *, out=None, mean=None, std=None, out_dtype=torch.uint8, **jitter):
+    """(Interim, until the jitter epilogue lands) uint8 NCHW -> ``out_dtype`` with
+    normalisation only: ``v * (1 / (255 * std)) + (-mean / std)`` in float32."""
+    if any(v is not None for v in jitter.values()):
+        raise NotImplementedError("colour jitter on the host is not implemented yet")
+    c = images.shape[1]
+    mean = (0.0,) * c if mean is None else tuple(mean)
+    std = (1.0,) * c if std is None else tuple(std)
+    scale = torch.tensor([1.0 / (255.0 * s) for s in std]).view(1, c, 1, 1)
+    bias = torch.tensor([-m / s for m, s in zip(mean, std)]).view(1, c, 1, 1)
+    if out is None:
+        out = torch.empty(images.shape, dtype=out_dtype)
+    if out_dtype == torch.uint8:
+        return out.copy_(images)
+    if out.dtype == torch.float32:
+        torch.mul(images, scale, out=out)
+        return out.add_(bias)
+    return out.copy_(images.to(torch.float32).mul_(scale).add_(bias))

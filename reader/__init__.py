@@ -1,22 +1,33 @@
 """dlpack_io.reader: read packed data sets.
 
-``from dlpack_io.reader import Dataset, Loader, RandomResizedCrop, RandomCrop, CenterCrop``.
-``Loader`` (and with it torch) is imported on first use, so the packer's worker processes,
-which import ``dlpack_io.reader.format``, do not pay for torch.
+    from dlpack_io.reader import (Dataset, Loader, RandomResizedCrop, RandomCrop, CenterCrop,
+                                  Resize, RandomHorizontalFlip, RandomVerticalFlip,
+                                  ColorJitter, Normalize)
+
+Cheap to import: ``Loader`` and ``LoaderOptions`` (and with them torch) are imported on first
+use, so the packer's worker processes, which import ``dlpack_io.reader.format``, do not pay
+for torch.
 """
 from dlpack_io.reader.dataset import Dataset
-from dlpack_io.reader.errors import LoaderError, SampleError, WorkerError
+from dlpack_io.reader.errors import LoaderError, LoaderTimeout, SampleError, WorkerError
 from dlpack_io.reader.format import FormatError
-from dlpack_io.reader.transforms import CenterCrop, RandomCrop, RandomResizedCrop
+from dlpack_io.reader.transforms import (CenterCrop, ColorJitter, Normalize, RandomCrop,
+                                         RandomHorizontalFlip, RandomResizedCrop,
+                                         RandomVerticalFlip, Resize)
 
-__all__ = ["Dataset", "Loader", "FormatError", "LoaderError", "SampleError", "WorkerError",
-           "RandomResizedCrop", "RandomCrop", "CenterCrop"]
+__all__ = ["Dataset", "Loader", "LoaderOptions", "FormatError", "LoaderError", "LoaderTimeout",
+           "SampleError", "WorkerError", "Resize", "RandomResizedCrop", "RandomCrop",
+           "CenterCrop", "RandomHorizontalFlip", "RandomVerticalFlip", "ColorJitter",
+           "Normalize"]
+
+_LAZY = {"Loader": "dlpack_io.reader.loader", "LoaderOptions": "dlpack_io.reader.options"}
 
 
 def __getattr__(name: str):
-    if name == "Loader":
-        from dlpack_io.reader.loader import Loader
+    if name in _LAZY:
+        import importlib
 
-        globals()["Loader"] = Loader
-        return Loader
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'dlpack_io.reader' has no attribute {name!r}")

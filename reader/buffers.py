@@ -11,8 +11,11 @@ allocates. At most ``capacity`` buffers are kept, so memory stays bounded.
 from __future__ import annotations
 
 import logging
+import queue
 import sys
 import threading
+
+import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -78,3 +81,44 @@ class BufferPool:
         """Drop every reference the pool holds."""
         with self._lock:
             self._held.clear()
+
+
+class SlotPool:
+    """``n`` reusable flat uint8 host buffers (pinned for CUDA), grown on demand, handed out
+    blocking: at most ``n`` batches are gathered or in flight to the device at once, which
+    bounds the pinned memory a loader holds (n x the largest batch)."""
+
+    def __init__(self, n: int, pin: bool):
+        self.pin = pin
+        self._tensors = [None] * n
+        self._free = queue.SimpleQueue()
+        for i in range(n):
+            self._free.put(i)
+
+    def acquire(self, nbytes: int) -> int:
+        """A free slot of at least ``nbytes`` bytes (blocks until one is released)."""
+        import torch
+
+        i = self._free.get()
+        t = self._tensors[i]
+        if t is None or t.numel() < nbytes:
+            self._tensors[i] = None  # free the old one before allocating the larger one
+            self._tensors[i] = torch.empty(max(nbytes * 5 // 4, 1), dtype=torch.uint8,
+                                           pin_memory=self.pin)
+        return i
+
+    def tensor(self, i: int):
+        """Slot ``i`` as a flat uint8 tensor."""
+        return self._tensors[i]
+
+    def array(self, i: int) -> np.ndarray:
+        """Slot ``i`` as a flat uint8 numpy array (shares memory)."""
+        return self._tensors[i].numpy()
+
+    def release(self, i: int) -> None:
+        """Give slot ``i`` back."""
+        self._free.put(i)
+
+    def nbytes(self) -> int:
+        """Bytes held by the slots allocated so far."""
+        return sum(t.numel() for t in self._tensors if t is not None)

@@ -25,3 +25,7 @@ class SampleError(LoaderError):
 
 class WorkerError(LoaderError):
     """A worker died (killed, crashed, out of memory) or stopped answering."""
+
+
+class LoaderTimeout(WorkerError):
+    """A batch was not built within the Loader's ``timeout`` (a worker is stuck)."""

@@ -1,33 +1,48 @@
-"""What the workers run and what the consumer does with each result, per loader path.
+"""The two kinds of work a loader worker does, one class per output layout.
 
-Four combinations of (where transforms run) x (worker kind):
-  * CpuJob:       threads / serial fill ranges of samples of a recycled batch tensor.
-  * CpuProcJob:   processes write uint8 NCHW pixels into a shared slot; the consumer
-                  copies (uint8) or normalises (float) them out into a recycled tensor.
-  * DeviceJob:    threads gather records / decoded regions into pinned slots; the
-                  consumer copies each slot to the device on a side stream and runs the
-                  kernel.
-  * DeviceProcJob: like DeviceJob but gathered by processes into shared slots.
-Thread jobs offer ``split`` (see workers.py), process jobs ``build``/``finish`` (see
-procworkers.py); every ``deliver`` returns ``(images, labels, indices, skipped)``, where
-``skipped`` lists the samples ``on_error="skip"`` left out of the batch (skips.py).
+* :class:`FinishedJob`: transforms on the host; the batch comes out finished (CHW, the
+  output dtype) in a recycled tensor.
+* :class:`GatherJob`: transforms on the device; the batch comes out as stored pixels
+  gathered into one flat (pinned) buffer plus geometry, for devicefinish.py.
+
+Both offer the same two faces to the runners (runners.py):
+  * threads / serial: ``split(k, indices, epoch) -> (parts, finalize)``: each part is a
+    callable taking the calling thread's ``state`` dict (scratch buffers, progress);
+    ``finalize()`` runs once all parts succeeded and returns the HostBatch;
+  * processes: ``slot_bytes(batch_size)``; ``build(slot, progress, state, indices, epoch)``
+    in the worker, writing into a shared slot and returning small metadata;
+    ``collect(slot, meta, release)`` in the consumer, returning the HostBatch.
 """
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
-from dlpack_io.reader.assemble import Scratch, drop_failed, fill_range, prepare, split_ranges
-from dlpack_io.reader.buffers import BufferPool
-from dlpack_io.reader.hostbatch import capacity_needed, device_images, fill_host
-from dlpack_io.reader.transforms import normalize_into
+from dlpack_io.reader.batchplan import plan_batch
+from dlpack_io.reader.buffers import BufferPool, SlotPool
+from dlpack_io.reader.hostbuild import (BuildContext, GatherMeta, Scratch, epilogue_rows,
+                                        fill_range, gather_batch, gather_bytes, split_ranges)
+from dlpack_io.reader.skips import keep_mask
 
 
-def _out_dtype(pipe):
-    import torch
+def _noop() -> None:
+    return None
 
-    return torch.uint8 if pipe.dtype is None else pipe.dtype
+
+@dataclass
+class HostBatch:
+    """One batch as the workers hand it to the consumer."""
+
+    labels: np.ndarray              # (N,) int64
+    indices: np.ndarray             # (N,) global sample indices
+    skipped: list                   # Skipped entries (on_error="skip")
+    images: object = None           # finished layout: (N, 3, oh, ow) tensor, output dtype
+    data: object = None             # gathered layout: flat uint8 tensor (the bytes in use)
+    meta: GatherMeta | None = None  # gathered layout: geometry
+    release: Callable[[], None] = field(default=_noop)  # give the buffer back
 
 
 def _scratch(state: dict) -> Scratch:
@@ -37,203 +52,161 @@ def _scratch(state: dict) -> Scratch:
     return s
 
 
-class CpuJob:
-    """CPU transforms in threads: each batch split into ``parts`` ranges of samples."""
+def _compact(images, failed: list, n: int):
+    """Move the rows that did not fail to the front; return the view of the kept rows."""
+    import torch
 
-    def __init__(self, pipe, pool: BufferPool, parts: int):
-        self.pipe, self.pool, self.parts = pipe, pool, max(1, int(parts))
+    if not failed:
+        return images
+    keep = torch.from_numpy(keep_mask(n, [pos for pos, _ in failed]))
+    m = int(keep.sum())
+    images[:m] = images[keep]
+    return images[:m]
 
-    def _fill(self, prep, a, b, arr, failed, state) -> None:
-        fill_range(self.pipe, prep, a, b, arr, _scratch(state), failed=failed)
 
-    def split(self, k: int, indices: np.ndarray, epoch: int):
+class FinishedJob:
+    """Transforms on the host, batches split into ``parts`` ranges of samples."""
+
+    def __init__(self, ctx: BuildContext, pool: BufferPool, parts: int):
+        self.ctx, self.pool, self.parts = ctx, pool, max(1, int(parts))
+
+    def _plan(self, indices, epoch):
+        return plan_batch(self.ctx.spec, self.ctx.dataset, indices, seed=self.ctx.seed,
+                          epoch=epoch, skip=self.ctx.skip)
+
+    def _fill(self, plan, a, b, epoch, u8, out, failed, state) -> None:
+        fill_range(self.ctx, plan, a, b, epoch, u8.numpy(), _scratch(state),
+                   state.get("progress"), failed)
+        if out is not u8:
+            epilogue_rows(self.ctx.spec, plan, a, b, u8, out)
+
+    def split(self, k: int, indices, epoch: int):
         """(parts, finalize) of batch ``k``; lookups and random draws happen here."""
         import torch
 
-        prep = prepare(self.pipe, indices, epoch)
-        u8 = self.pool.take(prep.shape, torch.uint8)
-        arr, failed = u8.numpy(), []  # failed: (position, Skipped) from any thread
-        parts = [functools.partial(self._fill, prep, a, b, arr, failed)
-                 for a, b in split_ranges(len(prep.indices), self.parts)]
+        plan = self._plan(indices, epoch)
+        u8 = self.pool.take(plan.shape, torch.uint8)
+        out = self.pool.take(plan.shape, self.ctx.spec.dtype) if self.ctx.spec.has_epilogue else u8
+        failed = []  # (position, Skipped) from any thread
+        parts = [functools.partial(self._fill, plan, a, b, epoch, u8, out, failed)
+                 for a, b in split_ranges(len(plan.indices), self.parts)]
 
         def finalize():
-            m, labels, kept, skipped = drop_failed(prep, arr, failed)
-            dtype, shape = _out_dtype(self.pipe), (m, *prep.shape[1:])
-            images = u8[:m] if dtype == torch.uint8 else normalize_into(
-                u8[:m], self.pool.take(shape, dtype), self.pipe.mean, self.pipe.std)
-            return images, torch.from_numpy(labels), kept, skipped
+            return self._result(plan, _compact(out, failed, len(plan.indices)), failed)
         return parts, finalize
 
-    def deliver(self, result):
-        """The threads already finished the batch."""
-        return result
+    def _result(self, plan, images, failed) -> HostBatch:
+        keep = keep_mask(len(plan.indices), [pos for pos, _ in failed])
+        skipped = list(plan.skipped) + [entry for _, entry in sorted(failed)]
+        return HostBatch(plan.labels[keep], plan.indices[keep], skipped, images=images)
 
+    def slot_bytes(self, batch_size: int) -> int:
+        """Shared slot size for process workers: a finished batch in the output dtype."""
+        import torch
 
-class CpuProcJob:
-    """CPU transforms in worker processes, uint8 pixels handed over in shared slots."""
+        oh, ow = output_size(self.ctx)
+        return batch_size * 3 * oh * ow * torch.empty(0, dtype=self.ctx.spec.dtype).element_size()
 
-    def __init__(self, pipe, pool: BufferPool):
-        self.pipe, self.pool = pipe, pool
+    def build(self, slot, progress, state, indices, epoch):
+        """(In a worker) fill the slot with the finished batch; return its metadata."""
+        import torch
 
-    def build(self, k, slot, progress, state, indices, epoch):
-        """(In a worker) fill the slot with uint8 NCHW pixels; return (shape, labels,
-        indices, skipped) of the samples kept."""
-        prep = prepare(self.pipe, indices, epoch)
-        out = np.frombuffer(slot, dtype=np.uint8, count=int(np.prod(prep.shape)))
-        out, failed = out.reshape(prep.shape), []
-        fill_range(self.pipe, prep, 0, len(prep.indices), out, _scratch(state), progress, failed)
-        m, labels, kept, skipped = drop_failed(prep, out, failed)
-        return (m, *prep.shape[1:]), labels, kept, skipped
+        plan = self._plan(indices, epoch)
+        n = int(np.prod(plan.shape))
+        out = torch.frombuffer(slot, dtype=self.ctx.spec.dtype, count=max(n, 1))[:n]
+        out = out.view(plan.shape)
+        u8 = out if not self.ctx.spec.has_epilogue else torch.from_numpy(
+            _scratch_u8(state, n)).view(plan.shape)
+        failed = []
+        state["progress"] = progress
+        self._fill(plan, 0, len(plan.indices), epoch, u8, out, failed, state)
+        batch = self._result(plan, _compact(out, failed, len(plan.indices)), failed)
+        return tuple(batch.images.shape), batch.labels, batch.indices, batch.skipped
 
-    def finish(self, k, slot, meta):
-        """(In the consumer) copy / normalise the slot into a recycled tensor."""
+    def collect(self, slot, meta, release) -> HostBatch:
+        """(In the consumer) copy the finished batch out of the slot; free the slot."""
         import torch
 
         shape, labels, indices, skipped = meta
-        u8 = torch.frombuffer(slot, dtype=torch.uint8, count=max(int(np.prod(shape)), 1))
-        u8 = u8[:int(np.prod(shape))].view(shape)
-        dtype = _out_dtype(self.pipe)
-        out = self.pool.take(shape, dtype)
-        if dtype == torch.uint8:
-            out.copy_(u8)
-        else:
-            normalize_into(u8, out, self.pipe.mean, self.pipe.std)
-        return out, torch.from_numpy(labels), indices, skipped
-
-    def deliver(self, result):
-        """``finish`` already produced the batch."""
-        return result
+        n = int(np.prod(shape))
+        try:
+            src = torch.frombuffer(slot, dtype=self.ctx.spec.dtype, count=max(n, 1))[:n]
+            images = self.pool.take(shape, self.ctx.spec.dtype)
+            images.copy_(src.view(shape))
+        finally:
+            release()
+        return HostBatch(labels, indices, skipped, images=images)
 
 
-def slot_bytes(pipe, batch_size: int, on_device: bool) -> int:
-    """Shared slot size for process workers: a batch of CPU output, or of whole records."""
-    if on_device or pipe.crop is None:
-        return batch_size * max_record_bytes(pipe)
-    return batch_size * 3 * pipe.crop.size[0] * pipe.crop.size[1]
+def _scratch_u8(state: dict, n: int) -> np.ndarray:
+    buf = state.get("u8")
+    if buf is None or buf.size < n:
+        buf = state["u8"] = np.empty(max(n, 1), dtype=np.uint8)
+    return buf[:n]
 
 
-def max_record_bytes(pipe) -> int:
-    """Largest full-size record in pixels x 3 (opens every shard's index)."""
-    ds = pipe.dataset
-    return max(int((s.index["height"].astype(np.int64) * s.index["width"] * 3).max(initial=1))
-               for s in ds.shards)
+def output_size(ctx: BuildContext) -> tuple[int, int]:
+    """(oh, ow) of every output image: the geometry's size, else the largest stored image."""
+    if ctx.spec.geometry is not None:
+        return tuple(ctx.spec.geometry.size)
+    h, w = largest_image(ctx.dataset)
+    return h, w
 
 
-class DeviceJob:
-    """Device transforms: worker threads gather into pinned slots; the consumer copies and
-    runs the kernel."""
+def largest_image(dataset) -> tuple[int, int]:
+    """(height, width) bounding every stored image (opens every shard's index)."""
+    h = max(int(s.index["height"].max(initial=1)) for s in dataset.shards)
+    w = max(int(s.index["width"].max(initial=1)) for s in dataset.shards)
+    return h, w
 
-    def __init__(self, pipe, device, num_slots: int):
-        import torch
 
-        self.pipe, self.device = pipe, device
-        self.cuda = device.type == "cuda"
-        self._slots = SlotPool(num_slots, pin=self.cuda)
-        self._stream = torch.cuda.Stream(device) if self.cuda else None
-        self._pending = []  # (event, slot) copies in flight
+class GatherJob:
+    """Transforms on the device: each batch gathered whole by one worker into a slot."""
+
+    def __init__(self, ctx: BuildContext, num_slots: int, pin: bool):
+        self.ctx = ctx
+        self.slots = SlotPool(num_slots, pin=pin)
 
     def _gather(self, indices, epoch, out: list, state: dict) -> None:
-        _, _, entries = self.pipe.dataset.lookup(indices)
-        slot = self._slots.acquire(capacity_needed(entries))
+        plan = plan_batch(self.ctx.spec, self.ctx.dataset, indices, seed=self.ctx.seed,
+                          epoch=epoch, skip=self.ctx.skip)
+        slot = self.slots.acquire(gather_bytes(plan.entries))
         try:
-            out.append(fill_host(self.pipe, indices, epoch, self._slots.array(slot),
-                                 _scratch(state)))
+            meta = gather_batch(self.ctx, plan, epoch, self.slots.array(slot), _scratch(state),
+                                state.get("progress"))
         except BaseException:
-            self._slots.release(slot)
+            self.slots.release(slot)
             raise
-        out.insert(0, slot)
+        out.extend((slot, meta))
 
-    def split(self, k, indices, epoch):
-        """One part: gather batch ``k`` into a free slot (in a worker thread)."""
+    def split(self, k: int, indices, epoch: int):
+        """One part: gather batch ``k`` into a free pinned slot (in a worker thread)."""
         out = []
-        return [functools.partial(self._gather, indices, epoch, out)], lambda: (out[0], out[1])
 
-    def deliver(self, result):
-        """(Consumer) copy the slot to the device and run the kernel."""
+        def finalize():
+            slot, meta = out
+            return HostBatch(meta.labels, meta.indices, meta.skipped,
+                             data=self.slots.tensor(slot)[:meta.nbytes], meta=meta,
+                             release=functools.partial(self.slots.release, slot))
+        return [functools.partial(self._gather, indices, epoch, out)], finalize
+
+    def slot_bytes(self, batch_size: int) -> int:
+        """Shared slot size for process workers: a batch of full-size stored images."""
+        h, w = largest_image(self.ctx.dataset)
+        return batch_size * h * w * 3
+
+    def build(self, slot, progress, state, indices, epoch) -> GatherMeta:
+        """(In a worker) gather the batch into the shared slot; return its GatherMeta."""
+        plan = plan_batch(self.ctx.spec, self.ctx.dataset, indices, seed=self.ctx.seed,
+                          epoch=epoch, skip=self.ctx.skip)
+        return gather_batch(self.ctx, plan, epoch, np.frombuffer(slot, dtype=np.uint8),
+                            _scratch(state), progress)
+
+    def collect(self, slot, meta: GatherMeta, release) -> HostBatch:
+        """(In the consumer) a view of the slot's bytes; the slot stays held until
+        ``release`` (after the device copy)."""
         import torch
 
-        slot, meta = result
-        host = self._slots.tensor(slot)[:meta.nbytes]
-        if not self.cuda or not len(meta.indices):
-            images = device_images(meta, host, self.pipe, validate=True)
-            self._slots.release(slot)
-            return images, torch.from_numpy(meta.labels), meta.indices, meta.skipped
-        with torch.cuda.stream(self._stream):
-            data = host.to(self.device, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record(self._stream)
-        torch.cuda.current_stream(self.device).wait_stream(self._stream)
-        data.record_stream(torch.cuda.current_stream(self.device))
-        self._pending.append((event, slot))
-        images = device_images(meta, data, self.pipe, validate=False)
-        labels = torch.from_numpy(meta.labels).to(self.device, non_blocking=True)
-        return images, labels, meta.indices, meta.skipped
-
-    def reclaim(self) -> None:
-        """Release the slots whose device copies have finished (waits for them)."""
-        for event, slot in self._pending:
-            event.synchronize()
-            self._slots.release(slot)
-        self._pending.clear()
-
-
-class SlotPool:
-    """``n`` reusable host buffers (pinned for CUDA), grown on demand, handed out blocking."""
-
-    def __init__(self, n: int, pin: bool):
-        import queue
-
-        self.pin = pin
-        self._tensors = [None] * n
-        self._free = queue.SimpleQueue()
-        for i in range(n):
-            self._free.put(i)
-
-    def acquire(self, nbytes: int) -> int:
-        """A free slot of at least ``nbytes`` bytes (blocks until one is released)."""
-        import torch
-
-        i = self._free.get()
-        t = self._tensors[i]
-        if t is None or t.numel() < nbytes:
-            self._tensors[i] = None
-            self._tensors[i] = torch.empty(max(nbytes * 5 // 4, 1), dtype=torch.uint8,
-                                           pin_memory=self.pin)
-        return i
-
-    def tensor(self, i: int):
-        """Slot ``i`` as a flat uint8 tensor."""
-        return self._tensors[i]
-
-    def array(self, i: int) -> np.ndarray:
-        """Slot ``i`` as a flat uint8 numpy array (shares memory)."""
-        return self._tensors[i].numpy()
-
-    def release(self, i: int) -> None:
-        """Give slot ``i`` back."""
-        self._free.put(i)
-
-
-class DeviceProcJob:
-    """Device transforms, records gathered by worker processes into shared slots."""
-
-    def __init__(self, pipe, device):
-        self.pipe, self.device = pipe, device
-
-    def build(self, k, slot, progress, state, indices, epoch):
-        """(In a worker) gather batch ``k`` into the slot; return its HostMeta."""
-        buf = np.frombuffer(slot, dtype=np.uint8)
-        return fill_host(self.pipe, indices, epoch, buf, _scratch(state), progress)
-
-    def finish(self, k, slot, meta):
-        """(In the consumer) copy the used part of the slot to the device, run the kernel."""
-        import torch
-
-        host = torch.frombuffer(slot, dtype=torch.uint8, count=max(meta.nbytes, 1))
-        data = host.to(self.device) if self.device.type == "cuda" else host.clone()
-        images = device_images(meta, data, self.pipe, validate=self.device.type != "cuda")
-        return images, torch.from_numpy(meta.labels).to(self.device), meta.indices, meta.skipped
-
-    def deliver(self, result):
-        """``finish`` already produced the batch."""
-        return result
+        data = torch.frombuffer(slot, dtype=torch.uint8, count=max(meta.nbytes, 1))[:meta.nbytes]
+        return HostBatch(meta.labels, meta.indices, meta.skipped, data=data, meta=meta,
+                         release=release)

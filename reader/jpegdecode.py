@@ -155,13 +155,14 @@ def _box_image(region: Region, ix0: int, iy0: int, ix1: int, iy1: int):
     return Image.frombuffer(mode, (ix1 - ix0, iy1 - iy0), tail, "raw", mode, stride, 1)
 
 
-def resize_region(region: Region, box, out_size) -> np.ndarray:
+def resize_region(region: Region, box, out_size, within_box: bool = True) -> np.ndarray:
     """Antialiased bilinear resample (PIL BILINEAR) of the float ``box`` (x0, y0, x1, y1)
     of ``region.pixels`` to ``out_size`` (h, w); returns (oh, ow, 3 or 4) uint8.
 
-    Only pixels of the box (rounded out to whole pixels) are read, as torchvision's
-    crop-then-resize and the GPU kernel do: PIL's ``box=`` alone would let the filter
-    reach pixels beyond the box's edges.
+    ``within_box``: only pixels of the box (rounded out to whole pixels) are read, as
+    torchvision's crop-then-resize and the GPU kernel do (PIL's ``box=`` alone would let
+    the filter reach pixels beyond the box's edges). False: the filter may read the whole
+    region around the box, as resizing a whole image and then cropping does (Resize+crop).
     """
     from PIL import Image
 
@@ -169,6 +170,8 @@ def resize_region(region: Region, box, out_size) -> np.ndarray:
     x0, y0, x1, y1 = box
     ix0, iy0 = max(int(math.floor(x0)), 0), max(int(math.floor(y0)), 0)
     ix1, iy1 = min(int(math.ceil(x1)), cols), min(int(math.ceil(y1)), rows)
+    if not within_box and ix1 > ix0 and iy1 > iy0:
+        ix0, iy0, ix1, iy1 = 0, 0, cols, rows
     if ix1 <= ix0 or iy1 <= iy0:
         raise ValueError(f"resize: box {box} outside a {rows}x{cols} image")
     img = _box_image(region, ix0, iy0, ix1, iy1)
@@ -177,16 +180,22 @@ def resize_region(region: Region, box, out_size) -> np.ndarray:
     return np.frombuffer(out.tobytes(), dtype=np.uint8).reshape(out_size[0], out_size[1], ps)
 
 
-def resize_box(pixels: np.ndarray, box, out_size) -> np.ndarray:
+def resize_box(pixels: np.ndarray, box, out_size, within_box: bool = True) -> np.ndarray:
     """:func:`resize_region` of a C-contiguous (h, w, 3) array (raw records)."""
-    return resize_region(Region(np.ascontiguousarray(pixels), 0, 0, 8), box, out_size)
+    return resize_region(Region(np.ascontiguousarray(pixels), 0, 0, 8), box, out_size,
+                         within_box)
 
 
-def decode_resized(payload, box, out_size, scratch: np.ndarray, reduce: bool = True) -> np.ndarray:
-    """JPEG record -> the full-size ``box`` resampled to ``out_size``: (oh, ow, 3 or 4)."""
-    n = choose_scale(int(box[2]), int(box[3]), *out_size) if reduce else 8
+def decode_resized(payload, box, out_size, scratch: np.ndarray, reduce: bool = True,
+                   exact_box=None) -> np.ndarray:
+    """JPEG record -> the full-size ``box`` (top, left, h, w) resampled to ``out_size``:
+    (oh, ow, 3 or 4). With ``exact_box`` (float top, left, h, w inside ``box``), ``box`` is
+    only the window decoded around it and the filter may read all of that window (the
+    resize-then-crop semantics of Resize + CenterCrop/RandomCrop)."""
+    target = box if exact_box is None else exact_box
+    n = choose_scale(int(target[2]), int(target[3]), *out_size) if reduce else 8
     region = decode_region(payload, box, n, scratch, pixel_size=4)
-    return resize_region(region, region.box(box), out_size)
+    return resize_region(region, region.box(target), out_size, within_box=exact_box is None)
 
 
 def to_chw(src, offset: int, row_stride: int, h: int, w: int, dst: np.ndarray,

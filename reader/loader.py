@@ -1,218 +1,290 @@
 """``Loader``: shuffled, transformed batches of a packed Dataset, as torch tensors.
 
-    loader = Loader(ds, batch_size=256, shuffle="global", seed=0, num_workers=2,
-                    crop=RandomResizedCrop(224), flip_h=0.5, device="cuda",
-                    mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), dtype=torch.float16)
-    for epoch in range(epochs):
-        loader.set_epoch(epoch)
-        for images, labels in loader: ...
+    with Loader(ds, batch_size=256, num_workers=2, device="cuda", dtype=torch.float16,
+                transforms=[RandomResizedCrop(224), RandomHorizontalFlip(),
+                            Normalize(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))]
+                ) as loader:
+        for epoch in range(num_epochs):
+            loader.set_epoch(epoch)
+            for images, labels in loader: ...
 
 What a batch holds is a pure function of (seed, epoch, rank, world_size, batch_size,
-drop_last) -- see :mod:`dlpack_io.reader.order` -- and its random crops and flips a pure
-function of (seed, epoch, sample index): never of num_workers or worker kind. That is
-what makes ``state_dict``/``load_state_dict`` exact. docs/loader.md has the details.
+drop_last, indices) -- see order.py and resume.py -- and its random transforms a pure
+function of (seed, epoch, sample index): never of num_workers or worker kind. One batch
+goes plan (batchplan.py) -> host pixels (hostbuild.py, in the runners' workers) -> finish
+(devicefinish.py). docs/loader.md has the details.
 """
 from __future__ import annotations
 
 import logging
 
-import torch
+import numpy as np
 
 from dlpack_io.reader import order as order_mod
-from dlpack_io.reader.assemble import Pipeline
+from dlpack_io.reader import resume
+from dlpack_io.reader.batchplan import compile_spec
 from dlpack_io.reader.buffers import BufferPool
-from dlpack_io.reader.jobs import CpuJob, CpuProcJob, DeviceJob, DeviceProcJob, slot_bytes
-from dlpack_io.reader.procworkers import ProcessWorkers
-from dlpack_io.reader.skips import SkipAccount, check_on_error
-from dlpack_io.reader.transforms import CROPS, check_probability
-from dlpack_io.reader.workers import SerialWorkers, ThreadWorkers
+from dlpack_io.reader.devicefinish import DeviceFinisher, HostFinisher
+from dlpack_io.reader.hostbuild import BuildContext
+from dlpack_io.reader.jobs import FinishedJob, GatherJob
+from dlpack_io.reader.options import (LoaderOptions, resolve_device, unwrap_subset,
+                                      use_device_transforms)
+from dlpack_io.reader.procrunner import ProcessRunner
+from dlpack_io.reader.runners import SerialRunner, ThreadRunner
+from dlpack_io.reader.skips import SkipAccount
 
 log = logging.getLogger(__name__)
-WORKER_KINDS = ("thread", "process")
-STATE_VERSION = 1
+
+
+def _stage(runner, finisher, ticket):
+    """Take a built batch early and start its copy to the device, so that the copy overlaps
+    the training step on the batch before it; a failure is returned, raised when it is due."""
+    try:
+        hb = runner.get(ticket)
+    except Exception as exc:  # noqa: BLE001 - delivered in order, one batch later
+        return exc
+    finisher.stage(hb)
+    return hb
 
 
 class Loader:
-    """Batches of ``dataset`` as ``(images, labels)`` (``+ indices`` with return_index).
+    """Batches of ``dataset`` as ``(images, labels)`` (``(images, labels, indices)`` with
+    ``return_index=True``). Options: :class:`dlpack_io.reader.options.LoaderOptions`
+    (keyword-only), or ``options=LoaderOptions(...)``; docs/loader.md describes each."""
 
-    Args (keyword-only after ``dataset``):
-        batch_size, drop_last: batch size; drop the last partial batch of each rank.
-        shuffle: "global" (True), "block" (shard-local quasi-random) or None/False.
-        seed: seed of the order and of the random transforms.
-        num_workers: worker threads/processes (0: build batches in the calling thread).
-        worker_kind: "thread" (default, measured faster) or "process".
-        prefetch: batches in flight (default 2 x num_workers, at least 2).
-        rank, world_size: this process's share; default torch.distributed's, else 0/1.
-        crop: RandomResizedCrop / RandomCrop / CenterCrop or None (images of one size).
-        flip_h, flip_v: flip probabilities.
-        mean, std: normalisation for float dtypes (float = (px / 255 - mean) / std).
-        dtype: output dtype, torch.uint8 (raw pixels) or a float dtype.
-        device: "cpu" or "cuda[:n]": where the batches are delivered.
-        transform_on: "host" or "device" (default: "device" for CUDA, else "host"):
-            where crop/flip/normalise run; "device" uses dlpack_io.kernels.
-        reduced_decode: decode JPEGs at reduced DCT scale when the crop allows.
-        return_index: also yield each batch's global sample indices (int64 ndarray).
-        on_error: "raise" (default): an unreadable sample raises SampleError when its batch
-            is due; "skip": it is left out of its batch (which comes out shorter; a batch
-            left empty is not yielded) and listed in ``loader.skipped``.
-        block_size, block_window: geometry of the "block" shuffle.
-    """
+    def __init__(self, dataset, *, options: LoaderOptions | None = None, **kwargs):
+        if options is not None and kwargs:
+            raise TypeError("pass either options=LoaderOptions(...) or keyword options, not both")
+        self.options = opts = options if options is not None else LoaderOptions(**kwargs)
+        self.dataset, self.subset = unwrap_subset(dataset, opts.indices)
+        self.spec = compile_spec(opts.transforms, dtype=opts.dtype,
+                                 reduced_decode=opts.reduced_decode)
+        self.device = resolve_device(opts.device)
+        self.device_transforms = use_device_transforms(opts.device_transforms, self.device) \
+            and opts.sample_transform is None
+        self._world = (opts.rank, opts.world_size)
+        self.rank, self.world_size = order_mod.resolve_world(opts.rank, opts.world_size)
+        self.skipped = SkipAccount()
+        self.epoch = 0
+        self._restored = None          # (epoch, segments) from load_state_dict
+        self._cursor = None            # (epoch, segments before this run, world, batch, total)
+        self._engine = None            # (job, runner, finisher), kept across epochs
+        self._tickets = 0              # batches ever submitted (the runners' batch ids)
 
-    def __init__(self, dataset, *, batch_size: int = 256, shuffle="global", seed: int = 0,
-                 num_workers: int = 2, drop_last: bool = True, crop=None, flip_h: float = 0.0,
-                 flip_v: float = 0.0, mean=None, std=None, dtype=torch.uint8, device="cpu",
-                 rank=None, world_size=None, prefetch=None, worker_kind: str = "thread",
-                 transform_on=None, reduced_decode: bool = True, return_index: bool = False,
-                 on_error: str = "raise", block_size: int = order_mod.DEFAULT_BLOCK_SIZE,
-                 block_window: int = order_mod.DEFAULT_WINDOW):
-        if batch_size < 1 or num_workers < 0 or seed < 0:
-            raise ValueError(f"batch_size {batch_size} must be >= 1, num_workers "
-                             f"{num_workers} >= 0, seed {seed} >= 0")
-        if worker_kind not in WORKER_KINDS:
-            raise ValueError(f"worker_kind {worker_kind!r}: expected one of {WORKER_KINDS}")
-        if crop is not None and not isinstance(crop, CROPS):
-            raise TypeError(f"crop must be RandomResizedCrop, RandomCrop, CenterCrop or None, "
-                            f"got {crop!r}")
-        if (mean is None) != (std is None):
-            raise ValueError("give mean and std together")
-        if dtype == torch.uint8 and mean is not None:
-            raise ValueError("mean/std normalisation needs a float dtype (e.g. torch.float16); "
-                             "dtype=torch.uint8 gives raw pixels")
-        self.dataset, self.batch_size, self.drop_last = dataset, int(batch_size), bool(drop_last)
-        self.shuffle, self.seed = order_mod.check_shuffle(shuffle), int(seed)
-        self.num_workers, self.worker_kind = int(num_workers), worker_kind
-        self.prefetch = max(2, 2 * self.num_workers) if prefetch is None else int(prefetch)
-        if self.prefetch < 1:
-            raise ValueError(f"prefetch {prefetch}: expected >= 1")
-        self.rank, self.world_size = order_mod.resolve_world(rank, world_size)
-        self.device = torch.device(device)
-        self.transform_on = transform_on or ("device" if self.device.type == "cuda" else "host")
-        if self.transform_on not in ("host", "device"):
-            raise ValueError(f"transform_on {transform_on!r}: expected 'host' or 'device'")
-        self.pipe = Pipeline(dataset, crop, check_probability("flip_h", flip_h),
-                             check_probability("flip_v", flip_v), self.seed,
-                             None if mean is None else tuple(mean),
-                             None if std is None else tuple(std), dtype, bool(reduced_decode),
-                             check_on_error(on_error),
-                             bool(getattr(dataset, "verify_checksums", False)))
-        self.skipped, self.return_index = SkipAccount(), bool(return_index)
-        self.block_size, self.block_window = int(block_size), int(block_window)
-        self.epoch, self._start, self._position = 0, 0, 0
-        self._pool, self._active = None, None
-
-    # ---- order -------------------------------------------------------------------------
-    def _shard_sizes(self):
-        return [s["num_samples"] for s in self.dataset.manifest["shards"]]
-
-    def indices(self, epoch: int | None = None):
-        """The sample indices this rank reads in ``epoch`` (default: the current one)."""
-        return order_mod.rank_order(
-            len(self.dataset), shuffle=self.shuffle, seed=self.seed,
-            epoch=self.epoch if epoch is None else epoch, rank=self.rank,
-            world_size=self.world_size, batch_size=self.batch_size, drop_last=self.drop_last,
-            shard_sizes=self._shard_sizes(), block_size=self.block_size, window=self.block_window)
-
+    # ---- sizes and order -------------------------------------------------------------
     def __len__(self) -> int:
-        start, end = order_mod.rank_bounds(len(self.dataset), self.rank, self.world_size,
-                                           self.batch_size, self.drop_last)
-        return order_mod.num_batches(end - start, self.batch_size, self.drop_last)
+        """Batches the next iteration yields (what is left of a restored epoch)."""
+        rank, world = order_mod.resolve_world(*self._world)
+        base, start = self._resume_point(self.epoch, world)
+        n = len(self._sequence(self.epoch, base))
+        return order_mod.batches_per_rank(n, world, self.options.batch_size,
+                                          self.options.drop_last) - start
+
+    def _num_items(self) -> int:
+        return len(self.dataset) if self.subset is None else len(self.subset)
+
+    def _epoch_order(self, epoch: int) -> np.ndarray:
+        o = self.options
+        sizes = [s["num_samples"] for s in self.dataset.manifest["shards"]] \
+            if self.subset is None else None
+        positions = order_mod.epoch_order(self._num_items(), o.shuffle, o.seed, epoch, sizes,
+                                          o.block_size, o.block_window)
+        return positions if self.subset is None else self.subset[positions]
+
+    def _sequence(self, epoch: int, segments) -> np.ndarray:
+        return resume.remaining(self._epoch_order(epoch), segments)
+
+    def indices(self, epoch: int | None = None) -> np.ndarray:
+        """The global sample indices this rank reads in ``epoch`` (a whole epoch), in order."""
+        rank, world = order_mod.resolve_world(*self._world)
+        part, bounds = order_mod.rank_part(self._epoch_order(self.epoch if epoch is None
+                                                             else epoch), rank, world,
+                                           self.options.batch_size, self.options.drop_last)
+        return part[:bounds[-1]]
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch to iterate (keeps a position restored for that same epoch)."""
+        """Select the epoch to iterate (a position restored for that epoch is kept)."""
         if epoch < 0:
             raise ValueError(f"epoch {epoch} must be >= 0")
-        if epoch != self.epoch:
-            self._start = 0
         self.epoch = int(epoch)
 
-    # ---- resume ------------------------------------------------------------------------
+    # ---- resume ----------------------------------------------------------------------
     def _identity(self) -> dict:
-        return {"num_samples": len(self.dataset), "seed": self.seed, "shuffle": self.shuffle,
-                "batch_size": self.batch_size, "drop_last": self.drop_last, "rank": self.rank,
-                "world_size": self.world_size, "block_size": self.block_size,
-                "block_window": self.block_window}
+        o = self.options
+        return {"num_samples": len(self.dataset), "seed": o.seed, "shuffle": o.shuffle,
+                "block_size": o.block_size, "block_window": o.block_window,
+                "subset": resume.subset_digest(self.subset)}
 
     def state_dict(self) -> dict:
-        """Where the loader stands: epoch and batches consumed in it, plus the settings
-        that decide the order (checked by load_state_dict)."""
-        return {"version": STATE_VERSION, "epoch": self.epoch, "batch": self._position,
-                **self._identity()}
+        """Where the loader stands; the same on every rank (save one for the whole job).
+        After the last batch of an epoch it points at the start of the next epoch."""
+        if self._restored is not None:  # restored and not iterated since
+            return resume.make_state(self._identity(), *self._restored)
+        if self._cursor is None:
+            return resume.make_state(self._identity(), self.epoch, [])
+        epoch, segments, world, position, total = self._cursor
+        if position >= total:
+            return resume.make_state(self._identity(), epoch + 1, [])
+        o = self.options
+        seg = resume.Segment(world, o.batch_size, bool(o.drop_last), position)
+        return resume.make_state(self._identity(), epoch, list(segments) + [seg])
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from ``state``: the next iteration yields exactly the batches an
-        uninterrupted run would have yielded after it (num_workers may differ)."""
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"loader state version {state.get('version')!r}, expected "
-                             f"{STATE_VERSION}")
-        mine = self._identity()
-        diff = {k: (state.get(k), v) for k, v in mine.items() if state.get(k) != v}
-        if diff:
-            raise ValueError(f"loader state does not match this loader (saved, current): "
-                             f"{diff}; the order would differ")
-        self.epoch, self._start = int(state["epoch"]), int(state["batch"])
-        self._position = self._start
+        """Continue from ``state`` (saved by this job or by one with another world size,
+        batch size or worker count): the next iteration reads what is left of its epoch."""
+        epoch, segments = resume.parse_state(state, self._identity())
+        self._restored = (epoch, segments)
+        self.epoch = epoch
 
-    # ---- iteration ---------------------------------------------------------------------
+    def _resume_point(self, epoch: int, world: int):
+        """(segments already read, first batch) for iterating ``epoch`` with ``world`` ranks."""
+        if self._restored is None or self._restored[0] != epoch or not self._restored[1]:
+            return [], 0
+        segments = self._restored[1]
+        last = segments[-1]
+        if last.same_split(world, self.options.batch_size, self.options.drop_last):
+            return segments[:-1], last.batches
+        return segments, 0
+
+    # ---- iteration -------------------------------------------------------------------
     def __iter__(self):
-        start, self._start = self._start, 0
-        return self._run(self.epoch, start)
+        return self._run(self.epoch)
 
-    def _buffer_pool(self) -> BufferPool:
-        if self._pool is None:
-            self._pool = BufferPool(capacity=2 * self.prefetch + 4)
-        return self._pool
+    def _resolve_world(self):
+        rank, world = order_mod.resolve_world(*self._world)
+        if (rank, world) != (self.rank, self.world_size):
+            log.warning("Loader: rank/world_size changed from %d/%d at construction to %d/%d "
+                        "(torch.distributed initialised after the Loader was built); using "
+                        "%d/%d", self.rank, self.world_size, rank, world, rank, world)
+            self.rank, self.world_size = rank, world
 
-    def _make(self):
-        """(job, workers) for this loader's path and worker kind."""
-        on_device = self.transform_on == "device"
-        if self.worker_kind == "process" and self.num_workers > 0:
-            job = (DeviceProcJob(self.pipe, self.device) if on_device
-                   else CpuProcJob(self.pipe, self._buffer_pool()))
-            size = slot_bytes(self.pipe, self.batch_size, on_device)
-            workers = ProcessWorkers(job.build, job.finish, self.num_workers, size,
-                                     self.prefetch, describe=self.dataset.where)
-            return job, workers
-        job = (DeviceJob(self.pipe, self.device, self.prefetch + 1) if on_device
-               else CpuJob(self.pipe, self._buffer_pool(), self.num_workers))
-        if self.num_workers == 0:
-            return job, SerialWorkers(job.split)
-        return job, ThreadWorkers(job.split, self.num_workers)
+    def _plan_epoch(self, epoch: int):
+        """(rank's samples, batch bounds, segments before this run, first batch)."""
+        self._resolve_world()
+        base, start = self._resume_point(epoch, self.world_size)
+        self._restored = None
+        seq = self._sequence(epoch, base)
+        o = self.options
+        part, bounds = order_mod.rank_part(seq, self.rank, self.world_size, o.batch_size,
+                                           o.drop_last)
+        total = len(bounds) - 1
+        if total == 0 and len(seq):
+            log.warning("Loader: rank %d of %d gets %d of %d samples, fewer than one batch of "
+                        "%d with drop_last=True: this epoch yields nothing on this rank",
+                        self.rank, self.world_size, len(part), len(seq), o.batch_size)
+        if total and int(np.min(np.diff(bounds))) == 0:
+            log.warning("Loader: rank %d of %d has too few samples to fill all %d batches: "
+                        "some are empty, so every rank yields the same number",
+                        self.rank, self.world_size, total)
+        return part, bounds, base, min(start, total)
 
-    def _run(self, epoch: int, start: int):
-        order = self.indices(epoch)
-        total = order_mod.num_batches(len(order), self.batch_size, self.drop_last)
-        self._position = start
+    def _make_engine(self):
+        o = self.options
+        ctx = BuildContext(self.dataset, self.spec, o.seed, o.on_error == "skip",
+                           bool(self.dataset.verify_checksums), o.sample_transform)
+        cuda = self.device.type == "cuda"
+        if self.device_transforms:
+            job = GatherJob(ctx, o.in_flight + 2, pin=cuda)
+            finisher = DeviceFinisher(self.spec, self.device)
+        else:
+            job = FinishedJob(ctx, BufferPool(2 * o.in_flight + 4, pin_memory=cuda),
+                              o.num_workers)
+            finisher = HostFinisher(self.device)
+        if o.num_workers == 0:
+            runner = SerialRunner(job)
+        elif o.worker_kind == "process":
+            runner = ProcessRunner(job, o.num_workers, job.slot_bytes(o.batch_size),
+                                   o.in_flight + 1, timeout=o.timeout, describe=self.dataset.where)
+            if self.device_transforms:
+                finisher.pin(runner.slot_buffers())  # slots are read by the device copy
+        else:
+            runner = ThreadRunner(job, o.num_workers, timeout=o.timeout,
+                                  describe=self.dataset.where)
+        return job, runner, finisher
+
+    def _run(self, epoch: int):
+        part, bounds, base, start = self._plan_epoch(epoch)
+        self._cursor = (epoch, base, self.world_size, start, len(bounds) - 1)
         self.skipped.start_epoch(epoch)
-        job, workers = self._make()
-        self._active = workers
+        batches = [part[bounds[k]:bounds[k + 1]] for k in range(len(bounds) - 1)]
+        if self._engine is None:
+            self._engine = self._make_engine()
+        job, runner, finisher = self._engine
+        prefetch = self.dataset.start_prefetch(batches[start:])
+        clean = False
         try:
-            submitted = start
-            for k in range(start, total):
-                while submitted < min(total, k + self.prefetch):
-                    part = order[order_mod.batch_slice(submitted, len(order), self.batch_size)]
-                    workers.submit(submitted, part, epoch)
-                    submitted += 1
-                if hasattr(job, "reclaim"):
-                    job.reclaim()
-                images, labels, idx, skipped = job.deliver(workers.get(k))
-                self.skipped.add(skipped)
-                if not len(idx):  # on_error="skip" left nothing of this batch
-                    self._position = k + 1
-                    continue
-                if images.device != self.device:  # host transforms, device output
-                    images, labels = images.to(self.device), labels.to(self.device)
-                self._position = k + 1
-                yield (images, labels, idx) if self.return_index else (images, labels)
+            yield from self._deliver(batches, start, runner, finisher, prefetch, epoch)
+            clean = True
             self.skipped.report()
         finally:
-            self._active = None
-            workers.close()
+            if prefetch is not None:
+                prefetch.close()
+            if not clean:  # abandoned mid-epoch (break, exception): drop the workers
+                self._close_engine()
+
+    def _deliver(self, batches, start, runner, finisher, prefetch, epoch):
+        o, total = self.options, len(batches)
+        ticket0, self._tickets = self._tickets, self._tickets + total
+        submitted, staged = start, None
+        for k in range(start, total):
+            finisher.reclaim()
+            while submitted < min(total, k + o.in_flight):
+                if not runner.can_submit():
+                    if submitted > k:
+                        break  # batch k is on its way; the rest waits for free slots
+                    finisher.reclaim(block=True)  # slots held by finished device copies
+                if prefetch is not None:
+                    prefetch.wait(submitted - start)
+                runner.submit(ticket0 + submitted, batches[submitted], epoch)
+                submitted += 1
+            if staged is None and not runner.ready(ticket0 + k):
+                finisher.reclaim(block=True)  # a worker may be waiting for a held buffer
+            hb = staged if staged is not None else runner.get(ticket0 + k)
+            if isinstance(hb, BaseException):  # batch k failed while it was being staged
+                raise hb
+            staged = None
+            if k + 1 < submitted and runner.ready(ticket0 + k + 1):
+                staged = _stage(runner, finisher, ticket0 + k + 1)
+            images, labels = finisher.finish(hb)
+            if prefetch is not None:
+                prefetch.release(k - start)
+            self.skipped.add(hb.skipped)
+            self._cursor = self._cursor[:3] + (k + 1, total)
+            if not len(hb.indices) and len(batches[k]):  # on_error="skip" left nothing
+                continue
+            yield (images, labels, hb.indices) if o.return_index else (images, labels)
+
+    # ---- resources ---------------------------------------------------------------------
+    def _close_engine(self) -> None:
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            job, runner, finisher = engine
+            finisher.close()  # copies in flight finish before their slots go away
+            runner.close()
+
+    def close(self) -> None:
+        """Stop the workers and free the buffers (the Loader can still iterate again)."""
+        self._close_engine()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self._close_engine()
+        except Exception:  # interpreter shutdown: nothing left to release reliably
+            pass
 
     def worker_pids(self) -> list[int]:
         """Process ids of the running worker processes (empty for threads)."""
-        return list(getattr(self._active, "pids", []))
+        return [] if self._engine is None else list(self._engine[1].pids)
 
     def __repr__(self) -> str:
-        return (f"Loader({self.dataset!r}, batch_size={self.batch_size}, shuffle={self.shuffle!r}, "
-                f"num_workers={self.num_workers} {self.worker_kind}s, rank={self.rank}/"
-                f"{self.world_size}, device={self.device}, transforms on {self.transform_on})")
+        o = self.options
+        where = "device" if self.device_transforms else "host"
+        return (f"Loader({self.dataset!r}, batch_size={o.batch_size}, shuffle={o.shuffle!r}, "
+                f"num_workers={o.num_workers} {o.worker_kind}s, rank={self.rank}/"
+                f"{self.world_size}, device={self.device}, transforms on the {where})")

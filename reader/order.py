@@ -15,11 +15,15 @@ Shuffles
   * ``None``/``False``: storage order.
 
 Ranks: the epoch order is cut into ``world_size`` contiguous parts (contiguous keeps
-block-shuffled reads local). With ``drop_last=False`` the parts tile the order exactly:
-every sample appears exactly once per epoch, and part sizes differ by at most one
-sample (an *uneven split*, no padding), so ranks may differ by one batch when
-``n // world_size`` is a multiple of the batch size. With ``drop_last=True`` every rank
-gets ``n // world_size`` samples rounded down to whole batches (each sample at most once).
+block-shuffled reads local) whose sizes differ by at most one sample. Every rank yields the
+SAME number of batches (a DDP job never waits for a rank that has run out):
+  * ``drop_last=True``: every rank takes ``n // world_size`` samples rounded down to whole
+    batches (each sample at most once; the remainder is not read this epoch);
+  * ``drop_last=False``: every sample exactly once; each rank's part is cut into full batches
+    and one last partial batch. Where one rank's part is a whole number of batches and
+    another's is one sample more (so it would get one batch more), the shorter part's last
+    full batch is split in two halves instead, so the counts agree (with batch_size 1 the
+    shorter rank's last batch is empty; a rank with no sample at all yields empty batches).
 """
 from __future__ import annotations
 
@@ -112,6 +116,39 @@ def rank_bounds(num_samples: int, rank: int, world_size: int, batch_size: int,
     return rank * num_samples // world_size, (rank + 1) * num_samples // world_size
 
 
+def batches_per_rank(num_samples: int, world_size: int, batch_size: int, drop_last: bool) -> int:
+    """How many batches EVERY rank yields for ``num_samples`` samples (see the module doc)."""
+    if drop_last:
+        return num_samples // world_size // batch_size
+    largest = -(-num_samples // world_size)
+    return -(-largest // batch_size)
+
+
+def batch_bounds(part_size: int, batches: int, batch_size: int) -> np.ndarray:
+    """``batches + 1`` boundaries cutting a rank's part of ``part_size`` samples into
+    ``batches`` batches: full ones, then the remainder; a part one batch short splits its
+    last full batch in two halves (see the module doc)."""
+    sizes = np.full(part_size // batch_size, batch_size, dtype=np.int64)
+    if part_size % batch_size:
+        sizes = np.append(sizes, part_size % batch_size)
+    if len(sizes) > batches:
+        raise ValueError(f"{part_size} samples make more than {batches} batches of {batch_size}")
+    if len(sizes) < batches and len(sizes) and sizes[-1] > 1:
+        last = int(sizes[-1])
+        sizes = np.concatenate([sizes[:-1], [last - last // 2, last // 2]])
+    sizes = np.append(sizes, np.zeros(batches - len(sizes), dtype=np.int64))
+    return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+
+
+def rank_part(sequence: np.ndarray, rank: int, world_size: int, batch_size: int,
+              drop_last: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(rank's samples in order, batch boundaries within them) for a whole sequence."""
+    n = len(sequence)
+    start, end = rank_bounds(n, rank, world_size, batch_size, drop_last)
+    total = batches_per_rank(n, world_size, batch_size, drop_last)
+    return sequence[start:end], batch_bounds(end - start, total, batch_size)
+
+
 def rank_order(num_samples: int, *, shuffle, seed: int, epoch: int, rank: int = 0,
                world_size: int = 1, batch_size: int = 1, drop_last: bool = False,
                shard_sizes=None, block_size: int = DEFAULT_BLOCK_SIZE,
@@ -123,14 +160,14 @@ def rank_order(num_samples: int, *, shuffle, seed: int, epoch: int, rank: int = 
 
 
 def num_batches(num_rank_samples: int, batch_size: int, drop_last: bool) -> int:
-    """How many batches ``num_rank_samples`` samples make."""
+    """How many batches ``num_rank_samples`` samples make on their own."""
     if drop_last:
         return num_rank_samples // batch_size
     return -(-num_rank_samples // batch_size)
 
 
 def batch_slice(k: int, num_rank_samples: int, batch_size: int) -> slice:
-    """Positions of batch ``k`` within the rank's order."""
+    """Positions of batch ``k`` within a rank's order (plain cut, for reports)."""
     return slice(k * batch_size, min((k + 1) * batch_size, num_rank_samples))
 
 
@@ -142,18 +179,31 @@ def worker_batches(total_batches: int, worker: int, num_workers: int,
     return range(start + worker, total_batches, max(num_workers, 1))
 
 
+def _env_int(name: str):
+    import os
+
+    value = os.environ.get(name)
+    try:
+        return None if value in (None, "") else int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None
+
+
 def resolve_world(rank, world_size) -> tuple[int, int]:
-    """(rank, world_size), defaulting to torch.distributed's when it is initialised."""
+    """(rank, world_size): explicit values, else torch.distributed's when it is initialised,
+    else torchrun's RANK / WORLD_SIZE environment variables, else (0, 1)."""
     if rank is None or world_size is None:
-        dist_rank, dist_world = 0, 1
+        dist_rank, dist_world = None, None
         try:
             import torch.distributed as dist
             if dist.is_available() and dist.is_initialized():
                 dist_rank, dist_world = dist.get_rank(), dist.get_world_size()
         except ImportError:
             pass
-        rank = dist_rank if rank is None else rank
-        world_size = dist_world if world_size is None else world_size
+        if dist_rank is None:
+            dist_rank, dist_world = _env_int("RANK"), _env_int("WORLD_SIZE")
+        rank = (dist_rank or 0) if rank is None else rank
+        world_size = (dist_world or 1) if world_size is None else world_size
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"rank {rank}, world_size {world_size}: expected 0 <= rank < "
                          f"world_size")

@@ -19,6 +19,7 @@ _MASK64 = (1 << 64) - 1
 STREAM_CROP = 1
 STREAM_FLIP_H = 2
 STREAM_FLIP_V = 3
+STREAM_JITTER = 4   # ColorJitter: 4 factors, then 4 keys whose ranks give the op order
 
 
 def _mix(x: np.ndarray) -> np.ndarray:

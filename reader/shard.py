@@ -43,6 +43,11 @@ class _Shard:
     def __setstate__(self, state):
         self.__init__(state["path"], state["expected_crc"])
 
+    def file_view(self):
+        """The whole shard file as one zero-copy buffer, or None when records do not lie
+        in one mapped file (LMDB): the batch path then reads record by record."""
+        return None
+
     def _check_crc(self, what: str, stored: int, data) -> None:
         actual = fmt.crc32(data)
         if actual != stored:
@@ -94,6 +99,12 @@ class RecordShard(_Shard):
         """Zero-copy bytes [start, stop) of the shard file (used by verify for padding)."""
         self._ensure_open()
         return self._view[start:stop]
+
+    def file_view(self) -> memoryview:
+        """The memory-mapped file up to the end of its metadata (one C call can then copy
+        many records)."""
+        h = self.header
+        return self.span(0, h.meta_offset + h.meta_size)
 
     def meta(self) -> dict:
         """The shard's metadata JSON (source paths and position in the data set)."""

@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 import torch
 
-from dlpack_io.reader import CenterCrop, Dataset, Loader, RandomCrop, RandomResizedCrop
+from dlpack_io.reader import (CenterCrop, Dataset, Loader, Normalize, RandomCrop,
+                              RandomHorizontalFlip, RandomResizedCrop, RandomVerticalFlip)
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +33,12 @@ def _same(a, b):
         assert np.array_equal(i1, i2) and torch.equal(y1, y2) and torch.equal(x1, x2)
 
 
-def _loader(ds, **kw):
-    base = dict(batch_size=8, crop=RandomResizedCrop(24), flip_h=0.5, flip_v=0.2, seed=3,
-                return_index=True, drop_last=False)
+def _loader(ds, crop=RandomResizedCrop(24), extra=(), **kw):
+    """The tests' standard loader: ``crop`` (or None), both flips, then ``extra``."""
+    geometry = [] if crop is None else [crop]
+    base = dict(batch_size=8, seed=3, return_index=True, drop_last=False,
+                transforms=geometry + [RandomHorizontalFlip(0.5), RandomVerticalFlip(0.2),
+                                       *extra])
     base.update(kw)
     return Loader(ds, **base)
 
@@ -49,8 +53,10 @@ def test_batches_shapes_labels_and_len(packed):
     for x, y, idx in batches:
         assert x.dtype == torch.uint8 and x.shape[1:] == (3, 24, 24) and x.shape[0] == len(idx)
         assert y.tolist() == [ds[int(i)][1] for i in idx]
-    plain = Loader(ds, batch_size=8, crop=CenterCrop(20), num_workers=0)
-    assert len(plain) == 8 and all(len(b) == 2 for b in plain)  # drop_last=True by default
+    plain = Loader(ds, batch_size=8, transforms=[CenterCrop(20)], num_workers=0)
+    assert len(plain) == 9 and all(len(b) == 2 for b in plain)  # drop_last=False by default
+    dropped = Loader(ds, batch_size=8, transforms=[CenterCrop(20)], drop_last=True)
+    assert len(dropped) == 8 == len(list(dropped))
 
 
 @pytest.mark.parametrize("name", ["jpeg", "raw", "lmdb"])
@@ -86,7 +92,7 @@ def test_resume_mid_epoch_is_exact(packed, workers_after):
         if k == 3:
             state = run.state_dict()
             break
-    assert state["epoch"] == 2 and state["batch"] == 4
+    assert state["epoch"] == 2 and [s["batches"] for s in state["segments"]] == [4]
     num, kind = workers_after
     resumed = _loader(ds, num_workers=num, worker_kind=kind, shuffle="block", block_size=5)
     resumed.load_state_dict(state)
@@ -123,27 +129,27 @@ def test_float_output_is_normalised_uint8(packed):
     mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
     u8 = _collect(_loader(ds, num_workers=2))
     for dtype, kind in [(torch.float32, "thread"), (torch.float16, "process")]:
-        fl = _collect(_loader(ds, num_workers=2, dtype=dtype, mean=mean, std=std,
-                              worker_kind=kind))
+        fl = _collect(_loader(ds, num_workers=2, dtype=dtype, worker_kind=kind,
+                              extra=[Normalize(mean, std)]))
         for (a, _, _), (b, _, _) in zip(u8, fl):
             ref = (a.double() / 255 - torch.tensor(mean).view(1, 3, 1, 1)) / \
                 torch.tensor(std).view(1, 3, 1, 1)
             assert b.dtype == dtype and torch.allclose(b.double(), ref, atol=2e-3)
     with pytest.raises(ValueError, match="float dtype"):
-        Loader(ds, mean=mean, std=std)
+        Loader(ds, transforms=[Normalize(mean, std)], dtype=torch.uint8)
 
 
 @pytest.mark.parametrize("crop", [RandomResizedCrop(24), RandomCrop(30), None])
 @pytest.mark.parametrize("name", ["jpeg", "raw"])
 def test_device_path_matches_host_path(packed, crop, name):
-    """transform_on="device" (gather + kernels; torch reference on CPU) vs the CPU path."""
+    """device_transforms=True (gather + kernels; torch reference on CPU) vs the host path."""
     if crop is None and name == "jpeg":
         pytest.skip("crop=None needs images of one size")
     ds = Dataset(packed[name])
     for reduced in (False, True):
         host = _collect(_loader(ds, num_workers=2, crop=crop, reduced_decode=reduced))
         dev = _collect(_loader(ds, num_workers=2, crop=crop, reduced_decode=reduced,
-                               transform_on="device"))
+                               device_transforms=True))
         diffs = []
         for (a, y1, i1), (b, y2, i2) in zip(host, dev):
             assert np.array_equal(i1, i2) and torch.equal(y1, y2)

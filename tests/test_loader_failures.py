@@ -57,8 +57,8 @@ def _loader_threads():
 @pytest.mark.parametrize("transform_on", ["host", "device"])
 def test_corrupt_record_names_shard_and_record(corrupt, kind, transform_on):
     path, shard_name, record = corrupt
-    loader = Loader(Dataset(path), batch_size=8, crop=RandomResizedCrop(24), num_workers=2,
-                    worker_kind=kind, shuffle=None, transform_on=transform_on)
+    loader = Loader(Dataset(path), batch_size=8, transforms=[RandomResizedCrop(24)], num_workers=2,
+                    worker_kind=kind, shuffle=None, device_transforms=(transform_on == "device"))
     start = time.monotonic()
     got = 0
     with pytest.raises(SampleError) as info:
@@ -73,7 +73,7 @@ def test_corrupt_record_names_shard_and_record(corrupt, kind, transform_on):
 
 
 def test_transform_error_names_the_sample(packed):
-    loader = Loader(Dataset(packed / "jpeg"), batch_size=8, crop=RandomCrop(1000), num_workers=2)
+    loader = Loader(Dataset(packed / "jpeg"), batch_size=8, transforms=[RandomCrop(1000)], num_workers=2)
     with pytest.raises(SampleError, match=r"shard-\d+\.rec record \d+ \(sample \d+\).*only"):
         next(iter(loader))
 
@@ -84,14 +84,14 @@ def test_exception_inside_a_transform_reaches_the_loop(packed, monkeypatch):
     real = jpegdecode.resize_region
     calls = []
 
-    def flaky(region, box, out_size):
+    def flaky(region, box, out_size, **kw):
         calls.append(1)
         if len(calls) == 20:
             raise RuntimeError("boom in resize")
-        return real(region, box, out_size)
+        return real(region, box, out_size, **kw)
 
     monkeypatch.setattr(jpegdecode, "resize_region", flaky)
-    loader = Loader(Dataset(packed / "jpeg"), batch_size=8, crop=RandomResizedCrop(24),
+    loader = Loader(Dataset(packed / "jpeg"), batch_size=8, transforms=[RandomResizedCrop(24)],
                     num_workers=2)
     with pytest.raises(SampleError, match="RuntimeError: boom in resize"):
         list(loader)
@@ -100,7 +100,7 @@ def test_exception_inside_a_transform_reaches_the_loop(packed, monkeypatch):
 
 
 def test_killed_worker_is_reported_quickly(packed):
-    loader = Loader(Dataset(packed / "jpeg"), batch_size=4, crop=RandomResizedCrop(24),
+    loader = Loader(Dataset(packed / "jpeg"), batch_size=4, transforms=[RandomResizedCrop(24)],
                     num_workers=2, worker_kind="process", prefetch=4)
     start = None
     with pytest.raises(WorkerError, match=r"worker 1 \(pid \d+\) was killed by SIGKILL") as info:
@@ -116,7 +116,7 @@ def test_killed_worker_is_reported_quickly(packed):
 
 @pytest.mark.parametrize("how", ["break", "exception", "ctrl-c"])
 def test_leaving_the_loop_leaves_no_processes(packed, how):
-    loader = Loader(Dataset(packed / "jpeg"), batch_size=4, crop=RandomResizedCrop(24),
+    loader = Loader(Dataset(packed / "jpeg"), batch_size=4, transforms=[RandomResizedCrop(24)],
                     num_workers=2, worker_kind="process")
     shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     pids = []
@@ -149,7 +149,7 @@ def test_leaving_the_loop_leaves_no_processes(packed, how):
 
 
 def test_threads_stop_after_break(packed):
-    loader = Loader(Dataset(packed / "jpeg"), batch_size=4, crop=RandomResizedCrop(24),
+    loader = Loader(Dataset(packed / "jpeg"), batch_size=4, transforms=[RandomResizedCrop(24)],
                     num_workers=3)
     for k, _ in enumerate(loader):
         if k == 1:
@@ -165,7 +165,7 @@ def test_memory_is_flat_across_epochs(packed):
         with open("/proc/self/status") as f:
             return next(int(line.split()[1]) for line in f if line.startswith("VmRSS"))
 
-    loader = Loader(Dataset(packed / "jpeg"), batch_size=8, crop=RandomResizedCrop(64),
+    loader = Loader(Dataset(packed / "jpeg"), batch_size=8, transforms=[RandomResizedCrop(64)],
                     num_workers=2)
     seen = []
     for epoch in range(8):

@@ -80,15 +80,15 @@ def _epoch(loader):
 
 WORKERS = [dict(num_workers=0), dict(num_workers=2, worker_kind="thread"),
            dict(num_workers=2, worker_kind="process"),
-           dict(num_workers=2, worker_kind="thread", transform_on="device"),
-           dict(num_workers=2, worker_kind="process", transform_on="device")]
+           dict(num_workers=2, worker_kind="thread", device_transforms=True),
+           dict(num_workers=2, worker_kind="process", device_transforms=True)]
 IDS = ["serial", "threads", "processes", "threads-device", "processes-device"]
 
 
 @pytest.mark.parametrize("workers", WORKERS, ids=IDS)
 def test_skip_leaves_out_exactly_the_bad_samples(corrupt_jpeg, workers, caplog):
     path, bad = corrupt_jpeg
-    loader = Loader(Dataset(path), batch_size=8, crop=RandomResizedCrop(24), shuffle="global",
+    loader = Loader(Dataset(path), batch_size=8, transforms=[RandomResizedCrop(24)], shuffle="global",
                     drop_last=False, return_index=True, on_error="skip", **workers)
     with caplog.at_level(logging.WARNING, logger="dlpack_io.reader.skips"):
         batches = [(images.shape[0], labels.shape[0], idx.copy()) for images, labels, idx in loader]
@@ -113,7 +113,7 @@ def test_skip_is_deterministic_across_worker_kinds(corrupt_jpeg):
     path, _ = corrupt_jpeg
     runs = []
     for workers in WORKERS[:3]:
-        loader = Loader(Dataset(path), batch_size=8, crop=RandomResizedCrop(24), seed=7,
+        loader = Loader(Dataset(path), batch_size=8, transforms=[RandomResizedCrop(24)], seed=7,
                         return_index=True, on_error="skip", drop_last=False, **workers)
         runs.append([(idx.tolist(), images.numpy().tobytes()) for images, _, idx in loader])
     assert runs[0] == runs[1] == runs[2]
@@ -122,7 +122,7 @@ def test_skip_is_deterministic_across_worker_kinds(corrupt_jpeg):
 def test_raise_policy_stops_at_the_bad_record_serially(corrupt_jpeg):
     """(Threads/processes x host/device: tests/test_loader_failures.py.)"""
     path, bad = corrupt_jpeg
-    loader = Loader(Dataset(path), batch_size=8, crop=RandomResizedCrop(24), shuffle=None,
+    loader = Loader(Dataset(path), batch_size=8, transforms=[RandomResizedCrop(24)], shuffle=None,
                     num_workers=0)
     got = 0
     with pytest.raises(SampleError) as info:
@@ -135,12 +135,13 @@ def test_raise_policy_stops_at_the_bad_record_serially(corrupt_jpeg):
 
 def test_a_batch_whose_samples_all_fail_is_not_yielded(corrupt_jpeg):
     path, bad = corrupt_jpeg
-    loader = Loader(Dataset(path), batch_size=2, crop=RandomResizedCrop(24), shuffle=None,
+    loader = Loader(Dataset(path), batch_size=2, transforms=[RandomResizedCrop(24)], shuffle=None,
                     num_workers=2, return_index=True, on_error="skip")
     batches = _epoch(loader)
     assert len(batches) == len(loader) - 1  # batch 18 = samples 36, 37: not yielded
     assert [len(b) for b in batches].count(1) == 1  # batch 2 = samples 4, 5
-    assert loader.state_dict()["batch"] == len(loader)
+    # the skipped batch still counts: the state points at the start of the next epoch
+    assert loader.state_dict()["epoch"] == 1 and loader.state_dict()["segments"] == []
 
 
 @pytest.mark.parametrize("workers", WORKERS[:3] + WORKERS[4:], ids=IDS[:3] + IDS[4:])
@@ -167,7 +168,7 @@ def test_skip_drops_samples_a_transform_cannot_apply_to(packed):
     size = int(np.percentile(entries["height"], 30))
     small = set(np.flatnonzero((entries["height"] < size) | (entries["width"] < size)).tolist())
     assert 0 < len(small) < N
-    loader = Loader(ds, batch_size=8, crop=RandomCrop(size), num_workers=2, return_index=True,
+    loader = Loader(ds, batch_size=8, transforms=[RandomCrop(size)], num_workers=2, return_index=True,
                     on_error="skip", drop_last=False)
     assert sorted(np.concatenate(_epoch(loader)).tolist()) == sorted(set(range(N)) - small)
     assert {s.sample for s in loader.skipped} == small
@@ -239,7 +240,7 @@ TRAINER = textwrap.dedent("""
     import os, sys, time
     from dlpack_io.reader import Dataset, Loader, RandomResizedCrop
     kind = sys.argv[2]
-    loader = Loader(Dataset(sys.argv[1]), batch_size=4, crop=RandomResizedCrop(24),
+    loader = Loader(Dataset(sys.argv[1]), batch_size=4, transforms=[RandomResizedCrop(24)],
                     num_workers=2, worker_kind=kind)
     for epoch in range(10**6):
         loader.set_epoch(epoch)
@@ -347,13 +348,13 @@ def _interrupt(loader, how: str, after: int):
 def test_interrupted_epoch_resumes_every_sample_exactly_once(packed, corrupt_jpeg, first,
                                                              second, how, on_error):
     path = corrupt_jpeg[0] if on_error == "skip" else packed / "jpeg"
-    kw = dict(batch_size=6, crop=RandomResizedCrop(24), seed=11, shuffle="global",
+    kw = dict(batch_size=6, transforms=[RandomResizedCrop(24)], seed=11, shuffle="global",
               drop_last=False, return_index=True, on_error=on_error)
     a = Loader(Dataset(path), **kw, **first)
     a.set_epoch(3)
     seen = _interrupt(a, how, after=4)
     state = json.loads(json.dumps(a.state_dict()))  # what a checkpoint stores
-    assert state["epoch"] == 3 and state["batch"] == len(seen)
+    assert state["epoch"] == 3 and state["segments"][-1]["batches"] == len(seen)
     b = Loader(Dataset(path), **kw, **second)
     b.load_state_dict(state)
     b.set_epoch(3)

@@ -179,7 +179,7 @@ def test_loader_batches_are_identical_with_restart_markers(tmp_path):
     with --restart-markers equal those over the same images packed as they are."""
     import torch
 
-    from dlpack_io.reader import Loader, RandomResizedCrop
+    from dlpack_io.reader import Loader, RandomHorizontalFlip, RandomResizedCrop
     from dlpack_io.tools.synth import make_image_folder
 
     make_image_folder(tmp_path / "src", 24, 2, seed=4, size=(150, 200))
@@ -188,8 +188,9 @@ def test_loader_batches_are_identical_with_restart_markers(tmp_path):
         convert(tmp_path / "src", tmp_path / name, jpeg_restarts=restarts, workers=1,
                 progress=False)
         for reduced in (True, False):
-            loader = Loader(Dataset(tmp_path / name), batch_size=8, crop=RandomResizedCrop(40),
-                            flip_h=0.5, num_workers=2, seed=3, reduced_decode=reduced)
+            loader = Loader(Dataset(tmp_path / name), batch_size=8, num_workers=2, seed=3,
+                            transforms=[RandomResizedCrop(40), RandomHorizontalFlip()],
+                            reduced_decode=reduced)
             out[name, reduced] = [(x.clone(), y.clone()) for x, y in loader]
     for reduced in (True, False):
         a, b = out["plain", reduced], out["rst", reduced]

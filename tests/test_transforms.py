@@ -6,8 +6,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dlpack_io.reader import CenterCrop, Dataset, RandomCrop, RandomResizedCrop, rng
-from dlpack_io.reader.transforms import TransformError, normalize_cpu, sample_params
+from dlpack_io.reader import (CenterCrop, Dataset, Normalize, RandomCrop, RandomHorizontalFlip,
+                              RandomResizedCrop, RandomVerticalFlip, rng)
+from dlpack_io.reader.batchplan import compile_spec
+from dlpack_io.reader.transforms import TransformError
+
+
+def sample_params(crop, flip_h, flip_v, seed, epoch, indices, heights, widths):
+    """The parameters the Loader draws for ``[crop, hflip(flip_h), vflip(flip_v)]``."""
+    spec = compile_spec(([crop] if crop is not None else []) +
+                        [RandomHorizontalFlip(flip_h), RandomVerticalFlip(flip_v)])
+    return spec.draw(seed, epoch, indices, heights, widths)
 
 from helpers import pack_jpeg_and_raw
 
@@ -90,28 +99,33 @@ def test_flip_probabilities_and_purity():
 
 
 def test_normalize_matches_formula():
+    from dlpack_io.kernels import reference
+
     u8 = torch.randint(0, 256, (2, 3, 5, 4), dtype=torch.uint8)
     mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-    out = normalize_cpu(u8, mean, std, torch.float32)
+    out = reference.epilogue(u8, mean=mean, std=std, out_dtype=torch.float32)
     ref = (u8.double() / 255 - torch.tensor(mean).double().view(1, 3, 1, 1)) / \
         torch.tensor(std).double().view(1, 3, 1, 1)
     assert torch.allclose(out.double(), ref, atol=1e-5)
-    half = normalize_cpu(u8, mean, std, torch.float16)
+    half = reference.epilogue(u8, mean=mean, std=std, out_dtype=torch.float16)
     assert half.dtype == torch.float16 and torch.equal(half, out.half())
-    assert torch.allclose(normalize_cpu(u8, None, None, torch.float32), u8.float() / 255)
+    plain = reference.epilogue(u8, out_dtype=torch.float32)
+    assert torch.allclose(plain, u8.float() / 255)
+    assert Normalize(mean, std).mean == mean
 
 
-def _loader_batches(path, **kw):
+def _loader_batches(path, crop, flip_h=0.0, flip_v=0.0, **kw):
     from dlpack_io.reader import Loader
 
     ds = Dataset(path)
     loader = Loader(ds, batch_size=16, num_workers=0, drop_last=False, return_index=True,
-                    seed=9, **kw)
+                    seed=9, transforms=[crop, RandomHorizontalFlip(flip_h),
+                                        RandomVerticalFlip(flip_v)], **kw)
     return ds, [(x.clone(), y, i) for x, y, i in loader]
 
 
 def test_cpu_random_crop_flip_is_exact(raw_dataset):
-    ds, batches = _loader_batches(raw_dataset, crop=RandomCrop(24), flip_h=0.5, flip_v=0.5)
+    ds, batches = _loader_batches(raw_dataset, RandomCrop(24), flip_h=0.5, flip_v=0.5)
     for images, labels, idx in batches:
         params = sample_params(RandomCrop(24), 0.5, 0.5, 9, 0, idx, [40] * len(idx), [40] * len(idx))
         for k, i in enumerate(idx):
@@ -129,7 +143,7 @@ def test_cpu_random_crop_flip_is_exact(raw_dataset):
 def test_cpu_resized_crop_matches_torch_antialias(which, reduced, tol, raw_dataset, jpeg_dataset):
     path = raw_dataset if which == "raw" else jpeg_dataset
     crop = RandomResizedCrop(20)
-    ds, batches = _loader_batches(path, crop=crop, flip_h=0.5, reduced_decode=reduced)
+    ds, batches = _loader_batches(path, crop, flip_h=0.5, reduced_decode=reduced)
     diffs = []
     for images, _, idx in batches:
         _, _, entries = ds.lookup(idx)

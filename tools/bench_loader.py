@@ -71,10 +71,10 @@ def _ours(ds, crop, kind: str, workers: int):
     """One Loader for all rounds (as a training script has), a new epoch each call."""
     import torch
 
-    from dlpack_io.reader import Loader
+    from dlpack_io.reader import Loader, RandomHorizontalFlip
 
-    loader = Loader(ds, batch_size=BATCH, crop=crop, flip_h=0.5, num_workers=workers,
-                    worker_kind=kind, dtype=torch.uint8, drop_last=False)
+    loader = Loader(ds, batch_size=BATCH, transforms=[crop, RandomHorizontalFlip()],
+                    num_workers=workers, worker_kind=kind, dtype=torch.uint8, drop_last=False)
 
     def next_epoch():
         loader.set_epoch(loader.epoch + 1)

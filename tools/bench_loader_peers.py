@@ -174,20 +174,24 @@ def _timed(fn) -> float:
 def gather_vs_memcpy(raw_path, rounds: int = 3) -> dict:
     """Single-core memcpy GB/s vs one thread gathering random batches of whole records."""
     from dlpack_io.reader import Dataset
-    from dlpack_io.reader.assemble import Pipeline, Scratch
-    from dlpack_io.reader.hostbatch import fill_host
+    from dlpack_io.reader.batchplan import compile_spec, plan_batch
+    from dlpack_io.reader.hostbuild import BuildContext, Scratch, gather_batch
 
     ds = Dataset(raw_path)
-    pipe = Pipeline(ds)
+    spec = compile_spec([])
+    ctx = BuildContext(ds, spec)
     order = np.random.default_rng(0).permutation(len(ds))
     batches = [order[i:i + 256] for i in range(0, len(order) - 255, 256)]
     buf = np.ones(256 * 256 * 256 * 3, np.uint8)  # pre-faulted, like a reused pinned slot
     scratch = Scratch()
-    fill_host(pipe, batches[0], 0, buf, scratch)  # open the shards, map the pages
+
+    def gather(b):  # what a device-path worker does per batch: plan + gather
+        return gather_batch(ctx, plan_batch(spec, ds, b, seed=0, epoch=0), 0, buf, scratch)
+    gather(batches[0])  # open the shards, map the pages
     rates, memcpy = [], []
     for _ in range(rounds):
         memcpy.append(_memcpy_gbs())
-        seconds = _timed(lambda: [fill_host(pipe, b, 0, buf, scratch) for b in batches])
+        seconds = _timed(lambda: [gather(b) for b in batches])
         rates.append(sum(len(b) for b in batches) * 256 * 256 * 3 / seconds / 1e9)
     gather, copy = float(np.median(rates)), float(np.median(memcpy))
     return {"memcpy_GBps": copy, "gather_GBps": gather, "ratio": gather / copy,
@@ -201,14 +205,17 @@ def decode_breakdown(jpeg_path, count: int = 300, rounds: int = 5) -> dict:
     same records and boxes."""
     import torch
 
-    from dlpack_io.reader import Dataset, RandomResizedCrop
-    from dlpack_io.reader.assemble import Pipeline, Scratch, prepare
+    from dlpack_io.reader import Dataset, RandomHorizontalFlip, RandomResizedCrop
+    from dlpack_io.reader.batchplan import compile_spec, plan_batch
+    from dlpack_io.reader.hostbuild import BuildContext, Scratch
 
     ds = Dataset(jpeg_path)
     idx = np.arange(min(count, len(ds)))
-    pipe = Pipeline(ds, crop=RandomResizedCrop(SIZE), flip_h=0.5)
+    spec = compile_spec([RandomResizedCrop(SIZE), RandomHorizontalFlip()])
+    pipe = BuildContext(ds, spec)
     ctx = {"payloads": [bytes(ds.record(int(i))[0]) for i in idx], "pipe": pipe,
-           "prep": prepare(pipe, idx, 0), "scratch": Scratch(), "rnd": random.Random(0)}
+           "prep": plan_batch(spec, ds, idx, seed=0, epoch=0), "scratch": Scratch(),
+           "rnd": random.Random(0)}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -222,7 +229,7 @@ def _breakdown(ctx: dict) -> dict:
     from PIL import Image
 
     from dlpack_io.reader import jpegdecode
-    from dlpack_io.reader.assemble import fill_range
+    from dlpack_io.reader.hostbuild import fill_range
 
     payloads, prep, pipe, scratch, rnd = (ctx[k] for k in ("payloads", "prep", "pipe",
                                                            "scratch", "rnd"))
@@ -237,7 +244,8 @@ def _breakdown(ctx: dict) -> dict:
         "peer_work_us": per_image(lambda: [_pil_work(Image.open(io.BytesIO(p)), rnd) for p in payloads]),
         "region_decode_us": per_image(lambda: [jpegdecode.decode_region(
             p, prep.params.boxes[k], 8, buf, 4) for k, p in enumerate(payloads)]),
-        "loader_work_us": per_image(lambda: fill_range(pipe, prep, 0, len(payloads), out, scratch)),
+        "loader_work_us": per_image(lambda: fill_range(pipe, prep, 0, len(payloads), 0, out,
+                                                       scratch)),
     }
 
 
@@ -245,10 +253,11 @@ _FIRST_BATCH = textwrap.dedent("""
     import time, sys
     t0 = time.perf_counter()
     import torch
-    from dlpack_io.reader import Dataset, Loader, RandomCrop
+    from dlpack_io.reader import Dataset, Loader, RandomCrop, RandomHorizontalFlip
     t1 = time.perf_counter()
     ds = Dataset(sys.argv[1])
-    loader = Loader(ds, batch_size=256, crop=RandomCrop(224), flip_h=0.5, num_workers=2)
+    loader = Loader(ds, batch_size=256, transforms=[RandomCrop(224), RandomHorizontalFlip()],
+                    num_workers=2)
     images, labels = next(iter(loader))
     t2 = time.perf_counter()
     print(len(ds), t2 - t1, t2 - t0)

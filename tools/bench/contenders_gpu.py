@@ -38,12 +38,13 @@ def ours_cuda(store: str, mode: str, batch_size: int, workers: int, seed: int = 
     """Ours with device='cuda', fp16, normalized on the device."""
     import torch
 
-    from dlpack_io.reader import Dataset, Loader, RandomCrop, RandomResizedCrop
+    from dlpack_io.reader import (Dataset, Loader, Normalize, RandomCrop, RandomHorizontalFlip,
+                                  RandomResizedCrop)
 
     crop = RandomResizedCrop(224) if mode == "jpeg" else RandomCrop(224)
     loader = Loader(Dataset(store), batch_size=batch_size, shuffle="global", seed=seed,
-                    num_workers=workers, drop_last=False, crop=crop, flip_h=0.5, mean=MEAN,
-                    std=STD, dtype=torch.float16, device="cuda")
+                    num_workers=workers, drop_last=False, dtype=torch.float16, device="cuda",
+                    transforms=[crop, RandomHorizontalFlip(), Normalize(MEAN, STD)])
 
     def epoch(n: int):
         loader.set_epoch(n)

@@ -1,24 +1,19 @@
 """Ours: dlpack_io.reader.Loader over our record shards, thread or process workers."""
 from __future__ import annotations
 
-import inspect
-
 
 def ours(store: str, mode: str, batch_size: int, workers: int, seed: int = 0,
          worker_kind: str = "thread"):
     """Loader(Dataset(store)) doing W_jpeg (RandomResizedCrop) or W_raw (RandomCrop), uint8 CPU."""
     import torch
 
-    from dlpack_io.reader import Dataset, Loader, RandomCrop, RandomResizedCrop
+    from dlpack_io.reader import (Dataset, Loader, RandomCrop, RandomHorizontalFlip,
+                                  RandomResizedCrop)
 
     crop = RandomResizedCrop(224) if mode == "jpeg" else RandomCrop(224)
-    options = dict(batch_size=batch_size, shuffle="global", seed=seed, num_workers=workers,
-                   drop_last=False, crop=crop, flip_h=0.5, dtype=torch.uint8, device="cpu")
-    if "worker_kind" in inspect.signature(Loader).parameters:
-        options["worker_kind"] = worker_kind
-    elif worker_kind != "thread":
-        raise RuntimeError("this Loader has no worker_kind option")
-    loader = Loader(Dataset(store), **options)
+    loader = Loader(Dataset(store), batch_size=batch_size, shuffle="global", seed=seed,
+                    num_workers=workers, worker_kind=worker_kind, drop_last=False,
+                    transforms=[crop, RandomHorizontalFlip()], dtype=torch.uint8, device="cpu")
     return _Epochs(loader)
 
 
@@ -32,9 +27,7 @@ class _Epochs:
 
     def close(self) -> None:
         """Release the loader's workers, where it can."""
-        close = getattr(self.loader, "close", None)
-        if close:
-            close()
+        self.loader.close()
 
 
 def ours_thread(store, mode, batch_size, workers, seed=0):

@@ -1,0 +1,237 @@
+"""What a batch is: sample indices -> their records and every per-sample parameter.
+
+The first of the batch path's three steps (then :mod:`hostbuild`: pixels on the host,
+:mod:`devicefinish`: the finish on the GPU). Two functions:
+
+* :func:`compile_spec` (once, when the Loader is built): check the user's ``transforms``
+  list and resolve it into a :class:`TransformSpec`;
+* :func:`plan_batch` (per batch, vectorized): look the samples up and draw their crop
+  boxes, flips and colour-jitter factors, a pure function of (seed, epoch, sample index),
+  so a sample gets the same parameters whichever worker, rank or resume point handles it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from dlpack_io.reader import rng
+from dlpack_io.reader.errors import SampleError
+from dlpack_io.reader.skips import skipped_from
+from dlpack_io.reader.transforms import (
+    CROPS, PUBLIC, CenterCrop, ColorJitter, Normalize, RandomCrop, RandomHorizontalFlip,
+    RandomResizedCrop, RandomVerticalFlip, Resize, ResizeThenCrop, TransformError)
+from dlpack_io.reader.geometry import decode_windows
+
+ORDER_HELP = ("transforms must come in this order: [Resize] [RandomResizedCrop | RandomCrop | "
+              "CenterCrop], then RandomHorizontalFlip / RandomVerticalFlip / ColorJitter in any "
+              "order (each at most once), then Normalize last; Resize cannot precede "
+              "RandomResizedCrop, and Resize(int) needs a crop after it")
+NEUTRAL_JITTER = (1.0, 1.0, 1.0, 0.0)  # brightness, contrast, saturation, hue factors
+
+
+@dataclass(frozen=True)
+class TransformSpec:
+    """The resolved transforms: one geometry, flip probabilities, jitter, normalisation."""
+
+    geometry: object = None          # a crop, ResizeThenCrop, or None (images of one size)
+    flip_h: float = 0.0
+    flip_v: float = 0.0
+    jitter: ColorJitter | None = None
+    normalize: Normalize | None = None
+    dtype: object = None             # torch dtype of the output images
+    reduced_decode: bool = True      # decode JPEGs at a reduced DCT scale when a resize allows
+
+    @property
+    def has_epilogue(self) -> bool:
+        """True when pixels need the epilogue (jitter, or a float output)."""
+        import torch
+
+        return self.jitter is not None or self.dtype != torch.uint8
+
+    def draw(self, seed: int, epoch: int, indices, heights, widths) -> "SampleParams":
+        """Boxes, flips and jitter of the samples ``indices`` (a pure function)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        exact = windows = None
+        if self.geometry is None:
+            boxes, size = full_image_boxes(heights, widths, indices)
+            resize = False
+        else:
+            boxes = self.geometry.boxes(heights, widths, seed, epoch, indices)
+            size, resize = tuple(self.geometry.size), self.geometry.resizes
+        if isinstance(self.geometry, ResizeThenCrop):
+            exact = self.geometry.exact_boxes(heights, widths, seed, epoch, indices)
+            windows = decode_windows(exact, size, np.asarray(heights, np.int64),
+                                     np.asarray(widths, np.int64))
+        fh = rng.uniforms(seed, epoch, rng.STREAM_FLIP_H, indices)[:, 0] < self.flip_h
+        fv = rng.uniforms(seed, epoch, rng.STREAM_FLIP_V, indices)[:, 0] < self.flip_v
+        factors, order = draw_jitter(self.jitter, seed, epoch, indices)
+        return SampleParams(boxes, fh, fv, factors, order, tuple(size), bool(resize),
+                            exact, windows)
+
+
+@dataclass(frozen=True)
+class SampleParams:
+    """Per-sample parameters of one batch (one row per sample)."""
+
+    boxes: np.ndarray          # (N, 4) int64: top, left, height, width in the stored image
+    flip_h: np.ndarray         # (N,) bool
+    flip_v: np.ndarray         # (N,) bool
+    jitter: np.ndarray | None  # (N, 4) float32: brightness, contrast, saturation, hue
+    order: np.ndarray | None   # (N, 4) int8: the jitter ops in application order (0..3)
+    out_size: tuple            # (height, width) of every output image
+    resize: bool               # True: resample box -> out_size; False: box size == out_size
+    exact: np.ndarray | None = None    # (N, 4) float64 fractional boxes (Resize + crop)
+    windows: np.ndarray | None = None  # (N, 4) int64 decode windows around ``exact``
+
+    def take(self, rows) -> "SampleParams":
+        """The parameters of the given rows (an index array or boolean mask)."""
+        pick = (lambda a: None if a is None else a[rows])
+        return replace(self, boxes=self.boxes[rows], flip_h=self.flip_h[rows],
+                       flip_v=self.flip_v[rows], jitter=pick(self.jitter), order=pick(self.order),
+                       exact=pick(self.exact), windows=pick(self.windows))
+
+
+def draw_jitter(jitter: ColorJitter | None, seed: int, epoch: int, indices):
+    """(factors (N, 4) float32, order (N, 4) int8) of torchvision's ColorJitter.get_params:
+    each enabled factor uniform in its range, disabled ones neutral; a uniformly random
+    order of the four ops (disabled ops are identities wherever they fall)."""
+    if jitter is None:
+        return None, None
+    u = rng.uniforms(seed, epoch, rng.STREAM_JITTER, indices, 8)
+    factors = np.empty((len(u), 4), dtype=np.float32)
+    for j, (rng_range, neutral) in enumerate(zip(jitter.ranges, NEUTRAL_JITTER)):
+        if rng_range is None:
+            factors[:, j] = neutral
+        else:
+            factors[:, j] = rng_range[0] + u[:, j] * (rng_range[1] - rng_range[0])
+    order = np.argsort(u[:, 4:8], axis=1, kind="stable").astype(np.int8)
+    return factors, order
+
+
+def full_image_boxes(heights, widths, indices) -> tuple[np.ndarray, tuple]:
+    """Boxes covering whole images (no geometry transform); all images must be one size."""
+    hs, ws = np.asarray(heights, np.int64), np.asarray(widths, np.int64)
+    if len(hs) and (np.any(hs != hs[0]) or np.any(ws != ws[0])):
+        i = int(np.flatnonzero((hs != hs[0]) | (ws != ws[0]))[0])
+        raise TransformError(f"without a crop or Resize every image must have one size, but "
+                             f"this one is {int(hs[i])}x{int(ws[i])} and sample "
+                             f"{int(indices[0])} is {int(hs[0])}x{int(ws[0])}: add e.g. "
+                             f"RandomResizedCrop(224) or Resize((224, 224)) to transforms, or "
+                             f"pack with --mode raw --size", int(indices[i]))
+    zeros = np.zeros_like(hs)
+    size = (int(hs[0]), int(ws[0])) if len(hs) else (0, 0)
+    return np.stack([zeros, zeros, hs, ws], axis=1), size
+
+
+# ---- compile the user's list ------------------------------------------------------------
+_STAGE = {Resize: 0, RandomResizedCrop: 1, RandomCrop: 1, CenterCrop: 1,
+          RandomHorizontalFlip: 2, RandomVerticalFlip: 2, ColorJitter: 2, Normalize: 3}
+
+
+def _check_order(transforms) -> None:
+    names = [type(t).__name__ for t in transforms]
+    for t in transforms:
+        if not isinstance(t, PUBLIC):
+            raise TypeError(f"{t!r} is not a dlpack_io.reader transform ({', '.join(c.__name__ for c in PUBLIC)}); "
+                            f"run your own per-sample function with sample_transform=fn")
+    stages = [_STAGE[type(t)] for t in transforms]
+    kinds = [type(t) for t in transforms]
+    crops = [k for k in kinds if k in CROPS]
+    if stages != sorted(stages) or len(set(kinds)) != len(kinds) or len(crops) > 1:
+        raise ValueError(f"{ORDER_HELP}; got [{', '.join(names)}]")
+    if Resize in kinds and RandomResizedCrop in kinds:
+        raise ValueError(f"{ORDER_HELP}; got [{', '.join(names)}] (RandomResizedCrop picks its "
+                         f"box relative to the image: drop the Resize)")
+
+
+def _geometry(transforms):
+    resize = next((t for t in transforms if isinstance(t, Resize)), None)
+    crop = next((t for t in transforms if isinstance(t, CROPS)), None)
+    if resize is None:
+        return crop
+    if crop is None and not isinstance(resize.size, tuple):
+        raise ValueError(f"Resize({resize.size}) alone gives every image its own size, which "
+                         f"cannot be batched: follow it by CenterCrop/RandomCrop, or give "
+                         f"Resize((height, width)); {ORDER_HELP}")
+    return ResizeThenCrop(resize, crop)
+
+
+def compile_spec(transforms=(), *, dtype=None, reduced_decode: bool = True) -> TransformSpec:
+    """Check ``transforms`` (torchvision-named objects of this package) and resolve them.
+
+    ``dtype`` None means uint8 without Normalize, float32 with it. Raises ValueError /
+    TypeError naming what is wrong and which orders work."""
+    import torch
+
+    transforms = list(transforms or ())
+    _check_order(transforms)
+    norm = next((t for t in transforms if isinstance(t, Normalize)), None)
+    if dtype is None:
+        dtype = torch.float32 if norm is not None else torch.uint8
+    if dtype not in (torch.uint8, torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"dtype {dtype}: expected torch.uint8, float16, bfloat16 or float32")
+    if norm is not None and dtype == torch.uint8:
+        raise ValueError("Normalize needs a float dtype (e.g. dtype=torch.float16); "
+                         "dtype=torch.uint8 gives raw pixels")
+    if norm is not None and len(norm.mean) != 3:
+        raise ValueError(f"Normalize: {len(norm.mean)} means/stds for 3-channel RGB images")
+    pick = (lambda cls: next((t for t in transforms if isinstance(t, cls)), None))
+    flip_h, flip_v = pick(RandomHorizontalFlip), pick(RandomVerticalFlip)
+    return TransformSpec(_geometry(transforms), flip_h.p if flip_h else 0.0,
+                         flip_v.p if flip_v else 0.0, pick(ColorJitter), norm, dtype,
+                         bool(reduced_decode))
+
+
+# ---- plan one batch ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class BatchPlan:
+    """A batch's lookups and random parameters, computed once, filled in ranges."""
+
+    indices: np.ndarray    # (N,) global sample indices
+    shard_ids: np.ndarray  # (N,) shard of each sample
+    local: np.ndarray      # (N,) record within its shard
+    entries: np.ndarray    # (N,) INDEX_DTYPE rows
+    params: SampleParams
+    skipped: tuple = ()    # Skipped entries of samples dropped while planning
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """(N, 3, oh, ow) of the output batch."""
+        return (len(self.indices), 3, *self.params.out_size)
+
+    @property
+    def labels(self) -> np.ndarray:
+        """int64 labels of the batch."""
+        return self.entries["label"].astype(np.int64)
+
+
+def sample_error(dataset, index: int, exc: BaseException) -> SampleError:
+    """A SampleError naming the shard file and record of sample ``index``."""
+    try:
+        where = dataset.where(int(index))
+    except Exception:  # the location itself is broken: still name the sample
+        where = f"sample {int(index)}"
+    return SampleError(f"{where}: {type(exc).__name__}: {exc}", where, int(index))
+
+
+def plan_batch(spec: TransformSpec, dataset, indices, *, seed: int, epoch: int,
+               skip: bool = False) -> BatchPlan:
+    """Look up and draw the parameters of the samples ``indices`` (vectorized).
+
+    A sample whose transform cannot apply raises SampleError, or with ``skip`` is left out
+    of the plan and listed in ``plan.skipped``."""
+    indices = np.asarray(indices, dtype=np.int64)
+    skipped = []
+    while True:
+        shard_ids, local, entries = dataset.lookup(indices)
+        try:
+            params = spec.draw(seed, epoch, indices, entries["height"], entries["width"])
+            return BatchPlan(indices, shard_ids, local, entries, params, tuple(skipped))
+        except TransformError as exc:
+            error = sample_error(dataset, exc.sample, exc)
+            if not skip or exc.sample not in indices:
+                raise error from exc
+            error.__cause__ = exc
+            skipped.append(skipped_from(error))
+            indices = indices[indices != exc.sample]

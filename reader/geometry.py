@@ -1,0 +1,236 @@
+"""Geometry transforms: where each sample's box lies in its stored image.
+
+torchvision's RandomResizedCrop, RandomCrop, CenterCrop and Resize (plus the fused
+Resize-then-crop), as box samplers: each returns (top, left, height, width) boxes for a
+batch of image sizes, a pure function of (seed, epoch, sample index). The public names are
+re-exported by :mod:`dlpack_io.reader.transforms`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from dlpack_io.reader import rng
+
+_ATTEMPTS = 10
+
+
+class TransformError(ValueError):
+    """A transform cannot apply to sample ``sample`` (e.g. the image is too small)."""
+
+    def __init__(self, message: str, sample: int):
+        super().__init__(message)
+        self.sample = sample
+
+
+def _pair(size, name: str) -> tuple[int, int]:
+    if isinstance(size, (tuple, list)):
+        if len(size) != 2:
+            raise ValueError(f"{name}: size {size!r} must be an int or a (height, width) pair")
+        h, w = int(size[0]), int(size[1])
+    else:
+        h = w = int(size)
+    if h < 1 or w < 1:
+        raise ValueError(f"{name}: size {size!r} must be >= 1 pixel")
+    return h, w
+
+
+def _check_fits(name, size, heights, widths, indices) -> None:
+    bad = np.flatnonzero((heights < size[0]) | (widths < size[1]))
+    if bad.size:
+        i = int(bad[0])
+        raise TransformError(f"{name}{size}: the image is only {int(heights[i])}x"
+                             f"{int(widths[i])} pixels; crops do not pad: put Resize before "
+                             f"it, use RandomResizedCrop or a smaller size", int(indices[i]))
+
+
+def _as_int64(heights, widths) -> tuple[np.ndarray, np.ndarray]:
+    return np.asarray(heights, np.int64), np.asarray(widths, np.int64)
+
+
+@dataclass(frozen=True)
+class RandomResizedCrop:
+    """torchvision's RandomResizedCrop: a random box (area fraction in ``scale``, log-uniform
+    aspect ratio in ``ratio``, 10 tries, then the central fallback) resized to ``size``."""
+
+    size: object = 224
+    scale: tuple = (0.08, 1.0)
+    ratio: tuple = (3.0 / 4.0, 4.0 / 3.0)
+    resizes = True
+
+    def __post_init__(self):
+        object.__setattr__(self, "size", _pair(self.size, "RandomResizedCrop"))
+        s0, s1 = map(float, self.scale)
+        r0, r1 = map(float, self.ratio)
+        if not (0 < s0 <= s1) or not (0 < r0 <= r1):
+            raise ValueError(f"RandomResizedCrop: scale {self.scale} and ratio {self.ratio} "
+                             f"must be increasing pairs of positive numbers")
+        object.__setattr__(self, "scale", (s0, s1))
+        object.__setattr__(self, "ratio", (r0, r1))
+
+    def boxes(self, heights, widths, seed: int, epoch: int, indices) -> np.ndarray:
+        """(N, 4) int64 boxes (top, left, height, width) for the given samples."""
+        hs, ws = _as_int64(heights, widths)
+        u = rng.uniforms(seed, epoch, rng.STREAM_CROP, indices, 4 * _ATTEMPTS)
+        u = u.reshape(len(hs), _ATTEMPTS, 4)
+        area = (hs * ws).astype(np.float64)[:, None]
+        target = area * (self.scale[0] + u[..., 0] * (self.scale[1] - self.scale[0]))
+        lr0, lr1 = math.log(self.ratio[0]), math.log(self.ratio[1])
+        aspect = np.exp(lr0 + u[..., 1] * (lr1 - lr0))
+        cw = np.rint(np.sqrt(target * aspect)).astype(np.int64)
+        ch = np.rint(np.sqrt(target / aspect)).astype(np.int64)
+        ok = (cw > 0) & (cw <= ws[:, None]) & (ch > 0) & (ch <= hs[:, None])
+        first = np.argmax(ok, axis=1)
+        rows = np.arange(len(hs))
+        found = ok[rows, first]
+        bh, bw = ch[rows, first], cw[rows, first]
+        top = np.floor(u[rows, first, 2] * (hs - bh + 1)).astype(np.int64)
+        left = np.floor(u[rows, first, 3] * (ws - bw + 1)).astype(np.int64)
+        out = np.stack([top, left, bh, bw], axis=1)
+        return np.where(found[:, None], out, self._fallback(hs, ws))
+
+    def _fallback(self, hs: np.ndarray, ws: np.ndarray) -> np.ndarray:
+        """torchvision's central crop when 10 tries found no box."""
+        in_ratio = ws / hs
+        lo, hi = self.ratio
+        w = np.where(in_ratio < lo, ws, np.where(in_ratio > hi, np.rint(hs * hi), ws))
+        h = np.where(in_ratio < lo, np.rint(ws / lo), hs)
+        w, h = w.astype(np.int64), h.astype(np.int64)
+        return np.stack([(hs - h) // 2, (ws - w) // 2, h, w], axis=1)
+
+
+@dataclass(frozen=True)
+class RandomCrop:
+    """A ``size`` box at a uniformly random position (the image must be at least ``size``)."""
+
+    size: object = 224
+    resizes = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "size", _pair(self.size, "RandomCrop"))
+
+    def corners(self, hs, ws, seed: int, epoch: int, indices) -> tuple[np.ndarray, np.ndarray]:
+        """(top, left) of the box in images of sizes (hs, ws)."""
+        _check_fits("RandomCrop", self.size, hs, ws, indices)
+        u = rng.uniforms(seed, epoch, rng.STREAM_CROP, indices, 2)
+        top = np.floor(u[:, 0] * (hs - self.size[0] + 1)).astype(np.int64)
+        left = np.floor(u[:, 1] * (ws - self.size[1] + 1)).astype(np.int64)
+        return top, left
+
+    def boxes(self, heights, widths, seed: int, epoch: int, indices) -> np.ndarray:
+        """(N, 4) int64 boxes (top, left, height, width)."""
+        hs, ws = _as_int64(heights, widths)
+        top, left = self.corners(hs, ws, seed, epoch, indices)
+        return np.stack([top, left, np.full_like(hs, self.size[0]),
+                         np.full_like(ws, self.size[1])], axis=1)
+
+
+@dataclass(frozen=True)
+class CenterCrop:
+    """The centred ``size`` box, ``top = round((H - h) / 2)`` as torchvision rounds it."""
+
+    size: object = 224
+    resizes = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "size", _pair(self.size, "CenterCrop"))
+
+    def corners(self, hs, ws, seed: int, epoch: int, indices) -> tuple[np.ndarray, np.ndarray]:
+        """(top, left) of the box in images of sizes (hs, ws); no randomness."""
+        _check_fits("CenterCrop", self.size, hs, ws, indices)
+        top = np.rint((hs - self.size[0]) / 2.0).astype(np.int64)
+        left = np.rint((ws - self.size[1]) / 2.0).astype(np.int64)
+        return top, left
+
+    def boxes(self, heights, widths, seed: int, epoch: int, indices) -> np.ndarray:
+        """(N, 4) int64 boxes (top, left, height, width)."""
+        hs, ws = _as_int64(heights, widths)
+        top, left = self.corners(hs, ws, seed, epoch, indices)
+        return np.stack([top, left, np.full_like(hs, self.size[0]),
+                         np.full_like(ws, self.size[1])], axis=1)
+
+
+@dataclass(frozen=True)
+class Resize:
+    """torchvision's Resize: an int ``size`` scales the shorter side to it (the longer side
+    becomes ``int(size * long / short)``), a ``(h, w)`` pair gives that exact size.
+    Antialiased bilinear. ``Resize(int)`` must be followed by CenterCrop or RandomCrop
+    (otherwise every image has its own size and cannot be batched)."""
+
+    size: object = 256
+
+    def __post_init__(self):
+        if isinstance(self.size, (tuple, list)):
+            object.__setattr__(self, "size", _pair(self.size, "Resize"))
+        elif int(self.size) < 1:
+            raise ValueError(f"Resize: size {self.size!r} must be >= 1 pixel")
+        else:
+            object.__setattr__(self, "size", int(self.size))
+
+    def resized_shape(self, hs: np.ndarray, ws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(heights, widths) of the resized images, torchvision's rounding."""
+        if isinstance(self.size, tuple):
+            return np.full_like(hs, self.size[0]), np.full_like(ws, self.size[1])
+        s = self.size
+        short, long_ = np.minimum(hs, ws), np.maximum(hs, ws)
+        new_long = (s * long_.astype(np.float64) / short).astype(np.int64)  # int(): truncates
+        return np.where(hs <= ws, s, new_long), np.where(hs <= ws, new_long, s)
+
+
+@dataclass(frozen=True)
+class ResizeThenCrop:
+    """``Resize`` followed by ``CenterCrop``/``RandomCrop`` (or alone with a fixed size),
+    fused: the crop's box in the resized image is mapped back to the stored image (an exact,
+    fractional box) and resampled once. On the host the filter reads around the box as
+    resizing the whole image and cropping does (same pixels up to rounding); the GPU
+    kernel resamples the box rounded to whole stored pixels (a shift of < 0.5 pixel)."""
+
+    resize: Resize
+    crop: object = None   # CenterCrop, RandomCrop or None (Resize((h, w)) alone)
+    resizes = True
+
+    @property
+    def size(self) -> tuple[int, int]:
+        """Output (height, width)."""
+        return self.crop.size if self.crop is not None else self.resize.size
+
+    def exact_boxes(self, heights, widths, seed: int, epoch: int, indices) -> np.ndarray:
+        """(N, 4) float64 boxes (top, left, height, width): the crop of the resized image
+        mapped back to the stored image, exactly."""
+        hs, ws = _as_int64(heights, widths)
+        if self.crop is None:
+            return np.stack([np.zeros_like(hs), np.zeros_like(ws), hs, ws], axis=1).astype(float)
+        nh, nw = self.resize.resized_shape(hs, ws)
+        top, left = self.crop.corners(nh, nw, seed, epoch, indices)
+        sy, sx = hs / nh, ws / nw
+        return np.stack([top * sy, left * sx, self.size[0] * sy, self.size[1] * sx], axis=1)
+
+    def boxes(self, heights, widths, seed: int, epoch: int, indices) -> np.ndarray:
+        """(N, 4) int64 boxes (top, left, height, width): the exact boxes rounded to whole
+        stored pixels (what the GPU kernel resamples: a shift of < 0.5 stored pixel)."""
+        hs, ws = _as_int64(heights, widths)
+        exact = self.exact_boxes(hs, ws, seed, epoch, indices)
+        return round_boxes(exact, hs, ws)
+
+
+def round_boxes(exact: np.ndarray, hs: np.ndarray, ws: np.ndarray) -> np.ndarray:
+    """Float (top, left, h, w) boxes rounded to whole pixels inside (hs, ws) images."""
+    t = np.clip(np.rint(exact[:, 0]).astype(np.int64), 0, hs - 1)
+    lf = np.clip(np.rint(exact[:, 1]).astype(np.int64), 0, ws - 1)
+    bh = np.clip(np.rint(exact[:, 2]).astype(np.int64), 1, hs - t)
+    bw = np.clip(np.rint(exact[:, 3]).astype(np.int64), 1, ws - lf)
+    return np.stack([t, lf, bh, bw], axis=1)
+
+
+def decode_windows(exact: np.ndarray, out_size, hs: np.ndarray, ws: np.ndarray) -> np.ndarray:
+    """Whole-pixel (top, left, h, w) windows around exact boxes, wide enough for the
+    resampling filter's support (1 output pixel's footprint, at least 1 pixel, plus 1)."""
+    my = np.ceil(np.maximum(exact[:, 2] / out_size[0], 1.0)) + 1
+    mx = np.ceil(np.maximum(exact[:, 3] / out_size[1], 1.0)) + 1
+    t = np.maximum(np.floor(exact[:, 0] - my), 0).astype(np.int64)
+    lf = np.maximum(np.floor(exact[:, 1] - mx), 0).astype(np.int64)
+    b = np.minimum(np.ceil(exact[:, 0] + exact[:, 2] + my), hs).astype(np.int64)
+    r = np.minimum(np.ceil(exact[:, 1] + exact[:, 3] + mx), ws).astype(np.int64)
+    return np.stack([t, lf, b - t, r - lf], axis=1)

@@ -1,0 +1,135 @@
+"""The Loader's options: one frozen dataclass, one set of defaults, checked once.
+
+Also what the Loader resolves once at construction: the device (an explicit index, else
+``LOCAL_RANK``, else the current CUDA device) and the data set plus subset it reads.
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from dlpack_io.reader import order as order_mod
+from dlpack_io.reader.skips import check_on_error
+
+log = logging.getLogger(__name__)
+WORKER_KINDS = ("thread", "process")
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    """Every Loader option with its default (docs/loader.md describes each)."""
+
+    batch_size: int = 256
+    shuffle: object = "global"        # "global"/True, "block", None/False
+    seed: int = 0
+    num_workers: int = 2
+    drop_last: bool = False           # like torch's DataLoader
+    transforms: tuple = ()            # Resize, RandomResizedCrop, ..., Normalize
+    sample_transform: object = None   # fn(HWC uint8 ndarray) -> HWC uint8 ndarray
+    dtype: object = None              # None: uint8, or float32 with Normalize
+    device: object = "cpu"
+    indices: object = None            # read only these samples (a subset / split)
+    rank: int | None = None           # None: torch.distributed's, or torchrun's env
+    world_size: int | None = None
+    prefetch: int | None = None       # batches in flight (default 2 x workers, >= 2)
+    worker_kind: str = "thread"       # "thread" or "process"
+    timeout: float | None = None      # seconds to wait for one batch before failing
+    on_error: str = "raise"           # or "skip": leave unreadable samples out
+    return_index: bool = False        # also yield the batch's global sample indices
+    device_transforms: bool | None = None  # None: on the GPU for CUDA, else on the host
+    reduced_decode: bool = True       # decode JPEGs at a reduced DCT scale where it can
+    block_size: int = order_mod.DEFAULT_BLOCK_SIZE   # geometry of shuffle="block"
+    block_window: int = order_mod.DEFAULT_WINDOW
+
+    def __post_init__(self):
+        if int(self.batch_size) < 1 or int(self.num_workers) < 0 or int(self.seed) < 0:
+            raise ValueError(f"batch_size {self.batch_size} must be >= 1, num_workers "
+                             f"{self.num_workers} >= 0, seed {self.seed} >= 0")
+        if self.worker_kind not in WORKER_KINDS:
+            raise ValueError(f"worker_kind {self.worker_kind!r}: expected one of {WORKER_KINDS}")
+        if self.prefetch is not None and int(self.prefetch) < 1:
+            raise ValueError(f"prefetch {self.prefetch}: expected >= 1")
+        if self.timeout is not None and not float(self.timeout) > 0:
+            raise ValueError(f"timeout {self.timeout}: expected seconds > 0, or None")
+        if self.sample_transform is not None and not callable(self.sample_transform):
+            raise TypeError(f"sample_transform {self.sample_transform!r} is not callable")
+        if not isinstance(self.transforms, (list, tuple)):
+            raise TypeError(f"transforms must be a list of transforms, got {self.transforms!r}")
+        object.__setattr__(self, "transforms", tuple(self.transforms))
+        object.__setattr__(self, "shuffle", order_mod.check_shuffle(self.shuffle))
+        check_on_error(self.on_error)
+
+    @property
+    def in_flight(self) -> int:
+        """Batches submitted ahead of the one being consumed."""
+        return max(2, 2 * self.num_workers) if self.prefetch is None else int(self.prefetch)
+
+
+def resolve_device(device):
+    """The torch.device batches are delivered on, fixed once: ``cuda`` without an index
+    means ``LOCAL_RANK`` (torchrun) if set, else the current device. Raises when CUDA is
+    asked for and not available."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return dev
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"device={device!r} but CUDA is not available here (torch "
+                           f"{torch.__version__}); use device='cpu'")
+    if dev.index is None:
+        local = os.environ.get("LOCAL_RANK")
+        dev = torch.device("cuda", int(local) if local not in (None, "") else
+                           torch.cuda.current_device())
+    if dev.index >= torch.cuda.device_count():
+        raise RuntimeError(f"device {dev} does not exist: {torch.cuda.device_count()} GPU(s) "
+                           f"(LOCAL_RANK={os.environ.get('LOCAL_RANK')!r})")
+    return dev
+
+
+def use_device_transforms(choice, device) -> bool:
+    """Where the transforms run: the GPU kernels for CUDA (Triton required unless the
+    caller asks for host transforms), the host otherwise; ``True`` forces the kernels'
+    path (on the CPU: their torch reference, or Triton's interpreter)."""
+    if choice is not None:
+        return bool(choice)
+    if device.type != "cuda":
+        return False
+    if importlib.util.find_spec("triton") is None:
+        raise RuntimeError("device='cuda' finishes batches with Triton kernels, but triton is "
+                           "not installed: pip install 'dlpack-io[gpu]' (or triton), or pass "
+                           "device_transforms=False to transform on the CPU and copy the "
+                           "finished batches")
+    return True
+
+
+def unwrap_subset(dataset, indices):
+    """(our Dataset, positions or None): accepts torch's Subset (nested too) and ``indices``."""
+    from torch.utils.data import Subset
+
+    from dlpack_io.reader.dataset import Dataset
+
+    positions = None
+    while isinstance(dataset, Subset):
+        inner = np.asarray(dataset.indices, dtype=np.int64).reshape(-1)
+        positions = inner if positions is None else inner[positions]
+        dataset = dataset.dataset
+    if not isinstance(dataset, Dataset):
+        raise TypeError(f"Loader reads a dlpack_io.reader.Dataset (or a torch Subset of one), "
+                        f"not {type(dataset).__name__}")
+    if indices is not None:
+        chosen = np.asarray(indices, dtype=np.int64).reshape(-1)
+        positions = chosen if positions is None else positions[chosen]
+    if positions is not None:
+        n = len(dataset)
+        if positions.size and (positions.min() < 0 or positions.max() >= n):
+            bad = int(positions[(positions < 0) | (positions >= n)][0])
+            raise IndexError(f"indices: sample {bad} is out of range for {n} samples")
+        if len(np.unique(positions)) != len(positions):
+            raise ValueError("indices: a sample is listed twice; each sample is read once "
+                             "per epoch")
+    return dataset, positions
