@@ -116,11 +116,6 @@ class Dataset:
             raise fmt.FormatError(str(exc).replace("record", self.where(i), 1)) from None
         return pixels, int(entry["label"])
 
-    def start_prefetch(self, batches, *, mode=None):
-        """Fetch ahead for the Loader (remote data sets); a local data set needs nothing
-        and returns None. ``batches``: the rank's upcoming batches of sample indices."""
-        return None
-
     def __getstate__(self):
         state = {"path": self.path, "verify_checksums": self.verify_checksums}
         if self._remote is not None:

@@ -57,6 +57,12 @@ class Prefetch:
         fetch error, or TimeoutError after ``timeout`` (default: the store's deadline)."""
         self._planner.wait(k, timeout)
 
+    def ready(self, k: int) -> bool:
+        """Non-blocking: True when every record of batch ``k`` is in the cache (raises the
+        fetch error if there was one). Lets a loader keep submitting ready batches while
+        waiting only for the one it must deliver next."""
+        return self._planner.ready(k)
+
     def release(self, k: int) -> None:
         """Batch ``k`` was delivered: evict what no later batch needs."""
         self._planner.release(k)
@@ -77,6 +83,7 @@ class _Planner:
         self.stats = {"requests": 0, "bytes_fetched": 0, "max_held": 0, "evicted": 0}
         self.cond = threading.Condition()
         self.error, self.closed, self.waiting_budget = None, False, None
+        self.demand, self._warned = -1, False  # the highest batch a consumer waits for
         self._loop = self._budget = self._main = None
         self.thread = threading.Thread(target=self._run, name="dlpack-prefetch", daemon=True)
         self.thread.start()
@@ -122,13 +129,25 @@ class _Planner:
             if self.closed:
                 raise asyncio.CancelledError()
             if self.held + nbytes > self.limit and self.held > 0:
-                self.waiting_budget = k
-                return False
+                if k > self.demand:
+                    self.waiting_budget = k
+                    return False
+                self._overcommit(k, nbytes)
             self.waiting_budget = None
             self.state[todo] = REQUESTED
             self.held += nbytes
             self.stats["max_held"] = max(self.stats["max_held"], self.held)
             return True
+
+    def _overcommit(self, k: int, nbytes: int) -> None:
+        """A consumer blocks on batch k while the batches before it (not yet released)
+        fill cache_limit: holding more than the limit beats a deadlock. Say so once."""
+        if not self._warned:
+            self._warned = True
+            log.warning("%s: cache_limit %s bytes is smaller than the %s bytes of the batches "
+                        "the loader keeps in flight; holding them anyway (raise cache_limit to "
+                        "let the prefetcher run ahead)", self.source.url, f"{self.limit:,}",
+                        f"{self.held + nbytes:,}")
 
     def _requests(self, items: np.ndarray, positions) -> list:
         """Coalesced range requests for ``items``, the ones holding the records needed
@@ -168,6 +187,7 @@ class _Planner:
         data = memoryview(await self.store.aget_range(shard.name, start, end, etag=shard.etag))
         self.stats["requests"] += 1
         self.stats["bytes_fetched"] += end - start
+        self.source.bytes_fetched += end - start
         for sample, j, e in zip(samples.tolist(), local.tolist(), entries):
             off, length = int(e["offset"]) - start, int(e["length"])
             piece = data[off:off + length]
@@ -187,6 +207,7 @@ class _Planner:
                                     self.limit, max_parts=max(2, self.max_inflight // 4))
         self.stats["requests"] += fetched["requests"]
         self.stats["bytes_fetched"] += fetched["bytes"]
+        self.source.bytes_fetched += fetched["bytes"]
         self._mark_present(np.array([k]))
 
     def _mark_present(self, items) -> None:
@@ -206,6 +227,9 @@ class _Planner:
         deadline = time.monotonic() + limit
         items = self.plan.needs[k]
         with self.cond:
+            if k > self.demand:  # the planner may now go past cache_limit up to batch k
+                self.demand = k
+                self._wake()
             while True:
                 if self.error is not None:
                     raise _rewrap(self.error, k)
@@ -217,6 +241,15 @@ class _Planner:
                 if left <= 0:
                     raise TimeoutError(self._timeout_message(k, limit))
                 self.cond.wait(left)
+
+    def ready(self, k: int) -> bool:
+        with self.cond:
+            if self.error is not None:
+                raise _rewrap(self.error, k)
+            if k > self.demand:  # a consumer asking about k will want it: allow it past the limit
+                self.demand = k
+                self._wake()
+            return bool(np.all(self.state[self.plan.needs[k]] == PRESENT))
 
     def wait_record(self, shard: int, sample: int) -> bool:
         """(Reader threads of this process) wait for a record the plan will fetch anyway

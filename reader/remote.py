@@ -56,6 +56,7 @@ class RemoteSource:
         self.lengths = np.concatenate([s.index["length"] for s in self.shards]).astype(np.int64) \
             if self.shards else np.zeros(0, np.int64)
         self.fetch_mode, self._active = None, None
+        self.bytes_fetched = 0  # by prefetches of this data set (closed ones included)
         # Coalesce neighbours whose gap is under 1/8 of a typical record (capped at 64 KiB):
         # adjacent records always share a request, bytes wasted stay under ~12%.
         typical = int(np.median(self.lengths)) if len(self.lengths) else 0
@@ -245,6 +246,11 @@ class RemoteShard:
         return fmt.decode_json(self._meta_bytes, f"{self.path} metadata")
 
     # -- records ----------------------------------------------------------------------------
+    def file_view(self):
+        """None: records are separate verified files, not one mapped shard (the Loader then
+        reads record by record)."""
+        return None
+
     def payload(self, j: int) -> bytes:
         """Verified bytes of record ``j``: from this session's cache, else (main process
         only) fetched now. Raises FormatError when the bytes fail their checksum."""

@@ -75,6 +75,7 @@ def test_prefetch_fills_the_cache_within_the_limit_and_evicts(s3_env, packed, mo
     assert prefetch.mode == mode
     for k, batch in enumerate(batches):
         prefetch.wait(k, timeout=60)
+        assert prefetch.ready(k)
         _same(local, remote, batch)
         prefetch.release(k)
     stats = prefetch.stats

@@ -123,28 +123,24 @@ def _streaming(endpoint, out, cache):
 
 
 def _ours(source, cache, mode, rank=0, world_size=1, endpoint=None):
-    from dlpack_io.reader import Loader, RandomResizedCrop
+    """Our Loader; over s3:// it starts the prefetch itself (Dataset.start_prefetch)."""
+    from dlpack_io.reader import Loader, RandomHorizontalFlip, RandomResizedCrop
     from dlpack_io.reader.dataset import Dataset
 
     kwargs = {}
     if endpoint:
         kwargs = {"cache_dir": cache, "fetch_mode": mode, "storage_options": {"endpoint": endpoint}}
     ds = Dataset(source, **kwargs)
-    loader = Loader(ds, batch_size=BATCH, num_workers=WORKERS, crop=RandomResizedCrop(224),
-                    flip_h=0.5, drop_last=False, rank=rank, world_size=world_size, seed=0)
+    loader = Loader(ds, batch_size=BATCH, num_workers=WORKERS, drop_last=False, rank=rank,
+                    world_size=world_size, seed=0,
+                    transforms=[RandomResizedCrop(224), RandomHorizontalFlip()])
     return loader, ds
 
 
-def _start_prefetch(loader, ds):
-    """Until the Loader starts the prefetch itself (it calls start_prefetch), do it here."""
-    if getattr(loader, "_starts_prefetch", False) or not getattr(ds, "_remote", None):
-        return None
-    from dlpack_io.reader import order as order_mod
-
-    idx = loader.indices(loader.epoch)
-    n = order_mod.num_batches(len(idx), loader.batch_size, loader.drop_last)
-    return ds.start_prefetch([idx[order_mod.batch_slice(k, len(idx), loader.batch_size)]
-                              for k in range(n)])
+def _fetched(ds) -> int | None:
+    """Bytes our planner downloaded (the Loader's prefetch handle, found via the data set)."""
+    remote = getattr(ds, "_remote", None)
+    return None if remote is None else remote.bytes_fetched
 
 
 def _drop_page_cache(folder):
@@ -161,7 +157,6 @@ def run_one(name: str, endpoint: str, out: str, rank: int = 0, world_size: int =
     import resource
 
     cache = tempfile.mkdtemp(prefix="dlpack-remote-bench-")
-    prefetch = None
     if name.startswith("dataloader"):
         loader, ds = _dataloader(endpoint, out, 1 if name == "dataloader-1" else 16)
     elif name == "streaming":
@@ -173,18 +168,16 @@ def run_one(name: str, endpoint: str, out: str, rank: int = 0, world_size: int =
         loader, ds = _ours(f"s3://{BUCKET}/ours", cache, name.split("-")[1], rank, world_size,
                            endpoint)
     t0 = time.perf_counter()
-    prefetch = _start_prefetch(loader, ds) if ds is not None else None
     first, images = None, 0
     for batch in loader:
         images += len(batch[0])
         first = first or time.perf_counter() - t0
     seconds = time.perf_counter() - t0
-    stats = prefetch.stats if prefetch is not None else {}
-    if prefetch is not None:
-        prefetch.close()
+    if hasattr(loader, "close"):
+        loader.close()
     usage = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     return {"contender": name, "images": images, "seconds": seconds, "first_batch_s": first,
-            "images_per_s": images / seconds, "bytes_fetched": stats.get("bytes_fetched"),
+            "images_per_s": images / seconds, "bytes_fetched": ds and _fetched(ds),
             "cpu_s": sum(u.ru_utime + u.ru_stime for u in usage)}
 
 
