@@ -164,8 +164,8 @@ def convert(src, dst, list_file, data_format, mode, size, max_side, quality, sha
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def inspect(dst, shard, sample, grid, grid_count, order, shuffle, epoch, world_size, rank,
             batch_size, seed, as_json):
-    """Summarise the packed data set in DST (or one shard, one sample, a contact sheet,
-    or the sample order a Loader will read)."""
+    """Summarise the packed data set in DST, a folder or s3://bucket/prefix (or one shard,
+    one sample, a contact sheet, or the sample order a Loader will read)."""
     from dlpack_io.reader.format import FormatError
     from dlpack_io.tools import inspection, render
 
@@ -202,7 +202,8 @@ def inspect(dst, shard, sample, grid, grid_count, order, shuffle, epoch, world_s
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
 def verify(dst, decode, quiet, as_json):
-    """Check the manifest, every shard and every record checksum in DST.
+    """Check the manifest, every shard and every record checksum in DST (a folder or
+    s3://bucket/prefix: each shard is streamed to a temporary file and checked the same way).
 
     Exit status 0 when intact, 1 when anything is damaged (each problem is named).
     """
