@@ -103,31 +103,10 @@ class RemoteSource:
 
     def start_prefetch(self, dataset, batches, *, mode=None):
         """A running Prefetch of ``batches``; closes the one started before (one per data set)."""
-        from dlpack_io.reader import fetchplan
-        from dlpack_io.reader.prefetch import Prefetch, _Planner
+        from dlpack_io.reader.prefetch import start
 
-        if self.session.owner is False or self.store._pid not in (None, os.getpid()):
-            raise RuntimeError(f"{self.url}: start_prefetch must be called in the process that "
-                               f"opened the data set (pid {self.store._pid}), not a worker")
-        active = self._active() if self._active else None
-        if active is not None:
-            active.close()
-        batches = [np.asarray(b, dtype=np.int64) for b in batches]
-        for b in batches:
-            if b.size and (b.min() < 0 or b.max() >= len(self.lengths)):
-                raise IndexError(f"{self.url}: batch holds sample {int(b.max())}, the data set "
-                                 f"has {len(self.lengths)}")
-        shard_of = lambda s: np.searchsorted(self._starts, s, side="right") - 1  # noqa: E731
-        sizes = [e["bytes"] for e in self.manifest["shards"]]
-        mode = mode or self.fetch_mode or fetchplan.auto_mode(batches, shard_of, sizes,
-                                                               self.cache_limit)
-        plan = fetchplan.make_plan(mode, batches, shard_of, self.lengths, sizes)
-        fetchplan.check_limit(plan, self.cache_limit, self.url)
-        handle = Prefetch(_Planner(self, plan, self.shards, **self.fetch_options))
-        self._active = weakref.ref(handle)
-        return handle
+        return start(self, batches, mode=mode)
 
-    # ---- shard headers and indexes -------------------------------------------------------
     def _load_indexes(self) -> None:
         missing = [s for s in self.shards if not s.load_cached_index()]
         if missing:
