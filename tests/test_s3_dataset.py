@@ -245,3 +245,30 @@ def test_server_killed_mid_epoch_gives_a_clear_error_within_the_deadline(tmp_pat
         assert time.monotonic() - t0 < 5 + 2 + 5  # deadline + one request timeout + slack
         prefetch.close()
         assert not any(t.name == "dlpack-prefetch" for t in threading.enumerate())
+
+
+def test_two_data_sets_share_the_shard_pool_without_pulling_pinned_shards(s3_env, packed,
+                                                                          tmp_path):
+    local = Dataset(packed[0])
+    first = Dataset(packed[1], cache_dir=tmp_path)
+    every = [np.arange(48)]
+    held = first.start_prefetch(every, mode="shards")
+    held.wait(0, timeout=60)                      # first pins every shard and keeps them
+    shard_bytes = sum(e["bytes"] for e in first.manifest["shards"])
+    second = Dataset(packed[1], cache_dir=tmp_path, cache_limit=shard_bytes)
+    again = second.start_prefetch(every, mode="shards")
+    again.wait(0, timeout=60)
+    assert again.stats["requests"] == 0          # reused the verified pool, nothing fetched
+    pool = os.path.join(first._remote.cache.root, "shards")
+    assert all(os.stat(os.path.join(pool, n)).st_nlink == 3 for n in os.listdir(pool))
+    from dlpack_io.reader.shardfetch import trim_pool
+
+    trim_pool(first._remote.cache, 0)             # nothing may go: every shard is pinned
+    assert len(os.listdir(pool)) == len(first.shards)
+    again.close()
+    trim_pool(first._remote.cache, 0)
+    assert len(os.listdir(pool)) == len(first.shards)   # still pinned by `first`
+    _same(local, first, range(48))
+    held.close()
+    trim_pool(first._remote.cache, 0)             # unpinned now: the pool can be emptied
+    assert os.listdir(pool) == []
