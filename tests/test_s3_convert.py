@@ -136,3 +136,15 @@ def test_cli_remote_errors_are_one_line(s3_env, tmp_path):
     out = CliRunner().invoke(main, ["inspect", f"s3://{BUCKET}/convert/nothing-here"])
     assert out.exit_code == 1
     assert "dlpack: error: GET s3://dlpack-test/convert/nothing-here/manifest.json failed" in out.output
+
+
+def test_lmdb_data_sets_upload_and_verify_but_are_not_read_by_range(s3_env, src):
+    from dlpack_io.reader.dataset import Dataset
+    from dlpack_io.tools.verification import verify
+
+    url = f"s3://{BUCKET}/convert/lmdb"
+    convert(src, url, format="lmdb", shard_size="40KB", workers=1, progress=False)
+    report = verify(url, progress=False)
+    assert report.ok and report.records_checked == 40
+    with pytest.raises(ValueError, match="supports format 'record'.*--format record"):
+        Dataset(url)
