@@ -142,7 +142,11 @@ def _parse_limit(limit, cache_dir: str) -> int:
 
     if limit is None:
         return cache_mod.default_limit(cache_dir)
-    value = parse_size(limit)
+    try:
+        value = parse_size(limit)
+    except ValueError:
+        raise ValueError(f"cache_limit {limit!r}: expected a byte count or a size such as "
+                         f"'20GB' or '512MiB'") from None
     if value < 1:
         raise ValueError(f"cache_limit {limit!r}: expected a positive size such as '20GB'")
     return value

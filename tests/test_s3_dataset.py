@@ -103,6 +103,10 @@ def test_records_mode_fetches_only_what_the_batches_need(s3_env, packed):
 
 
 def test_a_cache_limit_too_small_for_one_batch_is_refused(s3_env, packed):
+    with pytest.raises(ValueError, match="cache_limit 'lots': expected a byte count"):
+        Dataset(packed[1], cache_limit="lots")
+    with pytest.raises(ValueError, match="fetch_mode 'all'"):
+        Dataset(packed[1], fetch_mode="all")
     remote = Dataset(packed[1], cache_limit="10KB")
     batch = [np.arange(16)]
     need = int(remote._remote.lengths[:16].sum())
