@@ -22,6 +22,7 @@ from dlpack_io.packer.scan import read_list, scan_image_folder, stat_inputs
 from dlpack_io.packer.writers import open_writer
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.decode import require_pil
+from dlpack_io.reader.storage import is_remote
 from dlpack_io.packer.dstfiles import (check_src_dst, clear_outputs, existing_entries,
                                        verify_kept_shard)
 
@@ -248,6 +249,25 @@ def _check_inputs_exist(inputs, stats) -> None:
         raise ConversionError(f"none of the {len(stats)} input files exist, e.g. {first}{where}")
 
 
+def prepare_inputs(src, list_file, options: dict, labels: bool = True):
+    """(PackOptions, scanned inputs) of a conversion (PIL checked first: a missing PIL must
+    not surface after a long scan)."""
+    require_pil()
+    if "shard_size" in options:
+        options["shard_size"] = parse_size(options["shard_size"])
+    opts = PackOptions(**options)
+    return opts, _scan(src, list_file, labels)
+
+
+def plan_inputs(inputs, opts: PackOptions):
+    """(stats of the inputs, the journal's plan line): what decides the output bytes; fails
+    before anything is written when not one input exists."""
+    stats = stat_inputs(inputs)
+    _check_inputs_exist(inputs, stats)
+    return stats, {"plan": journal.plan_hash(inputs, stats, opts.output_options(),
+                                             fmt.FORMAT_VERSION), "num_inputs": len(inputs.paths)}
+
+
 def convert(src, dst, *, list_file=None, resume: bool = False, overwrite: bool = False,
             labels: bool = True, provenance: bool = True, **options) -> dict:
     """Pack the images under ``src`` into a data set at ``dst``; return a summary dict.
@@ -260,14 +280,17 @@ def convert(src, dst, *, list_file=None, resume: bool = False, overwrite: bool =
     Raises ConversionError with the file and the fix when the job cannot complete; a run
     that completed no shard leaves nothing behind, so the advice is to run it again.
     """
-    require_pil()  # before scanning: a missing PIL must not surface after the scan
-    if "shard_size" in options:
-        options["shard_size"] = parse_size(options["shard_size"])
-    opts = PackOptions(**options)
+    if is_remote(dst):  # s3://bucket/prefix: pack locally, upload (packer/upload.py)
+        from dlpack_io.packer.upload import convert_remote
+
+        return convert_remote(src, dst, list_file=list_file, resume=resume,
+                              overwrite=overwrite, labels=labels, provenance=provenance,
+                              **options)
+    if options.pop("staging", None) is not None:
+        raise ValueError("--staging is for s3:// destinations (shards waiting for upload)")
     check_src_dst(src, dst)
-    inputs = _scan(src, list_file, labels)
-    stats = stat_inputs(inputs)
-    _check_inputs_exist(inputs, stats)
+    opts, inputs = prepare_inputs(src, list_file, options, labels)
+    stats, plan = plan_inputs(inputs, opts)
     dst = os.path.abspath(dst)
     created = not os.path.exists(dst)
     lock = journal.DstLock(dst)
@@ -289,8 +312,6 @@ def convert(src, dst, *, list_file=None, resume: bool = False, overwrite: bool =
         raise
     state = None
     try:
-        plan = {"plan": journal.plan_hash(inputs, stats, opts.output_options(), fmt.FORMAT_VERSION),
-                "num_inputs": len(inputs.paths)}
         state = _resume_state(dst, plan, len(inputs.classes))
         return _convert_locked(src, dst, inputs, stats, opts, state, provenance)
     except ConversionError as exc:

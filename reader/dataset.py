@@ -9,6 +9,7 @@ from dlpack_io.reader import format as fmt
 from dlpack_io.reader.decode import decode_record
 from dlpack_io.reader.manifest import load_manifest
 from dlpack_io.reader.shard import guarded_array, open_shard
+from dlpack_io.reader.storage import is_remote
 
 
 class Dataset:
@@ -26,18 +27,29 @@ class Dataset:
     """
 
     def __init__(self, path, *, verify_checksums: bool = False,
-                 max_pixels: int = fmt.DEFAULT_MAX_PIXELS):
-        self.path = os.fspath(path)
-        self.manifest = load_manifest(self.path)
-        self.classes = list(self.manifest["classes"])
-        self.format = self.manifest["format"]
-        self.mode = self.manifest["mode"]
+                 max_pixels: int = fmt.DEFAULT_MAX_PIXELS, cache_dir=None, cache_limit=None,
+                 storage_options=None, fetch_mode=None, _attach=None):
+        self.path = path if is_remote(path) else os.fspath(path)
         self.verify_checksums = verify_checksums
         if not isinstance(max_pixels, int) or max_pixels < 1:
             raise ValueError(f"max_pixels {max_pixels!r}: expected a positive integer")
         self.max_pixels = max_pixels
-        self.shards = [open_shard(self.path, e, self.format, num_classes=len(self.classes),
-                                  max_pixels=max_pixels) for e in self.manifest["shards"]]
+        self._remote = None
+        if is_remote(self.path):  # s3://: see reader/remote.py and docs/remote.md
+            from dlpack_io.reader.remote import open_remote
+
+            self._remote = open_remote(self.path, cache_dir=cache_dir, cache_limit=cache_limit,
+                                       storage_options=storage_options, fetch_mode=fetch_mode,
+                                       attach=_attach, max_pixels=max_pixels)
+            self.manifest = self._remote.manifest
+        else:
+            self.manifest = load_manifest(self.path)
+        self.classes = list(self.manifest["classes"])
+        self.format = self.manifest["format"]
+        self.mode = self.manifest["mode"]
+        self.shards = self._remote.shards if self._remote else \
+            [open_shard(self.path, e, self.format, num_classes=len(self.classes),
+                        max_pixels=max_pixels) for e in self.manifest["shards"]]
         self._check_counts()
         self._starts = np.array([e["first_sample"] for e in self.manifest["shards"]], dtype=np.int64)
 
@@ -58,6 +70,20 @@ class Dataset:
         ids = range(len(self.shards)) if shard_ids is None else np.unique(np.asarray(shard_ids))
         for k in ids:
             self.shards[int(k)].check_unchanged()
+
+    def start_prefetch(self, batches, *, mode=None):
+        """Start fetching the records of ``batches`` (int64 arrays of sample indices, this
+        rank's upcoming batches in order) into the local cache; returns a Prefetch with
+        ``wait(k)``, ``ready(k)``, ``release(k)``, ``close()``, or None for a data set on
+        local disk (nothing to fetch)."""
+        if self._remote is None:
+            return None
+        return self._remote.start_prefetch(self, batches, mode=mode)
+
+    def close(self) -> None:
+        """Release what a remote data set holds (cache session, prefetch threads)."""
+        if self._remote is not None:
+            self._remote.close()
 
     def __len__(self) -> int:
         return self.manifest["num_samples"]
@@ -135,18 +161,18 @@ class Dataset:
             raise fmt.FormatError(f"{self.where(i)}: {exc}") from None
         return pixels, int(entry["label"])
 
-    def start_prefetch(self, batches, *, mode=None):
-        """Fetch ahead for the Loader (remote data sets); a local data set needs nothing
-        and returns None. ``batches``: the rank's upcoming batches of sample indices."""
-        return None
-
     def __getstate__(self):
-        return {"path": self.path, "verify_checksums": self.verify_checksums,
-                "max_pixels": self.max_pixels}
+        state = {"path": self.path, "verify_checksums": self.verify_checksums,
+                 "max_pixels": self.max_pixels}
+        if self._remote is not None:
+            state["remote"] = self._remote.attach_state()
+        return state
 
     def __setstate__(self, state):
+        # a spawned worker of a remote data set attaches to the owner's cache session
         self.__init__(state["path"], verify_checksums=state["verify_checksums"],
-                      max_pixels=state.get("max_pixels", fmt.DEFAULT_MAX_PIXELS))
+                      max_pixels=state.get("max_pixels", fmt.DEFAULT_MAX_PIXELS),
+                      _attach=state.get("remote"))
 
     def __repr__(self) -> str:
         return (f"Dataset({self.path!r}: {len(self)} samples, {len(self.classes)} classes, "

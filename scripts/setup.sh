@@ -2,7 +2,8 @@
 # Set up everything dlpack needs on a fresh machine, in ./.venv (idempotent, fast when done):
 #   torch pinned to the local CPU build (an unpinned torch pulls GBs of CUDA wheels),
 #   pillow-simd built from source (falls back to pillow where it cannot build),
-#   then this project, editable, with its test extras (pytest, hypothesis, triton).
+#   then this project, editable, with its test extras (pytest, hypothesis, triton, the
+#   SeaweedFS S3 server for the s3:// tests) and the s3 extra (obstore).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -19,6 +20,6 @@ if ! python -c "import PIL" 2>/dev/null; then
   quiet pip install -q pillow-simd
   python -c "import PIL" 2>/dev/null || quiet pip install -q pillow
 fi
-quiet pip install -q -e ".[test]"
+quiet pip install -q -e ".[test,s3]"
 python -c "import dlpack_io.packer, PIL, torch; from dlpack_io.packer.finalize import pil_flavour; \
 print('setup: ok,', pil_flavour(), '| torch', torch.__version__)"

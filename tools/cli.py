@@ -35,6 +35,20 @@ def _print_version(ctx, param, value):
     ctx.exit()
 
 
+class _DatasetArg(click.ParamType):
+    """A data set folder that exists, or an s3://bucket/prefix URL (checked when opened)."""
+
+    name = "DST"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.startswith("s3://"):
+            return value
+        return click.Path(exists=True, file_okay=False).convert(value, param, ctx)
+
+
+_DATASET = _DatasetArg()
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
               help="Show the version and the active image stack (PIL flavour, decoder), then exit.")
@@ -109,15 +123,23 @@ def main(verbose: bool):
                    "of the manifest (for a data set meant for sharing). Relative file paths "
                    "inside SRC are kept: they name the samples.")
 @click.option("--resume", is_flag=True, help="Finish an interrupted conversion into DST.")
+@click.option("--staging", type=click.Path(file_okay=False),
+              help="DST s3://...: local folder for shards waiting to be uploaded (default: the "
+                   "system temp folder; needs room for about two shards).")
 @click.option("--overwrite", is_flag=True, help="Replace a data set already in DST.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def convert(src, dst, list_file, data_format, mode, size, max_side, quality, shard_size,
             workers, seed, shuffle, validate, restart_markers, non_jpeg, max_pixels, on_error,
-            no_labels, no_provenance, resume, overwrite, quiet, as_json):
+            no_labels, no_provenance, resume, staging, overwrite, quiet, as_json):
     """Pack the images under SRC (class sub-folders, --list, or --no-labels) into shards in
     DST. DST must lie outside SRC. Symlinks in SRC are followed (each real folder once) and
-    counted in the summary."""
+    counted in the summary.
+
+    DST may be s3://bucket/prefix (needs pip install 'dlpack-io[s3]'; credentials and endpoint
+    from the AWS_* variables or ~/.aws): each shard is uploaded as it is finished, the
+    manifest last, and the journal kept in the bucket so --resume works from any machine.
+    """
     from dlpack_io.packer.conversion import convert as run
     from dlpack_io.packer.pipeline import ConversionError
 
@@ -129,8 +151,9 @@ def convert(src, dst, list_file, data_format, mode, size, max_side, quality, sha
                      shuffle=shuffle, validate=validate, jpeg_restarts=restart_markers,
                      non_jpeg=non_jpeg,
                      **({"max_pixels": max_pixels} if max_pixels is not None else {}),
-                     on_error=on_error, progress=not quiet)
-    except (ConversionError, ValueError, RuntimeError, FileNotFoundError) as exc:
+                     on_error=on_error, progress=not quiet,
+                     **({"staging": staging} if staging else {}))
+    except (ConversionError, ValueError, RuntimeError, FileNotFoundError, ImportError) as exc:
         _fail(str(exc))
     if as_json:
         return _echo_json(result)
@@ -160,7 +183,7 @@ def _echo_convert_summary(result: dict) -> None:
 
 
 @main.command()
-@click.argument("dst", type=click.Path(exists=True, file_okay=False))
+@click.argument("dst", type=_DATASET)
 @click.option("--shard", type=int, help="Show shard number K and its first records.")
 @click.option("--index", "sample", type=int, help="Show everything about sample I (negative: "
               "counted from the end, -1 is the last).")
@@ -186,8 +209,8 @@ def _echo_convert_summary(result: dict) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def inspect(dst, shard, sample, grid, grid_count, order, shuffle, epoch, world_size, rank,
             batch_size, seed, max_pixels, as_json):
-    """Summarise the packed data set in DST (or one shard, one sample, a contact sheet,
-    or the sample order a Loader will read)."""
+    """Summarise the packed data set in DST, a folder or s3://bucket/prefix (or one shard,
+    one sample, a contact sheet, or the sample order a Loader will read)."""
     from dlpack_io.reader.format import DEFAULT_MAX_PIXELS, FormatError
     from dlpack_io.tools import inspection, render
 
@@ -212,7 +235,7 @@ def inspect(dst, shard, sample, grid, grid_count, order, shuffle, epoch, world_s
         else:
             data = inspection.summary(dst, **limit)
             text = render.summary_text(data)
-    except (FormatError, FileNotFoundError, IndexError, ValueError) as exc:
+    except (FormatError, FileNotFoundError, IndexError, ValueError, ImportError, OSError) as exc:
         _fail(str(exc))
     if as_json:
         return _echo_json(data)
@@ -220,7 +243,7 @@ def inspect(dst, shard, sample, grid, grid_count, order, shuffle, epoch, world_s
 
 
 @main.command()
-@click.argument("dst", type=click.Path(exists=True, file_okay=False))
+@click.argument("dst", type=_DATASET)
 @click.option("--decode", is_flag=True, help="Also decode every image (slower, proves more).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--max-pixels", type=int, default=None,
@@ -228,7 +251,8 @@ def inspect(dst, shard, sample, grid, grid_count, order, shuffle, epoch, world_s
                    "89478485, the default of convert --max-pixels.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
 def verify(dst, decode, quiet, max_pixels, as_json):
-    """Check the manifest, every shard and every record checksum in DST.
+    """Check the manifest, every shard and every record checksum in DST (a folder or
+    s3://bucket/prefix: each shard is streamed to a temporary file and checked the same way).
 
     Exit status 0 when intact, 1 when anything is damaged (each problem is named), 3 when
     DST is not a data set at all (no manifest.json).

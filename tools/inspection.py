@@ -42,7 +42,7 @@ def summary(path, *, max_pixels: int = fmt.DEFAULT_MAX_PIXELS) -> dict:
     widths = np.concatenate([ix["width"] for ix in indices]) if indices else np.zeros(0)
     lengths = np.concatenate([ix["length"] for ix in indices]) if indices else np.zeros(0)
     return {
-        "path": os.path.abspath(path), "format": m["format"], "version": m["version"],
+        "path": ds.path if ds._remote else os.path.abspath(path), "format": m["format"], "version": m["version"],
         "mode": m["mode"], "num_samples": m["num_samples"], "num_shards": len(m["shards"]),
         "num_bytes": m["num_bytes"],
         "record_bytes": {"mean": float(lengths.mean()) if lengths.size else 0.0,

@@ -143,7 +143,12 @@ def verify(dataset, *, decode: bool = False, progress: bool = True,
     """Check a data set folder; return a VerifyReport (``report.ok`` when intact,
     ``report.not_a_dataset`` when the folder has no manifest at all)."""
     from dlpack_io.packer.progress import Progress
+    from dlpack_io.reader.storage import is_remote
 
+    if is_remote(dataset):  # s3://: each shard streamed down and checked the same way
+        from dlpack_io.tools.remoteverify import verify_remote
+
+        return verify_remote(dataset, decode=decode, progress=progress, max_pixels=max_pixels)
     dataset = os.fspath(dataset)
     report = VerifyReport(dataset)
     try:
@@ -162,9 +167,14 @@ def verify(dataset, *, decode: bool = False, progress: bool = True,
                 counts += shard_counts
     finally:
         bar.close()
+    check_class_counts(manifest, counts, os.path.join(dataset, fmt.MANIFEST_NAME), report)
+    return report
+
+
+def check_class_counts(manifest: dict, counts, where: str, report) -> None:
+    """Add a problem when the labels counted in the shards differ from the manifest's."""
     if report.ok and counts.tolist() != manifest["class_counts"]:
         differ = [f"{name}: {c} stored, {m} in the manifest" for name, c, m in
                   zip(manifest["classes"], counts.tolist(), manifest["class_counts"]) if c != m]
-        report.add(os.path.join(dataset, fmt.MANIFEST_NAME),
-                   f"class_counts differ from the labels stored in the shards ({'; '.join(differ[:5])})")
-    return report
+        report.add(where, f"class_counts differ from the labels stored in the shards "
+                          f"({'; '.join(differ[:5])})")
