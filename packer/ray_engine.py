@@ -56,7 +56,10 @@ class _Planned(NamedTuple):
     height: int
     width: int
     kind: int
+    orientation: int
+    colour: int
     reencoded: str | None
+    lossless: str | None
     source_bytes: int
 
 
@@ -78,8 +81,9 @@ class _RayPlanner(_Packer):
             self.finish_shard(position)
         slot = self.blobs.setdefault(record.blob, len(self.blobs))
         self.items.append((slot, record.offset, record.length, label, rel, record.crc,
-                           record.height, record.width, record.kind))
-        self.count(label, record.reencoded)
+                           record.height, record.width, record.kind, record.orientation,
+                           record.colour))
+        self.count(label, record.reencoded, record.lossless)
 
     def has_open_shard(self) -> bool:
         return bool(self.items)

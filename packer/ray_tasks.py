@@ -23,8 +23,9 @@ def encode_segment(items: list, options: dict) -> tuple[list, np.ndarray]:
     """Encode ``items`` ((path, size, mtime_ns) each); return (outcomes, payloads).
 
     Outcome per input, in order: ``("ok", offset, length, crc, height, width, kind,
-    reencoded, source_bytes)`` with the payload at ``payloads[offset:offset + length]``,
-    or ``("reject", reason)`` with the local engine's reason.
+    orientation, colour, reencoded, lossless, source_bytes)`` with the payload at
+    ``payloads[offset:offset + length]``, or ``("reject", reason)`` with the local engine's
+    reason.
     """
     outcomes, parts, offset = [], [], 0
     for item in items:
@@ -34,7 +35,8 @@ def encode_segment(items: list, options: dict) -> tuple[list, np.ndarray]:
             continue
         length = len(value.payload)
         outcomes.append(("ok", offset, length, value.crc, value.height, value.width,
-                         value.kind, value.reencoded, value.source_bytes))
+                         value.kind, value.orientation, value.colour, value.reencoded,
+                         value.lossless, value.source_bytes))
         parts.append(value.payload)
         offset += length
     return outcomes, np.frombuffer(b"".join(parts), dtype=np.uint8)
@@ -44,8 +46,8 @@ def assemble_shard(dst: str, data_format: str, shard_number: int, first_sample: 
                    shard_size: int, items: list, *payloads) -> dict:
     """Write shard ``shard_number``; return its manifest entry (the local writer's).
 
-    ``items`` are ``(array, offset, length, label, path, crc, height, width, kind)`` in
-    shard order, ``array`` indexing ``payloads`` (encode_segment's arrays, which Ray hands
+    ``items`` are ``(array, offset, length, label, path, crc, height, width, kind,
+    orientation, colour)`` in shard order, ``array`` indexing ``payloads`` (encode_segment's arrays, which Ray hands
     over without copying).
     """
     stale = os.path.join(dst, partial_name(fmt.shard_name(shard_number, data_format)))
@@ -56,9 +58,10 @@ def assemble_shard(dst: str, data_format: str, shard_number: int, first_sample: 
     writer = open_writer(data_format, dst, shard_number, first_sample, shard_size)
     try:
         views = [memoryview(p) for p in payloads]
-        for array, offset, length, label, path, crc, height, width, kind in items:
+        for array, offset, length, label, path, crc, height, width, kind, orientation, \
+                colour in items:
             record = EncodedRecord(views[array][offset:offset + length], height, width, kind,
-                                   crc=crc)
+                                   crc=crc, orientation=orientation, colour=colour)
             writer.add(record, label, path)
         return writer.finish()
     except BaseException:  # cancelled, disk full...: no temp file stays behind

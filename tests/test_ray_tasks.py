@@ -84,7 +84,8 @@ def test_encode_segment_concatenates_payloads_and_keeps_rejects(image_folder, tm
 
 def test_assemble_shard_writes_what_the_local_writer_writes(image_folder, tmp_path):
     outcomes, payloads = ray_tasks.encode_segment(_items(image_folder), OPTIONS)
-    items = [(0, o[1], o[2], k % 3, f"c/{k}.jpg", o[3], o[4], o[5], o[6])
+    # outcome: ok, offset, length, crc, height, width, kind, orientation, colour, ...
+    items = [(0, o[1], o[2], k % 3, f"c/{k}.jpg", o[3], o[4], o[5], o[6], o[7], o[8])
              for k, o in enumerate(outcomes)]
     (tmp_path / ".shard-00004.rec.partial").write_bytes(b"left by a killed attempt")
     entry = ray_tasks.assemble_shard(str(tmp_path), "record", 4, 40, 10**6, items, payloads)
@@ -97,8 +98,8 @@ def test_assemble_shard_writes_what_the_local_writer_writes(image_folder, tmp_pa
 
 def test_assemble_shard_failure_leaves_no_temp_file(image_folder, tmp_path):
     outcomes, payloads = ray_tasks.encode_segment(_items(image_folder), OPTIONS)
-    items = [(0, o[1], o[2], 0, "p", o[3], o[4], o[5], o[6]) for o in outcomes]
-    items.append((1, 0, 10, 0, "p", 0, 1, 1, 0))  # a payload array that was not passed
+    items = [(0, o[1], o[2], 0, "p", o[3], o[4], o[5], o[6], o[7], o[8]) for o in outcomes]
+    items.append((1, 0, 10, 0, "p", 0, 1, 1, 0, 1, 0))  # a payload array that was not passed
     with pytest.raises(IndexError):
         ray_tasks.assemble_shard(str(tmp_path), "record", 0, 0, 10**6, items, payloads)
     assert os.listdir(tmp_path) == []
