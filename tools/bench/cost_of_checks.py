@@ -1,9 +1,9 @@
 """What the untrusted-input checks cost (issue 16, issue 13): opening a large data set, and
 the per-batch shard identity check against the Loader's time per batch.
 
-    python tools/cost_of_checks.py open --root /tmp/big --samples 1300000 \
+    python -m dlpack_io.tools.bench.cost_of_checks open --root /tmp/big --samples 1300000 \
         [--before-python OTHER/python] [--repeats 5]
-    python tools/cost_of_checks.py batch --root /tmp/small [--repeats 5]
+    python -m dlpack_io.tools.bench.cost_of_checks batch --root /tmp/small [--repeats 5]
 
 ``open`` writes a data set of ``--samples`` ImageNet-like records (index, metadata and
 manifest real; the data sections are sparse holes, so it takes no disk) and times, in
