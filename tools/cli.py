@@ -279,6 +279,8 @@ def verify(dst, decode, quiet, max_pixels, as_json):
 
 
 def _int_list(ctx, param, value):
+    if param.name == "batch_sizes" and value.strip().lower() == "none":
+        return []
     try:
         out = [int(x) for x in value.split(",") if x.strip()]
     except ValueError:
@@ -322,7 +324,7 @@ def _only_help() -> str:
                    "is measured too wherever a contender supports it).")
 @click.option("--batch-sizes", default="10,50,100,300,500,1000", show_default=True,
               callback=_int_list, help="Loader section: batch sizes of the scaling table "
-              "(the main table uses 256).")
+              "(the main table uses 256); 'none': no scaling table.")
 @click.option("--modes", default="jpeg,raw", show_default=True, callback=_name_list(("jpeg", "raw")),
               help="Convert and loader sections: jpeg (decode + random-resized-crop) and/or "
                    "raw (stored 256x256 pixels + random crop).")

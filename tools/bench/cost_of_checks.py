@@ -49,7 +49,7 @@ def make_sparse_dataset(root: str, samples: int, seed: int = 0) -> dict:
                 "classes": [f"n{i:08d}" for i in range(1000)],
                 "class_counts": np.bincount(labels, minlength=1000).tolist(), "shards": shards,
                 "options": {}, "source": {"root": None, "list": None, "num_inputs": samples},
-                "rejects": [], "reencoded": {}, "created": {}}
+                "rejects": [], "reencoded": {}, "lossless": {}, "created": {}}
     manifest["checksum"] = fmt.manifest_checksum(manifest)
     with open(os.path.join(root, fmt.MANIFEST_NAME), "wb") as f:
         f.write(fmt.encode_meta(manifest))
@@ -64,7 +64,7 @@ def _write_shard(root, k, first, lengths, rng) -> dict:
     index["label"] = rng.integers(0, 1000, n)
     index["crc"] = rng.integers(0, 2**32, n, dtype=np.uint64)
     index["height"], index["width"] = rng.integers(200, 500, n), rng.integers(200, 500, n)
-    index["channels"], index["kind"] = 3, fmt.KIND_JPEG
+    index["channels"], index["kind"], index["orientation"] = 3, fmt.KIND_JPEG, 1
     meta = fmt.encode_meta({"shard": k, "first_sample": first,
                             "paths": [f"n{int(lab):08d}/img_{first + i:08d}.JPEG"
                                       for i, lab in enumerate(index["label"])]})

@@ -194,8 +194,9 @@ def repeat_dataset(src, dst, num_samples: int) -> None:
             os.link(Path(src) / entry["name"], Path(dst) / name)
             shards.append(dict(entry, name=name, first_sample=first))
             first, k = first + entry["num_samples"], k + 1
-    big = dict(manifest, shards=shards, num_samples=first,
-               num_bytes=manifest["num_bytes"] * k // len(manifest["shards"]))
+    copies = k // len(manifest["shards"])
+    big = dict(manifest, shards=shards, num_samples=first, num_bytes=manifest["num_bytes"] * copies,
+               class_counts=[c * copies for c in manifest["class_counts"]])
     big["checksum"] = fmt.manifest_checksum(big)
     (Path(dst) / fmt.MANIFEST_NAME).write_text(json.dumps(big))
 

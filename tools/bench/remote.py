@@ -74,12 +74,15 @@ def run_one(name: str, endpoint: str, out: str, rank: int = 0, world_size: int =
 
 
 def prepare(src: str, out: str) -> None:
-    """Our packed copy of SRC (16 MB shards, so a shard fetch has several to do), once."""
+    """Our packed copy of SRC (16 MB shards, so a shard fetch has several to do); the MDS
+    copy of an earlier run goes (it may come from another SRC)."""
+    import shutil
+
     from dlpack_io.packer import convert
 
-    if not os.path.exists(os.path.join(out, "ours", "manifest.json")):
-        convert(src, os.path.join(out, "ours"), shard_size=SHARD_SIZE, progress=False,
-                overwrite=True)
+    shutil.rmtree(os.path.join(out, "mds"), ignore_errors=True)
+    convert(src, os.path.join(out, "ours"), shard_size=SHARD_SIZE, progress=False,
+            overwrite=True)
 
 
 def upload(src: str, out: str, mds: bool) -> dict:
@@ -111,12 +114,11 @@ def _write_mds(out, inputs) -> str:
     from dlpack_io.tools.bench.peers import import_streaming
 
     path = os.path.join(out, "mds")
-    if not os.path.exists(os.path.join(path, "index.json")):
-        with import_streaming().MDSWriter(out=path, columns={"data": "bytes", "cls": "int"},
-                                          size_limit=1 << 24) as sink:
-            for rel, label in zip(inputs.paths, inputs.labels):
-                with open(os.path.join(inputs.root, rel), "rb") as fh:
-                    sink.write({"data": fh.read(), "cls": int(label)})
+    with import_streaming().MDSWriter(out=path, columns={"data": "bytes", "cls": "int"},
+                                      size_limit=1 << 24) as sink:
+        for rel, label in zip(inputs.paths, inputs.labels):
+            with open(os.path.join(inputs.root, rel), "rb") as fh:
+                sink.write({"data": fh.read(), "cls": int(label)})
     return path
 
 

@@ -172,7 +172,8 @@ def limits_table(result) -> list:
              "first_batch_s_with_imports": "  the same including import torch (s)",
              "first_batch_samples": "  samples in that data set"}
     lines = ["| limit | value |", "|---|---:|"]
-    lines += [f"| {label} | {_fmt(lim[k], 2 if k.startswith(('first', 'ours_gather_vs')) else 1 if 'gb' in k else 0)} |"
+    digits = {"first_batch_s": 2, "first_batch_s_with_imports": 2, "ours_gather_vs_memcpy": 2}
+    lines += [f"| {label} | {_fmt(lim[k], digits.get(k, 1 if 'gb' in k else 0))} |"
               for k, label in names.items() if k in lim]
     return lines
 
@@ -181,7 +182,8 @@ def _header(result) -> list:
     env = result["environment"]
     vers = ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v != "not installed")
     peers = "; ".join(f"{k}: {v.get('version') or v.get('reason')}" for k, v in result["peers"].items())
-    n = next((r["images"] for r in result["convert"].values() if "images" in r), "?")
+    n = next((r["images"] for r in result["convert"].values() if "images" in r),
+             result.get("remote", {}).get("data", {}).get("images", "?"))
     return [
         f"Measured {env['date']} on {env['cpu']}, {env['cores']} cores, {env['memory_gib']} GiB, "
         f"{env['platform']}, Python {env['python']}; GPU: {env['gpu']}. Load average before "
@@ -197,8 +199,10 @@ def _loader_parts(result) -> list:
     parts += load_table(result) + ["", "\\* not the same per-sample work: the peer's own "
                                    "decoder and resize. † its timed epochs spread more than "
                                    f"{NOISY:.0%} around the median. {foreign_text(result)}"]
-    parts += ["", "### Scaling with batch size (images/s, speedup over serial)", ""]
-    parts += batch_table(result) + ["", "### Limits (single core unless said)", ""]
+    if batch_table(result):
+        parts += ["", "### Scaling with batch size (images/s, speedup over serial)", ""]
+        parts += batch_table(result)
+    parts += ["", "### Limits (single core unless said)", ""]
     parts += limits_table(result)
     if result["environment"]["gpu"].startswith("none"):
         parts += ["", "GPU end-to-end: no GPU on this machine, not measured."]
