@@ -27,7 +27,7 @@ from dlpack_io.reader import format as fmt
 from dlpack_io.reader import jpegdecode
 from dlpack_io.reader.batchplan import NEUTRAL_JITTER, BatchPlan, TransformSpec, sample_error
 from dlpack_io.reader.decode import decode_record
-from dlpack_io.reader.safeio import guarded_array
+from dlpack_io.reader.safeio import ShardChangedError, guarded_array
 from dlpack_io.reader.skips import check_record_crc, skipped_from
 
 
@@ -193,10 +193,18 @@ def fill_range(ctx: BuildContext, plan: BatchPlan, a: int, b: int, epoch: int,
             skip_or_raise(ctx, plan.indices[pos], exc, failed, pos)
 
 
+def _shard_changed(exc: Exception) -> bool:
+    """True for a shard changed or truncated under the reader: not one bad sample, so
+    ``on_error="skip"`` must not skip it (every later read of that shard would fail too)."""
+    mapped = getattr(jpegdecode._jpeg, "MappedFileError", None)
+    return isinstance(exc, ShardChangedError) or (mapped is not None and isinstance(exc, mapped))
+
+
 def skip_or_raise(ctx: BuildContext, sample, exc: Exception, failed, pos: int) -> None:
-    """Raise the SampleError for ``sample``, or record it in ``failed`` when skipping."""
+    """Raise the SampleError for ``sample``, or record it in ``failed`` when skipping (a
+    shard that changed under the reader is always raised)."""
     error = sample_error(ctx.dataset, sample, exc)
-    if failed is None or not ctx.skip:
+    if failed is None or not ctx.skip or _shard_changed(exc):
         raise error from exc
     error.__cause__ = exc
     failed.append((pos, skipped_from(error)))

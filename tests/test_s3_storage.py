@@ -8,8 +8,8 @@ import time
 import pytest
 
 from dlpack_io.reader import s3client
-from dlpack_io.reader.storage import (ObjectChangedError, Policy, StorageError, Store, is_remote,
-                                      parse_url)
+from dlpack_io.reader.storage import ObjectChangedError, Policy, StorageError, Store
+from dlpack_io.reader.urls import is_remote, parse_url
 
 BUCKET = "dlpack-test"
 
