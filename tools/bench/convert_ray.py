@@ -1,6 +1,6 @@
 """Conversion benchmark: ``--engine ray`` against the local engine on the same CPUs.
 
-    unshare --net sh -c 'ip link set lo up && python -m dlpack_io.tools.bench_convert_ray'
+    unshare --net sh -c 'ip link set lo up && python -m dlpack_io.tools.bench.convert_ray'
         [--images 3000] [--cpus 2] [--repeats 5] [--shard-size 256MB] [--out bench-out]
 
 (``unshare --net``, as root, keeps every Ray process on loopback; without it Ray listens on
