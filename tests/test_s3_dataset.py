@@ -224,7 +224,7 @@ def test_server_killed_mid_epoch_gives_a_clear_error_within_the_deadline(tmp_pat
                                                                          packed):
     import time
 
-    from dlpack_io.tools.seaweed import SeaweedServer
+    from dlpack_io.tools.bench.seaweed import SeaweedServer
 
     with SeaweedServer(tmp_path / "srv", buckets=["dying"]) as server:
         for key, value in server.env().items():
