@@ -19,6 +19,8 @@
 """
 import contextlib
 import json
+import os
+import shutil
 import time
 
 import numpy as np
@@ -57,8 +59,6 @@ def _exif_folder(root):
 
 def _corrupt_copy(src, dst):
     """Copy a record data set and damage (XOR 0xFF) the first 16 payload bytes of CORRUPT."""
-    import shutil
-
     shutil.copytree(src, dst)
     ds = Dataset(dst)
     for i in CORRUPT:
@@ -163,14 +163,21 @@ def _quarter_turn(pixels):
     return np.ascontiguousarray(np.rot90(pixels))
 
 
+HOST_PATHS = {"sample_transform-threads": dict(sample_transform=_quarter_turn),
+              "sample_transform-processes": dict(sample_transform=_quarter_turn,
+                                                 worker_kind="process"),
+              "device_transforms=False-threads": dict(device_transforms=False)}
+
+
 @cuda
-@pytest.mark.parametrize("kind", ["thread", "process"])
-def test_sample_transform_host_path_to_cuda_is_exact(packed, kind):
-    """sample_transform forces host transforms; on CUDA the finished batch is copied from a
-    pinned pool: the same bytes as on the CPU, held batches intact under a lagging GPU."""
+@pytest.mark.parametrize("case", list(HOST_PATHS), ids=list(HOST_PATHS))
+def test_host_transforms_to_cuda_are_exact(packed, case):
+    """sample_transform (or device_transforms=False, the explicit fallback of issue 14
+    item 4) transforms on the host; on CUDA the finished batch is copied from a pinned
+    pool: the same bytes as on the CPU, held batches intact under a lagging GPU."""
     ds = Dataset(packed["jpeg"])
     kw = _base(transforms=[RandomResizedCrop(24), FLIPS[0], JITTER, Normalize()],
-               dtype=torch.float16, sample_transform=_quarter_turn, worker_kind=kind)
+               dtype=torch.float16, **HOST_PATHS[case])
     cpu = [(x.clone(), y, i) for x, y, i in Loader(ds, **kw)]
     loader = Loader(ds, device="cuda", **kw)
     assert not loader.device_transforms
@@ -270,9 +277,13 @@ def _profiler():
 
 
 def _trace(prof, tmp_path) -> list:
-    """Complete events of the profile's chrome trace (stable across torch versions)."""
+    """Complete events of the profile's chrome trace (stable across torch versions); a
+    copy goes to $DLPACK_TRACE_DIR when set (docs/gpu.md)."""
     path = tmp_path / "trace.json"
     prof.export_chrome_trace(str(path))
+    if os.environ.get("DLPACK_TRACE_DIR"):
+        os.makedirs(os.environ["DLPACK_TRACE_DIR"], exist_ok=True)
+        shutil.copy(path, os.path.join(os.environ["DLPACK_TRACE_DIR"], f"{tmp_path.name}.json"))
     data = json.loads(path.read_text())
     events = data["traceEvents"] if isinstance(data, dict) else data
     return [e for e in events if e.get("ph") == "X"]
@@ -476,7 +487,7 @@ def test_thread_pools_are_kept_across_epochs_and_bounded(packed, device):
     if cuda_:
         assert torch.cuda.memory_stats()["segment.all.allocated"] == segments  # no cudaMalloc
     if host:  # torch's pinned allocator (rounds blocks up to powers of two)
-        assert host()["num_host_alloc"] - allocs == len(now) - len(slots)
+        assert 0 <= host()["num_host_alloc"] - allocs <= len(now) - len(slots)
         grown = host()["allocated_bytes.current"] - before
         assert grown <= len(now) * _pow2(_slot_bound(loader, ds))
     loader.close()
