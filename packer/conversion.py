@@ -294,7 +294,7 @@ def plan_inputs(inputs, opts: PackOptions):
 ENGINES = ("local", "ray")
 
 
-def _engine(engine: str, ray_address, opts: PackOptions):
+def engine_context(engine: str, ray_address, opts: PackOptions):
     """A context manager that yields the function packing the inputs: worker processes
     here (local) or tasks on a Ray cluster. Raises at once for a bad choice or missing Ray."""
     if engine == "local":
@@ -327,18 +327,14 @@ def convert(src, dst, *, list_file=None, resume: bool = False, overwrite: bool =
     if is_remote(dst):  # s3://bucket/prefix: pack locally, upload (packer/upload.py)
         from dlpack_io.packer.upload import convert_remote
 
-        if engine != "local":
-            raise ValueError("--engine ray writes to a shared file system; an s3:// DST is "
-                             "packed by the local engine (pack to a shared folder, or use "
-                             "--engine local)")
         return convert_remote(src, dst, list_file=list_file, resume=resume,
                               overwrite=overwrite, labels=labels, provenance=provenance,
-                              **options)
+                              engine=engine, ray_address=ray_address, **options)
     if options.pop("staging", None) is not None:
         raise ValueError("--staging is for s3:// destinations (shards waiting for upload)")
     check_src_dst(src, dst)
     opts, inputs = prepare_inputs(src, list_file, options, labels)
-    engine_ = _engine(engine, ray_address, opts)
+    engine_ = engine_context(engine, ray_address, opts)
     stats, plan = plan_inputs(inputs, opts)
     dst = os.path.abspath(dst)
     created = not os.path.exists(dst)

@@ -12,8 +12,10 @@ process) therefore works in two phases, streamed:
    the driver writes the manifest last, exactly as the local engine does.
 
 So the bytes do not depend on the engine, the cluster, segment sizes or task timing, and a
-killed driver resumes from the journal like a local run. SRC and DST must be paths that
-every node sees (a shared file system).
+killed driver resumes from the journal like a local run. SRC must be a path every node
+sees (a shared file system); DST too, or an ``s3://`` URL: each assembly task then uploads
+its shard from a temporary folder of its own node (``upload``; the driver keeps the
+journal in the bucket, as packer/upload.py does for the local engine).
 """
 from __future__ import annotations
 
@@ -67,9 +69,10 @@ class _RayPlanner(_Packer):
     """The local packer with shard writing replaced by assembly tasks; shards are
     journaled in order as their tasks finish, at most ``max_pending`` in flight."""
 
-    def __init__(self, dst, inputs, options, state, journal_, *, ray, max_pending: int):
+    def __init__(self, dst, inputs, options, state, journal_, *, ray, max_pending: int,
+                 upload=None):
         super().__init__(dst, inputs, options, state, journal_)
-        self.ray, self.max_pending = ray, max_pending
+        self.ray, self.max_pending, self.upload = ray, max_pending, upload
         self.assemble = ray.remote(ray_tasks.assemble_shard).options(
             num_cpus=ASSEMBLY_CPUS, max_retries=MAX_RETRIES)
         self.items, self.blobs = [], {}
@@ -91,7 +94,7 @@ class _RayPlanner(_Packer):
     def finish_shard(self, end_input: int) -> None:
         o = self.options
         ref = self.assemble.remote(self.dst, o.format, self.planned_shards, self.planned_samples,
-                                   o.shard_size, self.items, *self.blobs)
+                                   o.shard_size, self.items, *self.blobs, upload=self.upload)
         self.pending.append((ref, self.planned_shards, end_input, self.take_since()))
         self.planned_shards += 1
         self.planned_samples += len(self.items)
@@ -201,9 +204,12 @@ class _Items:
         return (os.path.join(self.inputs.root, self.inputs.paths[i]), *self.stats[i])
 
 
-def pack(dst, inputs, stats, options, state, journal_, *, ray, cpus: int) -> Progress:
+def pack(dst, inputs, stats, options, state, journal_, *, ray, cpus: int,
+         upload=None) -> Progress:
     """The Ray engine's counterpart of conversion._pack: same arguments, same effect on
-    ``state`` and the journal, same Progress."""
+    ``state`` and the journal, same Progress. ``upload``: ``(url, storage_options)`` of
+    an s3:// DST, which the tasks write to directly (``dst`` is then the driver's staging
+    folder, unused; probe_nodes has checked that every node can write there)."""
     order = packing_order(len(inputs.paths), options)
     todo = order[state.position:]
     files = _Items(inputs, stats, todo)
@@ -212,7 +218,8 @@ def pack(dst, inputs, stats, options, state, journal_, *, ray, cpus: int) -> Pro
     base = state.position
     progress = Progress(len(order), f"convert {os.path.basename(dst)}",
                         enabled=options.progress, initial=base)
-    planner = _RayPlanner(dst, inputs, options, state, journal_, ray=ray, max_pending=max(2, cpus))
+    planner = _RayPlanner(dst, inputs, options, state, journal_, ray=ray,
+                          max_pending=max(2, cpus), upload=upload)
     try:
         for start, outcomes, blob in _segments(ray, files, options, cpus, size):
             for k, outcome in enumerate(outcomes):
@@ -240,6 +247,33 @@ def pack(dst, inputs, stats, options, state, journal_, *, ray, cpus: int) -> Pro
     finally:
         progress.close()
     return progress
+
+
+def probe_nodes(ray, url: str, storage_options: dict | None) -> None:
+    """Fail before any work, naming the node, when a node of the cluster cannot write to
+    ``url``: its tasks will upload shards there. Credentials are not sent over the cluster
+    (only the explicit ``storage_options`` are): each node uses its own AWS_* variables,
+    shared files or instance role, like any S3 client running there."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    probe = ray.remote(ray_tasks.probe_store)
+    nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU")]
+    refs = {n["NodeManagerAddress"]: probe.options(
+        num_cpus=0, max_retries=0,
+        scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+    ).remote(url, storage_options) for n in nodes}
+    for address, ref in refs.items():
+        try:
+            ray.get(ref)
+        except ray.exceptions.RayError as exc:
+            cause = getattr(exc, "cause", None) or exc
+            first_line = str(cause).strip().split("\n", 1)[0][:300]
+            raise ConversionError(
+                f"the Ray node at {address} cannot write to {url} ({type(cause).__name__}: "
+                f"{first_line}); the tasks upload the shards themselves, and credentials are "
+                f"not sent over the cluster: give every node its AWS_* variables (or "
+                f"~/.aws files, or an instance role) or pass storage_options explicitly"
+            ) from None
 
 
 def _keep_completed(planner: _RayPlanner) -> None:
@@ -298,7 +332,7 @@ class connection:  # noqa: N801  (used like a function: ``with connection(...) a
             raise
         cpus = min(cpus, self.options.workers or cpus)
         log.info("Ray %s: %d nodes, %d CPUs used", ray.__version__, len(ray.nodes()), cpus)
-        return lambda *args: pack(*args, ray=ray, cpus=cpus)
+        return lambda *args, **kwargs: pack(*args, ray=ray, cpus=cpus, **kwargs)
 
     def _init(self) -> None:
         kwargs = {"log_to_driver": False, "logging_level": logging.WARNING}

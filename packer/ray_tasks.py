@@ -11,6 +11,9 @@ rename. A retried attempt first removes what a killed attempt left.
 from __future__ import annotations
 
 import os
+import shutil
+import socket
+import tempfile
 
 import numpy as np
 
@@ -42,14 +45,47 @@ def encode_segment(items: list, options: dict) -> tuple[list, np.ndarray]:
     return outcomes, np.frombuffer(b"".join(parts), dtype=np.uint8)
 
 
-def assemble_shard(dst: str, data_format: str, shard_number: int, first_sample: int,
-                   shard_size: int, items: list, *payloads) -> dict:
+def assemble_shard(dst, data_format: str, shard_number: int, first_sample: int,
+                   shard_size: int, items: list, *payloads, upload=None) -> dict:
     """Write shard ``shard_number``; return its manifest entry (the local writer's).
 
     ``items`` are ``(array, offset, length, label, path, crc, height, width, kind,
-    orientation, colour)`` in shard order, ``array`` indexing ``payloads`` (encode_segment's arrays, which Ray hands
-    over without copying).
+    orientation, colour)`` in shard order, ``array`` indexing ``payloads`` (encode_segment's
+    arrays, which Ray hands over without copying). ``upload``: ``(url, storage_options)``
+    of an s3:// DST; the shard is then written under a temporary folder here (``dst`` is
+    not used) and uploaded, and the local copy removed.
     """
+    if upload is None:
+        return _write_shard(dst, data_format, shard_number, first_sample, shard_size, items,
+                            payloads)
+    from dlpack_io.packer.upload import upload_shard
+    from dlpack_io.reader.storage import Store
+
+    url, storage_options = upload
+    staging = tempfile.mkdtemp(prefix="dlpack-ray-shard-")
+    try:
+        entry = _write_shard(staging, data_format, shard_number, first_sample, shard_size,
+                             items, payloads)
+        upload_shard(Store(url, storage_options=storage_options), staging, entry)
+        return entry
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def probe_store(url: str, storage_options: dict | None) -> str:
+    """Write and delete a small object under ``url`` from this node; returns the node's
+    host name. Raises StorageError when this node cannot write there."""
+    from dlpack_io.reader.storage import Store
+
+    store = Store(url, storage_options=storage_options)
+    name = f".dlpack-probe-{socket.gethostname()}-{os.getpid()}"
+    store.put(name, b"dlpack: can this node write here?")
+    store.delete(name)
+    return socket.gethostname()
+
+
+def _write_shard(dst, data_format, shard_number, first_sample, shard_size, items,
+                 payloads) -> dict:
     stale = os.path.join(dst, partial_name(fmt.shard_name(shard_number, data_format)))
     try:  # a killed attempt's temp file: LMDB would reopen it instead of starting afresh
         os.unlink(stale)

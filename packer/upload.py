@@ -7,6 +7,8 @@ is being packed, checked on the server (size and header checksum), deleted local
 recorded in the journal, which lives in the bucket (``prefix/.dlpack-convert.journal``,
 rewritten whole after every shard) so ``--resume`` works from any machine. The manifest is
 uploaded last and the journal deleted after it: until then no reader sees a data set.
+With ``engine="ray"`` the Ray engine's shard tasks upload their shards themselves (see
+packer/ray_engine.py) and this module keeps the rest: the journal, resume, the manifest.
 """
 from __future__ import annotations
 
@@ -31,8 +33,9 @@ _OURS_PREFIXES = ("shard-", fmt.MANIFEST_NAME, fmt.REJECTS_NAME, journal.JOURNAL
 class RemoteJournal:
     """The journal of an upload; ``append`` queues a finished shard for upload."""
 
-    def __init__(self, store: Store, staging: str, plan: dict, kept: list):
-        self.store, self.staging = store, staging
+    def __init__(self, store: Store, staging: str, plan: dict, kept: list, *,
+                 uploaded: bool = False):
+        self.store, self.staging, self.uploaded = store, staging, uploaded
         self.lines = [plan] + list(kept)
         self._write()
         self._queue: queue.Queue = queue.Queue(maxsize=1)  # pack one shard ahead, no more
@@ -45,7 +48,8 @@ class RemoteJournal:
         self.store.put(journal.JOURNAL_NAME, data.encode())
 
     def append(self, entry: dict) -> None:
-        """(Packing thread) a shard is finished in the staging folder: upload it."""
+        """(Packing thread) a shard is finished in the staging folder: upload it (or, when
+        ``uploaded``, a task has already uploaded and checked it: journal it)."""
         self._raise_if_failed()
         self._queue.put(entry)
 
@@ -57,7 +61,8 @@ class RemoteJournal:
             if self._error is not None:
                 continue  # drain: the packing thread will see the error
             try:
-                upload_shard(self.store, self.staging, entry["shard"])
+                if not self.uploaded:
+                    upload_shard(self.store, self.staging, entry["shard"])
                 self.lines.append(entry)
                 self._write()
             except BaseException as exc:
@@ -166,6 +171,7 @@ def resume_remote(store: Store, plan: dict, num_classes: int, state):
         state.position = entry["end_input"]
         state.rejects += [tuple(r) for r in entry["rejects"]]
         state.reencoded.update(entry["reencoded"])
+        state.lossless.update(entry.get("lossless", {}))
         state.class_counts += np.asarray(entry["class_counts"], dtype=np.int64)
     names = {e["shard"]["name"] for e in kept}
     for name in _ours(store):
@@ -176,11 +182,14 @@ def resume_remote(store: Store, plan: dict, num_classes: int, state):
 
 def convert_remote(src, url: str, *, list_file=None, resume: bool = False,
                    overwrite: bool = False, staging=None, storage_options=None,
-                   labels: bool = True, provenance: bool = True, **options) -> dict:
-    """Pack ``src`` and upload it to ``url``; the summary dict of conversion.convert."""
+                   labels: bool = True, provenance: bool = True, engine: str = "local",
+                   ray_address=None, **options) -> dict:
+    """Pack ``src`` and upload it to ``url``; the summary dict of conversion.convert.
+    ``engine``/``ray_address`` as there: with "ray" the cluster's tasks upload the shards."""
     from dlpack_io.packer import conversion
 
     opts, inputs = conversion.prepare_inputs(src, list_file, options, labels)
+    engine_ = conversion.engine_context(engine, ray_address, opts)
     try:
         store = Store(url, storage_options=storage_options)
         if prepare_remote(store, resume=resume, overwrite=overwrite) == "complete":
@@ -188,7 +197,8 @@ def convert_remote(src, url: str, *, list_file=None, resume: bool = False,
             return {"dst": url, "already_complete": True}
         stage = tempfile.mkdtemp(prefix="dlpack-upload-", dir=staging)
         try:
-            return _convert_staged(store, stage, inputs, opts, provenance)
+            with engine_ as pack:
+                return _convert_staged(store, stage, inputs, opts, provenance, pack, engine)
         finally:
             shutil.rmtree(stage, ignore_errors=True)
     except StorageError as exc:
@@ -196,7 +206,8 @@ def convert_remote(src, url: str, *, list_file=None, resume: bool = False,
                               f"--resume") from exc
 
 
-def _convert_staged(store: Store, stage: str, inputs, opts, provenance: bool) -> dict:
+def _convert_staged(store: Store, stage: str, inputs, opts, provenance: bool, pack,
+                    engine: str) -> dict:
     import numpy as np
 
     from dlpack_io.packer import conversion
@@ -205,9 +216,15 @@ def _convert_staged(store: Store, stage: str, inputs, opts, provenance: bool) ->
     state = conversion._State(class_counts=np.zeros(len(inputs.classes), dtype=np.int64))
     kept = resume_remote(store, plan, len(inputs.classes), state)
     resumed_from = state.position
-    journal_ = RemoteJournal(store, stage, plan, kept)
+    ray = engine == "ray"
+    extra = {"upload": (store.url, store.explicit_options)} if ray else {}
+    if ray:  # before the journal: a node that cannot write leaves the bucket as it was
+        from dlpack_io.packer import ray_engine
+
+        ray_engine.probe_nodes(ray_engine.import_ray(), *extra["upload"])
+    journal_ = RemoteJournal(store, stage, plan, kept, uploaded=ray)
     try:
-        progress = conversion._pack(stage, inputs, stats, opts, state, journal_)
+        progress = pack(stage, inputs, stats, opts, state, journal_, **extra)
         journal_.finish()
     except BaseException:
         journal_.abort()
@@ -219,8 +236,10 @@ def _convert_staged(store: Store, stage: str, inputs, opts, provenance: bool) ->
                               + "; ".join(f"{why} ({n}x)" for why, n in reasons))
     manifest = finalize.build_manifest(inputs, opts, state.shards, state.rejects,
                                        state.reencoded, state.class_counts.tolist(),
-                                       progress.elapsed, state.lossless, provenance=provenance)
+                                       progress.elapsed, state.lossless, provenance=provenance,
+                                       engine=engine)
     store.put(fmt.REJECTS_NAME, finalize.rejects_tsv(state.rejects))
     store.put(fmt.MANIFEST_NAME, fmt.encode_meta(manifest))  # last: now it is a data set
     store.delete(journal.JOURNAL_NAME)
-    return conversion._summary(store.url, manifest, state, inputs, progress, resumed_from)
+    return dict(conversion._summary(store.url, manifest, state, inputs, progress, resumed_from),
+                engine=engine)

@@ -87,6 +87,7 @@ class Store:
         self.bucket, self.prefix = parse_url(url)
         s3client.import_obstore()  # the install hint, before anything else can fail
         self.options = s3client.resolve_options(storage_options)
+        self._given = dict(storage_options or {})
         tuned = {k: float(v) if k != "retries" else int(v)
                  for k, v in (storage_options or {}).items() if k in s3client.POLICY_KEYS}
         self.policy = dataclasses.replace(policy or Policy(), **tuned)
@@ -104,6 +105,16 @@ class Store:
                                f"process that opened the data set fetches (Loader workers read "
                                f"the local cache the main process filled)")
         return self._store
+
+    @property
+    def explicit_options(self) -> dict:
+        """What another machine needs to reach the same bucket (for Ray tasks): the
+        explicit storage_options, plus the endpoint, region and allow_http this process
+        resolved. Credentials found in this process's environment or files are left out:
+        they are not sent over a cluster; each node uses its own."""
+        shared = {k: self.options[k] for k in ("endpoint", "region", "allow_http")
+                  if k in self.options}
+        return {**shared, **self._given}
 
     def key(self, name: str) -> str:
         """Object key of ``name`` under the prefix."""

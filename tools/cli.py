@@ -126,8 +126,9 @@ def main(verbose: bool):
                    "inside SRC are kept: they name the samples.")
 @click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="local: worker processes on this machine. ray: tasks on a Ray cluster "
-                   "(pip install 'dlpack-io[ray]'); same bytes as local, resumable. SRC and DST "
-                   "must be paths every node sees (shared file system).")
+                   "(pip install 'dlpack-io[ray]'); same bytes as local, resumable. SRC must be a "
+                   "path every node sees (shared file system); DST too, or s3://... (each "
+                   "node then uploads its shards with its own AWS credentials).")
 @click.option("--ray-address", metavar="ADDRESS",
               help="With --engine ray: the cluster to use (HOST:PORT of `ray start --head`, or "
                    "'auto' for the one running here). Default: $RAY_ADDRESS, else a private "
