@@ -381,18 +381,24 @@ def _convert_locked(src, dst, inputs, stats, plan, opts, pack, lock, created, en
     return dict(_summary(dst, manifest, state, inputs, progress, resumed_from), engine=engine)
 
 
-def _finish(src, dst, inputs, opts: PackOptions, state: _State, progress, engine: str,
-            provenance: bool) -> dict:
-    """Write rejects.tsv and, last, the manifest; drop the journal. Returns the manifest."""
+def final_manifest(src, inputs, opts: PackOptions, state: _State, progress, engine: str,
+                   provenance: bool) -> dict:
+    """The finished data set's manifest; ConversionError (naming ``src`` and the most
+    common reasons) when not one input could be packed."""
     if not state.shards:
         reasons = Counter(r for _, r in state.rejects).most_common(3)
         raise ConversionError(f"{src}: none of the {len(inputs.paths)} inputs could be "
                               f"packed; most common reasons: "
                               + "; ".join(f"{why} ({n}x)" for why, n in reasons))
-    manifest = finalize.build_manifest(inputs, opts, state.shards, state.rejects,
-                                       state.reencoded, state.class_counts.tolist(),
-                                       progress.elapsed, state.lossless, provenance=provenance,
-                                       engine=engine)
+    return finalize.build_manifest(inputs, opts, state.shards, state.rejects, state.reencoded,
+                                   state.class_counts.tolist(), progress.elapsed,
+                                   state.lossless, provenance=provenance, engine=engine)
+
+
+def _finish(src, dst, inputs, opts: PackOptions, state: _State, progress, engine: str,
+            provenance: bool) -> dict:
+    """Write rejects.tsv and, last, the manifest; drop the journal. Returns the manifest."""
+    manifest = final_manifest(src, inputs, opts, state, progress, engine, provenance)
     try:
         finalize.write_dataset_files(dst, manifest, state.rejects)
     except OSError as exc:

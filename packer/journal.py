@@ -85,9 +85,14 @@ def read_journal(dst) -> tuple[dict | None, list]:
     except OSError:  # a symlink or FIFO where our journal should be: not a journal of ours
         return None, []
     with open(fd, encoding="utf-8", errors="replace") as f:
-        lines = f.read().split("\n")
+        return parse_journal(f.read())
+
+
+def parse_journal(text: str):
+    """(plan line, shard entries) of a journal's text; (None, []) when it is not one of
+    ours. A line cut short by a crash ends it: what follows was never committed."""
     entries = []
-    for line in lines:
+    for line in text.split("\n"):
         try:
             entries.append(json.loads(line))
         except json.JSONDecodeError:

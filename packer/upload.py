@@ -19,7 +19,6 @@ import queue
 import shutil
 import tempfile
 import threading
-from collections import Counter
 
 from dlpack_io.packer import finalize, journal
 from dlpack_io.packer.pipeline import ConversionError
@@ -116,15 +115,7 @@ def _read_journal(store: Store):
     head = store.head(journal.JOURNAL_NAME)
     if head is None:
         return None, []
-    lines = []
-    for line in store.get(journal.JOURNAL_NAME).decode("utf-8", "replace").split("\n"):
-        try:
-            lines.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    if not lines or "plan" not in lines[0]:
-        return None, []
-    return lines[0], lines[1:]
+    return journal.parse_journal(store.get(journal.JOURNAL_NAME).decode("utf-8", "replace"))
 
 
 def _ours(store: Store) -> dict:
@@ -229,15 +220,8 @@ def _convert_staged(store: Store, stage: str, inputs, opts, provenance: bool, pa
     except BaseException:
         journal_.abort()
         raise
-    if not state.shards:
-        reasons = Counter(r for _, r in state.rejects).most_common(3)
-        raise ConversionError(f"{inputs.root}: none of the {len(inputs.paths)} inputs could be "
-                              f"packed; most common reasons: "
-                              + "; ".join(f"{why} ({n}x)" for why, n in reasons))
-    manifest = finalize.build_manifest(inputs, opts, state.shards, state.rejects,
-                                       state.reencoded, state.class_counts.tolist(),
-                                       progress.elapsed, state.lossless, provenance=provenance,
-                                       engine=engine)
+    manifest = conversion.final_manifest(inputs.root, inputs, opts, state, progress, engine,
+                                         provenance)
     store.put(fmt.REJECTS_NAME, finalize.rejects_tsv(state.rejects))
     store.put(fmt.MANIFEST_NAME, fmt.encode_meta(manifest))  # last: now it is a data set
     store.delete(journal.JOURNAL_NAME)

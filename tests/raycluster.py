@@ -128,3 +128,28 @@ class LocalRayCluster:
             proc.wait()
         self.procs.clear()
         shutil.rmtree(self.root, ignore_errors=True)  # Ray's session files and the logs
+
+
+DRIVER_ENV = ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED")
+
+
+def module_cluster(nodes: int = 2, cpus: int = 1, env: dict | None = None):
+    """Body of a module-scoped pytest fixture: start a cluster (``env`` replaces the nodes'
+    environment), let this process's drivers connect like the subprocess ones, yield it,
+    stop it and check that no process of it survived."""
+    import pytest
+
+    c = LocalRayCluster(nodes=nodes, cpus=cpus)
+    if env is not None:
+        c.env = dict(env, **{k: c.env[k] for k in (*DRIVER_ENV, "RAY_TMPDIR")})
+    c.start()
+    mp = pytest.MonkeyPatch()
+    for key in DRIVER_ENV:
+        mp.setenv(key, c.env[key])
+    try:
+        yield c
+    finally:
+        mp.undo()
+        sessions = c.sessions()
+        c.stop()
+    assert session_pids(sessions) == [], "ray processes survived stop()"

@@ -24,24 +24,15 @@ from dlpack_io.packer.pipeline import ConversionError  # noqa: E402
 from dlpack_io.tools.synth import make_image_folder  # noqa: E402
 
 from helpers import dataset_fingerprint  # noqa: E402
-from raycluster import LocalRayCluster, session_pids  # noqa: E402
+from raycluster import module_cluster, session_pids  # noqa: E402
 
 SHARD = "60KB"
-DRIVER_ENV = ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED")
 
 
 @pytest.fixture(scope="module")
 def cluster():
     """A head node and a second node, one CPU each, as separate `ray start` processes."""
-    c = LocalRayCluster(nodes=2, cpus=1).start()
-    mp = pytest.MonkeyPatch()
-    for key in DRIVER_ENV:  # this process's drivers connect like the subprocess ones
-        mp.setenv(key, c.env[key])
-    yield c
-    mp.undo()
-    sessions = c.sessions()
-    c.stop()
-    assert session_pids(sessions) == [], "ray processes survived stop()"
+    yield from module_cluster(nodes=2, cpus=1)
 
 
 @pytest.fixture(scope="module")

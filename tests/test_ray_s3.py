@@ -26,7 +26,7 @@ from dlpack_io.reader.storage import Store  # noqa: E402
 from dlpack_io.tools.bench.seaweed import ACCESS_KEY, SECRET_KEY  # noqa: E402
 from dlpack_io.tools.synth import make_image_folder  # noqa: E402
 
-from raycluster import LocalRayCluster, session_pids  # noqa: E402
+from raycluster import module_cluster  # noqa: E402
 
 SHARD = "60KB"
 BUCKET = "dlpack-test"
@@ -36,20 +36,11 @@ KEYS = {"access_key_id": ACCESS_KEY, "secret_access_key": SECRET_KEY}
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """Two one-CPU nodes whose own S3 credentials are wrong and who know no endpoint."""
-    c = LocalRayCluster(nodes=2, cpus=1)
     nowhere = str(tmp_path_factory.mktemp("no-aws") / "none")
-    c.env = {k: v for k, v in c.env.items() if not k.startswith("AWS_")}
-    c.env.update(AWS_ACCESS_KEY_ID="node-key", AWS_SECRET_ACCESS_KEY="not-the-secret",
-                 AWS_SHARED_CREDENTIALS_FILE=nowhere, AWS_CONFIG_FILE=nowhere)
-    c.start()
-    mp = pytest.MonkeyPatch()
-    for key in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED"):
-        mp.setenv(key, c.env[key])
-    yield c
-    mp.undo()
-    sessions = c.sessions()
-    c.stop()
-    assert session_pids(sessions) == [], "ray processes survived stop()"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_ACCESS_KEY_ID="node-key", AWS_SECRET_ACCESS_KEY="not-the-secret",
+               AWS_SHARED_CREDENTIALS_FILE=nowhere, AWS_CONFIG_FILE=nowhere)
+    yield from module_cluster(nodes=2, cpus=1, env=env)
 
 
 @pytest.fixture(scope="module")
