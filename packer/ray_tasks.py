@@ -58,7 +58,7 @@ def assemble_shard(dst, data_format: str, shard_number: int, first_sample: int,
     if upload is None:
         return _write_shard(dst, data_format, shard_number, first_sample, shard_size, items,
                             payloads)
-    from dlpack_io.packer.upload import upload_shard
+    from dlpack_io.packer.remoteshard import upload_shard
     from dlpack_io.reader.storage import Store
 
     url, storage_options = upload

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import queue
 import shutil
 import tempfile
@@ -23,6 +22,7 @@ import threading
 from dlpack_io.packer import finalize, journal
 from dlpack_io.packer.pipeline import ConversionError
 from dlpack_io.reader import format as fmt
+from dlpack_io.packer.remoteshard import remote_shard_ok, upload_shard
 from dlpack_io.reader.storage import StorageError, Store
 
 log = logging.getLogger(__name__)
@@ -84,31 +84,6 @@ class RemoteJournal:
         self._error = self._error or RuntimeError("conversion stopped")
         self._queue.put(None)
         self._thread.join()
-
-
-def upload_shard(store: Store, staging: str, entry: dict) -> None:
-    """Upload one finished shard, check it on the server, delete the local copy."""
-    path = os.path.join(staging, entry["name"])
-    store.put_file(entry["name"], path)
-    if not remote_shard_ok(store, entry):
-        raise StorageError(f"{store.where(entry['name'])}: the uploaded object does not match "
-                           f"the shard that was written (size or header checksum)")
-    os.unlink(path)
-
-
-def remote_shard_ok(store: Store, entry: dict) -> bool:
-    """The object is the shard the journal describes: size, and header CRC for records."""
-    head = store.head(entry["name"])
-    if head is None or head["size"] != entry["bytes"]:
-        return False
-    if not entry["name"].endswith(fmt.SHARD_SUFFIX["record"]):
-        return True
-    page = store.get_range(entry["name"], 0, fmt.HEADER_SIZE)
-    try:
-        header = fmt.unpack_header(page, entry["bytes"], store.where(entry["name"]))
-    except fmt.FormatError:
-        return False
-    return header.header_crc == entry["crc"]
 
 
 def _read_journal(store: Store):

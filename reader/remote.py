@@ -152,7 +152,7 @@ def open_remote(url: str, *, cache_dir=None, cache_limit=None, storage_options=N
 
 
 def _parse_limit(limit, cache_dir: str) -> int:
-    from dlpack_io.packer.options import parse_size
+    from dlpack_io.reader.units import parse_size
 
     if limit is None:
         return cache_mod.default_limit(cache_dir)
