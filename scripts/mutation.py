@@ -297,7 +297,7 @@ def run_module(name: str, mutants: list, jobs: int, timeout: float, log) -> None
     base = tempfile.mkdtemp(prefix=f"dlpack-mutation-{name}-")
     copies = [make_copy(os.path.join(base, f"copy{j}")) for j in range(jobs)]
     _check_imports_copy(copies[0])
-    status, took, tail = run_tests(copies[0], tests, timeout * 3)
+    status, took, tail = run_tests(copies[0], tests, 3 * timeout if timeout > 0 else 1800)
     if status != "pass":
         raise SystemExit(f"{name}: the tests fail without any mutant:\n{tail}")
     log(f"{name}: tests pass unmutated in {took:.0f} s; {len(mutants)} mutants, "
