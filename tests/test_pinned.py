@@ -130,6 +130,23 @@ def test_block_order_is_pinned():
                              window=2).tolist() == PINNED_BLOCK_2
 
 
+def test_block_defaults_are_256_records_and_16_blocks_a_window():
+    """The documented defaults (docs/loader.md): pinned through what they produce."""
+    assert (order.DEFAULT_BLOCK_SIZE, order.DEFAULT_WINDOW) == (256, 16)
+    got = order.epoch_order(8192, "block", seed=1, epoch=0)
+    assert np.array_equal(got, order.block_order([8192], seed=1, epoch=0, block_size=256,
+                                                 window=16))
+    # the first window holds 16 whole blocks of 256: 4096 samples from 16 runs of 256
+    assert len(np.unique(got[:4096] // 256)) == 16
+    assert np.array_equal(np.sort(got[:4096]) // 256, np.repeat(np.unique(got[:4096] // 256), 256))
+
+
+def test_rank_order_defaults_are_one_rank_batch_one_keep_last():
+    assert order.rank_order(10, shuffle=None, seed=0, epoch=0).tolist() == list(range(10))
+    assert order.rank_order(10, shuffle=None, seed=0, epoch=0, world_size=3,
+                            rank=2).tolist() == [6, 7, 8, 9]
+
+
 def test_no_shuffle_is_storage_order():
     for off in (None, False, "none"):
         assert order.epoch_order(6, off, seed=11, epoch=2).tolist() == [0, 1, 2, 3, 4, 5]
@@ -229,6 +246,8 @@ def test_short_rank_splits_its_last_full_batch():
     assert bounds == [[0, 3, 5], [0, 3, 5], [0, 5, 6]]
     one = [order.rank_part(np.arange(3), r, 2, 1, False)[1].tolist() for r in range(2)]
     assert one == [[0, 1, 1], [0, 1, 2]]  # batch size 1: the short rank's last batch is empty
+    two = [order.rank_part(np.arange(5), r, 2, 2, False)[1].tolist() for r in range(2)]
+    assert two == [[0, 1, 2], [0, 2, 3]]  # a 2-sample last batch splits into 1 + 1
 
 
 def test_batches_per_rank_and_rank_bounds_are_pinned():
