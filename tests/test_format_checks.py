@@ -478,3 +478,39 @@ def test_lmdb_replaced_after_its_structure_was_checked(copy):
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     with pytest.raises(fmt.FormatError, match=r"shard-00001.lmdb: not a readable LMDB shard \("):
         dataset[6]
+
+
+def test_lmdb_shard_changed_in_place_is_named(copy):
+    """LMDB shards have no map of their own to ask (liblmdb's): the file's size is compared."""
+    from dlpack_io.reader.shard import ShardChangedError
+
+    ds = copy("lmdb")
+    dataset = Dataset(ds)
+    dataset[6]  # shard 1 opened in this process
+    path = ds / "shard-00001.lmdb"
+    size = path.stat().st_size
+    with open(path, "ab") as f:
+        f.write(bytes(4096))
+    with pytest.raises(ShardChangedError, match=rf"shard-00001.lmdb: changed on disk while this "
+                                                rf"process was reading it \({size} bytes when "
+                                                rf"opened, {size + 4096} now\)"):
+        dataset.check_unchanged([1])
+
+
+@pytest.mark.parametrize("bad", [0, -5, 2.5, "10"])
+def test_dataset_max_pixels_is_checked(packed, bad):
+    with pytest.raises(ValueError, match=rf"max_pixels {bad!r}: expected a positive integer"):
+        Dataset(packed / "raw", max_pixels=bad)
+
+
+def test_sample_indices_are_checked(packed):
+    ds = Dataset(packed / "raw")
+    with pytest.raises(IndexError, match="sample 16 out of range for a data set of 16 samples"):
+        ds.locate(16)
+    with pytest.raises(IndexError, match="sample -17 out of range for a data set of 16 samples"):
+        ds[-17]
+    assert ds.locate(-1) == (3, 0) and ds.locate(5) == (1, 0)
+    with pytest.raises(IndexError, match="sample -1 out of range for a data set of 16 samples"):
+        ds.lookup([0, -1])
+    with pytest.raises(IndexError, match="sample 99 out of range"):
+        ds.lookup([99, 3])
