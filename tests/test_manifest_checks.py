@@ -258,6 +258,22 @@ def test_manifest_larger_than_the_limit(tmp_path, monkeypatch):
         load_manifest(ds)
 
 
+def test_manifest_size_limit_is_256_mib(manifest, tmp_path):
+    """The documented limit (docs/FORMAT.md, "Limits"): one byte more is refused before a
+    byte is read (a sparse file: nothing is written), a 1 MB manifest is fine."""
+    ds = tmp_path / "ds"
+    ds.mkdir()
+    with open(ds / fmt.MANIFEST_NAME, "wb") as f:
+        f.truncate(256 * 2**20 + 1)
+    with pytest.raises(fmt.FormatError, match=r"manifest.json: 268435457 bytes, more than the "
+                                              r"268435456-byte limit for this file"):
+        load_manifest(ds)
+    manifest["source"]["root"] = "x" * 2**20  # a long path list, say
+    big = _write(tmp_path, manifest)
+    assert len((big / fmt.MANIFEST_NAME).read_bytes()) > 2**20
+    assert load_manifest(big)["source"]["root"] == "x" * 2**20
+
+
 # ---- a folder that is not a data set (manifest.load_manifest) ---------------------------------
 def test_no_such_folder(tmp_path):
     with pytest.raises(FileNotFoundError, match=f"{tmp_path / 'nope'}: no such data set folder"):
