@@ -252,6 +252,21 @@ def test_no_labels_data_set_holds_only_minus_one(copy):
                  r"-1 \(the data set has no classes\)")
 
 
+@pytest.mark.parametrize("h,w,ok", [(1, 65535, True), (65535, 1, True), (1, 65536, False),
+                                    (65536, 1, False), (0, 5, False), (5, 0, False)])
+def test_side_limits_are_inclusive(h, w, ok):
+    """1..65535 per side (the JPEG maximum), both ends included."""
+    index = np.zeros(1, fmt.INDEX_DTYPE)
+    index[0] = (4096, h * w * 3, 0, 0, h, w, 3, fmt.KIND_RAW, 1, 0)
+    layout = dict(data_offset=4096, data_end=4096 + fmt.align_up(h * w * 3), num_classes=1)
+    if ok:
+        check_index(index, "s.rec", **layout)
+    else:
+        with pytest.raises(fmt.FormatError, match=r"s.rec: record 0 .*height and width must be "
+                                                  r"1..65535"):
+            check_index(index, "s.rec", **layout)
+
+
 def test_lmdb_offsets_must_be_zero():
     index = np.zeros(2, fmt.INDEX_DTYPE)
     index[:] = (0, 192, 0, 0, 8, 8, 3, fmt.KIND_RAW, 1, 0)
@@ -433,6 +448,19 @@ def test_lmdb_index_checksum(copy):
     ds = _lmdb_case(copy, edit)
     _refused(ds, r"shard-00001.lmdb: index checksum mismatch \(stored 0x[0-9a-f]{8}, computed "
                  r"0x[0-9a-f]{8}\): the shard is damaged")
+
+
+@pytest.mark.parametrize("stored,match", [
+    (2**32, r"index checksum 4294967296 is not a CRC-32"),
+    (0, r"index checksum mismatch \(stored 0x00000000, computed 0x[0-9a-f]{8}\)"),  # 0 is a CRC
+])
+def test_lmdb_index_checksum_range(copy, stored, match):
+    def edit(items):
+        _, meta = lmdb_index_and_meta(items)
+        meta["index_crc"] = stored
+        items[fmt.LMDB_META_KEY] = fmt.encode_meta(meta)
+    ds = _lmdb_case(copy, edit)
+    _refused(ds, "shard-00001.lmdb: " + match)
 
 
 def test_lmdb_index_checksum_missing(copy):

@@ -204,6 +204,13 @@ def test_classes_and_counts_differ_in_length(manifest, tmp_path):
     _refused(tmp_path, manifest, "4 classes but 3 class counts; expected one count per class")
 
 
+def test_a_class_without_samples_is_fine(manifest, tmp_path):
+    """An empty class folder gives a class with count 0 (warned about when packing)."""
+    manifest["classes"].append("empty")
+    manifest["class_counts"].append(0)
+    assert load_manifest(_write(tmp_path, manifest))["class_counts"][-1] == 0
+
+
 def test_class_counts_must_add_up(manifest, tmp_path):
     manifest["class_counts"][0] += 1
     _refused(tmp_path, manifest, "class counts add up to 13, num_samples says 12")
