@@ -18,13 +18,13 @@ import numpy as np
 from dlpack_io.packer import finalize, journal
 from dlpack_io.packer.cutting import ShardCutter
 from dlpack_io.packer.options import PackOptions, parse_size
+from dlpack_io.packer.encode import require_pil
 from dlpack_io.packer.pipeline import ConversionError, encode_in_order
 from dlpack_io.packer.progress import Progress
 from dlpack_io.packer.scan import read_list, scan_image_folder, stat_inputs
 from dlpack_io.packer.writers import open_writer
 from dlpack_io.reader import format as fmt
-from dlpack_io.reader.decode import require_pil
-from dlpack_io.reader.storage import is_remote
+from dlpack_io.reader.urls import is_remote
 from dlpack_io.packer.dstfiles import (check_src_dst, clear_outputs, existing_entries,
                                        verify_kept_shard)
 

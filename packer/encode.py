@@ -34,11 +34,26 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dlpack_io.packer.native import native
 from dlpack_io.reader.format import (COLOUR_CMYK, COLOUR_GRAY, COLOUR_YCC, DEFAULT_MAX_PIXELS,
                                      KIND_JPEG, KIND_RAW, crc32)
 
 NON_JPEG = ("raw", "jpeg", "reject")
 _COLOURS = {"RGB": COLOUR_YCC, "L": COLOUR_GRAY, "CMYK": COLOUR_CMYK}
+
+
+PIL_MISSING = ("no PIL provider is installed (dlpack needs one to read images): "
+               "pip install 'dlpack-io[pillow]', or pillow-simd for faster resizing")
+
+
+def require_pil() -> None:
+    """Raise RuntimeError with the one-line fix when no PIL provider can be imported.
+
+    Called before any work starts (``convert`` checks before scanning the folder)."""
+    try:
+        import PIL  # noqa: F401
+    except ImportError:
+        raise RuntimeError(PIL_MISSING) from None
 
 
 class RejectedInput(Exception):
@@ -103,13 +118,12 @@ def _full_decode(img) -> None:
 def _reader_decode_error(data: bytes, height: int, width: int) -> str | None:
     """Entropy-decode every coefficient with the reader's own decoder (C extension, at 1/8
     scale: the IDCT is nearly free); the error text, or None when it decodes."""
-    from dlpack_io.reader import jpegdecode
-
-    if not jpegdecode.have_extension():
+    jpeg = native()
+    if jpeg is None:
         return None
     out = np.empty((height // 8 + 2) * (width // 8 + 2) * 3, dtype=np.uint8)
-    try:
-        jpegdecode.decode_region(data, (0, 0, height, width), 1, out)
+    try:  # (payload, out, top, left, height, width, scale_num, pixel_size)
+        jpeg.decode_region(data, out, 0, 0, height, width, 1, 3)
     except ValueError as exc:
         return str(exc)
     return None
@@ -170,10 +184,8 @@ RESTARTS_ADDED = "restart markers added (lossless)"
 def _add_restarts(data: bytes) -> bytes | None:
     """``data`` rewritten with a restart marker per MCU, or None to keep it (progressive,
     not 3-component, or already so); RejectedInput when it does not decode."""
-    from dlpack_io.reader import _jpeg
-
     try:
-        return _jpeg.add_restarts(data)
+        return native().add_restarts(data)
     except ValueError as exc:
         raise RejectedInput(f"cannot decode JPEG: {exc}") from None
 
@@ -181,8 +193,6 @@ def _add_restarts(data: bytes) -> bytes | None:
 def _keep_jpeg(data: bytes, img, orientation: int, validate: bool, restarts: bool):
     """The record of a JPEG kept as it is (or rewritten with restart markers), or None
     when the reader's decoder cannot decode what PIL can (the caller re-encodes it)."""
-    from dlpack_io.reader import jpegdecode
-
     width, height = img.size
     upright = (height, width) if orientation < 5 else (width, height)
     keep = dict(height=upright[0], width=upright[1], kind=KIND_JPEG, orientation=orientation,
@@ -191,7 +201,7 @@ def _keep_jpeg(data: bytes, img, orientation: int, validate: bool, restarts: boo
         rewritten = _add_restarts(data)
         if rewritten is not None:
             return EncodedRecord(rewritten, lossless=RESTARTS_ADDED, **keep)
-    if validate and jpegdecode.have_extension():
+    if validate and native() is not None:
         if _reader_decode_error(data, height, width) is not None:
             _full_decode(img)  # rejects what PIL cannot decode either
             return None

@@ -77,15 +77,15 @@ class PackOptions:
         if self.shard_size < 1:
             raise ValueError(f"shard_size {self.shard_size}: expected a positive byte count")
         if self.jpeg_restarts is None:
-            from dlpack_io.reader.jpegdecode import have_extension
+            from dlpack_io.packer.native import native
 
-            object.__setattr__(self, "jpeg_restarts", self.mode == "jpeg" and have_extension())
+            object.__setattr__(self, "jpeg_restarts", self.mode == "jpeg" and native() is not None)
         if self.jpeg_restarts and self.mode != "jpeg":
             raise ValueError("--restart-markers rewrites JPEG records; it needs --mode jpeg")
         if self.jpeg_restarts:
-            from dlpack_io.reader.jpegdecode import have_extension
+            from dlpack_io.packer.native import native
 
-            if not have_extension():
+            if native() is None:
                 raise ValueError("--restart-markers needs the C extension dlpack_io.reader._jpeg "
                                  "(libjpeg-turbo headers at install time)")
         if self.workers < 0:

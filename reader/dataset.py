@@ -9,7 +9,7 @@ from dlpack_io.reader import format as fmt
 from dlpack_io.reader.decode import decode_record
 from dlpack_io.reader.manifest import load_manifest
 from dlpack_io.reader.shard import guarded_array, open_shard
-from dlpack_io.reader.storage import is_remote
+from dlpack_io.reader.urls import is_remote
 
 
 class Dataset:

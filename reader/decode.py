@@ -8,20 +8,6 @@ import numpy as np
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.safeio import guarded_array
 
-PIL_MISSING = ("no PIL provider is installed (dlpack needs one to read images): "
-               "pip install 'dlpack-io[pillow]', or pillow-simd for faster resizing")
-
-
-def require_pil() -> None:
-    """Raise RuntimeError with the one-line fix when no PIL provider can be imported.
-
-    Called before any work starts (``convert`` checks before scanning the folder)."""
-    try:
-        import PIL  # noqa: F401
-    except ImportError:
-        raise RuntimeError(PIL_MISSING) from None
-
-
 def decode_jpeg(payload, where: str = "record", orientation: int = 1,
                 max_pixels: int | None = None) -> np.ndarray:
     """Decode JPEG bytes to an HWC uint8 RGB array (a fresh, writable array) with PIL:

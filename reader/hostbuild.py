@@ -21,13 +21,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dlpack_io.kernels.records import (FLIP_H, FLIP_V, IDENTITY_ORDER, JITTER_OPS, RECORD_ALIGN,
-                                       RECORD_BYTES, host_records)
+from dlpack_io.kernels.records import (FLIP_H, FLIP_V, IDENTITY_ORDER, JITTER_OPS, RECORD_BYTES,
+                                       RECORD_PLACEMENT, host_records)
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader import jpegdecode
 from dlpack_io.reader.batchplan import NEUTRAL_JITTER, BatchPlan, TransformSpec, sample_error
 from dlpack_io.reader.decode import decode_record
-from dlpack_io.reader.safeio import guarded_array
+from dlpack_io.reader.safeio import ShardChangedError, guarded_array
 from dlpack_io.reader.skips import check_record_crc, skipped_from
 
 
@@ -193,10 +193,18 @@ def fill_range(ctx: BuildContext, plan: BatchPlan, a: int, b: int, epoch: int,
             skip_or_raise(ctx, plan.indices[pos], exc, failed, pos)
 
 
+def _shard_changed(exc: Exception) -> bool:
+    """True for a shard changed or truncated under the reader: not one bad sample, so
+    ``on_error="skip"`` must not skip it (every later read of that shard would fail too)."""
+    mapped = getattr(jpegdecode._jpeg, "MappedFileError", None)
+    return isinstance(exc, ShardChangedError) or (mapped is not None and isinstance(exc, mapped))
+
+
 def skip_or_raise(ctx: BuildContext, sample, exc: Exception, failed, pos: int) -> None:
-    """Raise the SampleError for ``sample``, or record it in ``failed`` when skipping."""
+    """Raise the SampleError for ``sample``, or record it in ``failed`` when skipping (a
+    shard that changed under the reader is always raised)."""
     error = sample_error(ctx.dataset, sample, exc)
-    if failed is None or not ctx.skip:
+    if failed is None or not ctx.skip or _shard_changed(exc):
         raise error from exc
     error.__cause__ = exc
     failed.append((pos, skipped_from(error)))
@@ -250,7 +258,7 @@ class GatherMeta:
     out_size: tuple
     resize: bool
     dense_shape: tuple | None  # (N, H, W, 3) for the dense layout, None for ragged
-    records_offset: int     # byte offset of the records (8-byte aligned, after the pixels)
+    records_offset: int     # byte offset of the records (16-byte aligned, after the pixels)
     nbytes: int             # bytes of the buffer in use (pixels + records)
     indices: np.ndarray     # (N,) global indices of the samples in the buffer
     skipped: list           # Skipped entries of samples left out (on_error="skip")
@@ -272,7 +280,7 @@ def gather_bytes(entries) -> int:
 
 
 def _records_at(pixel_bytes: int) -> int:
-    return -(-pixel_bytes // RECORD_ALIGN) * RECORD_ALIGN
+    return -(-pixel_bytes // RECORD_PLACEMENT) * RECORD_PLACEMENT
 
 
 def _place_jpeg(ctx, payload, entry, box, params, buf, offset, scratch):

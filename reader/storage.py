@@ -21,9 +21,7 @@ import time
 from dataclasses import dataclass
 
 from dlpack_io.reader import s3client
-
-SCHEMES = ("s3://",)
-
+from dlpack_io.reader.urls import parse_url
 
 class StorageError(OSError):
     """A request to object storage failed; the message names URL, key, range and a fix."""
@@ -31,26 +29,6 @@ class StorageError(OSError):
 
 class ObjectChangedError(StorageError):
     """An object differs from what we saw before (size, ETag or checksum)."""
-
-
-def is_remote(path) -> bool:
-    """True for ``s3://...`` URLs."""
-    return isinstance(path, str) and path.startswith(SCHEMES)
-
-
-def parse_url(url: str) -> tuple[str, str]:
-    """(bucket, prefix) of ``s3://bucket[/prefix]``; the prefix ends with "/" unless empty."""
-    if not is_remote(url):
-        raise ValueError(f"{url!r} is not an s3:// URL")
-    rest = url[len("s3://"):]
-    bucket, _, prefix = rest.partition("/")
-    if len(bucket) < 3 or not all(c.isalnum() or c in "-." for c in bucket):
-        raise ValueError(f"{url}: bucket name {bucket!r} is not a valid S3 bucket name "
-                         f"(3+ characters: letters, digits, '-', '.')")
-    prefix = prefix.strip("/")
-    if any(part in ("", ".", "..") for part in prefix.split("/")) and prefix:
-        raise ValueError(f"{url}: prefix {prefix!r} has empty, '.' or '..' parts")
-    return bucket, prefix + "/" if prefix else ""
 
 
 def run_sync(coro):

@@ -168,3 +168,23 @@ def test_truncated_under_a_running_loader(packed, tmp_path, mode, kind):
     assert "shard-0000" in done.stdout and (
         "bus error reading" in done.stdout or "changed on disk" in done.stdout
         or "the shard is truncated or damaged" in done.stdout), done.stdout
+
+
+@pytest.mark.skipif(not jpegdecode.have_extension(), reason="the SIGBUS guard is in the C extension")
+def test_a_changed_shard_is_not_skipped_like_a_bad_sample(packed):
+    """on_error="skip" leaves bad samples out; a shard truncated or rewritten under the reader
+    is no bad sample (every later read of it fails too): it is raised, not skipped."""
+    from dlpack_io.reader.batchplan import compile_spec
+    from dlpack_io.reader.errors import SampleError
+    from dlpack_io.reader.hostbuild import BuildContext, skip_or_raise
+    from dlpack_io.reader.safeio import ShardChangedError
+
+    ctx = BuildContext(Dataset(packed["raw"]), compile_spec([]), skip=True)
+    failed = []
+    skip_or_raise(ctx, 3, ValueError("JPEG decode error: a bad sample"), failed, 0)
+    assert [entry.sample for _, entry in failed] == [3]  # a bad sample is skipped
+    for changed in (jpegdecode._jpeg.MappedFileError("gather: bus error reading byte 0"),
+                    ShardChangedError("shard-00000.rec", "100 bytes when opened, 4096 now")):
+        with pytest.raises(SampleError, match="sample 5"):
+            skip_or_raise(ctx, 5, changed, failed, 1)
+    assert len(failed) == 1

@@ -74,7 +74,7 @@ def summary_text(s: dict, max_classes: int = 30) -> str:
         _storage_text(s["storage"]),
         f"rejects       {s['num_rejects']}"
         + "".join(f"\n                {r['path']}: {r['reason']}" for r in s["rejects"][:10])
-        + (f"\n                ... (all in rejects.tsv)" if s["num_rejects"] > 10 else ""),
+        + ("\n                ... (all in rejects.tsv)" if s["num_rejects"] > 10 else ""),
         f"classes       {len(s['classes'])}" + ("" if s["classes"] else
                                                    " (packed with --no-labels: every label is -1)"),
     ]

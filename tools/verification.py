@@ -146,7 +146,7 @@ def verify(dataset, *, decode: bool = False, progress: bool = True,
     """Check a data set folder; return a VerifyReport (``report.ok`` when intact,
     ``report.not_a_dataset`` when the folder has no manifest at all)."""
     from dlpack_io.packer.progress import Progress
-    from dlpack_io.reader.storage import is_remote
+    from dlpack_io.reader.urls import is_remote
 
     if is_remote(dataset):  # s3://: each shard streamed down and checked the same way
         from dlpack_io.tools.remoteverify import verify_remote
