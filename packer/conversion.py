@@ -67,10 +67,9 @@ def _prepare_dst(dst: str, resume: bool, overwrite: bool) -> None:
 def _resume_state(dst: str, plan: dict, num_classes: int) -> _State:
     state = _State(class_counts=np.zeros(num_classes, dtype=np.int64))
     old_plan, done = journal.read_journal(dst)
-    if old_plan is not None and old_plan["plan"] != plan["plan"]:
-        raise ConversionError(f"{dst}: the source files or packing options differ from the "
-                              f"interrupted conversion's, so it cannot be resumed; use "
-                              f"--overwrite to start again")
+    refused = journal.refusal(dst, old_plan, plan) if old_plan is not None else None
+    if refused:
+        raise ConversionError(refused)
     for entry in done if old_plan else []:
         if not verify_kept_shard(dst, entry["shard"]):
             log.warning("shard %s from the interrupted run is damaged; redoing from there",
@@ -287,8 +286,7 @@ def plan_inputs(inputs, opts: PackOptions):
     before anything is written when not one input exists."""
     stats = stat_inputs(inputs)
     _check_inputs_exist(inputs, stats)
-    return stats, {"plan": journal.plan_hash(inputs, stats, opts.output_options(),
-                                             fmt.FORMAT_VERSION), "num_inputs": len(inputs.paths)}
+    return stats, journal.plan_line(inputs, stats, opts.output_options(), fmt.FORMAT_VERSION)
 
 
 ENGINES = ("local", "ray")

@@ -36,7 +36,9 @@ def clear_outputs(dst, keep=frozenset()) -> list[str]:
 
 
 def verify_kept_shard(dst, entry: dict) -> bool:
-    """Cheap check that a journaled shard is still the file we wrote: size and header CRC."""
+    """Cheap check that a journaled shard is still the file we wrote: its size, and the
+    CRC the manifest will carry (record shards: of the header; LMDB shards: of the
+    metadata value, read after the B-tree was checked). Record bytes are not re-read."""
     path = os.path.join(dst, entry["name"])
     try:
         size = os.path.getsize(path)
@@ -46,9 +48,32 @@ def verify_kept_shard(dst, entry: dict) -> bool:
             with open(path, "rb") as f:
                 header = fmt.unpack_header(f.read(fmt.HEADER_SIZE), size, path)
             return header.header_crc == entry["crc"]
-        return True
+        return _lmdb_meta_crc(path) == entry["crc"]
     except (OSError, fmt.FormatError):
         return False
+
+
+def _lmdb_meta_crc(path: str):
+    """CRC-32 of an LMDB shard's metadata value (None if it has none); FormatError when
+    its structure is damaged (checked before liblmdb reads it)."""
+    import lmdb
+
+    from dlpack_io.reader.lmdbcheck import check_lmdb
+
+    check_lmdb(path)
+    try:
+        env = lmdb.open(path, subdir=False, readonly=True, lock=False, readahead=False,
+                        max_readers=1)
+    except lmdb.Error:
+        return None
+    try:
+        with env.begin(buffers=False) as txn:
+            meta = txn.get(fmt.LMDB_META_KEY)
+    except lmdb.Error:
+        return None
+    finally:
+        env.close()
+    return None if meta is None else fmt.crc32(meta)
 
 
 def check_src_dst(src, dst) -> None:

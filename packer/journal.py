@@ -30,6 +30,54 @@ def plan_hash(inputs, stats, output_options: dict, format_version: int) -> str:
     return h.hexdigest()
 
 
+def inputs_hash(inputs, stats) -> str:
+    """Digest of the inputs alone (paths, labels, classes, sizes, modification times)."""
+    return plan_hash(inputs, stats, {}, 0)
+
+
+def plan_line(inputs, stats, output_options: dict, format_version: int) -> dict:
+    """The journal's first line: the plan hash, and next to it what went into it (the
+    options, the format version, a digest of the inputs), so that a refused ``--resume``
+    can say what changed."""
+    return {"plan": plan_hash(inputs, stats, output_options, format_version),
+            "num_inputs": len(inputs.paths), "options": dict(output_options),
+            "format_version": format_version, "inputs": inputs_hash(inputs, stats)}
+
+
+def plan_differences(old: dict, new: dict) -> list[str]:
+    """What differs between an interrupted run's plan line and this run's, in words."""
+    if old.get("plan") == new.get("plan"):
+        return []
+    if "options" not in old:  # a journal written before the options were recorded
+        return ["the source files or packing options (the interrupted run's journal does "
+                "not record which)"]
+    out = []
+    if old.get("format_version") != new.get("format_version"):
+        out.append(f"format version {old.get('format_version')} then, "
+                   f"{new.get('format_version')} now")
+    before, now = old["options"], new["options"]
+    for key in sorted(set(before) | set(now)):
+        if before.get(key) != now.get(key):
+            out.append(f"{key}: {before.get(key)!r} then, {now.get(key)!r} now")
+    if old.get("inputs") != new.get("inputs"):
+        count = (f"{old.get('num_inputs')} inputs then, {new.get('num_inputs')} now"
+                 if old.get("num_inputs") != new.get("num_inputs") else
+                 f"{new.get('num_inputs')} inputs, but a file was renamed, relabelled or "
+                 f"modified")
+        out.append(f"the source files ({count})")
+    return out or ["the plan (same options and inputs, another digest)"]
+
+
+def refusal(where: str, old: dict, new: dict) -> str | None:
+    """The message refusing to resume ``where`` when the plans differ, else None."""
+    differences = plan_differences(old, new)
+    if not differences:
+        return None
+    return (f"{where}: cannot resume: {'; '.join(differences)} (the interrupted conversion "
+            f"used other settings or inputs); run it with the same options and source files, "
+            f"or use --overwrite to start again")
+
+
 class DstLock:
     """An exclusive, non-blocking flock on DST: two converts cannot write one DST."""
 

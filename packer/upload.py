@@ -123,9 +123,9 @@ def resume_remote(store: Store, plan: dict, num_classes: int, state):
     import numpy as np
 
     old_plan, done = _read_journal(store)
-    if old_plan is not None and old_plan["plan"] != plan["plan"]:
-        raise ConversionError(f"{store.url}: the source files or packing options differ from "
-                              f"the interrupted conversion's; use --overwrite to start again")
+    refused = journal.refusal(store.url, old_plan, plan) if old_plan is not None else None
+    if refused:
+        raise ConversionError(refused)
     kept = []
     for entry in done if old_plan else []:
         if not remote_shard_ok(store, entry["shard"]):

@@ -47,3 +47,104 @@ def pack_jpeg_and_raw(root, count: int, classes: int, seed: int, shard_size: str
         convert(root / "src", out[mode], mode=mode, size=size, shard_size=shard_size, workers=1,
                 progress=False, overwrite=True)
     return out
+
+
+# A `dlpack convert` that stops itself (SIGSTOP) at a chosen point of its progress, so a
+# test can SIGKILL it exactly there: "startup" (nothing written yet), "record:K:R" (R
+# records added to shard K, not finished), "journal:N" (the N-th shard journaled),
+# "manifest" (the manifest renamed into place, the journal not yet removed).
+STOPPING_CONVERT = '''
+import os, signal, sys
+from dlpack_io.packer import finalize, journal, writers
+
+kind, *args = os.environ["DLPACK_TEST_STOP_AT"].split(":")
+args = [int(a) for a in args]
+
+def stop():
+    os.kill(os.getpid(), signal.SIGSTOP)
+
+if kind == "startup":
+    stop()
+elif kind == "journal":
+    real_append, done = journal.Journal.append, [0]
+    def append(self, entry):
+        real_append(self, entry)
+        done[0] += 1
+        if done[0] == args[0]:
+            stop()
+    journal.Journal.append = append
+elif kind == "record":
+    for cls in (writers.RecordShardWriter, writers.LmdbShardWriter):
+        def add(self, record, label, path, _real=cls.add):
+            _real(self, record, label, path)
+            if self.shard_number == args[0] and len(self) == args[1]:
+                stop()
+        cls.add = add
+elif kind == "manifest":
+    real_write = finalize.write_dataset_files
+    def write_dataset_files(*a, **kw):
+        real_write(*a, **kw)
+        stop()
+    finalize.write_dataset_files = write_dataset_files
+else:
+    raise SystemExit("unknown stop point " + kind)
+from dlpack_io.tools.cli import main
+sys.argv[0] = "dlpack"
+main()
+'''
+
+
+def convert_stopped_at(stop: str, cli_args, *, deadline: float = 300.0):
+    """Run ``dlpack convert *cli_args`` until it reaches ``stop`` (see STOPPING_CONVERT),
+    SIGKILL it there and return the pids of its child processes at that moment. Fails if
+    the conversion ends without reaching the point; ``deadline`` only guards against a hang."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    env = dict(os.environ, DLPACK_TEST_STOP_AT=stop)
+    proc = subprocess.Popen([sys.executable, "-c", STOPPING_CONVERT, "convert",
+                             *map(str, cli_args)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    end = time.monotonic() + deadline
+    try:
+        while True:
+            pid, status = os.waitpid(proc.pid, os.WUNTRACED | os.WNOHANG)
+            if pid and os.WIFSTOPPED(status):
+                break
+            if pid:  # it ended without reaching the point
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                raise AssertionError(f"convert ended (status {proc.returncode}) before "
+                                     f"{stop}: {proc.stderr.read().decode()[-2000:]}")
+            if time.monotonic() > end:
+                raise AssertionError(f"convert did not reach {stop} within {deadline} s (hung?)")
+            time.sleep(0.01)
+        children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                  text=True).stdout.split()
+        return [int(c) for c in children]
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+
+
+def gone(pid: int) -> bool:
+    """True when process ``pid`` no longer runs (exited, or a zombie awaiting its reaper)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1][0] in "ZX"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+def wait_until(condition, *, deadline: float = 60.0, what: str = "the condition") -> None:
+    """Poll ``condition()`` until it is true; fail after ``deadline`` s (a hang guard only)."""
+    import time
+
+    end = time.monotonic() + deadline
+    while not condition():
+        if time.monotonic() > end:
+            raise AssertionError(f"{what} did not happen within {deadline} s")
+        time.sleep(0.02)

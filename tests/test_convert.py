@@ -209,7 +209,9 @@ def test_resume_with_changed_options_is_refused(image_folder, tmp_path):
     dst = tmp_path / "ds"
     dst.mkdir()
     journal.Journal(dst, {"plan": "something else", "num_inputs": 1})
-    with pytest.raises(ConversionError, match="differ"):
+    with pytest.raises(ConversionError, match=r"cannot resume: the source files or packing "
+                                              r"options \(the interrupted run's journal does not "
+                                              r"record which\)"):
         convert(image_folder, dst, resume=True, **FAST)
 
 

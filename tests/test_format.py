@@ -57,7 +57,8 @@ def test_record_offsets_formula():
 @pytest.mark.parametrize("name", ["../shard-00000.rec", "/etc/passwd", "shard-1.rec",
                                   "shard-00000.rec/..", 7, "sub/shard-00000.rec"])
 def test_shard_names_cannot_escape_the_folder(name):
-    with pytest.raises(fmt.FormatError):
+    with pytest.raises(fmt.FormatError, match=r"manifest: shard name .* is not of the form "
+                                              r"'shard-NNNNN.rec' or 'shard-NNNNN.lmdb'"):
         fmt.check_shard_name(name, "manifest")
 
 

@@ -99,7 +99,7 @@ def test_to_chw_matches_numpy(flip_h, flip_v, monkeypatch):
             dst = np.zeros(3 * h * w + 7, np.uint8)
             jpegdecode.to_chw(src, (t * 61 + l) * 3, 61 * 3, h, w, dst, 7, flip_h, flip_v)
             assert np.array_equal(dst[7:].reshape(3, h, w), ref.transpose(2, 0, 1))
-            with pytest.raises(ValueError):
+            with pytest.raises(ValueError, match=r"to_chw: .*does not fit"):
                 jpegdecode.to_chw(src, 0, 61 * 3, 10, 61, dst, 0, False, False)
 
 
@@ -151,7 +151,7 @@ def test_gather_copies_ranges(monkeypatch):
         jpegdecode.gather(memoryview(src), [10, 500, 990], [5, 20, 10], dst, [0, 5, 30])
         assert np.array_equal(dst[:5], src[10:15]) and np.array_equal(dst[5:25], src[500:520])
         assert np.array_equal(dst[30:40], src[990:1000]) and not dst[25:30].any()
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=r"gather: .*10 bytes from 995 to 0.* not fit"):
             jpegdecode.gather(memoryview(src), [995], [10], dst, [0])
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=r"gather: .*10 bytes from 0 to 60.* not fit"):
             jpegdecode.gather(memoryview(src), [0], [10], dst, [60])

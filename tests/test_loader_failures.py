@@ -1,15 +1,21 @@
-"""Failures reach the training loop fast and clearly; nothing is left behind."""
+"""Failures reach the training loop clearly; nothing is left behind.
+
+"Fast" is not measured here (a loaded machine makes any time bound flaky): every test runs
+under the 60 s hang guard, and waits for events (an exception, a process gone) with
+generous deadlines that only guard against a hang.
+"""
 import os
 import shutil
 import signal
 import threading
 import time
 
-import numpy as np
 import pytest
 
 from dlpack_io.reader import (Dataset, Loader, RandomCrop, RandomResizedCrop, SampleError,
                               WorkerError)
+
+from helpers import gone, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -41,19 +47,24 @@ def corrupt(packed, tmp_path):
 pytestmark = pytest.mark.usefixtures("hang_deadline")
 
 
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[1][0] in "ZX"
-    except FileNotFoundError:
-        return True
-
-
-def _shm() -> set:
-    """Shared-memory names torch / multiprocessing would create (ours is anonymous); other
-    programs' /dev/shm entries on a shared machine are not ours to judge."""
-    names = os.listdir("/dev/shm") if os.path.isdir("/dev/shm") else []
-    return {n for n in names if n.startswith(("psm_", "torch_", "sem.mp-", "wnsm_", "mp-"))}
+def shared_memory_of(pids) -> list:
+    """/dev/shm files that processes ``pids`` map or hold open: a leak can only be one of
+    those (other programs' /dev/shm entries on a shared machine are not ours to judge)."""
+    found = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                found += [line.split(None, 5)[-1].strip() for line in f if "/dev/shm/" in line]
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if target.startswith("/dev/shm/"):
+                    found.append(target)
+        except FileNotFoundError:  # the process has gone: it holds nothing
+            continue
+    return sorted(set(found))
 
 
 def _loader_threads():
@@ -66,12 +77,10 @@ def test_corrupt_record_names_shard_and_record(corrupt, kind, transform_on):
     path, shard_name, record = corrupt
     loader = Loader(Dataset(path), batch_size=8, transforms=[RandomResizedCrop(24)], num_workers=2,
                     worker_kind=kind, shuffle=None, device_transforms=(transform_on == "device"))
-    start = time.monotonic()
     got = 0
-    with pytest.raises(SampleError) as info:
+    with pytest.raises(SampleError, match=rf"{shard_name} record {record} \(sample 37\)") as info:
         for _ in loader:
             got += 1
-    assert time.monotonic() - start < 10
     assert got == 37 // 8  # every batch before the bad one arrived
     message = str(info.value)
     assert shard_name in message and f"record {record}" in message and "sample 37" in message
@@ -102,56 +111,53 @@ def test_exception_inside_a_transform_reaches_the_loop(packed, monkeypatch):
                     num_workers=2)
     with pytest.raises(SampleError, match="RuntimeError: boom in resize"):
         list(loader)
-    time.sleep(0.2)
-    assert not _loader_threads()
+    wait_until(lambda: not _loader_threads(), what="the loader threads' exit")
 
 
 def test_killed_worker_is_reported_quickly(packed):
     loader = Loader(Dataset(packed / "jpeg"), batch_size=4, transforms=[RandomResizedCrop(24)],
                     num_workers=2, worker_kind="process", prefetch=4)
-    start = None
-    with pytest.raises(WorkerError, match=r"worker 1 \(pid \d+\) was killed by SIGKILL") as info:
+    pids = []
+    with pytest.raises(WorkerError, match=r"worker 1 \(pid \d+\) was killed by SIGKILL while "
+                                          r"building batch \d+"):
         for k, _ in enumerate(loader):
             if k == 1:
                 pids = loader.worker_pids()
                 os.kill(pids[1], signal.SIGKILL)
-                start = time.monotonic()
-    assert time.monotonic() - start < 10
-    assert "batch" in str(info.value)
-    assert all(_gone(p) for p in pids)
+    assert len(pids) == 2
+    wait_until(lambda: all(gone(p) for p in pids), what="the workers' exit")
 
 
 @pytest.mark.parametrize("how", ["break", "exception", "ctrl-c"])
 def test_leaving_the_loop_leaves_no_processes(packed, how):
     loader = Loader(Dataset(packed / "jpeg"), batch_size=4, transforms=[RandomResizedCrop(24)],
                     num_workers=2, worker_kind="process")
-    shm_before = _shm()
-    pids = []
+    pids, shm_while_running = [], []
 
     def consume():
         for k, _ in enumerate(loader):
             pids[:] = loader.worker_pids()
             if k == 2:
+                shm_while_running[:] = shared_memory_of([os.getpid(), *pids])
                 if how == "break":
                     break
                 if how == "exception":
                     raise ValueError("user code failed")
                 os.kill(os.getpid(), signal.SIGINT)
-                time.sleep(5)
+                time.sleep(60)  # interrupted at once by the KeyboardInterrupt; a hang guard
 
-    expected = {"break": None, "exception": ValueError, "ctrl-c": KeyboardInterrupt}[how]
-    if expected is None:
+    if how == "break":
         consume()
     else:
-        with pytest.raises(expected):
+        expected, match = {"exception": (ValueError, "user code failed"),
+                           "ctrl-c": (KeyboardInterrupt, "^$")}[how]  # Ctrl-C: no message
+        with pytest.raises(expected, match=match):
             consume()
-    assert len(pids) == 2
-    deadline = time.monotonic() + 5
-    while not all(_gone(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert all(_gone(p) for p in pids)
+    assert len(pids) == 2 and all(p != os.getpid() for p in pids)
+    assert shm_while_running == []  # the slots are anonymous mappings, nothing in /dev/shm
+    wait_until(lambda: all(gone(p) for p in pids), what="the workers' exit")
     assert loader.worker_pids() == []
-    assert _shm() <= shm_before
+    assert shared_memory_of([os.getpid()]) == []
 
 
 def test_threads_stop_after_break(packed):
@@ -159,11 +165,9 @@ def test_threads_stop_after_break(packed):
                     num_workers=3)
     for k, _ in enumerate(loader):
         if k == 1:
+            assert len(_loader_threads()) == 3  # what the check below would miss otherwise
             break
-    deadline = time.monotonic() + 5
-    while _loader_threads() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _loader_threads()
+    wait_until(lambda: not _loader_threads(), what="the loader threads' exit")
 
 
 def test_memory_is_flat_across_epochs(packed):
@@ -179,5 +183,5 @@ def test_memory_is_flat_across_epochs(packed):
         for images, labels in loader:
             pass
         seen.append(rss_kb())
+    assert min(seen) > 10 * 1024, seen  # a real reading (a torch process is > 10 MB)
     assert seen[-1] - seen[2] < 8 * 1024, seen  # < 8 MB drift after warm-up
-    assert np.isfinite(seen).all()

@@ -100,7 +100,7 @@ def test_assemble_shard_failure_leaves_no_temp_file(image_folder, tmp_path):
     outcomes, payloads = ray_tasks.encode_segment(_items(image_folder), OPTIONS)
     items = [(0, o[1], o[2], 0, "p", o[3], o[4], o[5], o[6], o[7], o[8]) for o in outcomes]
     items.append((1, 0, 10, 0, "p", 0, 1, 1, 0, 1, 0))  # a payload array that was not passed
-    with pytest.raises(IndexError):
+    with pytest.raises(IndexError, match="list index out of range"):
         ray_tasks.assemble_shard(str(tmp_path), "record", 0, 0, 10**6, items, payloads)
     assert os.listdir(tmp_path) == []
 

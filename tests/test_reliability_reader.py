@@ -21,6 +21,8 @@ import pytest
 
 from dlpack_io.reader import Dataset, Loader, RandomCrop, RandomResizedCrop, SampleError, WorkerError
 
+from helpers import wait_until
+
 N = 64
 BAD = (5, 36, 37)  # in storage order: 36 and 37 share a batch of 8, and fill a batch of 2
 
@@ -125,12 +127,11 @@ def test_raise_policy_stops_at_the_bad_record_serially(corrupt_jpeg):
     loader = Loader(Dataset(path), batch_size=8, transforms=[RandomResizedCrop(24)], shuffle=None,
                     num_workers=0)
     got = 0
-    with pytest.raises(SampleError) as info:
+    shard_name, record = bad[5]
+    with pytest.raises(SampleError, match=rf"{shard_name} record {record} \(sample 5\)"):
         for _ in loader:
             got += 1
     assert got == 5 // 8  # batch 0 holds sample 5: nothing before it
-    shard_name, record = bad[5]
-    assert f"{shard_name} record {record} (sample 5)" in str(info.value)
 
 
 def test_a_batch_whose_samples_all_fail_is_not_yielded(corrupt_jpeg):
@@ -199,7 +200,7 @@ READERS = textwrap.dedent("""
 
     def reader(path, barrier, out):
         ds, first = read_all(path)  # environments / mmaps stay open across the barrier
-        barrier.wait(60)            # every reader holds the data set open at once
+        barrier.wait(600)           # every reader holds the data set open at once
         _, second = read_all(path)
         out.put((first, second, len(ds)))
 
@@ -210,9 +211,9 @@ READERS = textwrap.dedent("""
         procs = [ctx.Process(target=reader, args=(path, barrier, out)) for _ in range(n)]
         for p in procs:
             p.start()
-        results = [out.get(timeout=60) for _ in range(n)]
+        results = [out.get(timeout=600) for _ in range(n)]  # hang guards
         for p in procs:
-            p.join(10)
+            p.join(60)
         codes = [p.exitcode for p in procs]
         print(len(set(results)), len(results), sorted(set(codes)), results[0][2])
 """)
@@ -224,14 +225,12 @@ def test_many_reader_processes_on_the_same_shards(packed, tmp_path, kind, reader
     reader table to fill. Every process reads every record twice and checks its CRC."""
     script = tmp_path / "readers.py"
     script.write_text(READERS)
-    start = time.monotonic()
     path = packed / ("lmdb" if kind == "lmdb" else "jpeg")
     done = subprocess.run([sys.executable, str(script), str(path), str(readers)],
-                          capture_output=True, text=True, timeout=55)
+                          capture_output=True, text=True, timeout=900)  # a hang guard only
     assert done.returncode == 0, done.stderr[-3000:]
     distinct, count, codes, samples = done.stdout.split(maxsplit=3)
     assert (distinct, count, codes.strip(), samples.strip()) == ("1", str(readers), "[0]", str(N))
-    assert time.monotonic() - start < 50
 
 
 # ---- Ctrl-C / a killed trainer: no hang, no orphan, no leaked shared memory -----------
@@ -259,15 +258,31 @@ def _alive(pid: int) -> bool:
         return False
 
 
-# Names that torch / Python multiprocessing give shared memory they create (ours is
-# anonymous and has none): other programs on a shared machine create /dev/shm entries too
-# (MosaicML Streaming's "000000_barrier", ...), which must not fail this test.
-_SHM_PREFIXES = ("psm_", "torch_", "sem.mp-", "wnsm_", "mp-")
+def _shm(pids) -> list:
+    """/dev/shm files that processes ``pids`` map or hold open (ours are anonymous: none).
+    Only our processes are looked at: other programs on a shared machine create and remove
+    /dev/shm entries at any time (torch, MosaicML Streaming, other test runs)."""
+    found = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                found += [line.split(None, 5)[-1].strip() for line in f if "/dev/shm/" in line]
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                found += [target] if target.startswith("/dev/shm/") else []
+        except FileNotFoundError:
+            continue
+    return sorted(set(found))
 
 
-def _shm() -> set:
+def _torch_shm_named_after(pids) -> list:
+    """/dev/shm entries torch names after a process (``torch_<pid>_...``) of ``pids``: what
+    a process that died without cleaning up would leave behind."""
     names = os.listdir("/dev/shm") if os.path.isdir("/dev/shm") else []
-    return {n for n in names if n.startswith(_SHM_PREFIXES)}
+    return [n for n in names if any(n.startswith(f"torch_{pid}_") for pid in pids)]
 
 
 def _start_trainer(packed, tmp_path, kind):
@@ -285,49 +300,41 @@ def _start_trainer(packed, tmp_path, kind):
 @pytest.mark.parametrize("target", ["trainer", "process-group"])
 def test_sigint_to_a_training_process(packed, tmp_path, kind, target):
     """Ctrl-C at a terminal signals the whole process group; `kill -INT` only the trainer."""
-    shm_before = _shm()
     proc, workers = _start_trainer(packed, tmp_path, kind)
     assert len(workers) == (2 if kind == "process" else 0)
-    time.sleep(0.3)
-    start = time.monotonic()
+    assert _shm([proc.pid, *workers]) == []  # the batch slots are anonymous mappings
     if target == "trainer":
         proc.send_signal(signal.SIGINT)
     else:
         os.killpg(proc.pid, signal.SIGINT)
     try:
-        _, err = proc.communicate(timeout=15)
+        _, err = proc.communicate(timeout=120)  # a hang guard, not a speed requirement
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         pytest.fail("the training process hung after SIGINT")
-    assert time.monotonic() - start < 10
     assert proc.returncode != 0 and "KeyboardInterrupt" in err, err[-2000:]
     assert err.strip().splitlines()[-1] == "KeyboardInterrupt", err[-2000:]  # nothing else
-    deadline = time.monotonic() + 5
-    while any(_alive(p) for p in workers) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not [p for p in workers if _alive(p)]
-    assert _shm() <= shm_before
+    wait_until(lambda: not any(_alive(p) for p in workers), what="the workers' exit")
+    assert _torch_shm_named_after([proc.pid, *workers]) == []
 
 
 def test_sigkill_of_the_trainer_takes_its_workers_along(packed, tmp_path):
     """kill -9 (or the OOM killer) on the training process: PR_SET_PDEATHSIG ends the
     workers; their anonymous shared memory goes with them."""
-    shm_before = _shm()
     proc, workers = _start_trainer(packed, tmp_path, "process")
+    assert len(workers) == 2 and all(_alive(p) for p in workers)
+    assert _shm([proc.pid, *workers]) == []
     proc.send_signal(signal.SIGKILL)
-    proc.wait(10)
-    deadline = time.monotonic() + 5
-    while any(_alive(p) for p in workers) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert len(workers) == 2 and not [p for p in workers if _alive(p)]
-    assert _shm() <= shm_before
+    proc.wait(120)
+    wait_until(lambda: not any(_alive(p) for p in workers), what="the workers' exit")
+    assert _torch_shm_named_after([proc.pid, *workers]) == []
 
 
 # ---- an interrupted epoch, resumed from state_dict(): every sample exactly once -------
 
 def _interrupt(loader, how: str, after: int):
     """Consume ``after`` batches then stop as ``how``; return the indices delivered."""
-    seen = []
+    seen, raised = [], None
     try:
         for k, (_, _, idx) in enumerate(loader):
             seen.append(idx.copy())
@@ -336,12 +343,16 @@ def _interrupt(loader, how: str, after: int):
                     break
                 if how == "exception":
                     raise RuntimeError("the training step failed")
-                os.kill(loader.worker_pids()[0], signal.SIGKILL)
-                time.sleep(0.5)
+                victim = loader.worker_pids()[0]
+                os.kill(victim, signal.SIGKILL)
+                wait_until(lambda: not _alive(victim), what="the killed worker's exit")
     except WorkerError as exc:
         assert how == "kill-worker" and "was killed by SIGKILL while building batch" in str(exc)
+        raised = "kill-worker"
     except RuntimeError as exc:
         assert how == "exception" and "training step" in str(exc)
+        raised = "exception"
+    assert raised == (None if how == "break" else how)  # the interruption really happened
     return seen
 
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -70,11 +72,27 @@ def test_proxy_forwards_bytes_intact_and_adds_the_delay():
                 elapsed = time.monotonic() - t0
             # two request/response exchanges, each delayed 0.1 s out and 0.05 s back
             assert elapsed >= 2 * 0.15
-            assert process_cpu_seconds(proxy.proc.pid) >= 0
             pid = proxy.proc.pid
+            assert proxy.cpu_seconds() == pytest.approx(process_cpu_seconds(pid), abs=0.5)
         assert not os.path.exists(f"/proc/{pid}") or _zombie(pid)
     finally:
         echo.close()
+
+
+def test_process_cpu_seconds_reads_what_the_process_used():
+    """A child that burns 0.3 s of CPU, says how much it used, then waits: /proc says the
+    same (to the clock tick)."""
+    code = ("import sys, time\nwhile time.process_time() < 0.3:\n    pass\n"
+            "print(time.process_time(), flush=True)\nsys.stdin.read()\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        used = float(child.stdout.readline())
+        got = process_cpu_seconds(child.pid)
+    finally:
+        child.stdin.close()
+        child.wait(60)
+    assert used >= 0.3 and used - 0.02 <= got <= used + 0.2, (used, got)
 
 
 def _zombie(pid):

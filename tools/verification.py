@@ -136,6 +136,9 @@ def _check_shard(dataset, entry, manifest, decode, report, progress, max_pixels)
     except (fmt.FormatError, FileNotFoundError) as exc:
         report.add(path, str(exc))
         return None
+    except ValueError as exc:  # MappedFileError: the file shrank under the map (its metadata)
+        report.add(path, f"cannot read the shard ({exc})")
+        return None
 
 
 def verify(dataset, *, decode: bool = False, progress: bool = True,

@@ -1,0 +1,390 @@
+#!/usr/bin/env python3
+"""Mutation testing of dlpack's core modules: do the tests fail when the code is wrong?
+
+    python scripts/mutation.py                      # every module, the sampled mutants
+    python scripts/mutation.py order rng --sample 0 # all mutants of two modules
+    python scripts/mutation.py format --list        # show the mutants, run nothing
+
+Each mutant is one small change to one module (a comparison or arithmetic operator
+swapped, a constant off by one, ``and``/``or`` swapped, a ``not`` dropped, a ``raise`` or a
+call statement deleted, ``True``/``False`` swapped). The script copies the repository to a
+temporary folder, makes that copy the one ``dlpack_io`` imports (PYTHONPATH), writes one
+mutant at a time into it and runs the tests that exercise the module (``-x``, under a
+deadline): the mutant is *killed* when they fail, *survived* when they pass. Mutants are
+sampled per module with a fixed seed (``--sample``, ``--seed``), so a run is repeatable.
+
+Error-message texts, docstrings and log calls are not mutated (a changed message is not a
+wrong behaviour). A survivor is either a gap in the tests or an *equivalent* mutant (one
+that cannot change behaviour); docs/testing.md names every survivor and why. Equivalent
+mutants are listed in EQUIVALENT below by module and line text, and reported apart.
+It need not run in CI: ``--jobs`` runs mutants in parallel copies.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = {"packer": "packer", "reader": "reader", "kernels": "kernels", "tools": "tools"}
+
+# module name -> (source files, the test files that exercise them)
+MODULES = {
+    "order": (["reader/order.py"], ["tests/test_pinned.py", "tests/test_order.py",
+                                    "tests/test_ranks.py"]),
+    "rng": (["reader/rng.py"], ["tests/test_pinned.py", "tests/test_transforms.py"]),
+    "format": (["reader/format.py"], ["tests/test_format.py", "tests/test_format_checks.py",
+                                      "tests/test_manifest_checks.py", "tests/test_fuzz_format.py",
+                                      "tests/test_verify.py"]),
+    "indexcheck": (["reader/indexcheck.py"], ["tests/test_format_checks.py",
+                                              "tests/test_fuzz_format.py"]),
+    "shard": (["reader/shard.py"], ["tests/test_format_checks.py", "tests/test_shard_changes.py",
+                                    "tests/test_verify.py", "tests/test_lmdb_structure.py"]),
+    "journal": (["packer/journal.py"], ["tests/test_resume_options.py", "tests/test_convert.py"]),
+    "spec": (["reader/batchplan.py", "reader/transforms.py", "reader/geometry.py"],
+             ["tests/test_spec.py", "tests/test_transforms.py", "tests/test_loader_api.py"]),
+    "kernels": (["kernels/reference.py", "kernels/_epilogue.py"],
+                ["tests/test_kernels_reference.py", "tests/test_kernels_validation.py",
+                 "tests/test_kernels_jitter.py"]),
+}
+
+# Mutants that cannot change behaviour, by (file, line text after the mutation): see
+# docs/testing.md for the argument behind each. Filled in from the survivors of real runs.
+EQUIVALENT: dict = {}
+
+SWAP_COMPARE = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt,
+                ast.Eq: ast.NotEq, ast.NotEq: ast.Eq, ast.In: ast.NotIn, ast.NotIn: ast.In,
+                ast.Is: ast.IsNot, ast.IsNot: ast.Is}
+SWAP_BINOP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult,
+              ast.FloorDiv: ast.Div, ast.Mod: ast.FloorDiv, ast.Pow: ast.Mult,
+              ast.LShift: ast.RShift, ast.RShift: ast.LShift, ast.BitAnd: ast.BitOr,
+              ast.BitOr: ast.BitAnd, ast.BitXor: ast.BitOr}
+SWAP_BOOL = {ast.And: ast.Or, ast.Or: ast.And}
+QUIET_CALLS = ("log", "logging", "warnings")  # log.debug(...) etc.: not behaviour
+
+
+@dataclass
+class Mutant:
+    """One change: where it is and what it does."""
+
+    file: str
+    line: int
+    kind: str
+    before: str
+    after: str
+    source: str = ""     # the whole mutated module
+    outcome: str = ""    # killed / survived / timeout / equivalent
+    seconds: float = 0.0
+
+    @property
+    def key(self) -> str:
+        return f"{self.file}:{self.line}: {self.before} -> {self.after}"
+
+
+def _skipped_nodes(tree: ast.AST) -> set:
+    """Nodes whose subtrees are not mutated: docstrings, messages, log calls, annotations."""
+    skip = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and \
+                isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            skip.add(body[0])
+        if isinstance(node, ast.JoinedStr):
+            skip.add(node)
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            skip.add(node.exc)  # the message; deleting the raise itself is a mutant
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                isinstance(node.func.value, ast.Name) and node.func.value.id in QUIET_CALLS:
+            skip.add(node)
+        for name in ("annotation", "returns"):
+            if getattr(node, name, None) is not None:
+                skip.add(getattr(node, name))
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__"
+                                                for t in node.targets):
+            skip.add(node)
+    inside = set()
+    for node in skip:
+        inside.update(id(n) for n in ast.walk(node))
+    return inside
+
+
+def _sites(tree: ast.AST):
+    """Yield (node, kind, apply, undo) for every mutation site of ``tree``."""
+    skip = _skipped_nodes(tree)
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Compare):
+            for i, op in enumerate(node.ops):
+                if type(op) in SWAP_COMPARE:
+                    yield _swap(node, i, SWAP_COMPARE[type(op)]())
+        elif isinstance(node, (ast.BinOp, ast.AugAssign)) and type(node.op) in SWAP_BINOP:
+            yield _attr(node, "op", SWAP_BINOP[type(node.op)](), "arith")
+        elif isinstance(node, ast.BoolOp):
+            yield _attr(node, "op", SWAP_BOOL[type(node.op)](), "bool")
+        elif isinstance(node, ast.Constant):
+            value = node.value
+            if isinstance(value, bool):
+                yield _attr(node, "value", not value, "constant")
+            elif isinstance(value, (int, float)):
+                yield _attr(node, "value", value + 1, "constant")
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub, ast.Invert)):
+            yield ("unary", node)
+        elif isinstance(node, ast.If):
+            yield _attr(node, "test", ast.UnaryOp(op=ast.Not(), operand=node.test), "negate")
+        for field in ("body", "orelse", "finalbody"):
+            stmts = getattr(node, field, None)
+            if not isinstance(stmts, list):
+                continue
+            for i, stmt in enumerate(stmts):
+                if id(stmt) in skip:
+                    continue
+                if isinstance(stmt, ast.Raise) or (isinstance(stmt, ast.Expr) and
+                                                   isinstance(stmt.value, ast.Call)):
+                    yield _replace(stmts, i, ast.Pass(), "delete")
+
+
+def _swap(node, i, new):
+    def apply():
+        old = node.ops[i]
+        node.ops[i] = new
+        return lambda: node.ops.__setitem__(i, old)
+    return ("compare", apply, node)
+
+
+def _attr(node, name, new, kind):
+    def apply():
+        old = getattr(node, name)
+        setattr(node, name, new)
+        return lambda: setattr(node, name, old)
+    return (kind, apply, node)
+
+
+def _replace(stmts, i, new, kind):
+    def apply():
+        old = stmts[i]
+        stmts[i] = ast.copy_location(new, old)
+        return lambda: stmts.__setitem__(i, old)
+    return (kind, apply, stmts[i])
+
+
+def mutants_of(path: str) -> list[Mutant]:
+    """Every mutant of one source file (relative to the repository root)."""
+    text = open(os.path.join(ROOT, path)).read()
+    tree = ast.parse(text)
+    lines = text.splitlines()
+    out = []
+    for site in list(_sites(tree)):
+        if site[0] == "unary":
+            node = site[1]
+            parent_fix = _unwrap_unary(tree, node)
+            if parent_fix is None:
+                continue
+            kind, apply, anchor = "unary", parent_fix, node
+        else:
+            kind, apply, anchor = site
+        before = ast.unparse(tree)
+        undo = apply()
+        try:
+            source = ast.unparse(ast.fix_missing_locations(tree))
+        finally:
+            undo()
+        if source == before:
+            continue
+        line = _changed_line(before, source)
+        lineno = getattr(anchor, "lineno", None) or _find_line(lines, line[0])
+        out.append(Mutant(path, lineno, kind, line[0].strip(), line[1].strip(), source))
+    return out
+
+
+def _unwrap_unary(tree, target):
+    """An apply() that replaces the UnaryOp ``target`` by its operand in its parent."""
+    for parent in ast.walk(tree):
+        for field, value in ast.iter_fields(parent):
+            if value is target:
+                def apply(parent=parent, field=field):
+                    setattr(parent, field, target.operand)
+                    return lambda: setattr(parent, field, target)
+                return apply
+            if isinstance(value, list) and any(v is target for v in value):
+                i = next(k for k, v in enumerate(value) if v is target)
+
+                def apply(value=value, i=i):
+                    value[i] = target.operand
+                    return lambda: value.__setitem__(i, target)
+                return apply
+    return None
+
+
+def _changed_line(before: str, after: str) -> tuple[str, str]:
+    a, b = before.splitlines(), after.splitlines()
+    for x, y in zip(a, b):
+        if x != y:
+            return x, y
+    return (a[len(b)] if len(a) > len(b) else "", b[len(a)] if len(b) > len(a) else "")
+
+
+def _find_line(lines, unparsed: str) -> int:
+    """Best-effort source line of an unparsed statement (for the report)."""
+    words = [w for w in unparsed.replace("(", " ").replace(")", " ").split() if len(w) > 3]
+    best, score = 0, -1
+    for i, line in enumerate(lines):
+        s = sum(w in line for w in words[:6])
+        if s > score:
+            best, score = i + 1, s
+    return best
+
+
+# ---- running ------------------------------------------------------------------------------
+def make_copy(where: str) -> str:
+    """A copy of the repository (tracked and untracked-unignored files, plus the built
+    extension) with ``pkgroot/dlpack_io/*`` pointing into it; returns the copy's root."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split()
+    files += [os.path.relpath(os.path.join(d, f), ROOT) for d, _, fs in os.walk(ROOT)
+              if ".venv" not in d and ".git" not in d for f in fs if f.endswith(".so")]
+    for rel in files:
+        src = os.path.join(ROOT, rel)
+        if not os.path.isfile(src):
+            continue
+        dst = os.path.join(where, rel)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        shutil.copy2(src, dst)
+    ns = os.path.join(where, "pkgroot", "dlpack_io")
+    os.makedirs(ns)
+    for name, folder in PACKAGES.items():
+        os.symlink(os.path.join(where, folder), os.path.join(ns, name))
+    return where
+
+
+def run_tests(copy: str, tests: list, timeout: float) -> tuple[str, float, str]:
+    """('pass' | 'fail' | 'timeout', seconds, tail of the output)."""
+    env = dict(os.environ, PYTHONPATH=os.path.join(copy, "pkgroot"),
+               PYTHONDONTWRITEBYTECODE="1", DLPACK_FUZZ_EXAMPLES=os.environ.get(
+                   "DLPACK_FUZZ_EXAMPLES", "60"))
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+           "-o", "addopts=--import-mode=importlib", *tests]
+    start = time.monotonic()
+    try:
+        done = subprocess.run(cmd, cwd=copy, env=env, capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return "timeout", time.monotonic() - start, ""
+    took = time.monotonic() - start
+    return ("pass" if done.returncode == 0 else "fail"), took, (done.stdout + done.stderr)[-1500:]
+
+
+def _check_imports_copy(copy: str) -> None:
+    env = dict(os.environ, PYTHONPATH=os.path.join(copy, "pkgroot"))
+    got = subprocess.run([sys.executable, "-c", "import dlpack_io.reader.order as m; print(m.__file__)"],
+                         env=env, capture_output=True, text=True, check=True).stdout.strip()
+    if not got.startswith(copy):
+        raise SystemExit(f"the copy is not what dlpack_io imports ({got}); is the project "
+                         f"installed non-editable?")
+
+
+def run_module(name: str, mutants: list, jobs: int, timeout: float, log) -> None:
+    files, tests = MODULES[name]
+    tests = [t for t in tests if os.path.exists(os.path.join(ROOT, t))]
+    base = tempfile.mkdtemp(prefix=f"dlpack-mutation-{name}-")
+    copies = [make_copy(os.path.join(base, f"copy{j}")) for j in range(jobs)]
+    _check_imports_copy(copies[0])
+    status, took, tail = run_tests(copies[0], tests, 3 * timeout if timeout > 0 else 1800)
+    if status != "pass":
+        raise SystemExit(f"{name}: the tests fail without any mutant:\n{tail}")
+    log(f"{name}: tests pass unmutated in {took:.0f} s; {len(mutants)} mutants, "
+        f"{len(tests)} test files")
+    deadline = max(60.0, 3 * took) if timeout <= 0 else timeout
+    free = list(copies)
+
+    def one(m: Mutant) -> Mutant:
+        copy = free.pop()
+        path = os.path.join(copy, m.file)
+        original = open(path).read()
+        try:
+            with open(path, "w") as f:
+                f.write(m.source)
+            status, m.seconds, _ = run_tests(copy, tests, deadline)
+        finally:
+            with open(path, "w") as f:
+                f.write(original)
+            free.append(copy)
+        m.outcome = {"fail": "killed", "timeout": "killed (timeout)", "pass": "survived"}[status]
+        if m.outcome == "survived" and (m.file, m.after) in EQUIVALENT:
+            m.outcome = "equivalent"
+        log(f"  {m.outcome:16s} {m.seconds:5.0f} s  {m.key}")
+        return m
+
+    with ThreadPoolExecutor(jobs) as pool:
+        list(pool.map(one, mutants))
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def summarise(results: dict) -> str:
+    lines = ["| module | mutants | killed | equivalent | survived | caught of non-equivalent |",
+             "|---|---|---|---|---|---|"]
+    for name, ms in results.items():
+        killed = sum(m.outcome.startswith("killed") for m in ms)
+        equiv = sum(m.outcome == "equivalent" for m in ms)
+        surv = sum(m.outcome == "survived" for m in ms)
+        rate = 100.0 * killed / max(killed + surv, 1)
+        lines.append(f"| {name} | {len(ms)} | {killed} | {equiv} | {surv} | {rate:.0f}% |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("modules", nargs="*", help=f"modules to mutate: {', '.join(MODULES)} "
+                                               f"(default: all)")
+    p.add_argument("--sample", type=int, default=40, help="mutants per module (0: all)")
+    p.add_argument("--seed", type=int, default=17, help="seed of the sample")
+    p.add_argument("--jobs", type=int, default=1, help="mutants tested in parallel")
+    p.add_argument("--timeout", type=float, default=0,
+                   help="seconds per mutant (default: 3x the unmutated run, at least 60)")
+    p.add_argument("--list", action="store_true", help="list the sampled mutants, run nothing")
+    p.add_argument("--only", help="run only mutants whose description contains this text")
+    p.add_argument("--json", help="write every mutant's outcome to this file")
+    args = p.parse_args(argv)
+    names = args.modules or list(MODULES)
+    unknown = sorted(set(names) - set(MODULES))
+    if unknown:
+        p.error(f"unknown modules {unknown}: expected some of {', '.join(MODULES)}")
+    results, start = {}, time.monotonic()
+    for name in names:
+        every = [m for f in MODULES[name][0] for m in mutants_of(f)]
+        picked = every if args.sample <= 0 or len(every) <= args.sample else \
+            random.Random(f"{args.seed}:{name}").sample(every, args.sample)
+        picked.sort(key=lambda m: (m.file, m.line, m.kind, m.after))
+        if args.only:
+            picked = [m for m in picked if args.only in m.key]
+        if args.list:
+            print(f"{name}: {len(picked)} of {len(every)} mutants")
+            for m in picked:
+                print(f"  {m.kind:9s} {m.key}")
+            continue
+        run_module(name, picked, args.jobs, args.timeout, lambda s: print(s, flush=True))
+        results[name] = picked
+    if results:
+        print()
+        print(summarise(results))
+        print(f"\n{sum(len(v) for v in results.values())} mutants in "
+              f"{(time.monotonic() - start) / 60:.1f} min")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({k: [dict(file=m.file, line=m.line, kind=m.kind, before=m.before,
+                                    after=m.after, outcome=m.outcome, seconds=round(m.seconds, 1))
+                               for m in v] for k, v in results.items()}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
