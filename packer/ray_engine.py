@@ -5,7 +5,7 @@ process) therefore works in two phases, streamed:
 
 1. ``encode_segment`` tasks encode fixed ranges of inputs (segments) in packing order; the
    payloads stay in Ray's object store, only sizes and outcomes come back to the driver.
-2. The driver feeds those outcomes, in order, through the local engine's ``_Packer``:
+2. The driver feeds those outcomes, in order, through the local engine's ``Packer``:
    the same reject handling and the same ShardCutter rule decide where each shard ends.
    Each planned shard becomes an ``assemble_shard`` task that writes it with the local
    writer (temp file, fsync, rename). Finished shards are journaled in shard order, and
@@ -27,7 +27,7 @@ from collections import deque
 from typing import NamedTuple
 
 from dlpack_io.packer import ray_tasks
-from dlpack_io.packer.conversion import _encode_options, _Packer, packing_order
+from dlpack_io.packer.packing import Packer, encode_options, packing_order
 from dlpack_io.packer.pipeline import ConversionError
 from dlpack_io.packer.progress import Progress
 
@@ -65,7 +65,7 @@ class _Planned(NamedTuple):
     source_bytes: int
 
 
-class _RayPlanner(_Packer):
+class _RayPlanner(Packer):
     """The local packer with shard writing replaced by assembly tasks; shards are
     journaled in order as their tasks finish, at most ``max_pending`` in flight."""
 
@@ -168,7 +168,7 @@ def _segments(ray, files, options, cpus: int, size: int):
     (path, size, mtime_ns) items, sliced lazily."""
     encode = ray.remote(ray_tasks.encode_segment).options(
         num_returns=2, num_cpus=1, max_retries=MAX_RETRIES)
-    enc_options = _encode_options(options)
+    enc_options = encode_options(options)
     starts = iter(range(0, len(files), size))
     queued: deque = deque()
     log.info("Ray: %d inputs in segments of %d on %d CPUs", len(files), size, cpus)
@@ -206,7 +206,7 @@ class _Items:
 
 def pack(dst, inputs, stats, options, state, journal_, *, ray, cpus: int,
          upload=None) -> Progress:
-    """The Ray engine's counterpart of conversion._pack: same arguments, same effect on
+    """The Ray engine's counterpart of packing.pack_local: same arguments, same effect on
     ``state`` and the journal, same Progress. ``upload``: ``(url, storage_options)`` of
     an s3:// DST, which the tasks write to directly (``dst`` is then the driver's staging
     folder, unused; probe_nodes has checked that every node can write there)."""

@@ -19,10 +19,11 @@ import shutil
 import tempfile
 import threading
 
-from dlpack_io.packer import finalize, journal
+from dlpack_io.packer import finalize, journal, packing
+from dlpack_io.packer.engines import engine_context
 from dlpack_io.packer.pipeline import ConversionError
-from dlpack_io.reader import format as fmt
 from dlpack_io.packer.remoteshard import remote_shard_ok, upload_shard
+from dlpack_io.reader import format as fmt
 from dlpack_io.reader.storage import StorageError, Store
 
 log = logging.getLogger(__name__)
@@ -119,9 +120,7 @@ def prepare_remote(store: Store, *, resume: bool, overwrite: bool) -> str | None
 
 
 def resume_remote(store: Store, plan: dict, num_classes: int, state):
-    """Fill ``state`` (conversion._State) from the bucket's journal; returns the kept lines."""
-    import numpy as np
-
+    """Fill ``state`` (packing.State) from the bucket's journal; returns the kept lines."""
     old_plan, done = _read_journal(store)
     refused = journal.refusal(store.url, old_plan, plan) if old_plan is not None else None
     if refused:
@@ -133,12 +132,7 @@ def resume_remote(store: Store, plan: dict, num_classes: int, state):
                         "from there", entry["shard"]["name"])
             break
         kept.append(entry)
-        state.shards.append(entry["shard"])
-        state.position = entry["end_input"]
-        state.rejects += [tuple(r) for r in entry["rejects"]]
-        state.reencoded.update(entry["reencoded"])
-        state.lossless.update(entry.get("lossless", {}))
-        state.class_counts += np.asarray(entry["class_counts"], dtype=np.int64)
+        state.take_over(entry)
     names = {e["shard"]["name"] for e in kept}
     for name in _ours(store):
         if name.startswith("shard-") and name not in names or name == fmt.MANIFEST_NAME:
@@ -152,10 +146,8 @@ def convert_remote(src, url: str, *, list_file=None, resume: bool = False,
                    ray_address=None, **options) -> dict:
     """Pack ``src`` and upload it to ``url``; the summary dict of conversion.convert.
     ``engine``/``ray_address`` as there: with "ray" the cluster's tasks upload the shards."""
-    from dlpack_io.packer import conversion
-
-    opts, inputs = conversion.prepare_inputs(src, list_file, options, labels)
-    engine_ = conversion.engine_context(engine, ray_address, opts)
+    opts, inputs = packing.prepare_inputs(src, list_file, options, labels)
+    engine_ = engine_context(engine, ray_address, opts)
     try:
         store = Store(url, storage_options=storage_options)
         if prepare_remote(store, resume=resume, overwrite=overwrite) == "complete":
@@ -176,10 +168,8 @@ def _convert_staged(store: Store, stage: str, inputs, opts, provenance: bool, pa
                     engine: str) -> dict:
     import numpy as np
 
-    from dlpack_io.packer import conversion
-
-    stats, plan = conversion.plan_inputs(inputs, opts)
-    state = conversion._State(class_counts=np.zeros(len(inputs.classes), dtype=np.int64))
+    stats, plan = packing.plan_inputs(inputs, opts)
+    state = packing.State(class_counts=np.zeros(len(inputs.classes), dtype=np.int64))
     kept = resume_remote(store, plan, len(inputs.classes), state)
     resumed_from = state.position
     ray = engine == "ray"
@@ -195,10 +185,10 @@ def _convert_staged(store: Store, stage: str, inputs, opts, provenance: bool, pa
     except BaseException:
         journal_.abort()
         raise
-    manifest = conversion.final_manifest(inputs.root, inputs, opts, state, progress, engine,
+    manifest = packing.final_manifest(inputs.root, inputs, opts, state, progress, engine,
                                          provenance)
     store.put(fmt.REJECTS_NAME, finalize.rejects_tsv(state.rejects))
     store.put(fmt.MANIFEST_NAME, fmt.encode_meta(manifest))  # last: now it is a data set
     store.delete(journal.JOURNAL_NAME)
-    return dict(conversion._summary(store.url, manifest, state, inputs, progress, resumed_from),
+    return dict(packing.summary(store.url, manifest, state, inputs, progress, resumed_from),
                 engine=engine)

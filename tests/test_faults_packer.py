@@ -114,7 +114,7 @@ def _copy_source(source, tmp_path):
 def test_source_file_vanishing_mid_run_is_a_named_reject(source, tmp_path, monkeypatch):
     src = _copy_source(source, tmp_path)
     victim = sorted(src.rglob("*.jpg"))[50]
-    from dlpack_io.packer import conversion as convert_module
+    from dlpack_io.packer import packing as convert_module
 
     real = convert_module.encode_in_order
 
@@ -132,7 +132,7 @@ def test_source_file_vanishing_mid_run_is_a_named_reject(source, tmp_path, monke
 def test_source_file_changing_mid_run_is_named(source, tmp_path, monkeypatch):
     src = _copy_source(source, tmp_path)
     victim = sorted(src.rglob("*.jpg"))[10]
-    from dlpack_io.packer import conversion as convert_module
+    from dlpack_io.packer import packing as convert_module
 
     real = convert_module.encode_in_order
 

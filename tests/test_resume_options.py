@@ -136,7 +136,7 @@ def test_resume_with_another_source_file_is_refused(source, dst, tmp_path):
 
 
 def _plan_of(src):
-    from dlpack_io.packer.conversion import plan_inputs, prepare_inputs
+    from dlpack_io.packer.packing import plan_inputs, prepare_inputs
 
     opts, inputs = prepare_inputs(src, None, dict(API))
     return plan_inputs(inputs, opts)[1]

@@ -219,7 +219,7 @@ def driver_footprint(src) -> dict:
     every file (time, warm metadata cache), and the memory it holds for the inputs for the
     whole run (paths, labels, stats, packing order; the Ray engine makes task items per
     segment)."""
-    from dlpack_io.packer.conversion import packing_order
+    from dlpack_io.packer.packing import packing_order
     from dlpack_io.packer.options import PackOptions
     from dlpack_io.packer.scan import scan_image_folder, stat_inputs
 

@@ -1,0 +1,256 @@
+"""What both engines share: the packing order, the state of a conversion, the Packer that
+cuts encoded inputs into shards (one rule, packer/cutting.py) and journals them, the local
+engine's loop (``pack_local``), the inputs' scan and plan, and the final manifest.
+
+The local engine (``pack_local``: worker processes on this machine) and the Ray engine
+(ray_engine.py) both drive a Packer, which is why their outputs are byte-identical;
+conversion.py chooses the engine and owns DST (lock, resume, manifest).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dlpack_io.packer import finalize, journal
+from dlpack_io.packer.cutting import ShardCutter
+from dlpack_io.packer.encode import require_pil
+from dlpack_io.packer.options import PackOptions, parse_size
+from dlpack_io.packer.pipeline import ConversionError, encode_in_order
+from dlpack_io.packer.progress import Progress
+from dlpack_io.packer.scan import read_list, scan_image_folder, stat_inputs
+from dlpack_io.packer.writers import open_writer
+from dlpack_io.reader import format as fmt
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class State:
+    """Where packing stands: shards done, the next input position, rejects pending."""
+
+    position: int = 0
+    shards: list = field(default_factory=list)
+    rejects: list = field(default_factory=list)
+    reencoded: Counter = field(default_factory=Counter)
+    lossless: Counter = field(default_factory=Counter)
+    class_counts: np.ndarray | None = None
+
+    @property
+    def next_sample(self) -> int:
+        return sum(s["num_samples"] for s in self.shards)
+
+    def take_over(self, entry: dict) -> None:
+        """Count a shard that an interrupted run journaled (and that is kept) as done."""
+        self.shards.append(entry["shard"])
+        self.position = entry["end_input"]
+        self.rejects += [tuple(r) for r in entry["rejects"]]
+        self.reencoded.update(entry["reencoded"])
+        self.lossless.update(entry.get("lossless", {}))
+        self.class_counts += np.asarray(entry["class_counts"], dtype=np.int64)
+
+
+def packing_order(n: int, options: PackOptions) -> np.ndarray:
+    """Input positions in packing order: a seeded permutation, or the scan order."""
+    if options.shuffle:
+        return np.random.default_rng(options.seed).permutation(n)
+    return np.arange(n)
+
+
+class Packer:
+    """Consumes encoded inputs in order and cuts them into shards (ShardCutter's rule).
+
+    The Ray engine subclasses it to plan shards instead of writing them; rejects, counts
+    and the journal are kept here for both engines.
+    """
+
+    def __init__(self, dst, inputs, options: PackOptions, state: State, journal_: journal.Journal):
+        self.dst, self.inputs, self.options, self.state = dst, inputs, options, state
+        self.journal = journal_
+        self.writer = None
+        self.cutter = ShardCutter(options.format, options.shard_size)
+        self.since = State(class_counts=np.zeros(len(inputs.classes), dtype=np.int64))
+
+    def reject(self, rel: str, reason: str) -> None:
+        if self.options.on_error == "fail":
+            raise ConversionError(f"{os.path.join(self.inputs.root, rel)}: {reason} "
+                                  f"(--on-error fail stops at the first bad input)")
+        log.debug("skipping %s: %s", rel, reason)
+        self.since.rejects.append((rel, reason))
+
+    def add(self, rel: str, label: int, record, position: int) -> None:
+        if self.cutter.starts_new_shard(len(record.payload)):
+            self.finish_shard(position)
+        if self.writer is None:
+            self.writer = open_writer(self.options.format, self.dst, len(self.state.shards),
+                                      self.state.next_sample, self.options.shard_size)
+        self.writer.add(record, label, rel)
+        self.count(label, record.reencoded, record.lossless)
+
+    def count(self, label: int, reencoded: str | None, lossless: str | None) -> None:
+        """Account one packed record in the open shard's class, re-encode and lossless
+        counts (label -1: packed without labels, no class to count)."""
+        if label >= 0:
+            self.since.class_counts[label] += 1
+        if reencoded:
+            self.since.reencoded[reencoded] += 1
+        if lossless:
+            self.since.lossless[lossless] += 1
+
+    def finish_shard(self, end_input: int) -> None:
+        entry = self.writer.finish()
+        self.writer = None
+        self.commit(entry, end_input, self.take_since())
+
+    def take_since(self) -> State:
+        """Hand over the open shard's rejects and counts; start afresh for the next one."""
+        since = self.since
+        self.since = State(class_counts=np.zeros_like(since.class_counts))
+        return since
+
+    def commit(self, entry: dict, end_input: int, since: State) -> None:
+        """Journal a published shard, then count it as done (shards in order)."""
+        self.journal.append({"shard": entry, "end_input": end_input, "rejects": since.rejects,
+                             "reencoded": dict(since.reencoded), "lossless": dict(since.lossless),
+                             "class_counts": since.class_counts.tolist()})
+        st = self.state
+        st.shards.append(entry)
+        st.rejects += since.rejects
+        st.reencoded.update(since.reencoded)
+        st.lossless.update(since.lossless)
+        st.class_counts += since.class_counts
+
+    def has_open_shard(self) -> bool:
+        """True while records wait to be written into a shard."""
+        return self.writer is not None
+
+    def close(self, end_input: int) -> None:
+        if self.has_open_shard():
+            self.finish_shard(end_input)
+        self.state.rejects += self.since.rejects  # trailing rejects after the last record
+
+    def abort(self) -> None:
+        if self.writer is not None:
+            self.writer.abort()
+            self.writer = None
+
+
+def _fetch_passthrough(record, path: str):
+    """Give a passthrough record its bytes back by re-reading the file; the CRC computed
+    by the worker proves they are the bytes it validated. Returns None if they are not."""
+    if record.payload is not None:
+        return record
+    with open(path, "rb") as f:
+        data = f.read()
+    if fmt.crc32(data) != record.crc:
+        return None
+    return dataclasses.replace(record, payload=data)
+
+
+def encode_options(options: PackOptions) -> dict:
+    return {"mode": options.mode, "size": options.size, "max_side": options.max_side,
+            "quality": options.quality, "validate": options.validate,
+            "restarts": options.jpeg_restarts, "non_jpeg": options.non_jpeg,
+            "max_pixels": options.max_pixels}
+
+
+def pack_local(dst, inputs, stats, options: PackOptions, state: State, journal_) -> Progress:
+    order = packing_order(len(inputs.paths), options)
+    todo = order[state.position:]
+    files = [(os.path.join(inputs.root, inputs.paths[i]), *stats[i]) for i in todo]
+    progress = Progress(len(order), f"convert {os.path.basename(dst)}",
+                        enabled=options.progress, initial=state.position)
+    packer = Packer(dst, inputs, options, state, journal_)
+    try:
+        results = encode_in_order(files, encode_options(options), options.num_workers)
+        for position, i, (status, value) in zip(range(state.position, len(order)), todo, results):
+            rel = inputs.paths[i]
+            if status == "ok":
+                value = _fetch_passthrough(value, files[position - state.position][0])
+                if value is None:
+                    status, value = "reject", "file changed while packing (content differs " \
+                                              "from what was validated); re-run to pack it"
+            if status == "reject":
+                packer.reject(rel, value)
+                progress.update(1)
+                continue
+            packer.add(rel, inputs.labels[i], value, position)
+            progress.update(1, value.source_bytes)
+        packer.close(len(order))
+    except OSError as exc:
+        packer.abort()
+        raise ConversionError(f"{dst}: cannot write shard ({exc}); free disk space?") from exc
+    except BaseException:
+        packer.abort()
+        raise
+    finally:
+        progress.close()
+    return progress
+
+
+def _scan(src, list_file, labels: bool):
+    if list_file and not labels:
+        raise ValueError("--no-labels packs a folder without classes; a --list gives labels: "
+                         "use one or the other")
+    inputs = read_list(src, list_file) if list_file else scan_image_folder(src, labels=labels)
+    for name, others in inputs.empty_classes:
+        log.warning("class folder %s has no usable image (%d other files, none an image, "
+                    "or a folder already packed through a symlink): class %r will have 0 "
+                    "samples", os.path.join(inputs.root, name), others, name)
+    return inputs
+
+
+def summary(dst, manifest, state, inputs, progress, resumed_from) -> dict:
+    empty = [c for c, n in zip(manifest["classes"], manifest["class_counts"]) if n == 0]
+    return {"dst": dst, "num_samples": manifest["num_samples"], "num_shards": len(state.shards),
+            "num_bytes": manifest["num_bytes"], "rejects": len(state.rejects),
+            "reencoded": dict(state.reencoded), "lossless": dict(state.lossless),
+            "ignored": dict(inputs.ignored or {}), "resumed_from": resumed_from,
+            "seconds": progress.elapsed, "images_per_s": progress.images_per_s,
+            "mb_per_s": progress.mb_per_s, "empty_classes": empty,
+            "via_links": inputs.via_links, "outside_src": inputs.outside_src,
+            "repeated_dirs": inputs.repeated_dirs}
+
+
+def _check_inputs_exist(inputs, stats) -> None:
+    """Fail before writing anything when not one input can be found (a wrong SRC)."""
+    if stats and all(size < 0 for size, _ in stats):
+        first = os.path.join(inputs.root, inputs.paths[0])
+        where = f" (paths in {inputs.list_file} are relative to SRC)" if inputs.list_file else ""
+        raise ConversionError(f"none of the {len(stats)} input files exist, e.g. {first}{where}")
+
+
+def prepare_inputs(src, list_file, options: dict, labels: bool = True):
+    """(PackOptions, scanned inputs) of a conversion (PIL checked first: a missing PIL must
+    not surface after a long scan)."""
+    require_pil()
+    if "shard_size" in options:
+        options["shard_size"] = parse_size(options["shard_size"])
+    opts = PackOptions(**options)
+    return opts, _scan(src, list_file, labels)
+
+
+def plan_inputs(inputs, opts: PackOptions):
+    """(stats of the inputs, the journal's plan line): what decides the output bytes; fails
+    before anything is written when not one input exists."""
+    stats = stat_inputs(inputs)
+    _check_inputs_exist(inputs, stats)
+    return stats, journal.plan_line(inputs, stats, opts.output_options(), fmt.FORMAT_VERSION)
+
+
+def final_manifest(src, inputs, opts: PackOptions, state: State, progress, engine: str,
+                   provenance: bool) -> dict:
+    """The finished data set's manifest; ConversionError (naming ``src`` and the most
+    common reasons) when not one input could be packed."""
+    if not state.shards:
+        reasons = Counter(r for _, r in state.rejects).most_common(3)
+        raise ConversionError(f"{src}: none of the {len(inputs.paths)} inputs could be "
+                              f"packed; most common reasons: "
+                              + "; ".join(f"{why} ({n}x)" for why, n in reasons))
+    return finalize.build_manifest(inputs, opts, state.shards, state.rejects, state.reencoded,
+                                   state.class_counts.tolist(), progress.elapsed,
+                                   state.lossless, provenance=provenance, engine=engine)
