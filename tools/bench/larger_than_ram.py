@@ -1,0 +1,467 @@
+"""Data larger than RAM: ``shuffle="global"`` vs ``shuffle="block"`` with a small page cache.
+
+    python -m dlpack_io.tools.bench.larger_than_ram --root bench-out/ram --images 10000 \\
+        --cache-mb 256 --rounds 5 --write docs/benchmarks.md
+
+Every epoch runs in a fresh child process (Loader: batch 256, 2 thread workers, uint8 CPU
+output; jpeg: RandomResizedCrop + flip, raw: RandomCrop + flip) that starts with none of
+the data set in the page cache (its pages dropped with posix_fadvise(DONTNEED) first). The
+page cache is limited in one of two ways (``--method``):
+  * ``cgroup``: a cgroup v1 memory cgroup (page cache is charged to it) whose limit is the
+    child's anonymous memory (measured when it is ready, plus the growth measured during the
+    unlimited reference epochs, plus a margin) + ``--cache-mb``; removed after the epoch;
+  * ``fadvise`` (where cgroups are not writable): a thread in the child drops every cached
+    page of the shard files (madvise + posix_fadvise DONTNEED) each time the process has
+    read ``--cache-mb`` more -- cruder than the kernel's LRU under a limit.
+Measured per epoch: images/s, read_bytes from /proc/<pid>/io (process, its threads and any
+worker processes), and with a cgroup its memory.stat (major faults, peak page cache).
+Reference epochs without a limit (cold and warm cache) come first; then ``--rounds``
+rounds of limited epochs, contenders rotated each round; medians, and per-round ratios.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime
+import json
+import logging
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+MB = 1 << 20
+SECTION = "## Data larger than RAM: global vs block"
+
+
+# ---- /proc, page cache and cgroup plumbing ---------------------------------------------
+def parse_fields(text: str) -> dict:
+    """``name: value`` or ``name value`` lines (/proc/<pid>/io, memory.stat, status) -> ints
+    (a ``kB`` unit is converted to bytes)."""
+    out = {}
+    for line in text.splitlines():
+        parts = line.replace(":", " ").split()
+        if len(parts) >= 2 and parts[1].isdigit():
+            out[parts[0]] = int(parts[1]) * (1024 if parts[2:3] == ["kB"] else 1)
+    return out
+
+
+def _read_fields(path: str) -> dict:
+    with open(path) as f:
+        return parse_fields(f.read())
+
+
+def shard_files(path) -> list[Path]:
+    """The shard files of the packed data set at ``path`` (from its manifest)."""
+    manifest = json.loads((Path(path) / "manifest.json").read_text())
+    return [Path(path) / s["name"] for s in manifest["shards"]]
+
+
+def drop_cache(files) -> None:
+    """Evict the cached pages of ``files`` (written back first, so dirty pages go too)."""
+    for name in files:
+        fd = os.open(name, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def unmap_pages(files) -> None:
+    """madvise(MADV_DONTNEED) this process's mappings of ``files``: fadvise leaves mapped
+    pages alone, so they must leave the page tables first (they re-fault from the file)."""
+    names, libc = {os.path.realpath(f) for f in files}, ctypes.CDLL(None, use_errno=True)
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].strip() in names:
+                lo, hi = (int(x, 16) for x in fields[0].split("-"))
+                libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), 4)  # MADV_DONTNEED
+
+
+class MemCgroup:
+    """A cgroup v1 memory cgroup under ``root``, created now, removed by :meth:`remove`."""
+
+    def __init__(self, root, name: str):
+        self.path = Path(root) / name
+        self.path.mkdir()
+
+    def _write(self, name: str, value) -> None:
+        (self.path / name).write_text(f"{value}\n")
+
+    def limit(self, nbytes: int) -> None:
+        """Cap memory (anonymous + page cache) charged to the group."""
+        self._write("memory.limit_in_bytes", int(nbytes))
+
+    def add(self, pid: int) -> None:
+        """Move process ``pid`` (all its threads) into the group."""
+        self._write("cgroup.procs", pid)
+
+    def stat(self) -> dict:
+        """memory.stat plus max_usage_in_bytes and failcnt."""
+        out = _read_fields(str(self.path / "memory.stat"))
+        for name in ("max_usage_in_bytes", "failcnt"):
+            out[name] = int((self.path / f"memory.{name}").read_text())
+        return out
+
+    def remove(self) -> None:
+        """rmdir the group (its tasks have exited; a few tries while the kernel lets go)."""
+        for attempt in range(50):
+            try:
+                self.path.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                if attempt == 49:
+                    raise
+                time.sleep(0.1)
+
+
+def cgroup_usable(root) -> bool:
+    """Whether a memory cgroup can be created (and removed) under ``root``."""
+    try:
+        MemCgroup(root, f"dlpack-ltr-probe-{os.getpid()}").remove()
+        return (Path(root) / "memory.limit_in_bytes").exists()
+    except OSError:
+        return False
+
+
+def cgroup_limit(anon_ready: int, anon_growth: int, cache_bytes: int, margin: int = 32 * MB) -> int:
+    """The cgroup limit giving a process ``cache_bytes`` of page cache: its anonymous memory
+    when ready + the growth measured in the unlimited epochs + a margin, page-rounded."""
+    total = anon_ready + max(anon_growth, 0) + margin + cache_bytes
+    return -(-total // 4096) * 4096
+
+
+class Peaks(threading.Thread):
+    """Polls ``probe()`` (a dict of numbers) until stopped; keeps each key's maximum."""
+
+    def __init__(self, probe, every: float = 0.05):
+        super().__init__(daemon=True)
+        self.probe, self.every, self.peak, self._stop_event = probe, every, {}, threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        while True:
+            try:
+                for k, v in self.probe().items():
+                    self.peak[k] = max(v, self.peak.get(k, v))
+            except OSError:  # the process or group went away while we looked
+                pass
+            if self._stop_event.wait(self.every):
+                return
+
+    def stop(self) -> dict:
+        """Stop polling; the peaks."""
+        self._stop_event.set()
+        self.join()
+        return self.peak
+
+
+# ---- child: one epoch ------------------------------------------------------------------
+def _send(obj) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def _dropper(files, budget: int, stop: threading.Event) -> None:
+    """Fallback cache limit: drop the shards' pages whenever ``budget`` more bytes were read."""
+    last = _read_fields("/proc/self/io")["read_bytes"]
+    while not stop.wait(0.02):
+        now = _read_fields("/proc/self/io")["read_bytes"]
+        if now - last >= budget:
+            unmap_pages(files)
+            drop_cache(files)
+            last = now
+
+
+def child(spec: dict) -> None:
+    """Build the Loader, say ready, wait for "go", read one epoch, reply with the figures."""
+    from dlpack_io.reader import Dataset, Loader, RandomCrop, RandomHorizontalFlip, RandomResizedCrop
+
+    crop = (RandomResizedCrop if spec["mode"] == "jpeg" else RandomCrop)(spec["crop"])
+    loader = Loader(Dataset(spec["path"]), batch_size=spec["batch"], shuffle=spec["shuffle"],
+                    block_size=spec["block"][0], block_window=spec["block"][1], seed=0,
+                    num_workers=spec["workers"], transforms=[crop, RandomHorizontalFlip()])
+    loader.set_epoch(spec["epoch"])
+    _send({"ready": True, "anon": _read_fields("/proc/self/status")["RssAnon"]})
+    if sys.stdin.readline().strip() != "go":
+        return
+    files, stop = shard_files(spec["path"]), threading.Event()
+    dropper = threading.Thread(target=_dropper, args=(files, spec["fadvise_budget"], stop),
+                               daemon=True) if spec["fadvise_budget"] else None
+    peaks = Peaks(lambda: _read_fields("/proc/self/status"))
+    read0 = _read_fields("/proc/self/io")["read_bytes"]
+    if dropper:
+        dropper.start()
+    images, start = 0, time.perf_counter()
+    for _, labels in loader:
+        images += len(labels)
+    seconds = time.perf_counter() - start
+    read = _read_fields("/proc/self/io")["read_bytes"] - read0 + sum(
+        _read_fields(f"/proc/{pid}/io")["read_bytes"] for pid in loader.worker_pids())
+    stop.set()
+    status = peaks.stop()
+    loader.close()
+    _send({"images": images, "seconds": seconds, "read_bytes": read,
+           "peak_anon": status.get("RssAnon", 0), "peak_file": status.get("RssFile", 0)})
+
+
+# ---- parent: runs, rounds, summaries ---------------------------------------------------
+def run_epoch(spec: dict, *, method: str, cache_bytes: int | None, cgroup_root=None,
+              anon_growth: int = 0, margin: int = 32 * MB, warm: bool = False) -> dict:
+    """One epoch in a fresh child under ``method`` ("none", "cgroup" or "fadvise")."""
+    from dlpack_io.tools.pagecache import warm as warm_files
+
+    files = shard_files(spec["path"])
+    drop_cache(files)
+    if warm:
+        warm_files(*files)
+    spec = dict(spec, fadvise_budget=cache_bytes if method == "fadvise" else 0)
+    proc = subprocess.Popen([sys.executable, "-m", __spec__.name, "--child", json.dumps(spec)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    group = peaks = None
+    try:
+        ready = json.loads(proc.stdout.readline() or "{}")
+        if not ready.get("ready"):
+            raise RuntimeError(f"epoch child for {spec['path']} failed to start (exit "
+                               f"{proc.wait()}); its error is above")
+        out = {"anon_ready": ready["anon"]}
+        if method == "cgroup":
+            group = MemCgroup(cgroup_root, f"dlpack-ltr-{os.getpid()}-{proc.pid}")
+            out["limit"] = cgroup_limit(ready["anon"], anon_growth, cache_bytes, margin)
+            group.limit(out["limit"])
+            group.add(proc.pid)
+            peaks = Peaks(group.stat, every=0.1)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        line = proc.stdout.readline()
+        if proc.wait() != 0 or not line:
+            raise RuntimeError(f"epoch child for {spec['path']} died (exit {proc.returncode}; "
+                               f"-9 under a cgroup is the OOM killer: raise --anon-margin-mb)")
+        out.update(json.loads(line))
+        if group is not None:
+            peak, final = peaks.stop(), group.stat()
+            out.update(cg_cache_peak=peak.get("cache", 0), cg_majfault=final["pgmajfault"],
+                       cg_pgpgin=final["pgpgin"], cg_max_usage=final["max_usage_in_bytes"],
+                       cg_failcnt=final["failcnt"])
+        return out
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if peaks is not None and peaks.is_alive():
+            peaks.stop()
+        if group is not None:
+            group.remove()
+
+
+def parse_block(text: str) -> tuple[int, int]:
+    """``"256x16"`` -> (block_size 256, block_window 16)."""
+    try:
+        size, window = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--block {text!r}: expected SIZExWINDOW, e.g. 256x16") from None
+    if size < 1 or window < 1:
+        raise argparse.ArgumentTypeError(f"--block {text!r}: size and window must be >= 1")
+    return size, window
+
+
+def contenders(blocks) -> dict:
+    """label -> (shuffle, (block_size, block_window))."""
+    out = {"global": ("global", (256, 16))}
+    out.update({f"block {s}x{w}": ("block", (s, w)) for s, w in blocks})
+    return out
+
+
+def _summary(runs: list, data_bytes: int) -> dict:
+    rates = [r["images"] / r["seconds"] for r in runs]
+    reads = [r["read_bytes"] / data_bytes for r in runs]
+    out = {"rate": statistics.median(rates), "rates": rates,
+           "read_ratio": statistics.median(reads), "read_ratios": reads}
+    for key in ("cg_majfault", "cg_cache_peak", "limit"):
+        if all(key in r for r in runs) and runs:
+            out[key] = statistics.median(r[key] for r in runs)
+    return out
+
+
+def bench_mode(mode: str, path: Path, args, method: str) -> dict:
+    """Reference epochs (no limit, cold then warm), then rotated limited rounds."""
+    from dlpack_io.tools.order_report import order_report
+
+    table = contenders(args.block)
+    data_bytes = sum(f.stat().st_size for f in shard_files(path))
+    base = {"path": str(path), "mode": mode, "crop": args.crop, "batch": args.batch,
+            "workers": args.workers}
+    spec = {k: dict(base, shuffle=s, block=list(b), epoch=0) for k, (s, b) in table.items()}
+    res = {"data_bytes": data_bytes, "reference": {}, "limited": {}, "quality": {}}
+    growth = 0
+    for label in table:
+        ref = {state: run_epoch(spec[label], method="none", cache_bytes=None,
+                                warm=state == "warm") for state in args.reference}
+        growth = max([growth] + [r["peak_anon"] - r["anon_ready"] for r in ref.values()])
+        res["reference"][label] = {k: _summary([r], data_bytes) for k, r in ref.items()}
+    runs = {label: [] for label in table}
+    for rnd in range(args.rounds):
+        labels = list(table)[rnd % len(table):] + list(table)[:rnd % len(table)]
+        for label in labels:
+            runs[label].append(run_epoch(dict(spec[label], epoch=rnd + 1), method=method,
+                                         cache_bytes=args.cache_mb * MB, anon_growth=growth,
+                                         margin=args.anon_margin_mb * MB,
+                                         cgroup_root=args.cgroup_root))
+            log.info("%s %s round %d: %s", mode, label, rnd, runs[label][-1])
+    first = list(table)[0]
+    for label, (shuffle, (size, window)) in table.items():
+        res["limited"][label] = _summary(runs[label], data_bytes)
+        res["limited"][label]["vs_global"] = statistics.median(
+            (r["images"] / r["seconds"]) / (g["images"] / g["seconds"])
+            for r, g in zip(runs[label], runs[first]))
+        q = order_report(path, shuffle=shuffle, block_size=size, window=window,
+                         batch_size=args.batch)["quality"][shuffle]
+        res["quality"][label] = dict(q, working_set=size * window * data_bytes / max(
+            1, json.loads((path / "manifest.json").read_text())["num_samples"]))
+    res["runs"] = runs
+    return res
+
+
+# ---- report ----------------------------------------------------------------------------
+def _rounds(values, fmt="{:.0f}") -> str:
+    return "[" + ", ".join(fmt.format(v) for v in values) + "]"
+
+
+def markdown(res: dict) -> str:
+    """The docs/benchmarks.md section for the results of :func:`main`."""
+    lines = [SECTION, "", f"Produced by `{res['command']}`.", "",
+             f"Measured {res['date']} on {res['machine']}; cache limit by **{res['method']}**; "
+             f"page cache allowed: {res['cache_mb']} MB. {res['context']}", ""]
+    for mode, m in res["modes"].items():
+        lines += [f"### {mode} records: {m['num_samples']:,} samples, {m['data_bytes'] / MB:,.0f} MB "
+                  f"({m['data_bytes'] / (res['cache_mb'] * MB):.1f}x the cache)", "",
+                  "| shuffle | page cache | images/s (median) | read / data set (median) | "
+                  "major faults | cache peak | rounds: images/s; read ratio |",
+                  "|---|---|---:|---:|---:|---:|---|"]
+        for label, ref in m["reference"].items():
+            for state, s in ref.items():
+                lines.append(f"| {label} | no limit, {state} | {s['rate']:,.0f} | "
+                             f"{s['read_ratio']:.2f} | | | |")
+        for label, s in m["limited"].items():
+            cg = (f"{s['cg_majfault']:,.0f} | {s['cg_cache_peak'] / MB:,.0f} MB"
+                  if "cg_majfault" in s else " | ")
+            lines.append(f"| {label} | {res['cache_mb']} MB | {s['rate']:,.0f} | "
+                         f"{s['read_ratio']:.2f} | {cg} | "
+                         f"{_rounds(s['rates'])}; {_rounds(s['read_ratios'], '{:.2f}')} |")
+        lines += ["", "| shuffle | images/s vs global, same round (median) | classes/batch "
+                      "(perfect) | class mix | shards/batch (perfect) | shard mix | window "
+                      "working set |", "|---|---:|---:|---:|---:|---:|---:|"]
+        for label, s in m["limited"].items():
+            q = m["quality"][label]
+            ws = "" if label == "global" else f"{q['working_set'] / MB:,.0f} MB"
+            lines.append(f"| {label} | {s['vs_global']:.2f} | {q['classes_per_batch']:.1f} "
+                         f"({q['perfect_classes_per_batch']:.1f}) | {q['class_mix']:.2f} | "
+                         f"{q['shards_per_batch']:.1f} ({q['perfect_shards_per_batch']:.1f}) | "
+                         f"{q['shard_mix']:.2f} | {ws} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_section(path, text: str) -> None:
+    """Replace (or append) this benchmark's section of a markdown file."""
+    p = Path(path)
+    old = p.read_text() if p.exists() else "# Benchmarks\n"
+    start = old.find(SECTION)
+    if start < 0:
+        new = old.rstrip("\n") + "\n\n" + text
+    else:
+        end = old.find("\n## ", start + 1)
+        new = old[:start] + text.rstrip("\n") + "\n" + ("" if end < 0 else old[end:])
+    p.write_text(new)
+
+
+def prepare(root: Path, args) -> dict:
+    """Create (once) the JPEG folder and its jpeg- and raw-mode packings."""
+    from dlpack_io.packer import convert
+    from dlpack_io.tools.synth import make_image_folder
+
+    src = root / "jpegs"
+    if not src.exists():
+        make_image_folder(src, args.images, num_classes=100, seed=0, size=args.image_size)
+    paths = {}
+    for mode in args.modes:
+        paths[mode] = root / f"ds_{mode}"
+        if not (paths[mode] / "manifest.json").exists():
+            convert(src, paths[mode], mode=mode, size=args.raw_size if mode == "raw" else None,
+                    shard_size=args.shard_size, workers=2, progress=False, overwrite=True)
+    return paths
+
+
+def _arguments(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = p.add_argument
+    add("--root", type=Path, default=Path("bench-out/ram"), help="work folder (data is kept)")
+    add("--images", type=int, default=10000, help="JPEGs to synthesise (~110 KB each)")
+    add("--image-size", type=lambda s: tuple(int(x) for x in s.split("x")), default=(375, 500),
+        help="HxW of the synthetic JPEGs")
+    add("--modes", nargs="+", choices=("jpeg", "raw"), default=["jpeg", "raw"])
+    add("--raw-size", type=int, default=256, help="side of raw-mode records")
+    add("--shard-size", default="64MB", help="dlpack convert --shard-size")
+    add("--crop", type=int, default=224, help="output side (RandomResizedCrop / RandomCrop)")
+    add("--batch", type=int, default=256)
+    add("--workers", type=int, default=2, help="thread workers")
+    add("--block", type=parse_block, nargs="+", default=[(256, 16)],
+        help="block-shuffle geometries SIZExWINDOW to compare with global")
+    add("--cache-mb", type=int, default=256, help="page cache allowed to the epoch")
+    add("--anon-margin-mb", type=int, default=32, help="headroom above measured anon memory")
+    add("--method", choices=("auto", "cgroup", "fadvise"), default="auto")
+    add("--cgroup-root", default="/sys/fs/cgroup/memory", help="cgroup v1 memory hierarchy")
+    add("--rounds", type=int, default=5, help="limited rounds (medians)")
+    add("--reference", nargs="*", choices=("cold", "warm"), default=["cold", "warm"],
+        help="unlimited reference epochs per shuffle (also measure the anon memory growth)")
+    add("--json", type=Path, help="write all results here")
+    add("--write", help="markdown file whose section to (re)write")
+    add("--child", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    """Run the benchmark; print (and optionally write into docs) the results."""
+    args = _arguments(argv)
+    if args.child:
+        return child(json.loads(args.child))
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    method = args.method
+    if method == "auto":
+        method = "cgroup" if cgroup_usable(args.cgroup_root) else "fadvise"
+    elif method == "cgroup" and not cgroup_usable(args.cgroup_root):
+        raise SystemExit(f"{args.cgroup_root}: cannot create a cgroup v1 memory cgroup here "
+                         f"(not root, or not a v1 memory hierarchy); use --method fadvise")
+    paths = prepare(args.root, args)
+    load0, started = os.getloadavg()[0], time.time()
+    res = {"method": method, "cache_mb": args.cache_mb, "modes": {}}
+    for mode, path in paths.items():
+        res["modes"][mode] = bench_mode(mode, path, args, method)
+        res["modes"][mode]["num_samples"] = json.loads((path / "manifest.json").read_text())["num_samples"]
+    res.update(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+               machine=f"{platform.machine()}, {os.cpu_count()} cores, "
+                       f"{os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.0f} GiB",
+               context=f"1-minute load average {load0:.2f} before, {os.getloadavg()[0]:.2f} "
+                       f"after ({time.time() - started:.0f} s).",
+               command="python -m dlpack_io.tools.bench.larger_than_ram " +
+                       " ".join(sys.argv[1:] if argv is None else argv))
+    text = markdown(res)
+    print(text)
+    if args.write:
+        write_section(args.write, text)
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=2))
+    return res
+
+
+if __name__ == "__main__":
+    main()
