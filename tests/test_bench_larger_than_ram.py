@@ -8,8 +8,10 @@ import json
 import mmap
 import os
 
+import numpy as np
 import pytest
 
+from dlpack_io.reader import Dataset
 from dlpack_io.tools.bench import larger_than_ram as ltr
 
 PAGE = mmap.PAGESIZE
@@ -26,11 +28,11 @@ def test_parse_fields_reads_proc_io_memory_stat_and_status():
     assert ltr.parse_fields(status) == {"RssAnon": 1200 * 1024, "RssFile": 8192, "Threads": 3}
 
 
-def test_cgroup_limit_adds_anon_growth_margin_and_cache_page_rounded():
+def test_cgroup_limit_is_anon_plus_cache_page_rounded():
     mb = ltr.MB
-    assert ltr.cgroup_limit(300 * mb, 100 * mb, 256 * mb, 32 * mb) == 688 * mb
-    assert ltr.cgroup_limit(1, 0, 0, 0) == PAGE
-    assert ltr.cgroup_limit(10 * mb, -5 * mb, 0, 0) == 10 * mb  # a shrink gives nothing back
+    assert ltr.cgroup_limit(300 * mb, 256 * mb) == 556 * mb
+    assert ltr.cgroup_limit(1, 0) == PAGE
+    assert ltr.cgroup_limit(PAGE + 1, PAGE) == 3 * PAGE
 
 
 def test_parse_block():
@@ -86,7 +88,7 @@ def test_unmap_and_drop_evict_pages_this_process_has_mapped(tmp_path):
         assert _resident_pages(addr, size) == 64
         ltr.drop_cache([path])  # fadvise alone leaves mapped pages alone
         assert _resident_pages(addr, size) > 0
-        ltr.unmap_pages([path])
+        ltr.advise_mappings([path], ltr.MADV_DONTNEED)
         ltr.drop_cache([path])
         assert _resident_pages(addr, size) == 0
         assert ctypes.string_at(addr, size) == path.read_bytes()  # re-faults from the file
@@ -104,19 +106,23 @@ def test_tiny_run_end_to_end(tmp_path):
                     "--json", str(tmp_path / "out.json"), "--write", str(doc)])
     assert json.loads((tmp_path / "out.json").read_text())["method"] == "fadvise"
     m = res["modes"]["jpeg"]
+    ds = Dataset(tmp_path / "work/ds_jpeg")
     assert m["num_samples"] == 24 and m["reference"] == {"global": {}, "block 4x2": {}}
     assert m["data_bytes"] == sum(f.stat().st_size for f in ltr.shard_files(tmp_path / "work/ds_jpeg"))
     for label in ("global", "block 4x2"):
         (run,) = m["runs"][label]
         assert run["images"] == 24 and run["seconds"] > 0 and run["read_bytes"] >= 0
         assert run["peak_anon"] >= run["anon_ready"] > 0
+        assert run["payload_bytes"] == int(ds.lookup(np.arange(24))[2]["length"].sum())
         s = m["limited"][label]
-        assert s["rate"] == pytest.approx(24 / run["seconds"])
-        assert s["read_ratio"] == pytest.approx(run["read_bytes"] / m["data_bytes"])
+        assert s["median_rates"] == pytest.approx(24 / run["seconds"])
+        assert s["median_read_gb"] == pytest.approx(run["read_bytes"] / 1e9)
+        assert s["median_amplification"] == pytest.approx(run["read_bytes"] / run["payload_bytes"])
         assert "cg_majfault" not in s  # no cgroup, no cgroup figures
     assert m["limited"]["global"]["vs_global"] == 1.0
     assert m["quality"]["global"]["class_mix"] == pytest.approx(1.0, abs=0.1)
     assert m["quality"]["block 4x2"]["working_set"] == pytest.approx(8 * m["data_bytes"] / 24)
     text = doc.read_text()
     assert text.startswith("# Benchmarks\n\n" + ltr.SECTION)
-    assert "cache limit by **fadvise**" in text and "| block 4x2 | 1 MB |" in text
+    assert "limited by **fadvise** to 1 MB" in text and "| block 4x2 | 1 MB |" in text
+    assert m["readahead_kb"] is None or m["readahead_kb"] > 0

@@ -7,9 +7,9 @@ Every epoch runs in a fresh child process (Loader: batch 256, 2 thread workers, 
 output; jpeg: RandomResizedCrop + flip, raw: RandomCrop + flip) that starts with none of
 the data set in the page cache (its pages dropped with posix_fadvise(DONTNEED) first). The
 page cache is limited in one of two ways (``--method``):
-  * ``cgroup``: a cgroup v1 memory cgroup (page cache is charged to it) whose limit is the
-    child's anonymous memory (measured when it is ready, plus the growth measured during the
-    unlimited reference epochs, plus a margin) + ``--cache-mb``; removed after the epoch;
+  * ``cgroup``: the child runs in a cgroup v1 memory cgroup (page cache is charged to it)
+    whose limit a thread keeps at the anonymous memory charged to it (memory.stat ``rss``,
+    polled every 20 ms) + ``--cache-mb``; removed after the epoch;
   * ``fadvise`` (where cgroups are not writable): a thread in the child drops every cached
     page of the shard files (madvise + posix_fadvise DONTNEED) each time the process has
     read ``--cache-mb`` more -- cruder than the kernel's LRU under a limit.
@@ -73,16 +73,21 @@ def drop_cache(files) -> None:
             os.close(fd)
 
 
-def unmap_pages(files) -> None:
-    """madvise(MADV_DONTNEED) this process's mappings of ``files``: fadvise leaves mapped
-    pages alone, so they must leave the page tables first (they re-fault from the file)."""
+MADV_RANDOM, MADV_DONTNEED = 1, 4
+
+
+def advise_mappings(files, advice: int) -> None:
+    """madvise() every mapping of ``files`` in this process (MADV_DONTNEED: fadvise leaves
+    mapped pages alone, so they must leave the page tables first; they re-fault from the
+    file)."""
     names, libc = {os.path.realpath(f) for f in files}, ctypes.CDLL(None, use_errno=True)
     with open("/proc/self/maps") as f:
         for line in f:
             fields = line.split(maxsplit=5)
             if len(fields) == 6 and fields[5].strip() in names:
                 lo, hi = (int(x, 16) for x in fields[0].split("-"))
-                libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), 4)  # MADV_DONTNEED
+                if libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), advice) != 0:
+                    raise OSError(ctypes.get_errno(), f"madvise({advice}) of {fields[5].strip()}")
 
 
 class MemCgroup:
@@ -103,9 +108,14 @@ class MemCgroup:
         """Move process ``pid`` (all its threads) into the group."""
         self._write("cgroup.procs", pid)
 
+    def no_oom_kill(self) -> None:
+        """Make a task that hits the limit wait for more memory instead of being killed."""
+        self._write("memory.oom_control", 1)
+
     def stat(self) -> dict:
-        """memory.stat plus max_usage_in_bytes and failcnt."""
+        """memory.stat plus under_oom, max_usage_in_bytes and failcnt."""
         out = _read_fields(str(self.path / "memory.stat"))
+        out["under_oom"] = _read_fields(str(self.path / "memory.oom_control"))["under_oom"]
         for name in ("max_usage_in_bytes", "failcnt"):
             out[name] = int((self.path / f"memory.{name}").read_text())
         return out
@@ -133,11 +143,34 @@ def cgroup_usable(root) -> bool:
         return False
 
 
-def cgroup_limit(anon_ready: int, anon_growth: int, cache_bytes: int, margin: int = 32 * MB) -> int:
-    """The cgroup limit giving a process ``cache_bytes`` of page cache: its anonymous memory
-    when ready + the growth measured in the unlimited epochs + a margin, page-rounded."""
-    total = anon_ready + max(anon_growth, 0) + margin + cache_bytes
-    return -(-total // 4096) * 4096
+def cgroup_limit(anon: int, cache_bytes: int) -> int:
+    """The limit that leaves ``cache_bytes`` of page cache to a group using ``anon`` bytes of
+    anonymous memory now (page-rounded)."""
+    return -(-(anon + cache_bytes) // 4096) * 4096
+
+
+def governor(group: "MemCgroup", cache_bytes: int):
+    """A probe for :class:`Peaks` that also keeps ``group``'s limit at its anonymous memory
+    + ``cache_bytes``: the Loader's buffers grow and shrink during an epoch, and a fixed limit
+    would leave the page cache whatever they do not use. Only memory charged after the move
+    counts (the child's earlier memory stays charged where it was). A task that hits the limit
+    waits (the OOM killer is off in the group) until the next call raises it."""
+    state = {"limit": 0, "stalls": 0}
+
+    def probe() -> dict:
+        st = group.stat()
+        target = cgroup_limit(st["rss"], cache_bytes)
+        if st["under_oom"]:  # an allocation waits: anonymous memory outgrew the limit
+            state["stalls"] += 1
+            target = max(target, state["limit"] + max(cache_bytes, 64 * MB))
+        if abs(target - state["limit"]) > MB:
+            try:
+                group.limit(target)
+                state["limit"] = target
+            except OSError:  # EBUSY: not reclaimable yet; the next call tries again
+                pass
+        return dict(st, oom_stalls=state["stalls"])
+    return probe
 
 
 class Peaks(threading.Thread):
@@ -177,46 +210,56 @@ def _dropper(files, budget: int, stop: threading.Event) -> None:
     while not stop.wait(0.02):
         now = _read_fields("/proc/self/io")["read_bytes"]
         if now - last >= budget:
-            unmap_pages(files)
+            advise_mappings(files, MADV_DONTNEED)
             drop_cache(files)
             last = now
 
 
 def child(spec: dict) -> None:
     """Build the Loader, say ready, wait for "go", read one epoch, reply with the figures."""
+    import numpy as np
+
     from dlpack_io.reader import Dataset, Loader, RandomCrop, RandomHorizontalFlip, RandomResizedCrop
 
     crop = (RandomResizedCrop if spec["mode"] == "jpeg" else RandomCrop)(spec["crop"])
     loader = Loader(Dataset(spec["path"]), batch_size=spec["batch"], shuffle=spec["shuffle"],
                     block_size=spec["block"][0], block_window=spec["block"][1], seed=0,
-                    num_workers=spec["workers"], transforms=[crop, RandomHorizontalFlip()])
+                    num_workers=spec["workers"], transforms=[crop, RandomHorizontalFlip()],
+                    return_index=True)
     loader.set_epoch(spec["epoch"])
+    files = shard_files(spec["path"])
+    loader.dataset.lookup(np.arange(len(loader.dataset)))  # map every shard, to advise it
+    if spec["advice"]:
+        advise_mappings(files, spec["advice"])
+    advise_mappings(files, MADV_DONTNEED)  # then start cold: the index re-faults as usual
+    drop_cache(files)
     _send({"ready": True, "anon": _read_fields("/proc/self/status")["RssAnon"]})
     if sys.stdin.readline().strip() != "go":
         return
-    files, stop = shard_files(spec["path"]), threading.Event()
+    stop = threading.Event()
     dropper = threading.Thread(target=_dropper, args=(files, spec["fadvise_budget"], stop),
                                daemon=True) if spec["fadvise_budget"] else None
     peaks = Peaks(lambda: _read_fields("/proc/self/status"))
-    read0 = _read_fields("/proc/self/io")["read_bytes"]
+    read0 = _read_fields("/proc/self/io")["read_bytes"]  # thread workers included
     if dropper:
         dropper.start()
-    images, start = 0, time.perf_counter()
-    for _, labels in loader:
-        images += len(labels)
+    seen, start = [], time.perf_counter()
+    for _, _, indices in loader:
+        seen.append(indices)
     seconds = time.perf_counter() - start
-    read = _read_fields("/proc/self/io")["read_bytes"] - read0 + sum(
-        _read_fields(f"/proc/{pid}/io")["read_bytes"] for pid in loader.worker_pids())
+    read = _read_fields("/proc/self/io")["read_bytes"] - read0
     stop.set()
     status = peaks.stop()
     loader.close()
-    _send({"images": images, "seconds": seconds, "read_bytes": read,
+    seen = np.concatenate(seen) if seen else np.zeros(0, np.int64)
+    _send({"images": len(seen), "seconds": seconds, "read_bytes": read,
+           "payload_bytes": int(loader.dataset.lookup(seen)[2]["length"].sum()),
            "peak_anon": status.get("RssAnon", 0), "peak_file": status.get("RssFile", 0)})
 
 
 # ---- parent: runs, rounds, summaries ---------------------------------------------------
 def run_epoch(spec: dict, *, method: str, cache_bytes: int | None, cgroup_root=None,
-              anon_growth: int = 0, margin: int = 32 * MB, warm: bool = False) -> dict:
+              warm: bool = False) -> dict:
     """One epoch in a fresh child under ``method`` ("none", "cgroup" or "fadvise")."""
     from dlpack_io.tools.pagecache import warm as warm_files
 
@@ -236,22 +279,22 @@ def run_epoch(spec: dict, *, method: str, cache_bytes: int | None, cgroup_root=N
         out = {"anon_ready": ready["anon"]}
         if method == "cgroup":
             group = MemCgroup(cgroup_root, f"dlpack-ltr-{os.getpid()}-{proc.pid}")
-            out["limit"] = cgroup_limit(ready["anon"], anon_growth, cache_bytes, margin)
-            group.limit(out["limit"])
+            group.no_oom_kill()
+            probe = governor(group, cache_bytes)
+            probe()
             group.add(proc.pid)
-            peaks = Peaks(group.stat, every=0.1)
+            peaks = Peaks(probe, every=0.02)
         proc.stdin.write("go\n")
         proc.stdin.flush()
         line = proc.stdout.readline()
         if proc.wait() != 0 or not line:
             raise RuntimeError(f"epoch child for {spec['path']} died (exit {proc.returncode}; "
-                               f"-9 under a cgroup is the OOM killer: raise --anon-margin-mb)")
+                               f"its error is above)")
         out.update(json.loads(line))
         if group is not None:
             peak, final = peaks.stop(), group.stat()
-            out.update(cg_cache_peak=peak.get("cache", 0), cg_majfault=final["pgmajfault"],
-                       cg_pgpgin=final["pgpgin"], cg_max_usage=final["max_usage_in_bytes"],
-                       cg_failcnt=final["failcnt"])
+            out.update(cg_cache_peak=peak["cache"], cg_rss_peak=peak["rss"],
+                       cg_majfault=final["pgmajfault"], cg_oom_stalls=peak["oom_stalls"])
         return out
     finally:
         if proc.poll() is None:
@@ -274,59 +317,70 @@ def parse_block(text: str) -> tuple[int, int]:
     return size, window
 
 
-def contenders(blocks) -> dict:
-    """label -> (shuffle, (block_size, block_window))."""
-    out = {"global": ("global", (256, 16))}
-    out.update({f"block {s}x{w}": ("block", (s, w)) for s, w in blocks})
+def contenders(blocks, advise_random: bool = False) -> dict:
+    """label -> child options (shuffle, block geometry, madvise advice on the shards)."""
+    out = {"global": {"shuffle": "global", "block": [256, 16], "advice": 0}}
+    out.update({f"block {s}x{w}": {"shuffle": "block", "block": [s, w], "advice": 0}
+                for s, w in blocks})
+    if advise_random:
+        out["global, MADV_RANDOM"] = dict(out["global"], advice=MADV_RANDOM)
     return out
 
 
-def _summary(runs: list, data_bytes: int) -> dict:
-    rates = [r["images"] / r["seconds"] for r in runs]
-    reads = [r["read_bytes"] / data_bytes for r in runs]
-    out = {"rate": statistics.median(rates), "rates": rates,
-           "read_ratio": statistics.median(reads), "read_ratios": reads}
-    for key in ("cg_majfault", "cg_cache_peak", "limit"):
-        if all(key in r for r in runs) and runs:
+def _summary(runs: list) -> dict:
+    """Medians (and every run's value) of images/s, GB read and read / bytes of the records."""
+    out = {"rates": [r["images"] / r["seconds"] for r in runs],
+           "read_gb": [r["read_bytes"] / 1e9 for r in runs],
+           "amplification": [r["read_bytes"] / max(r["payload_bytes"], 1) for r in runs]}
+    out.update({f"median_{k}": statistics.median(v) for k, v in list(out.items())})
+    for key in ("cg_majfault", "cg_cache_peak", "cg_rss_peak", "cg_oom_stalls"):
+        if runs and all(key in r for r in runs):
             out[key] = statistics.median(r[key] for r in runs)
     return out
+
+
+def readahead_kb(path) -> int | None:
+    """read_ahead_kb of the block device holding ``path`` (None if not a block device)."""
+    st = os.stat(path)
+    dev = Path(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
+    for queue in (dev / "queue", dev / ".." / "queue"):  # a disk, or a partition of one
+        if (queue / "read_ahead_kb").exists():
+            return int((queue / "read_ahead_kb").read_text())
+    return None
 
 
 def bench_mode(mode: str, path: Path, args, method: str) -> dict:
     """Reference epochs (no limit, cold then warm), then rotated limited rounds."""
     from dlpack_io.tools.order_report import order_report
 
-    table = contenders(args.block)
+    table = contenders(args.block, args.advise_random)
+    manifest = json.loads((path / "manifest.json").read_text())
     data_bytes = sum(f.stat().st_size for f in shard_files(path))
     base = {"path": str(path), "mode": mode, "crop": args.crop, "batch": args.batch,
             "workers": args.workers}
-    spec = {k: dict(base, shuffle=s, block=list(b), epoch=0) for k, (s, b) in table.items()}
-    res = {"data_bytes": data_bytes, "reference": {}, "limited": {}, "quality": {}}
-    growth = 0
+    spec = {label: dict(base, epoch=0, **c) for label, c in table.items()}
+    res = {"data_bytes": data_bytes, "num_samples": manifest["num_samples"],
+           "readahead_kb": readahead_kb(path), "reference": {}, "limited": {}, "quality": {}}
     for label in table:
-        ref = {state: run_epoch(spec[label], method="none", cache_bytes=None,
-                                warm=state == "warm") for state in args.reference}
-        growth = max([growth] + [r["peak_anon"] - r["anon_ready"] for r in ref.values()])
-        res["reference"][label] = {k: _summary([r], data_bytes) for k, r in ref.items()}
+        res["reference"][label] = {state: _summary([run_epoch(
+            spec[label], method="none", cache_bytes=None, warm=state == "warm")])
+            for state in args.reference}
     runs = {label: [] for label in table}
     for rnd in range(args.rounds):
-        labels = list(table)[rnd % len(table):] + list(table)[:rnd % len(table)]
-        for label in labels:
+        for label in list(table)[rnd % len(table):] + list(table)[:rnd % len(table)]:
             runs[label].append(run_epoch(dict(spec[label], epoch=rnd + 1), method=method,
-                                         cache_bytes=args.cache_mb * MB, anon_growth=growth,
-                                         margin=args.anon_margin_mb * MB,
+                                         cache_bytes=args.cache_mb * MB,
                                          cgroup_root=args.cgroup_root))
             log.info("%s %s round %d: %s", mode, label, rnd, runs[label][-1])
-    first = list(table)[0]
-    for label, (shuffle, (size, window)) in table.items():
-        res["limited"][label] = _summary(runs[label], data_bytes)
-        res["limited"][label]["vs_global"] = statistics.median(
+    for label, c in table.items():
+        res["limited"][label] = dict(_summary(runs[label]), vs_global=statistics.median(
             (r["images"] / r["seconds"]) / (g["images"] / g["seconds"])
-            for r, g in zip(runs[label], runs[first]))
-        q = order_report(path, shuffle=shuffle, block_size=size, window=window,
-                         batch_size=args.batch)["quality"][shuffle]
-        res["quality"][label] = dict(q, working_set=size * window * data_bytes / max(
-            1, json.loads((path / "manifest.json").read_text())["num_samples"]))
+            for r, g in zip(runs[label], runs["global"])))
+        size, window = c["block"]
+        q = order_report(path, shuffle=c["shuffle"], block_size=size, window=window,
+                         batch_size=args.batch)["quality"][c["shuffle"]]
+        res["quality"][label] = dict(q, working_set=size * window * data_bytes
+                                     / max(1, manifest["num_samples"]))
     res["runs"] = runs
     return res
 
@@ -336,33 +390,35 @@ def _rounds(values, fmt="{:.0f}") -> str:
     return "[" + ", ".join(fmt.format(v) for v in values) + "]"
 
 
+def _row(label: str, cache: str, s: dict, rounds: bool) -> str:
+    cg = (f"{s['cg_majfault']:,.0f} | {s['cg_cache_peak'] / MB:,.0f} MB" if "cg_majfault" in s
+          else " | ")
+    tail = (f"{_rounds(s['rates'])}; {_rounds(s['amplification'], '{:.2f}')}" if rounds else "")
+    return (f"| {label} | {cache} | {s['median_rates']:,.0f} | {s['median_read_gb']:.2f} | "
+            f"{s['median_amplification']:.2f} | {cg} | {tail} |")
+
+
 def markdown(res: dict) -> str:
     """The docs/benchmarks.md section for the results of :func:`main`."""
     lines = [SECTION, "", f"Produced by `{res['command']}`.", "",
-             f"Measured {res['date']} on {res['machine']}; cache limit by **{res['method']}**; "
-             f"page cache allowed: {res['cache_mb']} MB. {res['context']}", ""]
+             f"Measured {res['date']} on {res['machine']}; page cache limited by "
+             f"**{res['method']}** to {res['cache_mb']} MB. {res['context']}", ""]
     for mode, m in res["modes"].items():
-        lines += [f"### {mode} records: {m['num_samples']:,} samples, {m['data_bytes'] / MB:,.0f} MB "
-                  f"({m['data_bytes'] / (res['cache_mb'] * MB):.1f}x the cache)", "",
-                  "| shuffle | page cache | images/s (median) | read / data set (median) | "
-                  "major faults | cache peak | rounds: images/s; read ratio |",
-                  "|---|---|---:|---:|---:|---:|---|"]
-        for label, ref in m["reference"].items():
-            for state, s in ref.items():
-                lines.append(f"| {label} | no limit, {state} | {s['rate']:,.0f} | "
-                             f"{s['read_ratio']:.2f} | | | |")
-        for label, s in m["limited"].items():
-            cg = (f"{s['cg_majfault']:,.0f} | {s['cg_cache_peak'] / MB:,.0f} MB"
-                  if "cg_majfault" in s else " | ")
-            lines.append(f"| {label} | {res['cache_mb']} MB | {s['rate']:,.0f} | "
-                         f"{s['read_ratio']:.2f} | {cg} | "
-                         f"{_rounds(s['rates'])}; {_rounds(s['read_ratios'], '{:.2f}')} |")
-        lines += ["", "| shuffle | images/s vs global, same round (median) | classes/batch "
+        lines += [f"### {mode} records: {m['num_samples']:,} samples, {m['data_bytes'] / MB:,.0f} "
+                  f"MB ({m['data_bytes'] / (res['cache_mb'] * MB):.1f}x the cache), device "
+                  f"read_ahead_kb {m['readahead_kb']}", "",
+                  "| shuffle | page cache | images/s (median) | GB read (median) | read / "
+                  "records' bytes (median) | major faults | cache peak | rounds: images/s; "
+                  "read / records' bytes |", "|---|---|---:|---:|---:|---:|---:|---|"]
+        lines += [_row(label, f"no limit, {state}", s, False)
+                  for label, ref in m["reference"].items() for state, s in ref.items()]
+        lines += [_row(label, f"{res['cache_mb']} MB", s, True) for label, s in m["limited"].items()]
+        lines += ["", "| shuffle | images/s / global's, same round (median) | classes/batch "
                       "(perfect) | class mix | shards/batch (perfect) | shard mix | window "
                       "working set |", "|---|---:|---:|---:|---:|---:|---:|"]
         for label, s in m["limited"].items():
             q = m["quality"][label]
-            ws = "" if label == "global" else f"{q['working_set'] / MB:,.0f} MB"
+            ws = f"{q['working_set'] / MB:,.0f} MB" if label.startswith("block") else ""
             lines.append(f"| {label} | {s['vs_global']:.2f} | {q['classes_per_batch']:.1f} "
                          f"({q['perfect_classes_per_batch']:.1f}) | {q['class_mix']:.2f} | "
                          f"{q['shards_per_batch']:.1f} ({q['perfect_shards_per_batch']:.1f}) | "
@@ -416,13 +472,14 @@ def _arguments(argv):
     add("--workers", type=int, default=2, help="thread workers")
     add("--block", type=parse_block, nargs="+", default=[(256, 16)],
         help="block-shuffle geometries SIZExWINDOW to compare with global")
+    add("--advise-random", action="store_true",
+        help="also run global with madvise(MADV_RANDOM) on the shard mappings (no readahead)")
     add("--cache-mb", type=int, default=256, help="page cache allowed to the epoch")
-    add("--anon-margin-mb", type=int, default=32, help="headroom above measured anon memory")
     add("--method", choices=("auto", "cgroup", "fadvise"), default="auto")
     add("--cgroup-root", default="/sys/fs/cgroup/memory", help="cgroup v1 memory hierarchy")
     add("--rounds", type=int, default=5, help="limited rounds (medians)")
     add("--reference", nargs="*", choices=("cold", "warm"), default=["cold", "warm"],
-        help="unlimited reference epochs per shuffle (also measure the anon memory growth)")
+        help="unlimited reference epochs per shuffle (none: --reference alone)")
     add("--json", type=Path, help="write all results here")
     add("--write", help="markdown file whose section to (re)write")
     add("--child", help=argparse.SUPPRESS)
@@ -446,7 +503,6 @@ def main(argv=None) -> dict:
     res = {"method": method, "cache_mb": args.cache_mb, "modes": {}}
     for mode, path in paths.items():
         res["modes"][mode] = bench_mode(mode, path, args, method)
-        res["modes"][mode]["num_samples"] = json.loads((path / "manifest.json").read_text())["num_samples"]
     res.update(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                machine=f"{platform.machine()}, {os.cpu_count()} cores, "
                        f"{os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE') / 2**30:.0f} GiB",
