@@ -1,22 +1,26 @@
 """Data larger than RAM: ``shuffle="global"`` vs ``shuffle="block"`` with a small page cache.
 
     python -m dlpack_io.tools.bench.larger_than_ram --root bench-out/ram --images 10000 \\
-        --cache-mb 256 --rounds 5 --write docs/benchmarks.md
+        --cache-mb 256 --rounds 3 --block 256x16 256x4 --advise-random --write docs/benchmarks.md
 
-Every epoch runs in a fresh child process (Loader: batch 256, 2 thread workers, uint8 CPU
-output; jpeg: RandomResizedCrop + flip, raw: RandomCrop + flip) that starts with none of
-the data set in the page cache (its pages dropped with posix_fadvise(DONTNEED) first). The
-page cache is limited in one of two ways (``--method``):
-  * ``cgroup``: the child runs in a cgroup v1 memory cgroup (page cache is charged to it)
-    whose limit a thread keeps at the anonymous memory charged to it (memory.stat ``rss``,
-    polled every 20 ms) + ``--cache-mb``; removed after the epoch;
+Data: ``--images`` ImageNet-like JPEGs (tools/synth.py), packed once in jpeg mode and in raw
+mode (``--raw-size``). Every epoch runs in a fresh child process: a Loader (batch 256, 2 thread
+workers, uint8 CPU output; jpeg: RandomResizedCrop + flip, raw: RandomCrop + flip) whose
+shards are mapped, then dropped from the page cache (madvise + posix_fadvise DONTNEED), so
+the epoch starts cold. The page cache is limited in one of two ways (``--method``):
+  * ``cgroup``: the child is moved into a new cgroup v1 memory cgroup (page cache is charged
+    to the cgroup that reads it) whose limit a thread keeps at the anonymous memory charged
+    to it (memory.stat ``rss``, polled every 20 ms) + ``--cache-mb``; OOM killer off (a task
+    at the limit waits for the next raise); the cgroup is removed after the epoch;
   * ``fadvise`` (where cgroups are not writable): a thread in the child drops every cached
-    page of the shard files (madvise + posix_fadvise DONTNEED) each time the process has
-    read ``--cache-mb`` more -- cruder than the kernel's LRU under a limit.
-Measured per epoch: images/s, read_bytes from /proc/<pid>/io (process, its threads and any
-worker processes), and with a cgroup its memory.stat (major faults, peak page cache).
-Reference epochs without a limit (cold and warm cache) come first; then ``--rounds``
-rounds of limited epochs, contenders rotated each round; medians, and per-round ratios.
+    page of the shards each time the process has read ``--cache-mb`` more -- cruder than
+    the kernel's LRU under a limit.
+Measured per epoch: images/s; read_bytes from /proc/self/io (the process and its thread
+workers) against the bytes of the records it delivered; with a cgroup, its major faults and
+the peak of its page cache. Reference epochs without a limit (cold, then warm) first, then
+``--rounds`` rounds of limited epochs, contenders rotated each round; medians and per-round
+ratios to global. ``--advise-random`` adds global with madvise(MADV_RANDOM) on the shard
+mappings (no kernel readahead), which the Loader does not do today.
 """
 from __future__ import annotations
 
@@ -220,6 +224,7 @@ def child(spec: dict) -> None:
     import numpy as np
 
     from dlpack_io.reader import Dataset, Loader, RandomCrop, RandomHorizontalFlip, RandomResizedCrop
+    from dlpack_io.tools.pagecache import warm
 
     crop = (RandomResizedCrop if spec["mode"] == "jpeg" else RandomCrop)(spec["crop"])
     loader = Loader(Dataset(spec["path"]), batch_size=spec["batch"], shuffle=spec["shuffle"],
@@ -231,8 +236,10 @@ def child(spec: dict) -> None:
     loader.dataset.lookup(np.arange(len(loader.dataset)))  # map every shard, to advise it
     if spec["advice"]:
         advise_mappings(files, spec["advice"])
-    advise_mappings(files, MADV_DONTNEED)  # then start cold: the index re-faults as usual
+    advise_mappings(files, MADV_DONTNEED)  # start cold: the index re-faults as usual
     drop_cache(files)
+    if spec["warm"]:
+        warm(*files)
     _send({"ready": True, "anon": _read_fields("/proc/self/status")["RssAnon"]})
     if sys.stdin.readline().strip() != "go":
         return
@@ -260,14 +267,9 @@ def child(spec: dict) -> None:
 # ---- parent: runs, rounds, summaries ---------------------------------------------------
 def run_epoch(spec: dict, *, method: str, cache_bytes: int | None, cgroup_root=None,
               warm: bool = False) -> dict:
-    """One epoch in a fresh child under ``method`` ("none", "cgroup" or "fadvise")."""
-    from dlpack_io.tools.pagecache import warm as warm_files
-
-    files = shard_files(spec["path"])
-    drop_cache(files)
-    if warm:
-        warm_files(*files)
-    spec = dict(spec, fadvise_budget=cache_bytes if method == "fadvise" else 0)
+    """One epoch in a fresh child under ``method`` ("none", "cgroup" or "fadvise"), with the
+    data set's pages dropped (or all cached: ``warm``) when it starts."""
+    spec = dict(spec, warm=warm, fadvise_budget=cache_bytes if method == "fadvise" else 0)
     proc = subprocess.Popen([sys.executable, "-m", __spec__.name, "--child", json.dumps(spec)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     group = peaks = None
