@@ -102,15 +102,20 @@ def test_tiny_run_end_to_end(tmp_path):
     doc.write_text("# Benchmarks\n")
     res = ltr.main(["--root", str(tmp_path / "work"), "--images", "24", "--image-size", "60x80",
                     "--modes", "jpeg", "--crop", "32", "--batch", "8", "--rounds", "1",
-                    "--reference", "--method", "fadvise", "--cache-mb", "1", "--block", "4x2",
+                    "--reference", "cold", "--method", "fadvise", "--cache-mb", "1", "--block", "4x2",
                     "--json", str(tmp_path / "out.json"), "--write", str(doc)])
     assert json.loads((tmp_path / "out.json").read_text())["method"] == "fadvise"
     m = res["modes"]["jpeg"]
     ds = Dataset(tmp_path / "work/ds_jpeg")
-    assert m["num_samples"] == 24 and m["reference"] == {"global": {}, "block 4x2": {}}
+    assert m["num_samples"] == 24 and set(m["reference"]) == {"global", "block 4x2"}
+    assert set(m["runs"]) == {"global, limited", "block 4x2, limited", "global, cold",
+                              "block 4x2, cold"}
     assert m["data_bytes"] == sum(f.stat().st_size for f in ltr.shard_files(tmp_path / "work/ds_jpeg"))
     for label in ("global", "block 4x2"):
-        (run,) = m["runs"][label]
+        (cold,) = m["runs"][f"{label}, cold"]
+        assert cold["images"] == 24 and "cg_majfault" not in m["reference"][label]["cold"]
+        assert m["reference"][label]["cold"]["median_rates"] == pytest.approx(24 / cold["seconds"])
+        (run,) = m["runs"][f"{label}, limited"]
         assert run["images"] == 24 and run["seconds"] > 0 and run["read_bytes"] >= 0
         assert run["peak_anon"] >= run["anon_ready"] > 0
         assert run["payload_bytes"] == int(ds.lookup(np.arange(24))[2]["length"].sum())

@@ -17,9 +17,9 @@ the epoch starts cold. The page cache is limited in one of two ways (``--method`
     the kernel's LRU under a limit.
 Measured per epoch: images/s; read_bytes from /proc/self/io (the process and its thread
 workers) against the bytes of the records it delivered; with a cgroup, its major faults and
-the peak of its page cache. Reference epochs without a limit (cold, then warm) first, then
-``--rounds`` rounds of limited epochs, contenders rotated each round; medians and per-round
-ratios to global. ``--advise-random`` adds global with madvise(MADV_RANDOM) on the shard
+the peak of its page cache. Each of ``--rounds`` rounds runs every contender limited and, as
+the reference, without a limit (cold and warm start), in an order rotated each round;
+medians, and the median of the per-round ratios to global. ``--advise-random`` adds global with madvise(MADV_RANDOM) on the shard
 mappings (no kernel readahead), which the Loader does not do today.
 """
 from __future__ import annotations
@@ -125,13 +125,12 @@ class MemCgroup:
         return out
 
     def remove(self) -> None:
-        """rmdir the group (its tasks have exited; a few tries while the kernel lets go)."""
+        """rmdir the group (its tasks have exited; retried while the kernel lets them go)."""
         for attempt in range(50):
             try:
-                self.path.rmdir()
-                return
+                return self.path.rmdir()
             except FileNotFoundError:
-                return
+                return None
             except OSError:
                 if attempt == 49:
                     raise
@@ -352,7 +351,7 @@ def readahead_kb(path) -> int | None:
 
 
 def bench_mode(mode: str, path: Path, args, method: str) -> dict:
-    """Reference epochs (no limit, cold then warm), then rotated limited rounds."""
+    """Rounds of limited and reference (no limit: cold, warm) epochs, rotated each round."""
     from dlpack_io.tools.order_report import order_report
 
     table = contenders(args.block, args.advise_random)
@@ -360,30 +359,30 @@ def bench_mode(mode: str, path: Path, args, method: str) -> dict:
     data_bytes = sum(f.stat().st_size for f in shard_files(path))
     base = {"path": str(path), "mode": mode, "crop": args.crop, "batch": args.batch,
             "workers": args.workers}
-    spec = {label: dict(base, epoch=0, **c) for label, c in table.items()}
-    res = {"data_bytes": data_bytes, "num_samples": manifest["num_samples"],
-           "readahead_kb": readahead_kb(path), "reference": {}, "limited": {}, "quality": {}}
-    for label in table:
-        res["reference"][label] = {state: _summary([run_epoch(
-            spec[label], method="none", cache_bytes=None, warm=state == "warm")])
-            for state in args.reference}
-    runs = {label: [] for label in table}
+    jobs = [(label, state) for state in ["limited"] + args.reference for label in table]
+    runs = {job: [] for job in jobs}
     for rnd in range(args.rounds):
-        for label in list(table)[rnd % len(table):] + list(table)[:rnd % len(table)]:
-            runs[label].append(run_epoch(dict(spec[label], epoch=rnd + 1), method=method,
-                                         cache_bytes=args.cache_mb * MB,
-                                         cgroup_root=args.cgroup_root))
-            log.info("%s %s round %d: %s", mode, label, rnd, runs[label][-1])
+        for label, state in jobs[rnd % len(jobs):] + jobs[:rnd % len(jobs)]:
+            limited = state == "limited"
+            runs[label, state].append(run_epoch(
+                dict(base, epoch=rnd + 1, **table[label]), method=method if limited else "none",
+                cache_bytes=args.cache_mb * MB if limited else None,
+                cgroup_root=args.cgroup_root, warm=state == "warm"))
+            log.info("%s %s %s round %d: %s", mode, label, state, rnd, runs[label, state][-1])
+    res = {"data_bytes": data_bytes, "num_samples": manifest["num_samples"],
+           "readahead_kb": readahead_kb(path), "quality": {},
+           "reference": {label: {state: _summary(runs[label, state]) for state in args.reference}
+                         for label in table},
+           "runs": {f"{label}, {state}": r for (label, state), r in runs.items()}}
+    res["limited"] = {label: dict(_summary(runs[label, "limited"]), vs_global=statistics.median(
+        (r["images"] / r["seconds"]) / (g["images"] / g["seconds"])
+        for r, g in zip(runs[label, "limited"], runs["global", "limited"]))) for label in table}
     for label, c in table.items():
-        res["limited"][label] = dict(_summary(runs[label]), vs_global=statistics.median(
-            (r["images"] / r["seconds"]) / (g["images"] / g["seconds"])
-            for r, g in zip(runs[label], runs["global"])))
         size, window = c["block"]
         q = order_report(path, shuffle=c["shuffle"], block_size=size, window=window,
                          batch_size=args.batch)["quality"][c["shuffle"]]
         res["quality"][label] = dict(q, working_set=size * window * data_bytes
                                      / max(1, manifest["num_samples"]))
-    res["runs"] = runs
     return res
 
 
@@ -392,10 +391,10 @@ def _rounds(values, fmt="{:.0f}") -> str:
     return "[" + ", ".join(fmt.format(v) for v in values) + "]"
 
 
-def _row(label: str, cache: str, s: dict, rounds: bool) -> str:
+def _row(label: str, cache: str, s: dict) -> str:
     cg = (f"{s['cg_majfault']:,.0f} | {s['cg_cache_peak'] / MB:,.0f} MB" if "cg_majfault" in s
           else " | ")
-    tail = (f"{_rounds(s['rates'])}; {_rounds(s['amplification'], '{:.2f}')}" if rounds else "")
+    tail = f"{_rounds(s['rates'])}; {_rounds(s['amplification'], '{:.2f}')}"
     return (f"| {label} | {cache} | {s['median_rates']:,.0f} | {s['median_read_gb']:.2f} | "
             f"{s['median_amplification']:.2f} | {cg} | {tail} |")
 
@@ -412,9 +411,9 @@ def markdown(res: dict) -> str:
                   "| shuffle | page cache | images/s (median) | GB read (median) | read / "
                   "records' bytes (median) | major faults | cache peak | rounds: images/s; "
                   "read / records' bytes |", "|---|---|---:|---:|---:|---:|---:|---|"]
-        lines += [_row(label, f"no limit, {state}", s, False)
+        lines += [_row(label, f"no limit, {state}", s)
                   for label, ref in m["reference"].items() for state, s in ref.items()]
-        lines += [_row(label, f"{res['cache_mb']} MB", s, True) for label, s in m["limited"].items()]
+        lines += [_row(label, f"{res['cache_mb']} MB", s) for label, s in m["limited"].items()]
         lines += ["", "| shuffle | images/s / global's, same round (median) | classes/batch "
                       "(perfect) | class mix | shards/batch (perfect) | shard mix | window "
                       "working set |", "|---|---:|---:|---:|---:|---:|---:|"]
@@ -479,7 +478,7 @@ def _arguments(argv):
     add("--cache-mb", type=int, default=256, help="page cache allowed to the epoch")
     add("--method", choices=("auto", "cgroup", "fadvise"), default="auto")
     add("--cgroup-root", default="/sys/fs/cgroup/memory", help="cgroup v1 memory hierarchy")
-    add("--rounds", type=int, default=5, help="limited rounds (medians)")
+    add("--rounds", type=int, default=3, help="rounds (medians)")
     add("--reference", nargs="*", choices=("cold", "warm"), default=["cold", "warm"],
         help="unlimited reference epochs per shuffle (none: --reference alone)")
     add("--json", type=Path, help="write all results here")
