@@ -131,3 +131,6 @@ def test_tiny_run_end_to_end(tmp_path):
     assert text.startswith("# Benchmarks\n\n" + ltr.SECTION)
     assert "limited by **fadvise** to 1 MB" in text and "| block 4x2 | 1 MB |" in text
     assert m["readahead_kb"] is None or m["readahead_kb"] > 0
+    again = tmp_path / "again.md"
+    ltr.main(["--render", str(tmp_path / "out.json"), "--write", str(again)])
+    assert again.read_text() == text  # a saved run renders to the same section

@@ -399,11 +399,33 @@ def _row(label: str, cache: str, s: dict) -> str:
             f"{s['median_amplification']:.2f} | {cg} | {tail} |")
 
 
+HOW = """Each epoch is a fresh process reading the whole data set once with the Loader (batch
+256, 2 thread workers, uint8 CPU output; jpeg: `RandomResizedCrop(224)` + flip, raw:
+`RandomCrop(224)` + flip), starting with none of it in the page cache. *page cache*: the
+limit (cgroup: the process runs in a cgroup v1 memory cgroup whose limit is kept at its
+anonymous memory + the cache allowed; fadvise: the shards' pages are dropped each time that
+much more was read), or none (cold: nothing cached at the start; warm: everything cached).
+*read / records' bytes*: read_bytes of /proc/self/io (the process and its threads) over the
+bytes of the records the epoch delivered; 1.0 = every record read once (a JPEG epoch can
+stay below 1: the region decoder stops at the crop's last row; a raw 224 crop reads 224 of
+256 rows). *major faults*, *cache peak*: the cgroup's memory.stat. The Loader maps shards
+with the default advice, so a page-cache miss makes the kernel read `read_ahead_kb` around
+the fault; in a random order those neighbours are evicted before they are used once the data
+set is larger than the cache. A block-shuffle window reads `block_size x block_window x mean
+record size` bytes (*window working set*); when that fits in the cache, what is read ahead
+is used first. *global, MADV_RANDOM* is not a Loader option: global order with
+madvise(MADV_RANDOM) on the shard mappings, so the kernel reads only the pages touched.
+Mixing: `dlpack inspect DST --order` figures (distinct classes and shards per batch of 256,
+against a uniformly random batch). The machine is shared with other agents' builds, tests
+and benchmarks on its 2 cores: images/s move with their load (in the rounds column); read
+volumes, and ratios within a round, hold better."""
+
+
 def markdown(res: dict) -> str:
     """The docs/benchmarks.md section for the results of :func:`main`."""
     lines = [SECTION, "", f"Produced by `{res['command']}`.", "",
              f"Measured {res['date']} on {res['machine']}; page cache limited by "
-             f"**{res['method']}** to {res['cache_mb']} MB. {res['context']}", ""]
+             f"**{res['method']}** to {res['cache_mb']} MB. {res['context']}", "", HOW, ""]
     for mode, m in res["modes"].items():
         lines += [f"### {mode} records: {m['num_samples']:,} samples, {m['data_bytes'] / MB:,.0f} "
                   f"MB ({m['data_bytes'] / (res['cache_mb'] * MB):.1f}x the cache), device "
@@ -483,6 +505,7 @@ def _arguments(argv):
         help="unlimited reference epochs per shuffle (none: --reference alone)")
     add("--json", type=Path, help="write all results here")
     add("--write", help="markdown file whose section to (re)write")
+    add("--render", type=Path, help="only print/--write the report of a saved --json")
     add("--child", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -493,6 +516,8 @@ def main(argv=None) -> dict:
     if args.child:
         return child(json.loads(args.child))
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.render:
+        return _report(json.loads(args.render.read_text()), args)
     method = args.method
     if method == "auto":
         method = "cgroup" if cgroup_usable(args.cgroup_root) else "fadvise"
@@ -511,12 +536,16 @@ def main(argv=None) -> dict:
                        f"after ({time.time() - started:.0f} s).",
                command="python -m dlpack_io.tools.bench.larger_than_ram " +
                        " ".join(sys.argv[1:] if argv is None else argv))
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=2))
+    return _report(res, args)
+
+
+def _report(res: dict, args) -> dict:
     text = markdown(res)
     print(text)
     if args.write:
         write_section(args.write, text)
-    if args.json:
-        args.json.write_text(json.dumps(res, indent=2))
     return res
 
 
