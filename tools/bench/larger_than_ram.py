@@ -116,6 +116,15 @@ class MemCgroup:
         """Make a task that hits the limit wait for more memory instead of being killed."""
         self._write("memory.oom_control", 1)
 
+    def confine(self, pid: int, cache_bytes: int) -> "Peaks":
+        """Move ``pid`` in, with ``cache_bytes`` of page cache from now on; the running
+        :class:`Peaks` of the group's memory.stat (see :func:`governor`)."""
+        self.no_oom_kill()
+        probe = governor(self, cache_bytes)
+        probe()  # the first limit: nothing charged yet
+        self.add(pid)
+        return Peaks(probe, every=0.02)
+
     def stat(self) -> dict:
         """memory.stat plus under_oom, max_usage_in_bytes and failcnt."""
         out = _read_fields(str(self.path / "memory.stat"))
@@ -218,12 +227,27 @@ def _dropper(files, budget: int, stop: threading.Event) -> None:
             last = now
 
 
+def _start_cache(dataset, files, advice: int, warm: bool) -> None:
+    """Map every shard (and advise the mappings), then drop every page: the epoch starts
+    cold, its index pages re-faulting as they would; or warm: every page cached."""
+    import numpy as np
+
+    from dlpack_io.tools.pagecache import warm as read_all
+
+    dataset.lookup(np.arange(len(dataset)))
+    if advice:
+        advise_mappings(files, advice)
+    advise_mappings(files, MADV_DONTNEED)
+    drop_cache(files)
+    if warm:
+        read_all(*files)
+
+
 def child(spec: dict) -> None:
     """Build the Loader, say ready, wait for "go", read one epoch, reply with the figures."""
     import numpy as np
 
     from dlpack_io.reader import Dataset, Loader, RandomCrop, RandomHorizontalFlip, RandomResizedCrop
-    from dlpack_io.tools.pagecache import warm
 
     crop = (RandomResizedCrop if spec["mode"] == "jpeg" else RandomCrop)(spec["crop"])
     loader = Loader(Dataset(spec["path"]), batch_size=spec["batch"], shuffle=spec["shuffle"],
@@ -232,13 +256,7 @@ def child(spec: dict) -> None:
                     return_index=True)
     loader.set_epoch(spec["epoch"])
     files = shard_files(spec["path"])
-    loader.dataset.lookup(np.arange(len(loader.dataset)))  # map every shard, to advise it
-    if spec["advice"]:
-        advise_mappings(files, spec["advice"])
-    advise_mappings(files, MADV_DONTNEED)  # start cold: the index re-faults as usual
-    drop_cache(files)
-    if spec["warm"]:
-        warm(*files)
+    _start_cache(loader.dataset, files, spec["advice"], spec["warm"])
     _send({"ready": True, "anon": _read_fields("/proc/self/status")["RssAnon"]})
     if sys.stdin.readline().strip() != "go":
         return
@@ -280,11 +298,7 @@ def run_epoch(spec: dict, *, method: str, cache_bytes: int | None, cgroup_root=N
         out = {"anon_ready": ready["anon"]}
         if method == "cgroup":
             group = MemCgroup(cgroup_root, f"dlpack-ltr-{os.getpid()}-{proc.pid}")
-            group.no_oom_kill()
-            probe = governor(group, cache_bytes)
-            probe()
-            group.add(proc.pid)
-            peaks = Peaks(probe, every=0.02)
+            peaks = group.confine(proc.pid, cache_bytes)
         proc.stdin.write("go\n")
         proc.stdin.flush()
         line = proc.stdout.readline()
