@@ -439,7 +439,8 @@ def markdown(res: dict) -> str:
     """The docs/benchmarks.md section for the results of :func:`main`."""
     lines = [SECTION, "", f"Produced by `{res['command']}`.", "",
              f"Measured {res['date']} on {res['machine']}; page cache limited by "
-             f"**{res['method']}** to {res['cache_mb']} MB. {res['context']}", "", HOW, ""]
+             f"**{res['method']}** to {res['cache_mb']} MB. {res['context']}", "",
+             f"Data: {res['data']}.", "", HOW, ""]
     for mode, m in res["modes"].items():
         lines += [f"### {mode} records: {m['num_samples']:,} samples, {m['data_bytes'] / MB:,.0f} "
                   f"MB ({m['data_bytes'] / (res['cache_mb'] * MB):.1f}x the cache), device "
@@ -540,7 +541,11 @@ def main(argv=None) -> dict:
                          f"(not root, or not a v1 memory hierarchy); use --method fadvise")
     paths = prepare(args.root, args)
     load0, started = os.getloadavg()[0], time.time()
-    res = {"method": method, "cache_mb": args.cache_mb, "modes": {}}
+    res = {"method": method, "cache_mb": args.cache_mb, "modes": {}, "data": (
+        f"{args.images:,} synthetic ImageNet-like JPEGs (`tools/synth.py`, about "
+        f"{args.image_size[1]}x{args.image_size[0]}, 100 classes) packed by `dlpack convert` "
+        f"with `--shard-size {args.shard_size}` in jpeg mode and in raw mode (`--size "
+        f"{args.raw_size}`)")}
     for mode, path in paths.items():
         res["modes"][mode] = bench_mode(mode, path, args, method)
     res.update(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
