@@ -6,7 +6,11 @@ triton nor the op modules):
 * :func:`crop_flip_permute` - per-sample crop + flips + NHWC->NCHW + normalise + cast.
 * :func:`resized_crop` - per-sample box resampled (bilinear, optional antialias) to a
   fixed size, fused with the same tail; dense or ragged (flat buffer + offsets) input.
-* :mod:`reference` - the plain torch references of both.
+* :func:`crop_flip_permute_packed`, :func:`resized_crop_packed` - the same ops reading every
+  per-sample value from one records tensor (:mod:`records`), so one copy carries a batch.
+* :mod:`records` - the per-sample record layout and its host/device helpers.
+* :mod:`reference` - the plain torch references, and ``reference.epilogue``: the shared
+  tail (colour jitter, normalise, cast) on a host uint8 NCHW batch.
 
 CUDA tensors run the Triton kernels; CPU tensors run the torch reference unless
 ``TRITON_INTERPRET=1`` is set (then Triton's interpreter). See docs/kernels.md.
@@ -16,17 +20,20 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = ["crop_flip_permute", "resized_crop", "reference"]
+__all__ = ["crop_flip_permute", "crop_flip_permute_packed", "resized_crop",
+           "resized_crop_packed", "records", "reference"]
 
 _EXPORTS = {
     "crop_flip_permute": "dlpack_io.kernels.crop",
+    "crop_flip_permute_packed": "dlpack_io.kernels.crop",
     "resized_crop": "dlpack_io.kernels.resize",
+    "resized_crop_packed": "dlpack_io.kernels.resize",
 }
 
 
 def __getattr__(name: str):
-    if name == "reference":
-        return importlib.import_module("dlpack_io.kernels.reference")
+    if name in ("reference", "records"):
+        return importlib.import_module(f"dlpack_io.kernels.{name}")
     if name in _EXPORTS:
         value = getattr(importlib.import_module(_EXPORTS[name]), name)
         globals()[name] = value

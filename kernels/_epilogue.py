@@ -1,20 +1,11 @@
 """The per-pixel tail every op shares: colour jitter, normalisation and the output cast.
 
-Input is a float32 value ``v`` in 0..255 units (a copied pixel or a resampled one).
-
-* jitter (only when brightness/contrast are given), per sample ``n``::
-
-      u = min(v * (1/255) * brightness[n], 1)
-      u = clamp(contrast[n] * u + (1 - contrast[n]) * contrast_mean[n], 0, 1)
-      v = u * 255
-
-  ``contrast_mean`` defaults to 0.5 (mid-grey) for every sample.
-* uint8 output: ``clamp(floor(v + 0.5), 0, 255)``.
-* float output: ``v * scale[c] + bias[c]`` with ``scale = 1 / (255 * std)`` and
-  ``bias = -mean / std`` (mean 0, std 1 by default), i.e. ``(v / 255 - mean) / std``.
-
-:class:`Epilogue` holds the validated device tensors; :func:`apply_torch` is the torch
-reference and ``epilogue_tile`` the Triton helper the kernels call.
+The exact formulas are in docs/kernels.md (and in ``_colour.py`` / ``_colour_tl.py``, the
+torch reference and its Triton twin). This module validates the arguments once for both
+backends: :func:`make_epilogue` (normalisation, dtype, which jitter ops, contrast mean),
+:func:`jitter_tensors` (the per-sample factor / order tensors of the keyword form) and
+:func:`check_jitter_values` (their values, deferred to one device read); and it runs the
+contrast-mean pass of the kernels (:func:`contrast_means`).
 """
 
 from __future__ import annotations
@@ -22,17 +13,17 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
-from dlpack_io.kernels._triton import lazy_jit
+from dlpack_io.kernels._colour import BRIGHTNESS, CONTRAST, HUE, SATURATION
 from dlpack_io.kernels._validate import OUT_DTYPES, DeferredChecks, check_vector, fail
+from dlpack_io.kernels.records import IDENTITY_ORDER, JITTER_OPS, valid_order
 
-tl = None  # bound to triton.language by lazy_jit on first launch
-
-INV255 = 1.0 / 255.0
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+ORDER_DTYPES = (torch.int32, torch.int64, torch.uint8)
+OP_BITS = dict(zip(JITTER_OPS, (BRIGHTNESS, CONTRAST, SATURATION, HUE)))
 
 
 @dataclass(frozen=True)
@@ -40,25 +31,25 @@ class Epilogue:
     """Validated epilogue parameters, all on the device of the images."""
 
     out_dtype: torch.dtype
-    scale: torch.Tensor  # (C,) float32
-    bias: torch.Tensor  # (C,) float32
-    brightness: Optional[torch.Tensor] = None  # (N,) float32, all three set or none
-    contrast: Optional[torch.Tensor] = None
-    contrast_mean: Optional[torch.Tensor] = None
+    scale: torch.Tensor  # (C,) float32: 1 / (255 * std)
+    bias: torch.Tensor  # (C,) float32: -mean / std
+    ops: int = 0  # enabled jitter ops (bits BRIGHTNESS | CONTRAST | SATURATION | HUE)
+    contrast_mean: Optional[torch.Tensor] = None  # (N,) float32 from the caller, or None
 
     @property
     def has_jitter(self) -> bool:
-        """True when brightness/contrast jitter is applied."""
-        return self.brightness is not None
+        """True when any colour-jitter op is enabled."""
+        return self.ops != 0
+
+    @property
+    def needs_stats(self) -> bool:
+        """True when the contrast mean must be measured (contrast on, no mean given)."""
+        return bool(self.ops & CONTRAST) and self.contrast_mean is None
 
 
 def make_epilogue(op: str, *, channels: int, n: int, device: torch.device, out_dtype: object,
-                  mean, std, brightness, contrast, contrast_mean,
-                  checks: DeferredChecks) -> Epilogue:
-    """Validate the normalisation, jitter and dtype arguments of an op.
-
-    Value checks on the jitter tensors are registered on ``checks`` (run by the caller).
-    """
+                  mean, std, ops: int, contrast_mean, checks: DeferredChecks) -> Epilogue:
+    """Validate normalisation, output dtype, the enabled jitter ops and ``contrast_mean``."""
     if out_dtype not in OUT_DTYPES:
         fail(op, f"out_dtype must be one of {[str(d) for d in OUT_DTYPES]}, got {out_dtype!r}",
              TypeError)
@@ -73,9 +64,18 @@ def make_epilogue(op: str, *, channels: int, n: int, device: torch.device, out_d
         fail(op, f"std entries must be finite and > 0, got {std_t}")
     if not all(math.isfinite(m) for m in mean_t):
         fail(op, f"mean entries must be finite, got {mean_t}")
+    if ops & (SATURATION | HUE) and channels not in (1, 3):
+        fail(op, f"saturation and hue need 1 or 3 channels (as torchvision), got {channels}")
+    if contrast_mean is not None:
+        if not ops & CONTRAST:
+            fail(op, "contrast_mean given without contrast")
+        contrast_mean = check_vector(op, "contrast_mean", contrast_mean, n, device,
+                                     FLOAT_DTYPES).float()
+        m = contrast_mean
+        checks.add(lambda: ~((m >= 0) & (m <= 1)),
+                   lambda i: f"contrast_mean[{i}] must be in [0, 1], got {float(m[i])}")
     scale, bias = _norm_tensors(mean_t, std_t, device)
-    jitter = _jitter(op, n, device, brightness, contrast, contrast_mean, checks)
-    return Epilogue(out_dtype, scale, bias, *jitter)
+    return Epilogue(out_dtype, scale, bias, ops, contrast_mean)
 
 
 def _per_channel(op: str, name: str, value, channels: int, default: float) -> tuple:
@@ -103,68 +103,97 @@ def _norm_tensors(mean: tuple, std: tuple, device: torch.device) -> tuple:
     return scale.to(device), bias.to(device)
 
 
-def _jitter(op: str, n: int, device: torch.device, brightness, contrast, contrast_mean,
-            checks: DeferredChecks) -> tuple:
-    """Validate the jitter tensors; fill the ones left out with their neutral value."""
-    if brightness is None and contrast is None:
-        if contrast_mean is not None:
-            fail(op, "contrast_mean given without contrast")
-        return None, None, None
-    given = {"brightness": brightness, "contrast": contrast, "contrast_mean": contrast_mean}
-    defaults = {"brightness": 1.0, "contrast": 1.0, "contrast_mean": 0.5}
-    out = {}
-    for name, value in given.items():
+def jitter_tensors(op: str, n: int, device: torch.device, factors: dict,
+                   order) -> tuple[int, Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """Check the keyword form: ``factors`` maps op name -> (N,) float tensor or None.
+
+    Returns ``(ops, factors, order)``: the enabled-op bits, an ``(N, 4)`` float32 tensor
+    (neutral 1, 1, 1, 0 in the columns of disabled ops) and the ``(N,)`` order codes
+    (torchvision's order, brightness-contrast-saturation-hue, when ``order`` is None).
+    """
+    ops = 0
+    cols = []
+    for name, neutral in zip(JITTER_OPS, (1.0, 1.0, 1.0, 0.0)):
+        value = factors.get(name)
         if value is None:
-            out[name] = torch.full((n,), defaults[name], dtype=torch.float32, device=device)
+            cols.append(torch.full((n,), neutral, dtype=torch.float32, device=device))
         else:
-            out[name] = check_vector(op, name, value, n, device, FLOAT_DTYPES).float()
-    for name in ("brightness", "contrast"):
-        t = out[name]
-        checks.add(lambda t=t: ~(t >= 0) | ~torch.isfinite(t),
-                   lambda i, t=t, name=name: f"{name}[{i}] must be a finite factor >= 0, "
-                                             f"got {float(t[i])}")
-    m = out["contrast_mean"]
-    checks.add(lambda: ~((m >= 0) & (m <= 1)),
-               lambda i: f"contrast_mean[{i}] must be in [0, 1], got {float(m[i])}")
-    return out["brightness"], out["contrast"], out["contrast_mean"]
+            cols.append(check_vector(op, name, value, n, device, FLOAT_DTYPES).float())
+            ops |= OP_BITS[name]
+    if order is not None:
+        if not ops:
+            fail(op, "order given without any jitter op (brightness, contrast, saturation, hue)")
+        order = _order_codes(op, order, n, device)
+    if not ops:
+        return 0, None, None
+    if order is None:
+        order = torch.full((n,), IDENTITY_ORDER, dtype=torch.int32, device=device)
+    return ops, torch.stack(cols, 1), order
 
 
-def apply_torch(v: torch.Tensor, ep: Epilogue) -> torch.Tensor:
-    """Torch reference of the epilogue on an (N, C, H, W) float32 tensor in 0..255."""
-    if ep.has_jitter:
-        b, c, m = (t.view(-1, 1, 1, 1) for t in (ep.brightness, ep.contrast, ep.contrast_mean))
-        u = torch.clamp(v * INV255 * b, max=1.0)
-        u = torch.clamp(c * u + (1.0 - c) * m, 0.0, 1.0)
-        v = u * 255.0
-    if ep.out_dtype == torch.uint8:
-        return torch.clamp(torch.floor(v + 0.5), 0.0, 255.0).to(torch.uint8)
-    out = v * ep.scale.view(1, -1, 1, 1) + ep.bias.view(1, -1, 1, 1)
-    return out.to(ep.out_dtype)
+def _order_codes(op: str, order, n: int, device: torch.device) -> torch.Tensor:
+    """(N,) order codes, or (N, 4) permutations of the op ids (torchvision's ``fn_idx`` per
+    sample) encoded on their device; out-of-range ids give an invalid code (checked)."""
+    if isinstance(order, torch.Tensor) and order.dim() == 2:
+        if order.shape != (n, 4):
+            fail(op, f"order must have shape ({n},) (codes) or ({n}, 4) (permutations of "
+                     f"0..3), got {tuple(order.shape)}")
+        perms = check_vector(op, "order", order.reshape(-1), 4 * n, device,
+                             ORDER_DTYPES + (torch.int8, torch.int16)).view(n, 4).long()
+        codes = (perms.clamp(0, 3) << torch.tensor([0, 2, 4, 6], device=device)).sum(1)
+        return torch.where((perms < 0).any(1) | (perms > 3).any(1), -1, codes).to(torch.int32)
+    return check_vector(op, "order", order, n, device, ORDER_DTYPES).to(torch.int32)
 
 
-def kernel_args(ep: Epilogue) -> tuple:
-    """The epilogue pointers in kernel argument order (unused jitter slots get ``scale``)."""
-    if ep.has_jitter:
-        return ep.scale, ep.bias, ep.brightness, ep.contrast, ep.contrast_mean
-    return ep.scale, ep.bias, ep.scale, ep.scale, ep.scale
+def jitter_names(op: str, jitter) -> int:
+    """Enabled-op bits of the packed form's ``jitter=`` (names from ``JITTER_OPS``)."""
+    if isinstance(jitter, str) or not isinstance(jitter, (tuple, list, set, frozenset)):
+        fail(op, f"jitter must be a tuple of op names from {JITTER_OPS}, got {jitter!r}",
+             TypeError)
+    unknown = [j for j in jitter if j not in OP_BITS]
+    if unknown:
+        fail(op, f"jitter has unknown op names {unknown}; expected names from {JITTER_OPS}")
+    return functools.reduce(lambda acc, name: acc | OP_BITS[name], jitter, 0)
 
 
-@lazy_jit
-def epilogue_tile(v, n, cols, scale_ptr, bias_ptr, bright_ptr, contrast_ptr, cmean_ptr,
-                  C: tl.constexpr, HAS_JITTER: tl.constexpr, OUT_U8: tl.constexpr):
-    """Triton twin of :func:`apply_torch` on a [BLOCK, CP] float32 tile of sample ``n``."""
-    if HAS_JITTER:
-        b = tl.load(bright_ptr + n)
-        ct = tl.load(contrast_ptr + n)
-        m = tl.load(cmean_ptr + n)
-        u = tl.minimum(v * 0.00392156862745098 * b, 1.0)
-        u = tl.minimum(tl.maximum(ct * u + (1.0 - ct) * m, 0.0), 1.0)
-        v = u * 255.0
-    if OUT_U8:
-        out = tl.minimum(tl.maximum(tl.floor(v + 0.5), 0.0), 255.0).to(tl.uint8)
-    else:
-        cmask = cols < C
-        scale = tl.load(scale_ptr + cols, mask=cmask, other=0.0)
-        bias = tl.load(bias_ptr + cols, mask=cmask, other=0.0)
-        out = v * scale[None, :] + bias[None, :]
-    return out
+def check_jitter_values(checks: DeferredChecks, ops: int, factors: torch.Tensor,
+                        order: torch.Tensor) -> None:
+    """Register value checks: factors finite and >= 0 (hue in [-0.5, 0.5]), valid orders."""
+    for col, name in enumerate(JITTER_OPS):
+        if not ops & OP_BITS[name]:
+            continue
+        t = factors[:, col]
+        if name == "hue":
+            checks.add(lambda t=t: ~((t >= -0.5) & (t <= 0.5)),
+                       lambda i, t=t: f"hue[{i}] must be in [-0.5, 0.5], got {float(t[i])}")
+        else:
+            checks.add(lambda t=t: ~(t >= 0) | ~torch.isfinite(t),
+                       lambda i, t=t, name=name: f"{name}[{i}] must be a finite factor >= 0, "
+                                                 f"got {float(t[i])}")
+    checks.add(lambda: ~valid_order(order),
+               lambda i: f"order[{i}] = {int(order[i])} is not an order code: expected "
+                         f"sum(perm[k] << 2k) for a permutation perm of 0..3 (encode_order)")
+
+
+def kernel_args(ep: Epilogue, records: torch.Tensor, means: Optional[torch.Tensor],
+                stats: Optional[torch.Tensor]) -> tuple:
+    """Pointer arguments ``rec, scale, bias, cmean, stats`` (unused slots get ``scale``)."""
+    return (records, ep.scale, ep.bias, ep.scale if means is None else means,
+            ep.scale if stats is None else stats)
+
+
+def contrast_means(ep: Epilogue, *, n: int, tiles: int, pixels: int, channels: int,
+                   run_stats: Callable[[torch.Tensor], None]) -> Optional[torch.Tensor]:
+    """Per-sample contrast means for the main pass: the caller's, or measured.
+
+    ``run_stats(partials)`` launches the kernel in statistics mode: each program stores the
+    sum of its tile's grayscale (as the image is when contrast comes) at its program id.
+    The mean is the sum of a sample's tiles, in tile order, over its pixel count (times
+    ``channels`` for non-RGB images, whose mean runs over all channels).
+    """
+    if ep.contrast_mean is not None or not ep.needs_stats:
+        return ep.contrast_mean
+    partials = torch.empty(n * tiles, dtype=torch.float32, device=ep.scale.device)
+    run_stats(partials)
+    count = pixels if channels == 3 else pixels * channels
+    return partials.view(n, tiles).sum(1).div_(float(count))

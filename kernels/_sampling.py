@@ -1,9 +1,11 @@
-"""Triton helpers of the resampling kernels: per-sample geometry, pixel gathers, weights.
+"""Triton helpers of the resampling kernels: per-sample geometry, pixel taps, weights.
 
-Geometry of sample ``n``: dense batches use ``base = n * H * W * C`` and the batch's H, W;
-ragged ones load ``offsets[n]`` (byte offset in the flat buffer), ``heights[n]`` and
-``widths[n]``. All in-sample offsets are int32 (an image is < 2**31 bytes, checked on
-the host); the batch/buffer offset is int64.
+Geometry of sample ``n`` comes from its record (``records.py``): dense batches use
+``base = n * H * W * C`` and the batch's H, W; ragged ones the record's offset, height and
+width. The sample is then addressed through one pointer ``in_ptr + base`` (int64 maths once
+per program) plus int32 offsets inside the sample (an image is < 2**31 bytes, checked on the
+host, and re-checked here for ragged records so that an unvalidated bad record cannot make
+a read leave the buffer).
 """
 
 from __future__ import annotations
@@ -14,43 +16,58 @@ tl = None  # bound to triton.language by lazy_jit on first launch
 
 
 @lazy_jit
-def sample_geometry(n, off_ptr, h_ptr, w_ptr, H, W, C: tl.constexpr, RAGGED: tl.constexpr):
-    """``(base, height, width)`` of sample ``n``: int64 byte offset and int32 sizes."""
+def sample_source(in_ptr, rec_ptr, n, H, W, total, C: tl.constexpr, RAGGED: tl.constexpr):
+    """``(src, height, width)``: pointer to sample ``n``'s first byte and its int32 size.
+
+    A ragged record that does not fit the buffer (only possible with validate=False)
+    reads pixel 0 of the buffer as a 1x1 image instead.
+    """
     if RAGGED:
-        base = tl.load(off_ptr + n).to(tl.int64)
-        ih = tl.load(h_ptr + n).to(tl.int32)
-        iw = tl.load(w_ptr + n).to(tl.int32)
+        rec = rec_ptr + n * 16
+        lo = tl.load(rec + 8).to(tl.int64) & 0xFFFFFFFF
+        base = (tl.load(rec + 9).to(tl.int64) << 32) | lo
+        ih = tl.load(rec + 6)
+        iw = tl.load(rec + 7)
+        size = ih.to(tl.int64) * iw.to(tl.int64) * C
+        bad = (ih < 1) | (iw < 1) | (base < 0) | (size > 2147483647) | (base > total - size)
+        base = tl.where(bad, 0, base)
+        ih = tl.where(bad, 1, ih)
+        iw = tl.where(bad, 1, iw)
     else:
         base = n.to(tl.int64) * (H * W * C)
         ih = H + 0 * n
         iw = W + 0 * n
-    return base, ih, iw
+    return in_ptr + base, ih, iw
 
 
 @lazy_jit
-def load_box(box_ptr, fh_ptr, fv_ptr, n):
-    """``(top, left, height, width, flip_h, flip_v)`` of sample ``n``."""
-    top = tl.load(box_ptr + n * 4).to(tl.int32)
-    left = tl.load(box_ptr + n * 4 + 1).to(tl.int32)
-    bh = tl.load(box_ptr + n * 4 + 2).to(tl.int32)
-    bw = tl.load(box_ptr + n * 4 + 3).to(tl.int32)
-    return top, left, bh, bw, tl.load(fh_ptr + n) != 0, tl.load(fv_ptr + n) != 0
+def load_box(rec_ptr, n):
+    """``(top, left, height, width, flip_h, flip_v)`` of sample ``n``'s record."""
+    rec = rec_ptr + n * 16
+    flags = tl.load(rec + 4)
+    return (tl.load(rec), tl.load(rec + 1), tl.load(rec + 2), tl.load(rec + 3),
+            (flags & 1) != 0, (flags & 2) != 0)
 
 
 @lazy_jit
-def gather(in_ptr, base, row, col, iw, pmask, cols, total,
-           C: tl.constexpr, RAGGED: tl.constexpr):
-    """Load the [pixels, CP] float32 tile at absolute (row, col) of one sample.
+def u8_to_f32(x):
+    """Exact uint8 -> float32 without a conversion instruction (those run at 1/8 of the
+    FP32 rate on sm_80/sm_90): ``2**23 + x`` built from its bits, minus ``2**23``."""
+    return (x.to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
 
-    ``row``/``col`` are already clamped into the image. For ragged input the flat index
-    is also clamped into the buffer, so unchecked offsets cannot read out of memory.
-    """
-    start = base + ((row * iw + col) * C)
-    if RAGGED:
-        start = tl.minimum(tl.maximum(start, 0), total - C)
-    mask = pmask[:, None] & (cols < C)[None, :]
-    px = tl.load(in_ptr + start[:, None] + cols[None, :], mask=mask, other=0)
-    return px.to(tl.float32)
+
+@lazy_jit
+def tap(ptrs, w, a0, a1, a2, a3, C: tl.constexpr):
+    """``a += w * pixel`` (one fused multiply-add) for every channel of the pixels whose
+    first byte is at ``ptrs``."""
+    a0 = tl.fma(w, u8_to_f32(tl.load(ptrs)), a0)
+    if C > 1:
+        a1 = tl.fma(w, u8_to_f32(tl.load(ptrs + 1)), a1)
+    if C > 2:
+        a2 = tl.fma(w, u8_to_f32(tl.load(ptrs + 2)), a2)
+    if C > 3:
+        a3 = tl.fma(w, u8_to_f32(tl.load(ptrs + 3)), a3)
+    return a0, a1, a2, a3
 
 
 @lazy_jit
@@ -80,8 +97,10 @@ def aa_axis(o, out_len, length):
 
     ``scale = length / out_len``; ``support = max(scale, 1)``; ``inv = 1 / max(scale, 1)``;
     ``center = scale * (o + 0.5)``; taps ``lo <= j < hi`` with ``lo = max(int(center -
-    support + 0.5), 0)``, ``hi = min(int(center + support + 0.5), length)``; returns also
-    the per-sample tap-count bound ``k = ceil(2 * support) + 1``.
+    support + 0.5), 0)``, ``hi = min(int(center + support + 0.5), length)``. Returns
+    ``(d0, inv, lo, taps, k)``: ``d0 = lo - center + 0.5`` (so tap ``t``'s filter argument
+    is ``(d0 + t) * inv``), the tap count ``hi - lo`` and the per-sample bound
+    ``k = ceil(2 * support) + 1`` on it.
     """
     scale = tl.math.div_rn(tl.cast(length, tl.float32), tl.cast(out_len, tl.float32))
     support = tl.maximum(scale, 1.0)
@@ -90,11 +109,12 @@ def aa_axis(o, out_len, length):
     lo = tl.maximum((center - support + 0.5).to(tl.int32), 0)
     hi = tl.minimum((center + support + 0.5).to(tl.int32), length)
     k = tl.ceil(2.0 * support).to(tl.int32) + 1
-    return center, inv, lo, hi, k
+    return (lo.to(tl.float32) - center) + 0.5, inv, lo, hi - lo, k
 
 
 @lazy_jit
-def aa_weight(j, center, inv, hi):
-    """Unnormalised triangle weight of tap ``j`` (zero at and beyond ``hi``)."""
-    w = tl.maximum(1.0 - tl.abs((j.to(tl.float32) - center + 0.5) * inv), 0.0)
-    return tl.where(j < hi, w, 0.0)
+def aa_weight(t, tf, d0, inv, taps):
+    """Unnormalised triangle weight of tap ``t`` (``tf``: ``t`` as float32) of each
+    window: ``max(0, 1 - |(d0 + t) * inv|)``, and 0 from tap ``taps`` on."""
+    w = tl.maximum(1.0 - tl.abs((d0 + tf) * inv), 0.0)
+    return tl.where(t < taps, w, 0.0)

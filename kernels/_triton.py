@@ -19,7 +19,7 @@ import functools
 import importlib.util
 import logging
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -37,8 +37,9 @@ _mode: list[str] = []
 class LazyJit:
     """A ``@triton.jit`` stand-in that imports triton and jits on first use."""
 
-    def __init__(self, fn: Callable) -> None:
+    def __init__(self, fn: Callable, jit_options: Optional[dict] = None) -> None:
         self.fn = fn
+        self.jit_options = dict(jit_options or {})
         self._jitted: Any = None
         functools.update_wrapper(self, fn)
 
@@ -52,9 +53,15 @@ class LazyJit:
         return self.jitted()[grid]
 
 
-def lazy_jit(fn: Callable) -> LazyJit:
-    """Decorate a Triton kernel (or ``@triton.jit`` helper) without importing triton."""
-    return LazyJit(fn)
+def lazy_jit(fn: Optional[Callable] = None, **jit_options: Any):
+    """Decorate a Triton kernel (or ``@triton.jit`` helper) without importing triton.
+
+    ``@lazy_jit`` or ``@lazy_jit(do_not_specialize=("H", "W"))``: keyword options are
+    passed to ``triton.jit`` on first use.
+    """
+    if fn is None:
+        return lambda f: LazyJit(f, jit_options)
+    return LazyJit(fn, jit_options)
 
 
 def _bind_module(namespace: dict, seen: set[int]) -> None:
@@ -72,7 +79,7 @@ def _bind_module(namespace: dict, seen: set[int]) -> None:
     for name, value in list(namespace.items()):
         if isinstance(value, LazyJit):
             if value._jitted is None:
-                value._jitted = triton.jit(value.fn)
+                value._jitted = triton.jit(value.fn, **value.jit_options)
             namespace[name] = value._jitted
             _bind_module(value.fn.__globals__, seen)
 

@@ -123,6 +123,25 @@ def check_boxes(op: str, boxes: object, n: int, device: torch.device) -> torch.T
     return boxes.contiguous()
 
 
+def check_records(op: str, records: object, n, device: torch.device) -> torch.Tensor:
+    """Check an (N, 16) int32 records tensor (``records.py``); ``n`` None: any N."""
+    records = check_tensor(op, "records", records)
+    if records.dtype != torch.int32:
+        fail(op, f"records must be int32 (see dlpack_io.kernels.records.records_view), "
+                 f"got {records.dtype}", TypeError)
+    rows = records.shape[0] if records.dim() == 2 and n is None else n
+    if records.dim() != 2 or records.shape != (rows, 16):
+        fail(op, f"records must have shape ({'N' if n is None else n}, 16), "
+                 f"got {tuple(records.shape)}")
+    if not records.is_contiguous():
+        fail(op, "records must be contiguous (one 64-byte record per sample)")
+    check_device(op, "records", records, device)
+    if records.numel() and records.data_ptr() % 8:
+        fail(op, f"records must start at an 8-byte aligned address, got "
+                 f"{records.data_ptr():#x}; place them at an offset that is a multiple of 8")
+    return records
+
+
 class DeferredChecks:
     """Data-dependent checks, evaluated together with one device->host read.
 

@@ -1,6 +1,7 @@
-"""Plain torch references of the kernels: what the tests compare against, and the path
-the public functions take when Triton cannot run (CPU tensors without
-``TRITON_INTERPRET=1``, other devices, or triton not installed).
+"""Plain torch references of the kernels: what the tests compare against, the path the
+public functions take when Triton cannot run (CPU tensors without ``TRITON_INTERPRET=1``,
+other devices, or triton not installed), and, through :func:`epilogue`, the CPU
+implementation of the shared tail (colour jitter, normalisation, cast) for host batches.
 
 They take the same arguments, run the same checks and return the same tensors as the
 launchers (float outputs up to the rounding tolerances in docs/kernels.md). Imports
@@ -9,66 +10,143 @@ torch only.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 
-from dlpack_io.kernels._args import CropArgs, ResizeArgs, check_crop, check_resize
-from dlpack_io.kernels._epilogue import apply_torch
+from dlpack_io.kernels._args import Batch, check_crop, check_crop_packed, check_resize, \
+    check_resize_packed
+from dlpack_io.kernels._colour import finish
+from dlpack_io.kernels._epilogue import jitter_tensors, make_epilogue, check_jitter_values
+from dlpack_io.kernels._validate import DeferredChecks, check_tensor, fail
+from dlpack_io.kernels.records import FLIP_H, FLIP_V
+
+
+def epilogue(images: torch.Tensor, *, mean=None, std=None,
+             out_dtype: torch.dtype = torch.uint8, brightness=None, contrast=None,
+             saturation=None, hue=None, order=None, contrast_mean=None,
+             out: Optional[torch.Tensor] = None, validate: bool = True) -> torch.Tensor:
+    """The kernels' tail on an already cropped/resized ``(N, C, H, W)`` uint8 batch.
+
+    Colour jitter (per-sample factors and order, as in the kernels), then
+    ``(x / 255 - mean) / std`` and the cast to ``out_dtype`` (uint8: rounded, half up).
+    Vectorised over the batch (chunks of whole samples, grouped by order); ``out``
+    (contiguous, ``out_dtype``, same shape) receives the result without an allocation,
+    e.g. a pinned batch slot. Arguments and checks as in ``crop_flip_permute``.
+    """
+    op = "epilogue"
+    images = check_tensor(op, "images", images)
+    if images.dtype != torch.uint8 or images.dim() != 4 or not 1 <= images.shape[1] <= 4:
+        fail(op, f"images must be an (N, C, H, W) uint8 batch with C in 1..4, got "
+                 f"{images.dtype} {tuple(images.shape)}")
+    n, c = images.shape[:2]
+    dev = images.device
+    factors = dict(brightness=brightness, contrast=contrast, saturation=saturation, hue=hue)
+    ops, factors, order = jitter_tensors(op, n, dev, factors, order)
+    checks = DeferredChecks(op, validate and n > 0)
+    ep = make_epilogue(op, channels=c, n=n, device=dev, out_dtype=out_dtype, mean=mean, std=std,
+                       ops=ops, contrast_mean=contrast_mean, checks=checks)
+    if ops:
+        check_jitter_values(checks, ops, factors, order)
+    checks.run()
+    if out is not None:
+        out = check_tensor(op, "out", out)
+        if out.shape != images.shape or out.dtype != out_dtype or not out.is_contiguous() \
+                or out.device != dev:
+            fail(op, f"out must be a contiguous {out_dtype} tensor of shape "
+                     f"{tuple(images.shape)} on {dev}, got {out.dtype} {tuple(out.shape)} "
+                     f"on {out.device}")
+    return finish(images, out_dtype=ep.out_dtype, scale=ep.scale, bias=ep.bias, ops=ops,
+                  factors=factors, order=order, contrast_mean=ep.contrast_mean, out=out)
 
 
 def crop_flip_permute(images, top, left, height, width, flip_h, flip_v, *, mean=None,
                       std=None, out_dtype=torch.uint8, brightness=None, contrast=None,
-                      contrast_mean=None, validate=True) -> torch.Tensor:
+                      saturation=None, hue=None, order=None, contrast_mean=None,
+                      validate=True) -> torch.Tensor:
     """Torch reference of :func:`dlpack_io.kernels.crop_flip_permute` (same arguments)."""
     return crop_impl(check_crop(images, top, left, height, width, flip_h, flip_v, mean=mean,
                                 std=std, out_dtype=out_dtype, brightness=brightness,
-                                contrast=contrast, contrast_mean=contrast_mean,
-                                validate=validate))
+                                contrast=contrast, saturation=saturation, hue=hue, order=order,
+                                contrast_mean=contrast_mean, validate=validate))
+
+
+def crop_flip_permute_packed(images, records, height, width, *, mean=None, std=None,
+                             out_dtype=torch.uint8, jitter=(), contrast_mean=None,
+                             validate=True) -> torch.Tensor:
+    """Torch reference of :func:`dlpack_io.kernels.crop_flip_permute_packed`."""
+    return crop_impl(check_crop_packed(images, records, height, width, jitter=jitter, mean=mean,
+                                       std=std, out_dtype=out_dtype,
+                                       contrast_mean=contrast_mean, validate=validate))
 
 
 def resized_crop(images, boxes, out_size, flip_h, flip_v, *, offsets=None, heights=None,
                  widths=None, channels=None, mean=None, std=None, out_dtype=torch.uint8,
-                 antialias=False, brightness=None, contrast=None, contrast_mean=None,
-                 validate=True) -> torch.Tensor:
+                 antialias=False, brightness=None, contrast=None, saturation=None, hue=None,
+                 order=None, contrast_mean=None, validate=True) -> torch.Tensor:
     """Torch reference of :func:`dlpack_io.kernels.resized_crop` (same arguments)."""
     return resize_impl(check_resize(images, boxes, out_size, flip_h, flip_v, offsets=offsets,
                                     heights=heights, widths=widths, channels=channels,
                                     antialias=antialias, mean=mean, std=std,
                                     out_dtype=out_dtype, brightness=brightness,
-                                    contrast=contrast, contrast_mean=contrast_mean,
+                                    contrast=contrast, saturation=saturation, hue=hue,
+                                    order=order, contrast_mean=contrast_mean,
                                     validate=validate))
 
 
-def crop_impl(a: CropArgs) -> torch.Tensor:
+def resized_crop_packed(images, records, out_size, *, channels=None, mean=None, std=None,
+                        out_dtype=torch.uint8, antialias=False, jitter=(), contrast_mean=None,
+                        validate=True) -> torch.Tensor:
+    """Torch reference of :func:`dlpack_io.kernels.resized_crop_packed`."""
+    return resize_impl(check_resize_packed(images, records, out_size, channels=channels,
+                                           antialias=antialias, jitter=jitter, mean=mean,
+                                           std=std, out_dtype=out_dtype,
+                                           contrast_mean=contrast_mean, validate=validate))
+
+
+def _tail(v: torch.Tensor, a: Batch) -> torch.Tensor:
+    """The epilogue of a cropped/resampled batch, reading factors and order from records."""
+    ops = a.ep.ops
+    return finish(v, out_dtype=a.ep.out_dtype, scale=a.ep.scale, bias=a.ep.bias, ops=ops,
+                  factors=a.factors.float() if ops else None,
+                  order=a.column("order") if ops else None, contrast_mean=a.ep.contrast_mean)
+
+
+def _flags(a: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    flags = a.column("flags")
+    return (flags & FLIP_H) != 0, (flags & FLIP_V) != 0
+
+
+def crop_impl(a: Batch) -> torch.Tensor:
     """Crop by gathering clamped, flipped row/column indices for the whole batch."""
     n, h, w, _ = a.images.shape
     dev = a.images.device
-    ys = torch.arange(a.height, device=dev).expand(n, -1)
-    xs = torch.arange(a.width, device=dev).expand(n, -1)
-    ys = torch.where(a.flip_v.bool()[:, None], a.height - 1 - ys, ys) + a.top.long()[:, None]
-    xs = torch.where(a.flip_h.bool()[:, None], a.width - 1 - xs, xs) + a.left.long()[:, None]
+    flip_h, flip_v = _flags(a)
+    ys = torch.arange(a.out_h, device=dev).expand(n, -1)
+    xs = torch.arange(a.out_w, device=dev).expand(n, -1)
+    ys = torch.where(flip_v[:, None], a.out_h - 1 - ys, ys) + a.column("top").long()[:, None]
+    xs = torch.where(flip_h[:, None], a.out_w - 1 - xs, xs) + a.column("left").long()[:, None]
     ys, xs = ys.clamp(0, h - 1), xs.clamp(0, w - 1)  # matters only with validate=False
     batch = torch.arange(n, device=dev)[:, None, None]
     planes = a.images[batch, ys[:, :, None], xs[:, None, :]].permute(0, 3, 1, 2)
-    if a.ep.out_dtype == torch.uint8 and not a.ep.has_jitter:
-        return planes.contiguous()
-    return apply_torch(planes.float(), a.ep).contiguous()
+    return _tail(planes, a)
 
 
-def resize_impl(a: ResizeArgs) -> torch.Tensor:
+def resize_impl(a: Batch) -> torch.Tensor:
     """Resample each box with ``F.interpolate`` (float32), flip, then the epilogue."""
     dev = a.images.device
     out = torch.empty((a.n, a.channels, a.out_h, a.out_w), dtype=torch.float32, device=dev)
-    boxes = a.boxes.tolist()
-    flips = zip(a.flip_h.tolist(), a.flip_v.tolist())
-    for i, (flip_h, flip_v) in enumerate(flips):
+    boxes = a.records[:, 0:4].tolist()
+    flip_h, flip_v = (f.tolist() for f in _flags(a))
+    for i in range(a.n):
         image = _sample(a, i)
         top, left, bh, bw = _clamp_box(boxes[i], image.shape[0], image.shape[1])
         crop = image[top:top + bh, left:left + bw].permute(2, 0, 1).unsqueeze(0).float()
         res = _interpolate(crop, a.out_h, a.out_w, a.antialias)[0]
-        dims = [d for d, flip in ((2, flip_h), (1, flip_v)) if flip]
+        dims = [d for d, flip in ((2, flip_h[i]), (1, flip_v[i])) if flip]
         out[i] = res.flip(dims) if dims else res
-    return apply_torch(out, a.ep).contiguous()
+    return _tail(out, a)
 
 
 def _interpolate(crop: torch.Tensor, out_h: int, out_w: int, antialias: bool) -> torch.Tensor:
@@ -86,12 +164,17 @@ def _interpolate(crop: torch.Tensor, out_h: int, out_w: int, antialias: bool) ->
                          antialias=antialias)
 
 
-def _sample(a: ResizeArgs, i: int) -> torch.Tensor:
-    """Image ``i`` of the batch as an (H, W, C) uint8 view."""
+def _sample(a: Batch, i: int) -> torch.Tensor:
+    """Image ``i`` of the batch as an (H, W, C) uint8 view (a bad ragged record, only
+    possible with validate=False, reads byte 0 of the buffer as a 1x1 image, as the
+    kernels do)."""
     if not a.ragged:
         return a.images[i]
-    off, h, w = int(a.offsets[i]), int(a.heights[i]), int(a.widths[i])
-    return a.images[off:off + h * w * a.channels].view(h, w, a.channels)
+    off, h, w = int(a.column("offset")[i]), int(a.column("height")[i]), int(a.column("width")[i])
+    size = h * w * a.channels
+    if h < 1 or w < 1 or off < 0 or size > 2**31 - 1 or off + size > a.images.numel():
+        off, h, w, size = 0, 1, 1, a.channels
+    return a.images[off:off + size].view(h, w, a.channels)
 
 
 def _clamp_box(box, img_h: int, img_w: int) -> tuple[int, int, int, int]:
@@ -100,22 +183,3 @@ def _clamp_box(box, img_h: int, img_w: int) -> tuple[int, int, int, int]:
     top, left = min(max(top, 0), img_h - 1), min(max(left, 0), img_w - 1)
     return top, left, min(max(bh, 1), img_h - top), min(max(bw, 1), img_w - left)
 
-
-def epilogue(images, *, out=None, mean=None, std=None, out_dtype=torch.uint8, **jitter):
-    """(Interim, until the jitter epilogue lands) uint8 NCHW -> ``out_dtype`` with
-    normalisation only: ``v * (1 / (255 * std)) + (-mean / std)`` in float32."""
-    if any(v is not None for v in jitter.values()):
-        raise NotImplementedError("colour jitter on the host is not implemented yet")
-    c = images.shape[1]
-    mean = (0.0,) * c if mean is None else tuple(mean)
-    std = (1.0,) * c if std is None else tuple(std)
-    scale = torch.tensor([1.0 / (255.0 * s) for s in std]).view(1, c, 1, 1)
-    bias = torch.tensor([-m / s for m, s in zip(mean, std)]).view(1, c, 1, 1)
-    if out is None:
-        out = torch.empty(images.shape, dtype=out_dtype)
-    if out_dtype == torch.uint8:
-        return out.copy_(images)
-    if out.dtype == torch.float32:
-        torch.mul(images, scale, out=out)
-        return out.add_(bias)
-    return out.copy_(images.to(torch.float32).mul_(scale).add_(bias))

@@ -20,91 +20,100 @@ from __future__ import annotations
 import torch
 
 from dlpack_io.kernels import reference
-from dlpack_io.kernels._args import ResizeArgs, check_resize
-from dlpack_io.kernels._epilogue import epilogue_tile, kernel_args
+from dlpack_io.kernels._args import Batch, check_resize, check_resize_packed
+from dlpack_io.kernels._colour_tl import epilogue
+from dlpack_io.kernels._epilogue import contrast_means, kernel_args
 from dlpack_io.kernels._sampling import (
-    aa_axis, aa_weight, bilinear_axis, clamp, gather, load_box, sample_geometry)
+    aa_axis, aa_weight, bilinear_axis, clamp, load_box, sample_source, tap)
 from dlpack_io.kernels._tiling import (
-    BLOCK_H, BLOCK_W, NUM_WARPS, channel_pad, device_guard, store_planes, tile_coords, tile_grid)
+    BLOCK_H, BLOCK_W, NUM_WARPS, device_guard, tile_coords, tile_grid)
 from dlpack_io.kernels._triton import LAUNCH_OPTIONS, lazy_jit, use_triton
 
 tl = None  # bound to triton.language by lazy_jit on first launch
 
+# Per-batch sizes are plain runtime ints (no recompiles for new image sizes or buffer
+# lengths); OH/OW stay specialised so Triton can prove the stores' 16-byte alignment.
+_RUNTIME_INTS = ("H", "W", "total")
 
-@lazy_jit
+
+@lazy_jit(do_not_specialize=_RUNTIME_INTS)
 def _resized_crop_kernel(
-        in_ptr, out_ptr, box_ptr, fh_ptr, fv_ptr, off_ptr, h_ptr, w_ptr,
-        scale_ptr, bias_ptr, bright_ptr, contrast_ptr, cmean_ptr,
+        in_ptr, out_ptr, rec_ptr, scale_ptr, bias_ptr, cmean_ptr, stats_ptr,
         H, W, OH, OW, total, tiles_x, tiles_per_sample,
-        C: tl.constexpr, CP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
-        RAGGED: tl.constexpr, HAS_JITTER: tl.constexpr, OUT_U8: tl.constexpr):
+        C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, RAGGED: tl.constexpr,
+        OPS: tl.constexpr, STATS: tl.constexpr, OUT_U8: tl.constexpr):
     n, oy, ox, pmask = tile_coords(OH, OW, tiles_x, tiles_per_sample, BLOCK_H, BLOCK_W)
-    base, ih, iw = sample_geometry(n, off_ptr, h_ptr, w_ptr, H, W, C, RAGGED)
-    top, left, bh, bw, flip_h, flip_v = load_box(box_ptr, fh_ptr, fv_ptr, n)
-    y0, y1, ly = bilinear_axis(tl.where(flip_v, OH - 1 - oy, oy), OH, bh)
-    x0, x1, lx = bilinear_axis(tl.where(flip_h, OW - 1 - ox, ox), OW, bw)
-    r0 = clamp(top + y0, 0, ih - 1)
-    r1 = clamp(top + y1, 0, ih - 1)
-    c0 = clamp(left + x0, 0, iw - 1)
-    c1 = clamp(left + x1, 0, iw - 1)
-    cols = tl.arange(0, CP)
-    p00 = gather(in_ptr, base, r0, c0, iw, pmask, cols, total, C, RAGGED)
-    p01 = gather(in_ptr, base, r0, c1, iw, pmask, cols, total, C, RAGGED)
-    p10 = gather(in_ptr, base, r1, c0, iw, pmask, cols, total, C, RAGGED)
-    p11 = gather(in_ptr, base, r1, c1, iw, pmask, cols, total, C, RAGGED)
-    wx1 = lx[:, None]
-    wx0 = 1.0 - wx1
-    wy1 = ly[:, None]
-    v = (1.0 - wy1) * (wx0 * p00 + wx1 * p01) + wy1 * (wx0 * p10 + wx1 * p11)
-    val = epilogue_tile(v, n, cols, scale_ptr, bias_ptr, bright_ptr, contrast_ptr, cmean_ptr,
-                        C, HAS_JITTER, OUT_U8)
-    store_planes(out_ptr, val, n, oy, ox, pmask, cols, OH, OW, C)
+    src, ih, iw = sample_source(in_ptr, rec_ptr, n, H, W, total, C, RAGGED)
+    top, left, bh, bw, flip_h, flip_v = load_box(rec_ptr, n)
+    y0, y1, ly = bilinear_axis(tl.where(flip_v, OH - 1 - oy, oy), OH, bh)  # [BLOCK_H, 1]
+    x0, x1, lx = bilinear_axis(tl.where(flip_h, OW - 1 - ox, ox), OW, bw)  # [1, BLOCK_W]
+    r0 = clamp(top + y0, 0, ih - 1) * (iw * C)
+    r1 = clamp(top + y1, 0, ih - 1) * (iw * C)
+    c0 = clamp(left + x0, 0, iw - 1) * C
+    c1 = clamp(left + x1, 0, iw - 1) * C
+    wx0 = 1.0 - lx
+    z = tl.zeros([BLOCK_H, BLOCK_W], dtype=tl.float32)
+    t0, t1, t2, t3 = tap(src + (r0 + c0), wx0, z, z, z, z, C)
+    t0, t1, t2, t3 = tap(src + (r0 + c1), lx, t0, t1, t2, t3, C)
+    b0, b1, b2, b3 = tap(src + (r1 + c0), wx0, z, z, z, z, C)
+    b0, b1, b2, b3 = tap(src + (r1 + c1), lx, b0, b1, b2, b3, C)
+    wy0 = 1.0 - ly
+    epilogue(out_ptr, wy0 * t0 + ly * b0, wy0 * t1 + ly * b1, wy0 * t2 + ly * b2,
+             wy0 * t3 + ly * b3, n, oy, ox, pmask, OH, OW, rec_ptr, scale_ptr, bias_ptr,
+             cmean_ptr, stats_ptr, C, OPS, STATS, OUT_U8, False)
 
 
-@lazy_jit
+@lazy_jit(do_not_specialize=_RUNTIME_INTS)
 def _resized_crop_aa_kernel(
-        in_ptr, out_ptr, box_ptr, fh_ptr, fv_ptr, off_ptr, h_ptr, w_ptr,
-        scale_ptr, bias_ptr, bright_ptr, contrast_ptr, cmean_ptr,
+        in_ptr, out_ptr, rec_ptr, scale_ptr, bias_ptr, cmean_ptr, stats_ptr,
         H, W, OH, OW, total, tiles_x, tiles_per_sample,
-        C: tl.constexpr, CP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr,
-        RAGGED: tl.constexpr, HAS_JITTER: tl.constexpr, OUT_U8: tl.constexpr):
+        C: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_W: tl.constexpr, RAGGED: tl.constexpr,
+        OPS: tl.constexpr, STATS: tl.constexpr, OUT_U8: tl.constexpr):
     n, oy, ox, pmask = tile_coords(OH, OW, tiles_x, tiles_per_sample, BLOCK_H, BLOCK_W)
-    base, ih, iw = sample_geometry(n, off_ptr, h_ptr, w_ptr, H, W, C, RAGGED)
-    top, left, bh, bw, flip_h, flip_v = load_box(box_ptr, fh_ptr, fv_ptr, n)
-    cy, inv_y, y_lo, y_hi, ky = aa_axis(tl.where(flip_v, OH - 1 - oy, oy), OH, bh)
-    cx, inv_x, x_lo, x_hi, kx = aa_axis(tl.where(flip_h, OW - 1 - ox, ox), OW, bw)
-    sum_y = tl.zeros_like(cy)
+    src, ih, iw = sample_source(in_ptr, rec_ptr, n, H, W, total, C, RAGGED)
+    top, left, bh, bw, flip_h, flip_v = load_box(rec_ptr, n)
+    # Filter windows: rows are [BLOCK_H, 1], columns [1, BLOCK_W]; ky/kx are scalars.
+    dy, inv_y, y_lo, ny, ky = aa_axis(tl.where(flip_v, OH - 1 - oy, oy), OH, bh)
+    dx, inv_x, x_lo, nx, kx = aa_axis(tl.where(flip_h, OW - 1 - ox, ox), OW, bw)
+    row0 = top + y_lo  # [BLOCK_H, 1]: first source row of each output row's window
+    col0 = left + x_lo  # [1, BLOCK_W]
+    z = tl.zeros([BLOCK_H, BLOCK_W], dtype=tl.float32)
+    a0, a1, a2, a3 = z, z, z, z
+    # Columns outside, rows inside: a thread holds one row and several columns of the tile,
+    # so the inner loop's row weight and offset cost one evaluation per thread and tap.
+    # Weights are unnormalised here; the normalisation is one multiply after the loops, so
+    # nothing computed outside the loops (in another register layout) is used inside.
+    for tx in range(0, kx):
+        wx = aa_weight(tx, tl.cast(tx, tl.float32), dx, inv_x, nx)
+        cptrs = src + clamp(col0 + tx, 0, iw - 1) * C  # [1, BLOCK_W]
+        v0, v1, v2, v3 = z, z, z, z
+        for ty in range(0, ky):
+            wy = aa_weight(ty, tl.cast(ty, tl.float32), dy, inv_y, ny)
+            roff = clamp(row0 + ty, 0, ih - 1) * (iw * C)  # [BLOCK_H, 1]
+            v0, v1, v2, v3 = tap(cptrs + roff, wy, v0, v1, v2, v3, C)
+        a0 = tl.fma(wx, v0, a0)
+        a1 = tl.fma(wx, v1, a1)
+        a2 = tl.fma(wx, v2, a2)
+        a3 = tl.fma(wx, v3, a3)
+    sum_y = dy * 0.0
     for t in range(0, ky):
-        sum_y += aa_weight(y_lo + t, cy, inv_y, y_hi)
-    sum_x = tl.zeros_like(cx)
+        sum_y += aa_weight(t, tl.cast(t, tl.float32), dy, inv_y, ny)
+    sum_x = dx * 0.0
     for t in range(0, kx):
-        sum_x += aa_weight(x_lo + t, cx, inv_x, x_hi)
-    # Normalise by multiplying with 1 / sum (0 only on masked-off lanes).
-    inv_sum_y = tl.math.div_rn(1.0, tl.where(sum_y > 0.0, sum_y, 1.0))
-    inv_sum_x = tl.math.div_rn(1.0, tl.where(sum_x > 0.0, sum_x, 1.0))
-    cols = tl.arange(0, CP)
-    acc = tl.zeros([BLOCK_H * BLOCK_W, CP], dtype=tl.float32)
-    for ty in range(0, ky):
-        row = clamp(top + y_lo + ty, 0, ih - 1)
-        line = tl.zeros([BLOCK_H * BLOCK_W, CP], dtype=tl.float32)
-        for tx in range(0, kx):
-            wx = aa_weight(x_lo + tx, cx, inv_x, x_hi) * inv_sum_x
-            col = clamp(left + x_lo + tx, 0, iw - 1)
-            line += wx[:, None] * gather(in_ptr, base, row, col, iw, pmask, cols, total, C,
-                                         RAGGED)
-        wy = aa_weight(y_lo + ty, cy, inv_y, y_hi) * inv_sum_y
-        acc += wy[:, None] * line
-    val = epilogue_tile(acc, n, cols, scale_ptr, bias_ptr, bright_ptr, contrast_ptr, cmean_ptr,
-                        C, HAS_JITTER, OUT_U8)
-    store_planes(out_ptr, val, n, oy, ox, pmask, cols, OH, OW, C)
+        sum_x += aa_weight(t, tl.cast(t, tl.float32), dx, inv_x, nx)
+    # 1 / (sum_y * sum_x); the sums are 0 only for an empty box (validate=False).
+    norm = tl.math.div_rn(1.0, tl.where(sum_y > 0.0, sum_y, 1.0) * tl.where(sum_x > 0.0, sum_x,
+                                                                            1.0))
+    epilogue(out_ptr, a0 * norm, a1 * norm, a2 * norm, a3 * norm, n, oy, ox, pmask, OH, OW,
+             rec_ptr, scale_ptr, bias_ptr, cmean_ptr, stats_ptr, C, OPS, STATS, OUT_U8, False)
 
 
 def resized_crop(images: torch.Tensor, boxes: torch.Tensor, out_size, flip_h, flip_v, *,
                  offsets=None, heights=None, widths=None, channels=None, mean=None,
                  std=None, out_dtype: torch.dtype = torch.uint8, antialias: bool = False,
-                 brightness=None, contrast=None, contrast_mean=None,
-                 validate: bool = True) -> torch.Tensor:
-    """Resample one box per sample to a fixed size, flip, permute, normalise and cast.
+                 brightness=None, contrast=None, saturation=None, hue=None, order=None,
+                 contrast_mean=None, validate: bool = True) -> torch.Tensor:
+    """Resample one box per sample to a fixed size, flip, permute, jitter, normalise, cast.
 
     Args:
         images: dense (N, H, W, C) uint8 contiguous batch (C in 1..4), or, with
@@ -116,8 +125,8 @@ def resized_crop(images: torch.Tensor, boxes: torch.Tensor, out_size, flip_h, fl
         offsets, heights, widths: ragged form only, (N,) int32/int64 tensors: byte
             offset of sample n in ``images`` and its height and width.
         channels: ragged form: channels per pixel (default 3); dense: must match C.
-        mean, std, out_dtype, brightness, contrast, contrast_mean, validate: as in
-            :func:`dlpack_io.kernels.crop_flip_permute`.
+        mean, std, out_dtype, brightness, contrast, saturation, hue, order, contrast_mean,
+            validate: as in :func:`dlpack_io.kernels.crop_flip_permute`.
         antialias: False: plain bilinear (torch ``interpolate(mode="bilinear",
             align_corners=False)``); True: triangle filter widened by the downscale
             factor (``antialias=True``, close to PIL's BILINEAR resize).
@@ -131,32 +140,59 @@ def resized_crop(images: torch.Tensor, boxes: torch.Tensor, out_size, flip_h, fl
     args = check_resize(images, boxes, out_size, flip_h, flip_v, offsets=offsets,
                         heights=heights, widths=widths, channels=channels,
                         antialias=antialias, mean=mean, std=std, out_dtype=out_dtype,
-                        brightness=brightness, contrast=contrast,
-                        contrast_mean=contrast_mean, validate=validate)
-    if not use_triton(images.device):
+                        brightness=brightness, contrast=contrast, saturation=saturation,
+                        hue=hue, order=order, contrast_mean=contrast_mean, validate=validate)
+    if not use_triton(args.images.device):
         return reference.resize_impl(args)
     return _launch(args)
 
 
-def _launch(a: ResizeArgs) -> torch.Tensor:
-    """Allocate the NCHW output and launch the bilinear or antialiased kernel."""
+def resized_crop_packed(images: torch.Tensor, records: torch.Tensor, out_size, *,
+                        channels=None, mean=None, std=None,
+                        out_dtype: torch.dtype = torch.uint8, antialias: bool = False,
+                        jitter=(), contrast_mean=None, validate: bool = True) -> torch.Tensor:
+    """:func:`resized_crop` with every per-sample value read from ``records``.
+
+    Args:
+        images: dense (N, H, W, C) uint8 batch, or a flat 1-D uint8 buffer (ragged: each
+            record's offset, height and width locate its image; ``channels`` default 3).
+        records: (N, 16) int32 tensor on the images' device, laid out as in
+            :mod:`dlpack_io.kernels.records` (e.g. ``records_view(slot, offset, n)`` of
+            the same copied buffer): box, flips, ragged geometry, jitter factors, order.
+        jitter: names of the enabled colour-jitter ops (``records.JITTER_OPS``); the
+            factors of the others are ignored.
+        out_size, channels, mean, std, out_dtype, antialias, contrast_mean, validate: as
+            in :func:`resized_crop` (validation reads the record columns).
+    """
+    args = check_resize_packed(images, records, out_size, channels=channels,
+                               antialias=antialias, jitter=jitter, mean=mean, std=std,
+                               out_dtype=out_dtype, contrast_mean=contrast_mean,
+                               validate=validate)
+    if not use_triton(args.images.device):
+        return reference.resize_impl(args)
+    return _launch(args)
+
+
+def _launch(a: Batch) -> torch.Tensor:
+    """Allocate the NCHW output; measure contrast means if needed; launch the kernel."""
     out = torch.empty((a.n, a.channels, a.out_h, a.out_w), dtype=a.ep.out_dtype,
                       device=a.images.device)
     if a.n == 0:
         return out
     grid, tiles_x, tiles = tile_grid("resized_crop", a.n, a.out_h, a.out_w)
-    if a.ragged:
-        h = w = 0
-        geometry = (a.offsets, a.heights, a.widths)
-    else:
-        h, w = a.images.shape[1], a.images.shape[2]
-        geometry = (a.boxes, a.boxes, a.boxes)  # unused placeholders
+    h, w = (0, 0) if a.ragged else (a.images.shape[1], a.images.shape[2])
     kernel = _resized_crop_aa_kernel if a.antialias else _resized_crop_kernel
+    sizes = (h, w, a.out_h, a.out_w, a.images.numel(), tiles_x, tiles)
+    consts = dict(C=a.channels, BLOCK_H=BLOCK_H, BLOCK_W=BLOCK_W, RAGGED=a.ragged,
+                  OPS=a.ep.ops, OUT_U8=a.ep.out_dtype == torch.uint8, num_warps=NUM_WARPS,
+                  **LAUNCH_OPTIONS)
+
+    def run(means, stats):
+        kernel[grid](a.images, out, *kernel_args(a.ep, a.records, means, stats), *sizes,
+                     STATS=stats is not None, **consts)
+
     with device_guard(a.images.device):
-        kernel[grid](
-            a.images, out, a.boxes, a.flip_h, a.flip_v, *geometry, *kernel_args(a.ep),
-            h, w, a.out_h, a.out_w, a.images.numel(), tiles_x, tiles,
-            C=a.channels, CP=channel_pad(a.channels), BLOCK_H=BLOCK_H, BLOCK_W=BLOCK_W,
-            RAGGED=a.ragged, HAS_JITTER=a.ep.has_jitter, OUT_U8=a.ep.out_dtype == torch.uint8,
-            num_warps=NUM_WARPS, **LAUNCH_OPTIONS)
+        means = contrast_means(a.ep, n=a.n, tiles=tiles, pixels=a.out_h * a.out_w,
+                               channels=a.channels, run_stats=lambda p: run(None, p))
+        run(means, None)
     return out

@@ -2,7 +2,7 @@
 
 ``convert(src, dst, **options)`` is what ``dlpack convert`` calls.
 """
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def convert(src, dst, **options):

@@ -49,3 +49,24 @@ def verify_kept_shard(dst, entry: dict) -> bool:
         return True
     except (OSError, fmt.FormatError):
         return False
+
+
+def check_src_dst(src, dst) -> None:
+    """Refuse a DST that is SRC, lies inside SRC, or contains SRC (after resolving links).
+
+    Packing into the source tree makes the next conversion of SRC find the data set as an
+    extra class; packing over the source lets --overwrite delete what it reads.
+    """
+    from dlpack_io.packer.pipeline import ConversionError
+
+    s, d = os.path.realpath(src), os.path.realpath(dst)
+    if d == s:
+        why = "DST is the source folder itself"
+    elif d.startswith(s.rstrip(os.sep) + os.sep):
+        why = (f"DST lies inside the source folder ({s}): the next conversion of SRC would "
+               f"pack the data set's own files as an extra class")
+    elif s.startswith(d.rstrip(os.sep) + os.sep):
+        why = f"the source folder lies inside DST ({d}): --overwrite would delete the inputs"
+    else:
+        return
+    raise ConversionError(f"{dst}: {why}; choose a DST outside SRC (for example next to it)")

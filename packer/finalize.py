@@ -5,6 +5,7 @@ import datetime
 import os
 import platform
 
+from dlpack_io.packer.nofollow import create_new
 from dlpack_io.packer.writers import fsync_dir
 from dlpack_io.reader import format as fmt
 
@@ -13,7 +14,7 @@ def atomic_write(path, data: bytes) -> None:
     """Write ``data`` to ``path`` via temp file, fsync and rename: all or nothing."""
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
-        with open(tmp, "wb") as f:
+        with open(create_new(tmp), "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -44,8 +45,15 @@ def rejects_tsv(rejects: list) -> bytes:
 
 
 def build_manifest(inputs, options, shards: list, rejects: list, reencoded: dict,
-                   class_counts: list, seconds: float) -> dict:
-    """The manifest dict (checksum included) describing a finished data set."""
+                   class_counts: list, seconds: float, lossless: dict | None = None, *,
+                   provenance: bool = True, engine: str = "local") -> dict:
+    """The manifest dict (checksum included) describing a finished data set.
+
+    Only ``created`` (when, where, by which engine) and the checksum over it differ between
+    two conversions of the same source with the same options. ``provenance=False`` leaves
+    out what identifies the machine that packed it: the host name and the absolute paths
+    of the source folder and list file (null instead).
+    """
     from dlpack_io.packer import __version__
 
     manifest = {
@@ -59,10 +67,15 @@ def build_manifest(inputs, options, shards: list, rejects: list, reencoded: dict
                    "num_inputs": len(inputs.paths)},
         "rejects": [{"path": p, "reason": r} for p, r in rejects],
         "reencoded": dict(sorted(reencoded.items())),
+        "lossless": dict(sorted((lossless or {}).items())),
         "created": {"at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                     "seconds": round(seconds, 3), "dlpack": __version__, "pil": pil_flavour(),
-                    "python": platform.python_version(), "host": platform.node()},
+                    "python": platform.python_version(), "host": platform.node(),
+                    "engine": engine},
     }
+    if not provenance:
+        manifest["source"].update(root=None, list=None)
+        del manifest["created"]["host"]
     manifest["checksum"] = fmt.manifest_checksum(manifest)
     return manifest
 

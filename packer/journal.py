@@ -14,6 +14,8 @@ import hashlib
 import json
 import os
 
+from dlpack_io.packer.nofollow import create_new, open_nofollow
+
 JOURNAL_NAME = ".dlpack-convert.journal"
 LOCK_NAME = ".dlpack-convert.lock"
 
@@ -37,7 +39,12 @@ class DstLock:
 
     def acquire(self) -> None:
         """Take the lock or raise RuntimeError naming the holder."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = open_nofollow(self.path, os.O_RDWR | os.O_CREAT)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EINVAL):  # a link or a FIFO planted in DST
+                raise RuntimeError(exc.strerror) from None
+            raise
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -72,10 +79,13 @@ def read_journal(dst) -> tuple[dict | None, list]:
     """
     path = os.path.join(dst, JOURNAL_NAME)
     try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().split("\n")
+        fd = open_nofollow(path, os.O_RDONLY)
     except FileNotFoundError:
         return None, []
+    except OSError:  # a symlink or FIFO where our journal should be: not a journal of ours
+        return None, []
+    with open(fd, encoding="utf-8", errors="replace") as f:
+        lines = f.read().split("\n")
     entries = []
     for line in lines:
         try:
@@ -95,7 +105,7 @@ class Journal:
         self.shards = list(shards or [])
         if plan is not None:  # fresh start: rewrite the file with the plan and kept shards
             tmp = self.path + ".tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
+            with open(create_new(tmp), "w", encoding="utf-8") as f:
                 for entry in [plan] + self.shards:
                     f.write(json.dumps(entry, sort_keys=True) + "\n")
                 f.flush()
@@ -104,7 +114,7 @@ class Journal:
 
     def append(self, entry: dict) -> None:
         """Durably record one finished shard."""
-        with open(self.path, "a", encoding="utf-8") as f:
+        with open(open_nofollow(self.path, os.O_WRONLY | os.O_APPEND), "w", encoding="utf-8") as f:
             f.write(json.dumps(entry, sort_keys=True) + "\n")
             f.flush()
             os.fsync(f.fileno())

@@ -5,12 +5,13 @@ import os
 import re
 from dataclasses import asdict, dataclass, fields
 
-from dlpack_io.reader.format import FORMATS, MODES
+from dlpack_io.reader.format import DEFAULT_MAX_PIXELS, FORMATS, MODES
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
           "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
 ON_ERROR = ("skip", "fail")
+NON_JPEG = ("raw", "jpeg", "reject")  # as packer.encode.NON_JPEG
 
 
 def parse_size(text) -> int:
@@ -29,7 +30,7 @@ class PackOptions:
     """Everything that decides the bytes of a packed data set (plus how to run).
 
     Fields that change output: format, mode, size, max_side, quality, shard_size, seed,
-    shuffle, validate, jpeg_restarts. Fields that only change how the work runs: workers, on_error,
+    shuffle, validate, jpeg_restarts, non_jpeg, max_pixels. Fields that only change how the work runs: workers, on_error,
     progress. Output never depends on ``workers``.
     """
 
@@ -42,7 +43,11 @@ class PackOptions:
     seed: int = 0                  # seed of the packing order shuffle
     shuffle: bool = True           # shuffle samples across shards (helps block shuffling)
     validate: bool = True          # decode every input before packing it
-    jpeg_restarts: bool = False    # jpeg: lossless rewrite with a restart marker per MCU
+    # jpeg mode: lossless rewrite with a restart marker per MCU (None: on in jpeg mode when
+    # the C extension is there, which the reader needs to profit from it anyway)
+    jpeg_restarts: bool | None = None
+    non_jpeg: str = "raw"          # PNG/WebP/...: raw pixels (lossless), jpeg, or reject
+    max_pixels: int = DEFAULT_MAX_PIXELS  # reject images with more pixels (bomb guard)
     workers: int = 0               # 0 = all cores
     on_error: str = "skip"         # skip bad inputs (listed as rejects) or fail on the first
     progress: bool = True
@@ -52,6 +57,10 @@ class PackOptions:
             raise ValueError(f"format {self.format!r}: expected one of {FORMATS}")
         if self.mode not in MODES:
             raise ValueError(f"mode {self.mode!r}: expected one of {MODES}")
+        if self.non_jpeg not in NON_JPEG:
+            raise ValueError(f"non_jpeg {self.non_jpeg!r}: expected one of {NON_JPEG}")
+        if not isinstance(self.max_pixels, int) or self.max_pixels < 1:
+            raise ValueError(f"max_pixels {self.max_pixels!r}: expected a positive pixel count")
         if self.on_error not in ON_ERROR:
             raise ValueError(f"on_error {self.on_error!r}: expected one of {ON_ERROR}")
         if self.size is not None and self.max_side is not None:
@@ -67,12 +76,16 @@ class PackOptions:
             raise ValueError(f"quality {self.quality}: expected 1..100")
         if self.shard_size < 1:
             raise ValueError(f"shard_size {self.shard_size}: expected a positive byte count")
+        if self.jpeg_restarts is None:
+            from dlpack_io.packer.native import native
+
+            object.__setattr__(self, "jpeg_restarts", self.mode == "jpeg" and native() is not None)
         if self.jpeg_restarts and self.mode != "jpeg":
             raise ValueError("--restart-markers rewrites JPEG records; it needs --mode jpeg")
         if self.jpeg_restarts:
-            from dlpack_io.reader.jpegdecode import have_extension
+            from dlpack_io.packer.native import native
 
-            if not have_extension():
+            if native() is None:
                 raise ValueError("--restart-markers needs the C extension dlpack_io.reader._jpeg "
                                  "(libjpeg-turbo headers at install time)")
         if self.workers < 0:

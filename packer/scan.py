@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import csv
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 JPEG_SUFFIXES = (".jpg", ".jpeg", ".jfif")
+# Other image files are packed too (what they are is decided by their content, as for
+# JPEGs: see --non-jpeg); files with any other suffix are ignored and counted.
+IMAGE_SUFFIXES = JPEG_SUFFIXES + (".png", ".webp", ".bmp", ".tif", ".tiff", ".gif")
 
 
 @dataclass(frozen=True)
@@ -14,7 +17,9 @@ class Inputs:
     """The samples to pack, in a canonical order, with their class names.
 
     ``paths`` are relative to ``root`` (POSIX separators) so the output does not depend on
-    where the source folder is mounted; ``labels[i]`` indexes ``classes``.
+    where the source folder is mounted; ``labels[i]`` indexes ``classes`` (-1 for every
+    input of a folder scanned without labels, whose ``classes`` is empty). The scan
+    counters say how symlinks shaped the input (see docs/reliability.md).
     """
 
     root: str
@@ -22,32 +27,116 @@ class Inputs:
     labels: list
     classes: list
     list_file: str | None = None
+    via_links: int = 0           # inputs reached through a symlink (file or folder)
+    outside_src: int = 0         # ... whose real path lies outside SRC
+    repeated_dirs: int = 0       # folders reached again (symlink loops, aliases) and skipped
+    empty_classes: tuple = ()    # (class name, files in it that are not images)
+    ignored: dict | None = None  # suffix -> count of files skipped as not images by name
 
 
-def scan_image_folder(root) -> Inputs:
-    """Scan ``root/<class>/**/*.jpg|jpeg|jfif`` (any case); labels = sorted class names.
+@dataclass
+class _Walk:
+    """One scan: the real directories walked so far and the symlink counters."""
 
-    Files directly under ``root`` are ignored, as torchvision's ImageFolder does.
+    root: Path
+    real_root: str
+    seen: set = field(default_factory=set)
+    reserved: set = field(default_factory=set)  # SRC and the class folders: walked as tops only
+    via_links: int = 0
+    outside_src: int = 0
+    repeated_dirs: int = 0
+    ignored: dict = field(default_factory=dict)  # suffix -> files skipped as not images
+
+    def images(self, top: Path, top_is_link: bool) -> tuple[list, int]:
+        """(sorted relative paths of the images under ``top``, count of other files).
+
+        Symlinks are followed, but each real directory is walked once per scan: a loop
+        (a link to a parent) or a second link to a folder already walked adds nothing.
+        """
+        found, others, stack = [], 0, [(top, top_is_link)]
+        while stack:
+            folder, via = stack.pop()
+            try:
+                st = os.stat(folder)
+                entries = sorted(os.scandir(folder), key=lambda e: e.name)
+            except OSError:  # unreadable or dangling: nothing to pack from it
+                continue
+            key = (st.st_dev, st.st_ino)
+            if key in self.seen or (folder != top and key in self.reserved):
+                self.repeated_dirs += 1  # a loop, an alias, or a link to SRC or another class
+                continue
+            self.seen.add(key)
+            for e in entries:
+                if e.name.startswith("."):
+                    continue
+                if e.is_dir():
+                    stack.append((Path(e.path), via or e.is_symlink()))
+                elif e.name.lower().endswith(IMAGE_SUFFIXES) and e.is_file():
+                    found.append(Path(e.path).relative_to(self.root).as_posix())
+                    self._count_link(e, via)
+                elif e.is_file():
+                    others += 1
+                    suffix = os.path.splitext(e.name)[1].lower() or "(none)"
+                    self.ignored[suffix] = self.ignored.get(suffix, 0) + 1
+        return sorted(found), others
+
+    def _count_link(self, entry, via: bool) -> None:
+        if via or entry.is_symlink():
+            self.via_links += 1
+            real = os.path.realpath(entry.path)
+            if not real.startswith(self.real_root + os.sep):
+                self.outside_src += 1
+
+
+def _no_images_error(root: Path) -> ValueError:
+    loose = sum(1 for e in os.scandir(root) if e.is_file() and e.name.lower().endswith(IMAGE_SUFFIXES))
+    found = f"found {loose} image files directly in {root} but none in class sub-folders" if loose \
+        else (f"no image files ({', '.join(IMAGE_SUFFIXES)}) found in class sub-folders of "
+              f"{root}")
+    return ValueError(f"{found}; expected {root}/<class name>/<image>.jpg, or pass --list FILE "
+                      f"(path,label rows), or --no-labels to pack a folder of images without "
+                      f"classes (every label is then -1)")
+
+
+def scan_image_folder(root, *, labels: bool = True) -> Inputs:
+    """Scan ``root/<class>/**/*`` for IMAGE_SUFFIXES (any case); labels = sorted class names.
+
+    Files directly under ``root`` are ignored, as torchvision's ImageFolder does. With
+    ``labels=False`` every JPEG under ``root`` (any depth) is an input with label -1 and
+    there are no classes. Symlinks are followed; each real directory is walked once.
     """
     root = Path(root)
     if not root.is_dir():
         raise FileNotFoundError(f"source folder {root} does not exist or is not a directory")
+    walk = _Walk(root, os.path.realpath(root))
+    walk.reserved.add(_identity(root))
+    if not labels:
+        paths, _ = walk.images(root, False)
+        if not paths:
+            raise ValueError(f"no image files ({', '.join(IMAGE_SUFFIXES)}) found under {root}")
+        return _inputs(walk, paths, [-1] * len(paths), [], ())
     classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
-    paths, labels = [], []
+    walk.reserved.update(_identity(root / name) for name in classes)
+    paths, label_list, empty = [], [], []
     for label, name in enumerate(classes):
-        found = []
-        for dirpath, dirnames, filenames in os.walk(root / name, followlinks=True):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            for fn in filenames:
-                if fn.lower().endswith(JPEG_SUFFIXES) and not fn.startswith("."):
-                    found.append(Path(dirpath, fn).relative_to(root).as_posix())
-        found.sort()
+        found, others = walk.images(root / name, (root / name).is_symlink())
+        if not found:
+            empty.append((name, others))
         paths += found
-        labels += [label] * len(found)
+        label_list += [label] * len(found)
     if not paths:
-        raise ValueError(f"no .jpg/.jpeg/.jfif files found in class sub-folders of {root}; "
-                         f"expected {root}/<class name>/<image>.jpg (or pass --list FILE)")
-    return Inputs(str(root.resolve()), paths, labels, classes)
+        raise _no_images_error(root)
+    return _inputs(walk, paths, label_list, classes, tuple(empty))
+
+
+def _identity(path: Path) -> tuple:
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino)
+
+
+def _inputs(walk: _Walk, paths, labels, classes, empty) -> Inputs:
+    return Inputs(str(walk.root.resolve()), paths, labels, classes, None, walk.via_links,
+                  walk.outside_src, walk.repeated_dirs, empty, dict(sorted(walk.ignored.items())))
 
 
 def _rows(list_file: Path):
@@ -57,7 +146,8 @@ def _rows(list_file: Path):
         if not row or not "".join(row).strip() or row[0].lstrip().startswith("#"):
             continue
         if len(row) < 2:
-            raise ValueError(f"{list_file}:{lineno}: expected 'path{delimiter}label', got {row!r}")
+            raise ValueError(f"{list_file}:{lineno}: expected 'path{delimiter}label', "
+                             f"got {delimiter.join(row)!r}")
         yield lineno, row[0].strip(), row[1].strip()
 
 

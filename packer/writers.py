@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 
+from dlpack_io.packer.nofollow import create_new
 from dlpack_io.reader import format as fmt
 
 
@@ -45,8 +46,8 @@ class _ShardWriter:
         return len(self.entries)
 
     def _entry(self, record, label: int, offset: int) -> tuple:
-        return (offset, len(record.payload), label, record.crc,
-                record.height, record.width, 3, record.kind, 0)
+        return (offset, len(record.payload), label, record.crc, record.height, record.width,
+                3, record.kind, record.orientation, record.colour)
 
     def _index_and_meta(self) -> tuple[np.ndarray, dict]:
         index = np.array(self.entries, dtype=fmt.INDEX_DTYPE)
@@ -83,7 +84,7 @@ class RecordShardWriter(_ShardWriter):
 
     def __init__(self, dst, shard_number: int, first_sample: int):
         super().__init__(dst, shard_number, first_sample, "record")
-        self._file = open(self.tmp_path, "wb")
+        self._file = open(create_new(self.tmp_path), "wb")
         self._file.seek(fmt.HEADER_SIZE)
 
     def add(self, record, label: int, path: str) -> None:
@@ -126,9 +127,12 @@ class LmdbShardWriter(_ShardWriter):
 
         super().__init__(dst, shard_number, first_sample, "lmdb")
         # map_size is address space, not disk: room for an over-full last record too.
+        # meminit=True: unused page space is zeroed, not leftover heap memory, so the same
+        # records give the same file bytes (and no process memory leaks into the shard).
         map_size = 2 * shard_size + 2**30
+        os.close(create_new(self.tmp_path))  # a fresh file: liblmdb would follow a planted link
         self._env = lmdb.open(self.tmp_path, subdir=False, map_size=map_size, lock=False,
-                              sync=False, metasync=False, readahead=False, meminit=False)
+                              sync=False, metasync=False, readahead=False, meminit=True)
         self._txn = self._env.begin(write=True)
         self._uncommitted = 0
 

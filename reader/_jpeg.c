@@ -30,17 +30,107 @@
  *
  * libjpeg errors become ValueError through error_exit + longjmp; a premature end of data
  * (which libjpeg only warns about, filling the rest with grey) is an error too.
+ *
+ * Hostile arguments: every size, offset and stride is checked with overflow-checked
+ * unsigned arithmetic before any byte is touched, so a direct call with hostile values
+ * raises ValueError and never reads or writes outside the buffers or loops for long.
+ * Sources are often memory-mapped shard files: if one is truncated or rewritten under us,
+ * reading it raises SIGBUS. Reads of the source run under a per-thread guard (a SIGBUS
+ * handler that siglongjmps back to the entry point), so the call raises MappedFileError
+ * (a ValueError) instead of killing the process; JPEG decoding first copies the source
+ * under that guard, so libjpeg never sees mapped memory. A SIGBUS outside a guarded read
+ * is handed back to the previous handler (the process dies as it would have without us).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <setjmp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <jpeglib.h>
 #include <jerror.h>
+
+/* ---- SIGBUS guard ----------------------------------------------------------------------
+ * A thread inside a guarded read points tls_bus at its BusGuard; the handler jumps back to
+ * it. initial-exec TLS: reading it in the handler never allocates. */
+typedef struct {
+    sigjmp_buf env;
+    const char *volatile addr; /* faulting address, set by the handler */
+} BusGuard;
+
+static __thread BusGuard *volatile tls_bus __attribute__((tls_model("initial-exec")));
+static struct sigaction bus_previous;
+static PyObject *MappedFileError;
+
+static void on_sigbus(int sig, siginfo_t *info, void *ctx) {
+    BusGuard *g = tls_bus;
+    (void)ctx;
+    if (g != NULL) {
+        tls_bus = NULL;
+        g->addr = info != NULL ? (const char *)info->si_addr : NULL;
+        siglongjmp(g->env, 1);
+    }
+    /* Not ours: restore the previous disposition. A fault then repeats on return and goes
+       there; a signal sent with kill() is sent again. */
+    sigaction(SIGBUS, &bus_previous, NULL);
+    if (info == NULL || info->si_code <= 0)
+        raise(sig);
+}
+
+static int install_sigbus_handler(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    return sigaction(SIGBUS, &sa, &bus_previous);
+}
+
+/* Raise MappedFileError for a fault at `addr` while reading the `len`-byte buffer `src`. */
+static PyObject *bus_error(const char *what, const void *src, Py_ssize_t len, const char *addr) {
+    const char *base = (const char *)src;
+    if (addr >= base && addr < base + len)
+        return PyErr_Format(MappedFileError, "%s: bus error reading byte %zd of a %zd-byte "
+                            "memory-mapped source: the file under it was truncated or changed "
+                            "on disk", what, (Py_ssize_t)(addr - base), len);
+    return PyErr_Format(MappedFileError, "%s: bus error reading a %zd-byte memory-mapped "
+                        "source: the file under it was truncated or changed on disk", what, len);
+}
+
+/* Copy n bytes of src into dst under the guard; NULL or the faulting address. */
+static const char *copy_guarded(unsigned char *dst, const unsigned char *src, size_t n) {
+    BusGuard g;
+    g.addr = NULL;
+    if (sigsetjmp(g.env, 1) != 0)
+        return g.addr != NULL ? g.addr : (const char *)src;
+    tls_bus = &g;
+    memcpy(dst, src, n);
+    tls_bus = NULL;
+    return NULL;
+}
+
+/* ---- overflow-checked extents -------------------------------------------------------- */
+/* 1 when rows of row_bytes bytes, `stride` apart, starting at `offset` lie inside a buffer
+   of `len` bytes; every step is checked for overflow, so hostile values give 0. */
+static int block_fits(long long offset, long long rows, long long stride, long long row_bytes,
+                      Py_ssize_t len) {
+    unsigned long long last, end;
+    if (offset < 0 || rows < 1 || stride < 0 || row_bytes < 0 || len < 0)
+        return 0;
+    if (__builtin_mul_overflow((unsigned long long)(rows - 1), (unsigned long long)stride, &last) ||
+        __builtin_add_overflow(last, (unsigned long long)offset, &last) ||
+        __builtin_add_overflow(last, (unsigned long long)row_bytes, &end))
+        return 0;
+    return end <= (unsigned long long)len;
+}
+
+/* a * b into *out, 0 on overflow or a negative factor */
+static int mul_ok(long long a, long long b, long long *out) {
+    return a >= 0 && b >= 0 && !__builtin_mul_overflow(a, b, out);
+}
 
 typedef struct {
     struct jpeg_error_mgr pub;
@@ -65,7 +155,7 @@ static void on_emit_message(j_common_ptr cinfo, int level) {
 
 static void on_output_message(j_common_ptr cinfo) { (void)cinfo; }
 
-enum { OK = 0, ERR_JPEG = 1, ERR_OUT = 2, ERR_BOX = 3, ERR_TRUNCATED = 4 };
+enum { OK = 0, ERR_JPEG = 1, ERR_OUT = 2, ERR_BOX = 3, ERR_TRUNCATED = 4, ERR_BOMB = 5 };
 
 typedef struct {
     long top, left, height, width; /* requested box, full-size pixel coordinates */
@@ -73,6 +163,8 @@ typedef struct {
     int pixel_size;                 /* 3: RGB, 4: RGBX (PIL's own layout, shared without copy) */
     unsigned char *out;
     Py_ssize_t out_size;
+    Py_ssize_t limit;               /* the caller's buffer: a full-size decode must fit (bomb
+                                       check; decode_oriented decodes into a smaller block) */
     long y0, x0, rows, cols, scaled_h, scaled_w, image_h, image_w;
     int status;
     char message[JMSG_LENGTH_MAX];
@@ -110,6 +202,17 @@ static int plan_region(struct jpeg_decompress_struct *cinfo, Region *r) {
     sx1++;
     if (sy1 > r->scaled_h) sy1 = r->scaled_h;
     if (sx1 > r->scaled_w) sx1 = r->scaled_w;
+    /* at least 3 iMCUs wide: libjpeg-turbo upsamples chroma with the fancy (triangle)
+       filter only when the cropped, downsampled width is > 2 (a 1-pixel box at the left
+       edge of a 4:2:0 image decoded differently from the whole image without this) */
+    if (sx1 - sx0 < 3L * cinfo->max_h_samp_factor * n) {
+        sx1 = sx0 + 3L * cinfo->max_h_samp_factor * n;
+        if (sx1 > r->scaled_w) {
+            sx1 = r->scaled_w;
+            sx0 = sx1 - 3L * cinfo->max_h_samp_factor * n;
+            if (sx0 < 0) sx0 = 0;
+        }
+    }
     xoff = (JDIMENSION)sx0;
     cw = (JDIMENSION)(sx1 - sx0);
     if (xoff != 0 || cw != cinfo->output_width)
@@ -307,14 +410,34 @@ static void decode_region_nogil(const unsigned char *src, size_t len, Region *r)
     decode_stream(src, len, r);
 }
 
+/* Pillow's CMYK -> RGB for a four-component JPEG, on libjpeg's CMYK output (YCCK already
+   converted to CMYK by libjpeg): Pillow reads every 4-component JPEG as inverted ("CMYK;I",
+   Adobe's convention), then R = (255 - K') - round(C' * (255 - K') / 255) with C' = 255 - C,
+   K' = 255 - K, i.e. with nk = K: R = nk - round((255 - C) * nk / 255). The rounding
+   division is (t + (t >> 8)) >> 8 with t = a * b + 128, exact for a, b in 0..255. */
+static void cmyk_row(const unsigned char *in, unsigned char *out, long n, int ps) {
+    long x;
+    for (x = 0; x < n; x++, in += 4, out += ps) {
+        int nk = in[3], c;
+        for (c = 0; c < 3; c++) {
+            int t = (255 - in[c]) * nk + 128;
+            out[c] = (unsigned char)(nk - ((t + (t >> 8)) >> 8));
+        }
+        if (ps == 4) out[3] = 255;
+    }
+}
+
 static void decode_stream(const unsigned char *src, size_t len, Region *r) {
     struct jpeg_decompress_struct cinfo;
     ErrorMgr err;
     long i;
+    int cmyk;
+    unsigned char *volatile row_tmp = NULL; /* CMYK scanline, freed on every exit */
     setup_errors(&cinfo, &err, r->message);
     jpeg_create_decompress(&cinfo);
     if (setjmp(err.jump)) {
         jpeg_destroy_decompress(&cinfo);
+        free(row_tmp);
         r->status = ERR_JPEG;
         return;
     }
@@ -327,7 +450,21 @@ static void decode_stream(const unsigned char *src, size_t len, Region *r) {
         r->status = ERR_BOX;
         return;
     }
-    cinfo.out_color_space = r->pixel_size == 4 ? JCS_EXT_RGBX : JCS_RGB;
+    /* The caller's buffer holds a whole-image decode at the requested scale (documented
+       contract): a header that claims more pixels than that (a decompression bomb, or an
+       index entry that does not match the record) is refused before jpeg_start_decompress
+       sizes anything from it. */
+    if ((((unsigned long long)r->image_h * r->scale_num + 7) / 8) *
+        (((unsigned long long)r->image_w * r->scale_num + 7) / 8) * r->pixel_size >
+        (unsigned long long)r->limit) {
+        jpeg_destroy_decompress(&cinfo);
+        r->status = ERR_BOMB;
+        return;
+    }
+    /* grayscale, YCbCr and RGB JPEGs: libjpeg converts to RGB(X) itself (grey replicated,
+       as PIL's L -> RGB); CMYK and YCCK: CMYK out, converted per row as Pillow does */
+    cmyk = cinfo.num_components == 4;
+    cinfo.out_color_space = cmyk ? JCS_CMYK : r->pixel_size == 4 ? JCS_EXT_RGBX : JCS_RGB;
     cinfo.scale_num = r->scale_num;
     cinfo.scale_denom = 8;
     jpeg_start_decompress(&cinfo);
@@ -336,17 +473,136 @@ static void decode_stream(const unsigned char *src, size_t len, Region *r) {
         r->status = ERR_OUT;
         return;
     }
+    if (cmyk && (row_tmp = (unsigned char *)malloc((size_t)r->cols * 4)) == NULL) {
+        jpeg_destroy_decompress(&cinfo);
+        strcpy(r->message, "out of memory");
+        r->status = ERR_JPEG;
+        return;
+    }
     if (r->y0 > 0)
         jpeg_skip_scanlines(&cinfo, (JDIMENSION)r->y0);
     for (i = 0; i < r->rows;) {
-        JSAMPROW row = r->out + (size_t)i * r->cols * r->pixel_size;
+        JSAMPROW dst = r->out + (size_t)i * r->cols * r->pixel_size;
+        JSAMPROW row = cmyk ? row_tmp : dst;
         JDIMENSION got = jpeg_read_scanlines(&cinfo, &row, 1);
         if (got == 0) break;
+        if (cmyk) cmyk_row(row_tmp, dst, r->cols, r->pixel_size);
         i += got;
     }
     jpeg_abort_decompress(&cinfo);
     jpeg_destroy_decompress(&cinfo);
+    free(row_tmp);
     r->status = err.truncated ? ERR_TRUNCATED : OK;
+}
+
+/* ---- EXIF orientation -----------------------------------------------------------------
+ * Records keep the original bytes; the index says which EXIF orientation (1..8) makes the
+ * stored image upright, and boxes are given in the upright ("displayed") image. Displayed
+ * pixel (y, x) is stored pixel (sy, sx) with (u, v) = transpose ? (x, y) : (y, x),
+ * sy = flip_y ? H - 1 - u : u, sx = flip_x ? W - 1 - v : v: Pillow's exif_transpose
+ * (2 FLIP_LEFT_RIGHT, 3 ROTATE_180, 4 FLIP_TOP_BOTTOM, 5 TRANSPOSE, 6 ROTATE_270,
+ * 7 TRANSVERSE, 8 ROTATE_90). The stored box is decoded (restart fast path included) into
+ * a temporary block, which is then permuted into the caller's buffer. */
+static const int ORIENT_T[9] = {0, 0, 0, 0, 0, 1, 1, 1, 1};
+static const int ORIENT_FY[9] = {0, 0, 0, 1, 1, 0, 1, 1, 0};
+static const int ORIENT_FX[9] = {0, 0, 1, 1, 0, 0, 0, 1, 1};
+
+/* Image height and width from the header; 0 with r->status set on failure. */
+static int stored_dims(const unsigned char *src, size_t len, Region *r, long *h, long *w) {
+    struct jpeg_decompress_struct cinfo;
+    ErrorMgr err;
+    setup_errors(&cinfo, &err, r->message);
+    jpeg_create_decompress(&cinfo);
+    if (setjmp(err.jump)) {
+        jpeg_destroy_decompress(&cinfo);
+        r->status = ERR_JPEG;
+        return 0;
+    }
+    jpeg_mem_src(&cinfo, (unsigned char *)src, (unsigned long)len);
+    jpeg_read_header(&cinfo, TRUE);
+    *h = cinfo.image_height;
+    *w = cinfo.image_width;
+    jpeg_destroy_decompress(&cinfo);
+    return 1;
+}
+
+/* One pixel of PS bytes: a constant-size memcpy the compiler turns into plain moves. */
+#define COPY_PX(PS, d, s) memcpy((d), (s), PS)
+
+#define PERMUTE_BODY(PS)                                                                   \
+    for (y = 0; y < out_rows; y++) {                                                       \
+        unsigned char *d = dst + (size_t)y * out_cols * PS;                               \
+        if (!t) {                                                                          \
+            const unsigned char *srow = src + (size_t)(fy ? rows - 1 - y : y) * cols * PS; \
+            if (!fx) { memcpy(d, srow, (size_t)cols * PS); continue; }                     \
+            for (x = 0; x < out_cols; x++) COPY_PX(PS, d + x * PS, srow + (cols - 1 - x) * PS); \
+        } else { /* output row y = source column y (mirrored by fx), read down the rows */ \
+            const unsigned char *scol = src + (size_t)(fx ? cols - 1 - y : y) * PS;       \
+            if (!fy)                                                                       \
+                for (x = 0; x < out_cols; x++) COPY_PX(PS, d + x * PS, scol + (size_t)x * cols * PS); \
+            else                                                                           \
+                for (x = 0; x < out_cols; x++)                                             \
+                    COPY_PX(PS, d + x * PS, scol + (size_t)(rows - 1 - x) * cols * PS);    \
+        }                                                                                  \
+    }
+
+static void permute(const unsigned char *src, long rows, long cols, int ps, int t, int fy,
+                    int fx, unsigned char *dst) {
+    long out_rows = t ? cols : rows, out_cols = t ? rows : cols, y, x;
+    if (ps == 4) { PERMUTE_BODY(4) } else { PERMUTE_BODY(3) }
+}
+
+static void decode_oriented(const unsigned char *src, size_t len, Region *r, int orient) {
+    int t = ORIENT_T[orient], fy = ORIENT_FY[orient], fx = ORIENT_FX[orient];
+    long hs, ws, hd, wd;
+    size_t need;
+    Region s;
+    if (orient == 1) {
+        decode_region_nogil(src, len, r);
+        return;
+    }
+    if (!stored_dims(src, len, r, &hs, &ws)) return;
+    hd = t ? ws : hs;
+    wd = t ? hs : ws;
+    r->image_h = hd;
+    r->image_w = wd;
+    if (!box_ok(r)) {
+        r->status = ERR_BOX;
+        return;
+    }
+    s = *r;
+    if (t) { s.top = r->left; s.left = r->top; s.height = r->width; s.width = r->height; }
+    if (fy) s.top = hs - s.top - s.height;
+    if (fx) s.left = ws - s.left - s.width;
+    /* the stored block: its rows <= box rows at scale + 2, its columns <= the scaled width */
+    need = (size_t)(s.height * s.scale_num / 8 + 2) * (size_t)((ws * s.scale_num + 7) / 8 + 1) *
+           (size_t)s.pixel_size;
+    if (need > (size_t)r->out_size) need = (size_t)r->out_size;
+    s.out_size = (Py_ssize_t)need;
+    s.out = (unsigned char *)malloc(need ? need : 1);
+    if (s.out == NULL) {
+        strcpy(r->message, "out of memory");
+        r->status = ERR_JPEG;
+        return;
+    }
+    decode_region_nogil(src, len, &s);
+    if (s.status == OK || s.status == ERR_TRUNCATED) {
+        long u0 = fy ? s.scaled_h - s.y0 - s.rows : s.y0;
+        long v0 = fx ? s.scaled_w - s.x0 - s.cols : s.x0;
+        r->y0 = t ? v0 : u0;
+        r->x0 = t ? u0 : v0;
+        r->rows = t ? s.cols : s.rows;
+        r->cols = t ? s.rows : s.cols;
+        r->scaled_h = t ? s.scaled_w : s.scaled_h;
+        r->scaled_w = t ? s.scaled_h : s.scaled_w;
+        permute(s.out, s.rows, s.cols, s.pixel_size, t, fy, fx, r->out);
+    } else if (s.status == ERR_OUT) {
+        r->rows = t ? s.cols : s.rows;
+        r->cols = t ? s.rows : s.cols;
+    }
+    free(s.out);
+    memcpy(r->message, s.message, sizeof(r->message));
+    r->status = s.status;
 }
 
 static PyObject *region_error(const Region *r) {
@@ -355,6 +611,13 @@ static PyObject *region_error(const Region *r) {
         return PyErr_Format(PyExc_ValueError, "JPEG decode error: %s", r->message);
     case ERR_TRUNCATED:
         return PyErr_Format(PyExc_ValueError, "truncated JPEG data: %s", r->message);
+    case ERR_BOMB:
+        return PyErr_Format(PyExc_ValueError,
+                            "the JPEG header claims %ld x %ld pixels: the %zd-byte output "
+                            "buffer is smaller than the whole image at the decode scale (a "
+                            "decompression bomb, or "
+                            "an index entry that does not match the record)",
+                            r->image_h, r->image_w, r->limit);
     case ERR_OUT:
         return PyErr_Format(PyExc_ValueError,
                             "output buffer of %zd bytes is smaller than the %ld x %ld x %d "
@@ -367,31 +630,63 @@ static PyObject *region_error(const Region *r) {
     }
 }
 
+#define MAX_JPEG_SIDE 65535
+
 static PyObject *py_decode_region(PyObject *self, PyObject *args) {
     Py_buffer src, out;
     Region r;
+    unsigned char *copy;
+    const char *fault;
     (void)self;
     memset(&r, 0, sizeof(r));
     r.pixel_size = 3;
-    if (!PyArg_ParseTuple(args, "y*w*lllli|i", &src, &out, &r.top, &r.left, &r.height,
-                          &r.width, &r.scale_num, &r.pixel_size))
+    int orientation = 1;
+    if (!PyArg_ParseTuple(args, "y*w*lllli|ii", &src, &out, &r.top, &r.left, &r.height,
+                          &r.width, &r.scale_num, &r.pixel_size, &orientation))
         return NULL;
-    if (r.scale_num < 1 || r.scale_num > 16 || (r.pixel_size != 3 && r.pixel_size != 4)) {
+    if (r.scale_num < 1 || r.scale_num > 16 || (r.pixel_size != 3 && r.pixel_size != 4) ||
+        orientation < 1 || orientation > 8) {
         PyBuffer_Release(&src);
         PyBuffer_Release(&out);
-        return PyErr_Format(PyExc_ValueError, "scale_num %d not in 1..16 or pixel_size %d "
-                            "not 3 or 4", r.scale_num, r.pixel_size);
+        return PyErr_Format(PyExc_ValueError, "scale_num %d not in 1..16, pixel_size %d "
+                            "not 3 or 4, or EXIF orientation %d not in 1..8", r.scale_num,
+                            r.pixel_size, orientation);
+    }
+    if (r.top < 0 || r.left < 0 || r.height < 1 || r.width < 1 || r.top > MAX_JPEG_SIDE ||
+        r.left > MAX_JPEG_SIDE || r.height > MAX_JPEG_SIDE || r.width > MAX_JPEG_SIDE) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&out);
+        return PyErr_Format(PyExc_ValueError, "crop box (top=%ld, left=%ld, height=%ld, "
+                            "width=%ld) is not inside any JPEG (sides are 1..%d pixels)",
+                            r.top, r.left, r.height, r.width, MAX_JPEG_SIDE);
     }
     r.out = (unsigned char *)out.buf;
-    r.out_size = out.len;
+    r.out_size = r.limit = out.len;
+    copy = (unsigned char *)malloc(src.len > 0 ? (size_t)src.len : 1);
+    if (copy == NULL) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&out);
+        return PyErr_NoMemory();
+    }
     Py_BEGIN_ALLOW_THREADS
-    decode_region_nogil((const unsigned char *)src.buf, (size_t)src.len, &r);
+    /* decode a private copy: libjpeg never reads (possibly mapped) caller memory */
+    fault = copy_guarded(copy, (const unsigned char *)src.buf, (size_t)src.len);
+    if (fault == NULL)
+        decode_oriented(copy, (size_t)src.len, &r, orientation);
     Py_END_ALLOW_THREADS
+    free(copy);
+    if (fault != NULL) {
+        bus_error("decode_region", src.buf, src.len, fault);
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&out);
+        return NULL;
+    }
     PyBuffer_Release(&src);
     PyBuffer_Release(&out);
     if (r.status != OK)
         return region_error(&r);
-    return Py_BuildValue("llllll", r.y0, r.x0, r.rows, r.cols, r.scaled_h, r.scaled_w);
+    return Py_BuildValue("llllllll", r.y0, r.x0, r.rows, r.cols, r.scaled_h, r.scaled_w,
+                         r.image_h, r.image_w);
 }
 
 static PyObject *py_header(PyObject *self, PyObject *args) {
@@ -400,22 +695,38 @@ static PyObject *py_header(PyObject *self, PyObject *args) {
     ErrorMgr err;
     char message[JMSG_LENGTH_MAX];
     long h, w, c;
+    unsigned char *volatile copy;
+    const char *fault;
     (void)self;
     if (!PyArg_ParseTuple(args, "y*", &src))
         return NULL;
+    copy = (unsigned char *)malloc(src.len > 0 ? (size_t)src.len : 1);
+    if (copy == NULL) {
+        PyBuffer_Release(&src);
+        return PyErr_NoMemory();
+    }
+    fault = copy_guarded(copy, (const unsigned char *)src.buf, (size_t)src.len);
+    if (fault != NULL) {
+        bus_error("header", src.buf, src.len, fault);
+        free(copy);
+        PyBuffer_Release(&src);
+        return NULL;
+    }
     setup_errors(&cinfo, &err, message);
     jpeg_create_decompress(&cinfo);
     if (setjmp(err.jump)) {
         jpeg_destroy_decompress(&cinfo);
+        free(copy);
         PyBuffer_Release(&src);
         return PyErr_Format(PyExc_ValueError, "JPEG header error: %s", message);
     }
-    jpeg_mem_src(&cinfo, (unsigned char *)src.buf, (unsigned long)src.len);
+    jpeg_mem_src(&cinfo, copy, (unsigned long)src.len);
     jpeg_read_header(&cinfo, TRUE);
     h = cinfo.image_height;
     w = cinfo.image_width;
     c = cinfo.num_components;
     jpeg_destroy_decompress(&cinfo);
+    free(copy);
     PyBuffer_Release(&src);
     return Py_BuildValue("lll", h, w, c);
 }
@@ -544,14 +855,18 @@ static PyObject *py_to_chw(PyObject *self, PyObject *args) {
     Py_buffer src, dst;
     Py_ssize_t offset, row_stride, dst_offset;
     long h, w;
+    long long row_bytes, plane, planes;
     int flip_h, flip_v, ps = 3;
+    BusGuard g;
+    const char *volatile fault = NULL;
     (void)self;
     if (!PyArg_ParseTuple(args, "y*nnllw*npp|i", &src, &offset, &row_stride, &h, &w, &dst,
                           &dst_offset, &flip_h, &flip_v, &ps))
         return NULL;
-    if (h < 1 || w < 1 || (ps != 3 && ps != 4) || offset < 0 || dst_offset < 0 ||
-        row_stride < ps * w || offset + (h - 1) * row_stride + ps * w > src.len ||
-        dst_offset + 3 * h * w > dst.len) {
+    if (h < 1 || w < 1 || (ps != 3 && ps != 4) || !mul_ok(ps, w, &row_bytes) ||
+        row_stride < row_bytes || !block_fits(offset, h, row_stride, row_bytes, src.len) ||
+        !mul_ok(h, w, &plane) || !mul_ok(3, plane, &planes) ||
+        !block_fits(dst_offset, 1, 0, planes, dst.len)) {
         PyBuffer_Release(&src);
         PyBuffer_Release(&dst);
         return PyErr_Format(PyExc_ValueError,
@@ -560,21 +875,34 @@ static PyObject *py_to_chw(PyObject *self, PyObject *args) {
                             h, w, ps, offset, row_stride, src.len, dst.len, dst_offset);
     }
     Py_BEGIN_ALLOW_THREADS
-    to_chw_nogil((const unsigned char *)src.buf + offset, row_stride, h, w, ps,
-                 (unsigned char *)dst.buf + dst_offset, flip_h, flip_v);
+    g.addr = NULL;
+    if (sigsetjmp(g.env, 1) == 0) {
+        tls_bus = &g;
+        to_chw_nogil((const unsigned char *)src.buf + offset, row_stride, h, w, ps,
+                     (unsigned char *)dst.buf + dst_offset, flip_h, flip_v);
+        tls_bus = NULL;
+    } else {
+        fault = g.addr != NULL ? g.addr : (const char *)src.buf;
+    }
     Py_END_ALLOW_THREADS
+    if (fault != NULL)
+        bus_error("to_chw", src.buf, src.len, fault);
     PyBuffer_Release(&src);
     PyBuffer_Release(&dst);
+    if (fault != NULL)
+        return NULL;
     Py_RETURN_NONE;
 }
 
 /* gather(src, src_offsets, lengths, dst, dst_offsets): memcpy n byte ranges of src into
    dst (offsets/lengths: contiguous int64 buffers of one length). All ranges are checked
-   first; the copies run without the GIL. */
+   first (overflow-checked); the copies run without the GIL, under the SIGBUS guard. */
 static PyObject *py_gather(PyObject *self, PyObject *args) {
     Py_buffer src, so, ln, dst, dof;
     Py_ssize_t n, i;
     const long long *s_off, *len, *d_off;
+    BusGuard g;
+    const char *volatile fault = NULL;
     (void)self;
     if (!PyArg_ParseTuple(args, "y*y*y*w*y*", &src, &so, &ln, &dst, &dof))
         return NULL;
@@ -588,8 +916,8 @@ static PyObject *py_gather(PyObject *self, PyObject *args) {
         goto fail;
     }
     for (i = 0; i < n; i++) {
-        if (s_off[i] < 0 || len[i] < 0 || d_off[i] < 0 || s_off[i] + len[i] > src.len ||
-            d_off[i] + len[i] > dst.len) {
+        if (!block_fits(s_off[i], 1, 0, len[i], src.len) ||
+            !block_fits(d_off[i], 1, 0, len[i], dst.len)) {
             PyErr_Format(PyExc_ValueError, "gather: range %zd (%lld bytes from %lld to %lld) "
                          "does not fit a %zd-byte source and %zd-byte destination", i, len[i],
                          s_off[i], d_off[i], src.len, dst.len);
@@ -597,9 +925,20 @@ static PyObject *py_gather(PyObject *self, PyObject *args) {
         }
     }
     Py_BEGIN_ALLOW_THREADS
-    for (i = 0; i < n; i++)
-        memcpy((char *)dst.buf + d_off[i], (const char *)src.buf + s_off[i], (size_t)len[i]);
+    g.addr = NULL;
+    if (sigsetjmp(g.env, 1) == 0) {
+        tls_bus = &g;
+        for (i = 0; i < n; i++)
+            memcpy((char *)dst.buf + d_off[i], (const char *)src.buf + s_off[i], (size_t)len[i]);
+        tls_bus = NULL;
+    } else {
+        fault = g.addr != NULL ? g.addr : (const char *)src.buf;
+    }
     Py_END_ALLOW_THREADS
+    if (fault != NULL) {
+        bus_error("gather", src.buf, src.len, fault);
+        goto fail;
+    }
     PyBuffer_Release(&src); PyBuffer_Release(&so); PyBuffer_Release(&ln);
     PyBuffer_Release(&dst); PyBuffer_Release(&dof);
     Py_RETURN_NONE;
@@ -611,27 +950,32 @@ fail:
 
 /* crop_chw(src, params, height, width, dst): for each row (src_offset, row_stride, flip_h,
    flip_v, dst_offset) of the int64 (n, 5) array `params`, copy the height x width RGB
-   block at src_offset into dst at dst_offset as CHW planes. Checked first, then run
-   without the GIL: a whole batch of raw crops in one call. */
+   block at src_offset into dst at dst_offset as CHW planes. Checked first (overflow-
+   checked), then run without the GIL under the SIGBUS guard: a batch of raw crops in one
+   call. */
 static PyObject *py_crop_chw(PyObject *self, PyObject *args) {
     Py_buffer src, prm, dst;
     long h, w;
+    long long row_bytes, plane, planes;
     Py_ssize_t n, i;
     const long long *p;
+    BusGuard g;
+    const char *volatile fault = NULL;
     (void)self;
     if (!PyArg_ParseTuple(args, "y*y*llw*", &src, &prm, &h, &w, &dst))
         return NULL;
     n = prm.len / (5 * 8);
     p = (const long long *)prm.buf;
-    if (prm.len % 40 || h < 1 || w < 1) {
+    if (prm.len % 40 || h < 1 || w < 1 || !mul_ok(3, w, &row_bytes) || !mul_ok(h, w, &plane) ||
+        !mul_ok(3, plane, &planes)) {
         PyErr_SetString(PyExc_ValueError, "crop_chw: params must be an int64 (n, 5) array "
-                                          "and height, width >= 1");
+                                          "and height, width >= 1 (and not absurdly large)");
         goto fail;
     }
     for (i = 0; i < n; i++) {
         const long long *q = p + 5 * i;
-        if (q[0] < 0 || q[1] < 3 * w || q[4] < 0 || q[0] + (h - 1) * q[1] + 3 * w > src.len ||
-            q[4] + 3 * h * w > dst.len) {
+        if (q[1] < row_bytes || !block_fits(q[0], h, q[1], row_bytes, src.len) ||
+            !block_fits(q[4], 1, 0, planes, dst.len)) {
             PyErr_Format(PyExc_ValueError, "crop_chw: block %zd (%ld x %ld at %lld, stride %lld "
                          "-> %lld) does not fit a %zd-byte source / %zd-byte destination",
                          i, h, w, q[0], q[1], q[4], src.len, dst.len);
@@ -639,12 +983,23 @@ static PyObject *py_crop_chw(PyObject *self, PyObject *args) {
         }
     }
     Py_BEGIN_ALLOW_THREADS
-    for (i = 0; i < n; i++) {
-        const long long *q = p + 5 * i;
-        to_chw_nogil((const unsigned char *)src.buf + q[0], (Py_ssize_t)q[1], h, w, 3,
-                     (unsigned char *)dst.buf + q[4], (int)q[2], (int)q[3]);
+    g.addr = NULL;
+    if (sigsetjmp(g.env, 1) == 0) {
+        tls_bus = &g;
+        for (i = 0; i < n; i++) {
+            const long long *q = p + 5 * i;
+            to_chw_nogil((const unsigned char *)src.buf + q[0], (Py_ssize_t)q[1], h, w, 3,
+                         (unsigned char *)dst.buf + q[4], q[2] != 0, q[3] != 0);
+        }
+        tls_bus = NULL;
+    } else {
+        fault = g.addr != NULL ? g.addr : (const char *)src.buf;
     }
     Py_END_ALLOW_THREADS
+    if (fault != NULL) {
+        bus_error("crop_chw", src.buf, src.len, fault);
+        goto fail;
+    }
     PyBuffer_Release(&src); PyBuffer_Release(&prm); PyBuffer_Release(&dst);
     Py_RETURN_NONE;
 fail:
@@ -661,6 +1016,7 @@ fail:
    not 3-component, files that already have that restart interval. Every coefficient is
    entropy-decoded, so corrupt or truncated data raises ValueError. */
 #define RESTART_MCUS 1
+#define TRANSCODE_MAX_MEMORY (2048L * 1024 * 1024) /* ~200 Mpixel of 4:4:4 coefficients */
 
 typedef struct {
     const unsigned char *src;
@@ -668,9 +1024,13 @@ typedef struct {
     unsigned char *out;
     unsigned long out_len;
     long interval; /* MCUs per restart interval; 0: RESTART_MCUS */
+    int fast;      /* try the bit-copying rewrite first (same tables) */
     int status; /* OK, ERR_JPEG, ERR_TRUNCATED, or -1: nothing to do */
     char message[JMSG_LENGTH_MAX];
 } Transcode;
+
+int fast_restarts(const unsigned char *s, size_t len, long interval, unsigned char **out,
+                  size_t *out_len); /* _restarts.c */
 
 static void add_restarts_nogil(Transcode *t) {
     struct jpeg_decompress_struct in;
@@ -680,10 +1040,25 @@ static void add_restarts_nogil(Transcode *t) {
     jpeg_saved_marker_ptr mk;
     Layout L;
     int i;
+    if (t->fast) { /* the bit-copying rewrite (_restarts.c); libjpeg below for the rest */
+        unsigned char *o;
+        size_t olen;
+        if (fast_restarts(t->src, t->len, t->interval != 0 ? t->interval : RESTART_MCUS, &o,
+                          &olen) == 1) {
+            t->out = o;
+            t->out_len = (unsigned long)olen;
+            t->status = OK;
+            return;
+        }
+    }
     setup_errors(&in, &err_in, t->message);
     out.err = &err_in.pub; /* one error manager: the compressor's errors jump too */
     jpeg_create_decompress(&in);
     jpeg_create_compress(&out);
+    /* The rewrite buffers every coefficient of the image: a header claiming a huge image
+       (a few hundred bytes can claim 65500 x 65500, 25 GB of coefficients) must fail
+       with "insufficient memory", not allocate and zero it all. */
+    in.mem->max_memory_to_use = TRANSCODE_MAX_MEMORY;
     t->out = NULL;
     t->out_len = 0;
     if (setjmp(err_in.jump)) {
@@ -755,10 +1130,12 @@ static PyObject *py_add_restarts(PyObject *self, PyObject *args) {
     PyObject *res;
     (void)self;
     long interval = 0;
-    if (!PyArg_ParseTuple(args, "y*|l", &src, &interval))
+    int fast = 1;
+    if (!PyArg_ParseTuple(args, "y*|lp", &src, &interval, &fast))
         return NULL;
     memset(&t, 0, sizeof(t));
     t.interval = interval;
+    t.fast = fast;
     t.src = (const unsigned char *)src.buf;
     t.len = (size_t)src.len;
     Py_BEGIN_ALLOW_THREADS
@@ -789,8 +1166,9 @@ static PyMethodDef methods[] = {
     {"gather", py_gather, METH_VARARGS,
      "gather(src, src_offsets, lengths, dst, dst_offsets): copy int64-described byte ranges"},
     {"decode_region", py_decode_region, METH_VARARGS,
-     "decode_region(src, out, top, left, height, width, scale_num, pixel_size=3) -> "
-     "(y0, x0, rows, cols, scaled_height, scaled_width)"},
+     "decode_region(src, out, top, left, height, width, scale_num, pixel_size=3, "
+     "orientation=1) -> (y0, x0, rows, cols, scaled_height, scaled_width, height, width), "
+     "all in the upright image"},
     {"header", py_header, METH_VARARGS, "header(src) -> (height, width, components)"},
     {"to_chw", py_to_chw, METH_VARARGS,
      "to_chw(src, offset, row_stride, height, width, dst, dst_offset, flip_h, flip_v, "
@@ -804,6 +1182,22 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_jpeg",
 PyMODINIT_FUNC PyInit__jpeg(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
+    if (MappedFileError == NULL) {
+        MappedFileError = PyErr_NewExceptionWithDoc(
+            "dlpack_io.reader._jpeg.MappedFileError",
+            "A memory-mapped source changed under a read (SIGBUS): truncated or rewritten.",
+            PyExc_ValueError, NULL);
+        if (MappedFileError == NULL || install_sigbus_handler() != 0) {
+            Py_DECREF(m);
+            return MappedFileError == NULL ? NULL : PyErr_SetFromErrno(PyExc_OSError);
+        }
+    }
+    Py_INCREF(MappedFileError);
+    if (PyModule_AddObject(m, "MappedFileError", MappedFileError) < 0) {
+        Py_DECREF(MappedFileError);
+        Py_DECREF(m);
+        return NULL;
+    }
     PyModule_AddIntConstant(m, "LIBJPEG_TURBO_VERSION_NUMBER",
 #ifdef LIBJPEG_TURBO_VERSION_NUMBER
                             LIBJPEG_TURBO_VERSION_NUMBER

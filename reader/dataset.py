@@ -8,26 +8,82 @@ import numpy as np
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.decode import decode_record
 from dlpack_io.reader.manifest import load_manifest
-from dlpack_io.reader.shard import open_shard
+from dlpack_io.reader.shard import guarded_array, open_shard
+from dlpack_io.reader.urls import is_remote
 
 
 class Dataset:
     """A packed data set (record or LMDB, jpeg or raw mode), opened lazily.
 
-    Only the manifest is read at construction; shards open on first use in each process,
-    so a Dataset can be handed to torch's DataLoader workers. ``ds[i]`` returns
-    ``(HWC uint8 ndarray, int label)``; ``ds.classes`` lists the class names.
+    Construction reads the manifest and each shard's header (LMDB: its checked B-tree) to
+    check every record count the manifest claims; the index and data open on first use in
+    each process, so a Dataset can be handed to torch's DataLoader workers. ``ds[i]``
+    returns ``(HWC uint8 ndarray, int label)``; ``ds.classes`` lists the class names (empty
+    for a data set packed with ``--no-labels``, whose labels are all -1).
+
+    ``max_pixels``: a shard holding a record of more pixels (height x width) than this is
+    refused when it opens, before anything is sized from the record (default
+    ``format.DEFAULT_MAX_PIXELS``, the default of ``dlpack convert --max-pixels``).
     """
 
-    def __init__(self, path, *, verify_checksums: bool = False):
-        self.path = os.fspath(path)
-        self.manifest = load_manifest(self.path)
+    def __init__(self, path, *, verify_checksums: bool = False,
+                 max_pixels: int = fmt.DEFAULT_MAX_PIXELS, cache_dir=None, cache_limit=None,
+                 storage_options=None, fetch_mode=None, _attach=None):
+        self.path = path if is_remote(path) else os.fspath(path)
+        self.verify_checksums = verify_checksums
+        if not isinstance(max_pixels, int) or max_pixels < 1:
+            raise ValueError(f"max_pixels {max_pixels!r}: expected a positive integer")
+        self.max_pixels = max_pixels
+        self._remote = None
+        if is_remote(self.path):  # s3://: see reader/remote.py and docs/remote.md
+            from dlpack_io.reader.remote import open_remote
+
+            self._remote = open_remote(self.path, cache_dir=cache_dir, cache_limit=cache_limit,
+                                       storage_options=storage_options, fetch_mode=fetch_mode,
+                                       attach=_attach, max_pixels=max_pixels)
+            self.manifest = self._remote.manifest
+        else:
+            self.manifest = load_manifest(self.path)
         self.classes = list(self.manifest["classes"])
         self.format = self.manifest["format"]
         self.mode = self.manifest["mode"]
-        self.verify_checksums = verify_checksums
-        self.shards = [open_shard(self.path, e, self.format) for e in self.manifest["shards"]]
+        self.shards = self._remote.shards if self._remote else \
+            [open_shard(self.path, e, self.format, num_classes=len(self.classes),
+                        max_pixels=max_pixels) for e in self.manifest["shards"]]
+        self._check_counts()
         self._starts = np.array([e["first_sample"] for e in self.manifest["shards"]], dtype=np.int64)
+
+    def _check_counts(self) -> None:
+        """Every shard holds the records the manifest says, before anything (a Loader's
+        epoch order, say) is sized from the manifest's counts."""
+        for shard, entry in zip(self.shards, self.manifest["shards"]):
+            held = shard.record_count()
+            if held != entry["num_samples"]:
+                raise fmt.FormatError(f"{shard.path}: holds {held} records, the manifest "
+                                      f"says {entry['num_samples']}: the data set is damaged "
+                                      f"or its files are mixed up")
+
+    def check_unchanged(self, shard_ids=None) -> None:
+        """Raise ShardChangedError (a FormatError) naming the shard if any of ``shard_ids``
+        (default: all) changed on disk since this process mapped it. Two system calls per
+        shard opened in this process; meant to run once per batch."""
+        ids = range(len(self.shards)) if shard_ids is None else np.unique(np.asarray(shard_ids))
+        for k in ids:
+            self.shards[int(k)].check_unchanged()
+
+    def start_prefetch(self, batches, *, mode=None):
+        """Start fetching the records of ``batches`` (int64 arrays of sample indices, this
+        rank's upcoming batches in order) into the local cache; returns a Prefetch with
+        ``wait(k)``, ``ready(k)``, ``release(k)``, ``close()``, or None for a data set on
+        local disk (nothing to fetch)."""
+        if self._remote is None:
+            return None
+        return self._remote.start_prefetch(self, batches, mode=mode)
+
+    def close(self) -> None:
+        """Release what a remote data set holds (cache session, prefetch threads)."""
+        if self._remote is not None:
+            self._remote.close()
 
     def __len__(self) -> int:
         return self.manifest["num_samples"]
@@ -68,6 +124,15 @@ class Dataset:
                                   f"manifest says {self.manifest['shards'][k]['num_samples']}")
         return index
 
+    @property
+    def labels(self) -> np.ndarray:
+        """The label of every sample, in sample order (int64 array; reads only the index
+        tables, never a payload)."""
+        if not len(self.shards):
+            return np.zeros(0, dtype=np.int64)
+        return np.concatenate([self._checked_index(k)["label"].astype(np.int64)
+                               for k in range(len(self.shards))])
+
     def where(self, i: int) -> str:
         """Human-readable location of sample ``i`` for error messages."""
         k, j = self.locate(i)
@@ -86,21 +151,28 @@ class Dataset:
     def __getitem__(self, i: int):
         payload, entry = self.record(i)
         try:
-            pixels = decode_record(payload, entry, "record")
+            if entry["kind"] == fmt.KIND_RAW:  # size checked at open; copied under the guard
+                pixels = guarded_array(payload).reshape(int(entry["height"]), int(entry["width"]), 3)
+            else:
+                pixels = decode_record(payload, entry, "record")
         except fmt.FormatError as exc:  # name the place only on failure: not on the hot path
             raise fmt.FormatError(str(exc).replace("record", self.where(i), 1)) from None
+        except ValueError as exc:  # MappedFileError: the shard changed under the map
+            raise fmt.FormatError(f"{self.where(i)}: {exc}") from None
         return pixels, int(entry["label"])
 
-    def start_prefetch(self, batches, *, mode=None):
-        """Fetch ahead for the Loader (remote data sets); a local data set needs nothing
-        and returns None. ``batches``: the rank's upcoming batches of sample indices."""
-        return None
-
     def __getstate__(self):
-        return {"path": self.path, "verify_checksums": self.verify_checksums}
+        state = {"path": self.path, "verify_checksums": self.verify_checksums,
+                 "max_pixels": self.max_pixels}
+        if self._remote is not None:
+            state["remote"] = self._remote.attach_state()
+        return state
 
     def __setstate__(self, state):
-        self.__init__(state["path"], verify_checksums=state["verify_checksums"])
+        # a spawned worker of a remote data set attaches to the owner's cache session
+        self.__init__(state["path"], verify_checksums=state["verify_checksums"],
+                      max_pixels=state.get("max_pixels", fmt.DEFAULT_MAX_PIXELS),
+                      _attach=state.get("remote"))
 
     def __repr__(self) -> str:
         return (f"Dataset({self.path!r}: {len(self)} samples, {len(self.classes)} classes, "

@@ -6,23 +6,34 @@ import io
 import numpy as np
 
 from dlpack_io.reader import format as fmt
+from dlpack_io.reader.safeio import guarded_array
 
-
-def decode_jpeg(payload, where: str = "record") -> np.ndarray:
-    """Decode JPEG bytes to an HWC uint8 RGB array (a fresh, writable array)."""
+def decode_jpeg(payload, where: str = "record", orientation: int = 1,
+                max_pixels: int | None = None) -> np.ndarray:
+    """Decode JPEG bytes to an HWC uint8 RGB array (a fresh, writable array) with PIL:
+    converted to RGB and turned upright by ``orientation`` (EXIF 1..8) as Pillow's
+    ``ImageOps.exif_transpose(img).convert("RGB")`` does; refuse, before decoding, a
+    header claiming more than ``max_pixels`` pixels."""
     from PIL import Image
+
+    from dlpack_io.reader.jpegdecode import EXIF_TRANSPOSE
 
     try:
         img = Image.open(io.BytesIO(payload))
+        if max_pixels is not None and img.width * img.height > max_pixels:
+            raise ValueError(f"the JPEG header claims {img.width} x {img.height} pixels, more "
+                             f"than the {max_pixels} its index entry allows")
         img.load()
     except Exception as exc:
         raise fmt.FormatError(f"{where}: cannot decode JPEG payload ({exc})") from None
     if img.mode != "RGB":
         img = img.convert("RGB")
+    if orientation != 1:
+        img = img.transpose(getattr(Image.Transpose, EXIF_TRANSPOSE[orientation]))
     return np.asarray(img)
 
 
-def _decode_jpeg_fast(payload, h: int, w: int, where: str):
+def _decode_jpeg_fast(payload, h: int, w: int, orientation: int, where: str):
     """Full decode with the C region decoder (same pixels as PIL), or None without it."""
     from dlpack_io.reader import jpegdecode
 
@@ -30,7 +41,8 @@ def _decode_jpeg_fast(payload, h: int, w: int, where: str):
         return None
     out = np.empty((h, w, 3), dtype=np.uint8)
     try:
-        region = jpegdecode.decode_region(payload, (0, 0, h, w), 8, out.reshape(-1))
+        region = jpegdecode.decode_region(payload, (0, 0, h, w), 8, out.reshape(-1),
+                                          orientation=orientation)
     except ValueError as exc:
         raise fmt.FormatError(f"{where}: cannot decode JPEG payload ({exc})") from None
     if region.pixels.shape[:2] != (h, w):
@@ -40,17 +52,21 @@ def _decode_jpeg_fast(payload, h: int, w: int, where: str):
 
 
 def decode_record(payload, entry, where: str = "record") -> np.ndarray:
-    """Pixels of one record given its index ``entry`` (a row of INDEX_DTYPE)."""
+    """Pixels of one record given its index ``entry`` (a row of INDEX_DTYPE): upright RGB,
+    the EXIF orientation and colour conversion applied as the index says."""
     h, w, c = int(entry["height"]), int(entry["width"]), int(entry["channels"])
-    if entry["kind"] == fmt.KIND_RAW:
-        return np.frombuffer(payload, dtype=np.uint8).reshape(h, w, c).copy()
+    if entry["kind"] == fmt.KIND_RAW:  # copied under the SIGBUS guard (a mapped shard)
+        return guarded_array(payload).reshape(h, w, c)
     if entry["kind"] != fmt.KIND_JPEG:
         raise fmt.FormatError(f"{where}: unknown record kind {int(entry['kind'])}")
+    orientation = int(entry["orientation"])
+    if not 1 <= orientation <= 8:
+        raise fmt.FormatError(f"{where}: EXIF orientation {orientation}, expected 1..8")
     if c == 3:
-        fast = _decode_jpeg_fast(payload, h, w, where)
+        fast = _decode_jpeg_fast(payload, h, w, orientation, where)
         if fast is not None:
             return fast
-    pixels = decode_jpeg(payload, where)
+    pixels = decode_jpeg(payload, where, orientation, max_pixels=h * w)  # no more than indexed
     if pixels.shape != (h, w, c):
         raise fmt.FormatError(f"{where}: decoded to {pixels.shape}, the index says {(h, w, c)}")
     return pixels

@@ -20,49 +20,38 @@ import collections
 
 import numpy as np
 
-JITTER_OPS = ("brightness", "contrast", "saturation", "hue")
-
-
-def epilogue_kwargs(spec, params, a: int | None = None, b: int | None = None,
-                    device=None) -> dict:
-    """Keyword arguments of the kernels' epilogue (normalise, jitter, cast) for rows [a, b)."""
-    import torch
-
-    kw = {"out_dtype": spec.dtype}
-    if spec.normalize is not None:
-        kw["mean"], kw["std"] = spec.normalize.mean, spec.normalize.std
-    if params.jitter is not None:
-        rows = slice(a, b)
-        factors = torch.from_numpy(np.ascontiguousarray(params.jitter[rows]))
-        order = torch.from_numpy(np.ascontiguousarray(params.order[rows]))
-        for j, name in enumerate(JITTER_OPS):
-            if spec.jitter.ranges[j] is not None:
-                kw[name] = factors[:, j].to(device) if device is not None else factors[:, j]
-        kw["jitter_order"] = order.to(device) if device is not None else order
-    return kw
+JITTER_OPS = ("brightness", "contrast", "saturation", "hue")  # = kernels.records.JITTER_OPS
 
 
 def run_kernel(meta, data, spec, *, validate: bool):
-    """The fused kernel over a gathered batch ``data`` (a uint8 tensor on its device)."""
+    """The fused kernel over a gathered batch ``data`` (the copied buffer on its device:
+    pixels, then the per-sample records); returns (images, labels) on that device."""
     import torch
 
     from dlpack_io import kernels
+    from dlpack_io.kernels import records
 
-    if not len(meta.labels):  # every sample skipped (on_error="skip")
-        return torch.empty((0, 3, *meta.out_size), dtype=spec.dtype, device=data.device)
-    geo = torch.from_numpy(meta.geometry).to(data.device, non_blocking=True)
-    top, left, bh, bw, fh, fv, off, hs, ws = geo.unbind(1)
-    fh, fv = fh.to(torch.uint8), fv.to(torch.uint8)
-    norm = dict(epilogue_kwargs(spec, meta, device=data.device), validate=validate)
+    n = len(meta.labels)
+    if not n:  # every sample skipped (on_error="skip")
+        empty = torch.empty((0, 3, *meta.out_size), dtype=spec.dtype, device=data.device)
+        return empty, torch.empty(0, dtype=torch.int64, device=data.device)
+    recs = records.records_view(data, meta.records_offset, n)
+    kw = dict(out_dtype=spec.dtype, validate=validate,
+              jitter=tuple(name for name, r in zip(JITTER_OPS, spec.jitter.ranges)
+                           if r is not None) if spec.jitter is not None else ())
+    if spec.normalize is not None:
+        kw["mean"], kw["std"] = spec.normalize.mean, spec.normalize.std
     if meta.dense_shape is not None:
-        images = data[:meta.nbytes].view(meta.dense_shape)
+        images = data[:meta.records_offset].view(-1)[:int(np.prod(meta.dense_shape))]
+        images = images.view(meta.dense_shape)
         if not meta.resize:
-            oh, ow = meta.out_size
-            return kernels.crop_flip_permute(images, top, left, oh, ow, fh, fv, **norm)
-        return kernels.resized_crop(images, geo[:, 0:4], meta.out_size, fh, fv,
-                                    antialias=True, **norm)
-    return kernels.resized_crop(data, geo[:, 0:4], meta.out_size, fh, fv, offsets=off,
-                                heights=hs, widths=ws, channels=3, antialias=True, **norm)
+            out = kernels.crop_flip_permute_packed(images, recs, *meta.out_size, **kw)
+        else:
+            out = kernels.resized_crop_packed(images, recs, meta.out_size, antialias=True, **kw)
+    else:
+        out = kernels.resized_crop_packed(data, recs, meta.out_size, channels=3,
+                                          antialias=True, **kw)
+    return out, records.labels_of(recs).contiguous()
 
 
 class _Copies:
@@ -169,16 +158,14 @@ class DeviceFinisher:
             self._pinned = pin_host_memory(buffers)
 
     def stage(self, hb) -> None:
-        """Start the host->device copy of ``hb`` (no-op when it has started)."""
-        import torch
-
-        self._copies.stage(id(hb), hb, [hb.data, torch.from_numpy(hb.meta.labels)])
+        """Start the one host->device copy of ``hb`` (no-op when it has started)."""
+        self._copies.stage(id(hb), hb, [hb.data])
 
     def finish(self, hb):
         """(images, labels) of ``hb`` on the device; its buffer is released after the copy."""
         self.stage(hb)
-        (data, labels), event = self._copies.take(id(hb))
-        images = run_kernel(hb.meta, data, self.spec, validate=not self._copies.cuda)
+        (data,), event = self._copies.take(id(hb))
+        images, labels = run_kernel(hb.meta, data, self.spec, validate=not self._copies.cuda)
         self._copies.done_with(event, hb.release)  # on the CPU the kernel has read it by now
         return images, labels
 

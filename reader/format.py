@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 MAGIC = b"DLPKSHRD"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2     # 2: index entries carry orientation + colour (was "reserved" in 1)
 HEADER_SIZE = 4096
 RECORD_ALIGN = 64
 MANIFEST_NAME = "manifest.json"
@@ -46,8 +46,14 @@ SHARD_SUFFIX = {"record": ".rec", "lmdb": ".lmdb"}
 _SHARD_NAME_RE = re.compile(r"^shard-\d{5,}\.(rec|lmdb)$")
 
 # Record kinds stored in INDEX_DTYPE["kind"].
-KIND_JPEG = 0   # payload is a complete JPEG file (baseline or progressive), RGB
+KIND_JPEG = 0   # payload is a complete JPEG file (baseline or progressive, any colour)
 KIND_RAW = 1    # payload is height*width*channels uint8 pixels, HWC, row-major
+
+# INDEX_DTYPE["colour"]: how a JPEG record's pixels are stored (all decode to RGB; raw: 0).
+COLOUR_YCC = 0    # 3 components: YCbCr (or RGB by Adobe marker): decoded as is
+COLOUR_GRAY = 1   # 1 component: grey replicated to R = G = B
+COLOUR_CMYK = 2   # 4 components (CMYK or YCCK, Adobe-inverted): Pillow's CMYK -> RGB
+COLOURS = (COLOUR_YCC, COLOUR_GRAY, COLOUR_CMYK)
 
 # magic, version, header_size, num_records, data_offset, data_size, index_offset,
 # index_size, meta_offset, meta_size, record_align, index_entry_size, index_crc,
@@ -63,7 +69,8 @@ INDEX_DTYPE = np.dtype([
     ("width", "<u4"),     # image width in pixels
     ("channels", "u1"),   # 3 (every record decodes to RGB)
     ("kind", "u1"),       # KIND_JPEG or KIND_RAW
-    ("reserved", "<u2"),  # zero
+    ("orientation", "u1"),  # EXIF orientation 1..8 the reader applies (1: upright; raw: 1)
+    ("colour", "u1"),     # COLOUR_* of a JPEG record's stored pixels (raw: 0)
 ])
 INDEX_ENTRY_SIZE = INDEX_DTYPE.itemsize  # 32
 
@@ -73,6 +80,24 @@ INDEX_ENTRY_SIZE = INDEX_DTYPE.itemsize  # 32
 # magic, version, counts and the index CRC instead.
 LMDB_INDEX_KEY = b"__index__"
 LMDB_META_KEY = b"__meta__"
+
+# Limits a reader applies to data it did not make (docs/FORMAT.md, "Limits"). Every record
+# is checked against them when its shard is opened, before anything is sized from it.
+MAX_SIDE = 65535                  # largest height or width: the JPEG format's own maximum
+DEFAULT_MAX_PIXELS = 89_478_485   # height x width; Pillow's decompression-bomb warning level,
+#                                   also the default of `dlpack convert --max-pixels`
+MAX_MANIFEST_BYTES = 256 * 2**20  # a manifest is read whole; larger ones are refused
+MAX_JSON_INT = 2**63 - 1          # counts, sizes and offsets in JSON must fit in int64
+
+
+def version_error(where: str, version) -> str:
+    """The message for a data set of another format version: what to do about it."""
+    if isinstance(version, int) and version < FORMAT_VERSION:
+        return (f"{where}: format version {version}, this dlpack reads version "
+                f"{FORMAT_VERSION} (version 2 added EXIF orientation and colour to the index); "
+                f"re-pack it with this dlpack: dlpack convert SRC DST --overwrite")
+    return (f"{where}: format version {version}, this dlpack reads version {FORMAT_VERSION}; "
+            f"upgrade dlpack (pip install -U dlpack-io) to read it")
 
 
 class FormatError(Exception):
@@ -156,21 +181,21 @@ def unpack_header(page, file_size: int, where: str) -> ShardHeader:
     if actual_crc != header_crc:
         raise FormatError(f"{where}: header checksum mismatch (stored {header_crc:#010x}, "
                           f"computed {actual_crc:#010x}): the header page is damaged")
-    if any(bytes(page[HEADER_STRUCT.size:HEADER_SIZE])):
+    if bytes(page[HEADER_STRUCT.size:HEADER_SIZE]).count(0) != HEADER_SIZE - HEADER_STRUCT.size:
         raise FormatError(f"{where}: header padding (bytes {HEADER_STRUCT.size}.."
                           f"{HEADER_SIZE - 1}) is not zero: the header page is damaged")
     if version != FORMAT_VERSION:
-        raise FormatError(f"{where}: format version {version}, this dlpack reads version "
-                          f"{FORMAT_VERSION}; upgrade dlpack or re-pack the data set")
-    expected = (HEADER_SIZE, HEADER_SIZE, data_off + data_size, n * INDEX_ENTRY_SIZE,
-                index_off + index_size, RECORD_ALIGN, INDEX_ENTRY_SIZE, file_size)
-    found = (header_size, data_off, index_off, index_size, meta_off, align, entry_size,
-             meta_off + meta_size)
-    if expected != found:
-        raise FormatError(f"{where}: section layout {found} does not match the header's own "
-                          f"counts {expected} (header_size, data_offset, index_offset, "
-                          f"index_size, meta_offset, align, entry_size, file end); the "
-                          f"shard is truncated or damaged")
+        raise FormatError(version_error(where, version))
+    layout = (("header_size", header_size, HEADER_SIZE), ("data_offset", data_off, HEADER_SIZE),
+              ("index_offset", index_off, data_off + data_size),
+              ("index_size", index_size, n * INDEX_ENTRY_SIZE),
+              ("meta_offset", meta_off, index_off + index_size), ("record_align", align, RECORD_ALIGN),
+              ("index_entry_size", entry_size, INDEX_ENTRY_SIZE),
+              ("end of the metadata", meta_off + meta_size, file_size))
+    for name, found, expected in layout:
+        if found != expected:
+            raise FormatError(f"{where}: header says {name} = {found}, the layout requires "
+                              f"{expected} (file size {file_size}); the shard is truncated or damaged")
     return ShardHeader(n, data_off, data_size, index_off, index_size, meta_off, meta_size,
                        index_crc, meta_crc, header_crc)
 
@@ -183,28 +208,37 @@ def index_from_buffer(buffer, num_records: int, where: str) -> np.ndarray:
     return np.frombuffer(buffer, dtype=INDEX_DTYPE, count=num_records)
 
 
-def check_index_bounds(index: np.ndarray, data_offset: int, data_end: int, where: str) -> None:
-    """Raise FormatError unless every record lies inside [data_offset, data_end).
+def record_offsets(lengths: np.ndarray, data_offset: int = HEADER_SIZE) -> tuple[np.ndarray, int]:
+    """Where the records of a record shard must start, and where its data section ends.
 
-    Called once when a shard is opened, so later reads can slice without bounds checks.
+    Records are stored back to back in index order, each padded with zeros to the next
+    multiple of RECORD_ALIGN: offset[0] = data_offset, offset[i+1] = align_up(offset[i] +
+    length[i]), data end = align_up(end of the last record). Exact for any u32 lengths
+    (uint64 arithmetic; a u64 sum of 2^32 entries of < 2^33 bytes cannot wrap).
     """
-    if len(index) == 0:
-        return
-    start = index["offset"].astype(np.uint64)
-    end = start + index["length"].astype(np.uint64)
-    bad = np.flatnonzero((start < data_offset) | (end > data_end) | (start > end))
+    padded = (lengths.astype(np.uint64) + np.uint64(RECORD_ALIGN - 1)) // np.uint64(RECORD_ALIGN) \
+        * np.uint64(RECORD_ALIGN)
+    ends = np.cumsum(padded, dtype=np.uint64) + np.uint64(data_offset)
+    starts = np.empty_like(ends)
+    if len(ends):
+        starts[0] = data_offset
+        starts[1:] = ends[:-1]
+    return starts, int(ends[-1]) if len(ends) else data_offset
+
+
+def check_index_fields(index: np.ndarray, where: str) -> None:
+    """Raise FormatError unless every entry's kind, orientation and colour are known."""
+    jpeg = index["kind"] == KIND_JPEG
+    bad = np.flatnonzero(~jpeg & (index["kind"] != KIND_RAW)
+                         | (index["orientation"] < 1) | (index["orientation"] > 8)
+                         | (~jpeg & (index["orientation"] != 1))
+                         | (index["colour"] > max(COLOURS)) | (~jpeg & (index["colour"] != 0)))
     if bad.size:
         i = int(bad[0])
-        raise FormatError(f"{where}: record {i} spans [{int(start[i])}, {int(end[i])}) outside "
-                          f"the data section [{data_offset}, {data_end})")
-    raw = index["kind"] == KIND_RAW
-    need = (index["height"].astype(np.uint64) * index["width"] * index["channels"])
-    bad = np.flatnonzero(raw & (need != index["length"]))
-    if bad.size:
-        i = int(bad[0])
-        raise FormatError(f"{where}: raw record {i} is {int(index['length'][i])} bytes but "
-                          f"{int(index['height'][i])}x{int(index['width'][i])}x"
-                          f"{int(index['channels'][i])} pixels need {int(need[i])}")
+        raise FormatError(f"{where}: record {i} has kind {int(index['kind'][i])}, orientation "
+                          f"{int(index['orientation'][i])}, colour {int(index['colour'][i])}; "
+                          f"expected kind 0 (JPEG, orientation 1..8, colour 0..2) or 1 (raw, "
+                          f"orientation 1, colour 0)")
 
 
 def encode_meta(meta: dict) -> bytes:
@@ -216,7 +250,9 @@ def decode_json(data, where: str) -> dict:
     """Parse UTF-8 JSON that must be an object, raising FormatError naming ``where``."""
     try:
         value = json.loads(bytes(data).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except RecursionError:  # hostile nesting depth: a clean error, not a parser crash
+        raise FormatError(f"{where}: JSON nested too deeply to parse: not a dlpack file") from None
+    except ValueError as exc:  # bad UTF-8 or JSON, or an integer beyond Python's digit limit
         raise FormatError(f"{where}: not valid UTF-8 JSON ({exc})") from None
     if not isinstance(value, dict):
         raise FormatError(f"{where}: expected a JSON object, found {type(value).__name__}")
@@ -249,7 +285,7 @@ def lmdb_meta(num_records: int, index_crc: int, shard_meta: dict) -> dict:
 MANIFEST_FIELDS = {
     "kind": str, "version": int, "format": str, "mode": str, "num_samples": int,
     "num_bytes": int, "classes": list, "class_counts": list, "shards": list,
-    "options": dict, "source": dict, "rejects": list, "reencoded": dict,
+    "options": dict, "source": dict, "rejects": list, "reencoded": dict, "lossless": dict,
     "created": dict, "checksum": int,
 }
 SHARD_ENTRY_FIELDS = {"name": str, "num_samples": int, "first_sample": int, "bytes": int,
@@ -266,8 +302,43 @@ def _check_fields(obj: dict, fields: dict, where: str) -> None:
         if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
             raise FormatError(f"{where}: field {key!r} is {type(value).__name__} "
                               f"{value!r:.60}, expected {typ.__name__}")
-        if typ is int and value < 0:
-            raise FormatError(f"{where}: field {key!r} is negative ({value})")
+        if typ is int and not 0 <= value <= MAX_JSON_INT:
+            raise FormatError(f"{where}: field {key!r} is {'negative' if value < 0 else 'too large'}"
+                              f" ({str(value)[:40]}), expected 0..{MAX_JSON_INT}")
+
+
+def _check_list(values, typ, where: str, what: str) -> None:
+    for i, value in enumerate(values):
+        if not isinstance(value, typ) or isinstance(value, bool) or \
+                (typ is int and not 0 <= value <= MAX_JSON_INT):
+            raise FormatError(f"{where}: {what}[{i}] is {type(value).__name__} {value!r:.60}, "
+                              f"expected a {'count' if typ is int else 'string'}")
+
+
+def _check_details(manifest: dict, where: str) -> None:
+    """The parts of a manifest that tools print: shapes a crafted file could get wrong."""
+    classes, counts = manifest["classes"], manifest["class_counts"]
+    _check_list(classes, str, where, "classes")
+    _check_list(counts, int, where, "class_counts")
+    if len(classes) != len(counts):
+        raise FormatError(f"{where}: {len(classes)} classes but {len(counts)} class counts; "
+                          f"expected one count per class")
+    if classes and sum(counts) != manifest["num_samples"]:
+        raise FormatError(f"{where}: class counts add up to {sum(counts)}, num_samples says "
+                          f"{manifest['num_samples']}")
+    source = manifest["source"]
+    if not isinstance(source.get("num_inputs", 0), int) or \
+            any(not isinstance(source.get(k), (str, type(None))) for k in ("root", "list")):
+        raise FormatError(f"{where}: source must hold root and list (text or null) and "
+                          f"num_inputs (a count)")
+    for i, reject in enumerate(manifest["rejects"]):
+        if not isinstance(reject, dict) or not isinstance(reject.get("path"), str) or \
+                not isinstance(reject.get("reason"), str):
+            raise FormatError(f"{where}: rejects[{i}] is not a {{path, reason}} pair of texts")
+    _check_list(manifest["reencoded"].values(), int, where, "reencoded")
+    names = [s["name"] for s in manifest["shards"]]
+    if len(set(names)) != len(names):
+        raise FormatError(f"{where}: a shard file is listed twice; each must appear once")
 
 
 def validate_manifest(manifest: dict, where: str) -> dict:
@@ -280,21 +351,27 @@ def validate_manifest(manifest: dict, where: str) -> dict:
     if manifest["kind"] != MANIFEST_KIND:
         raise FormatError(f"{where}: kind is {manifest['kind']!r}, expected {MANIFEST_KIND!r}")
     if manifest["version"] != FORMAT_VERSION:
-        raise FormatError(f"{where}: format version {manifest['version']}, this dlpack reads "
-                          f"version {FORMAT_VERSION}; upgrade dlpack or re-pack the data set")
-    computed = manifest_checksum(manifest)
+        raise FormatError(version_error(where, manifest["version"]))
+    try:
+        computed = manifest_checksum(manifest)
+    except (RecursionError, ValueError) as exc:
+        raise FormatError(f"{where}: cannot re-encode the manifest to check its checksum "
+                          f"({type(exc).__name__}): nested too deeply or damaged") from None
     if computed != manifest["checksum"]:
         raise FormatError(f"{where}: manifest checksum mismatch (stored {manifest['checksum']:#x}, "
                           f"computed {computed:#x}): the manifest was edited or damaged")
     if manifest["format"] not in FORMATS or manifest["mode"] not in MODES:
-        raise FormatError(f"{where}: format/mode {manifest['format']!r}/{manifest['mode']!r} "
-                          f"not in {FORMATS}/{MODES}")
+        raise FormatError(f"{where}: format {manifest['format']!r:.40} / mode "
+                          f"{manifest['mode']!r:.40}: expected format {' or '.join(FORMATS)} "
+                          f"and mode {' or '.join(MODES)}")
     expected_first = 0
     for k, shard in enumerate(manifest["shards"]):
         entry_where = f"{where}: shards[{k}]"
         if not isinstance(shard, dict):
             raise FormatError(f"{entry_where}: expected an object")
         _check_fields(shard, SHARD_ENTRY_FIELDS, entry_where)
+        if shard["crc"] > 0xFFFFFFFF:
+            raise FormatError(f"{entry_where}: crc {shard['crc']} is not a 32-bit checksum")
         check_shard_name(shard["name"], entry_where)
         if not shard["name"].endswith(SHARD_SUFFIX[manifest["format"]]):
             raise FormatError(f"{entry_where}: {shard['name']!r} is not a {manifest['format']} shard")
@@ -305,7 +382,5 @@ def validate_manifest(manifest: dict, where: str) -> dict:
     if expected_first != manifest["num_samples"]:
         raise FormatError(f"{where}: shards hold {expected_first} samples, num_samples says "
                           f"{manifest['num_samples']}")
-    classes, counts = manifest["classes"], manifest["class_counts"]
-    if len(classes) != len(counts) or not all(isinstance(c, str) for c in classes):
-        raise FormatError(f"{where}: classes must be strings, one count per class")
+    _check_details(manifest, where)
     return manifest

@@ -21,10 +21,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dlpack_io.kernels.records import (FLIP_H, FLIP_V, IDENTITY_ORDER, JITTER_OPS, RECORD_ALIGN,
+                                       RECORD_BYTES, host_records)
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader import jpegdecode
-from dlpack_io.reader.batchplan import BatchPlan, TransformSpec, sample_error
+from dlpack_io.reader.batchplan import NEUTRAL_JITTER, BatchPlan, TransformSpec, sample_error
 from dlpack_io.reader.decode import decode_record
+from dlpack_io.reader.safeio import ShardChangedError, guarded_array
 from dlpack_io.reader.skips import check_record_crc, skipped_from
 
 
@@ -54,9 +57,13 @@ class Scratch:
 
 
 def _record(ctx: BuildContext, plan: BatchPlan, pos: int):
+    """Record ``pos``'s payload: a zero-copy view of the mapped shard, or with ``verify`` a
+    checked copy (the CRC is computed on a copy made under the SIGBUS guard, so a shard
+    truncated under the read is an error naming it, not a crash)."""
     shard = ctx.dataset.shards[plan.shard_ids[pos]]
     payload = shard.payload(int(plan.local[pos]))
     if ctx.verify:
+        payload = guarded_array(payload)
         check_record_crc(payload, plan.entries[pos], shard.path)
     return payload
 
@@ -103,10 +110,12 @@ def _fill_jpeg(ctx, payload, entry, pos, fh, fv, params, out, offset, scratch) -
         exact = None if params.exact is None else params.exact[pos]
         window = box if exact is None else params.windows[pos]
         resized = jpegdecode.decode_resized(payload, window, (oh, ow), buf,
-                                            ctx.spec.reduced_decode, exact_box=exact)
+                                            ctx.spec.reduced_decode, exact_box=exact,
+                                            orientation=int(entry["orientation"]))
         jpegdecode.to_chw_array(resized, out, offset, fh, fv)
         return
-    region = jpegdecode.decode_region(payload, box, 8, buf)
+    region = jpegdecode.decode_region(payload, box, 8, buf,
+                                      orientation=int(entry["orientation"]))
     top, left = int(box[0]) - region.y0, int(box[1]) - region.x0
     cols = region.pixels.shape[1]
     jpegdecode.to_chw(region.pixels, (top * cols + left) * 3, cols * 3, oh, ow, out, offset,
@@ -125,9 +134,11 @@ def fill_sample(ctx, plan: BatchPlan, pos: int, epoch: int, flat, offset, scratc
         pixels = user_pixels(ctx, plan, pos, epoch, payload)
         _fill_pixels(pixels, pos, fh, fv, params, flat, offset)
     elif kind == fmt.KIND_RAW:
-        pixels = np.frombuffer(payload, dtype=np.uint8).reshape(int(entry["height"]),
-                                                                int(entry["width"]), 3)
-        _fill_pixels(pixels, pos, fh, fv, params, flat, offset)
+        # PIL's resize reads its input from Python-land memory: copy a mapped record under
+        # the SIGBUS guard first; a plain crop is read by the (guarded) C copy itself
+        raw = guarded_array(payload) if params.resize else np.frombuffer(payload, np.uint8)
+        _fill_pixels(raw.reshape(int(entry["height"]), int(entry["width"]), 3), pos, fh, fv,
+                     params, flat, offset)
     elif kind == fmt.KIND_JPEG:
         _fill_jpeg(ctx, payload, entry, pos, fh, fv, params, flat, offset, scratch)
     else:
@@ -182,19 +193,45 @@ def fill_range(ctx: BuildContext, plan: BatchPlan, a: int, b: int, epoch: int,
             skip_or_raise(ctx, plan.indices[pos], exc, failed, pos)
 
 
+def _shard_changed(exc: Exception) -> bool:
+    """True for a shard changed or truncated under the reader: not one bad sample, so
+    ``on_error="skip"`` must not skip it (every later read of that shard would fail too)."""
+    mapped = getattr(jpegdecode._jpeg, "MappedFileError", None)
+    return isinstance(exc, ShardChangedError) or (mapped is not None and isinstance(exc, mapped))
+
+
 def skip_or_raise(ctx: BuildContext, sample, exc: Exception, failed, pos: int) -> None:
-    """Raise the SampleError for ``sample``, or record it in ``failed`` when skipping."""
+    """Raise the SampleError for ``sample``, or record it in ``failed`` when skipping (a
+    shard that changed under the reader is always raised)."""
     error = sample_error(ctx.dataset, sample, exc)
-    if failed is None or not ctx.skip:
+    if failed is None or not ctx.skip or _shard_changed(exc):
         raise error from exc
     error.__cause__ = exc
     failed.append((pos, skipped_from(error)))
 
 
+def epilogue_kwargs(spec, params, a: int, b: int) -> dict:
+    """Keyword arguments of ``kernels.reference.epilogue`` (normalise, jitter, cast) for
+    rows [a, b) of a batch."""
+    import torch
+
+    kw = {"out_dtype": spec.dtype}
+    if spec.normalize is not None:
+        kw["mean"], kw["std"] = spec.normalize.mean, spec.normalize.std
+    if params.jitter is not None:
+        rows = slice(a, b)
+        factors = torch.from_numpy(np.ascontiguousarray(params.jitter[rows]))
+        order = torch.from_numpy(np.ascontiguousarray(params.order[rows]))
+        for j, name in enumerate(JITTER_OPS):
+            if spec.jitter.ranges[j] is not None:
+                kw[name] = factors[:, j]
+        kw["order"] = order
+    return kw
+
+
 def epilogue_rows(spec: TransformSpec, plan: BatchPlan, a: int, b: int, u8, out) -> None:
     """The shared epilogue (jitter, normalise, cast) of rows [a, b): uint8 ``u8`` -> ``out``
     (torch tensors of the batch shape); the kernels' torch reference does the maths."""
-    from dlpack_io.reader.devicefinish import epilogue_kwargs
     from dlpack_io.kernels import reference
 
     if a == b:
@@ -212,16 +249,17 @@ def split_ranges(n: int, parts: int) -> list[tuple[int, int]]:
 # ---- gathered layout: stored pixels for the device ------------------------------------
 @dataclass
 class GatherMeta:
-    """What the device finish needs besides the buffer (small, picklable)."""
+    """What the device finish needs besides the buffer (small, picklable). The buffer holds
+    the pixels, then (at ``records_offset``) one 64-byte record per sample with its box,
+    flips, ragged geometry, jitter factors and order, and label (``dlpack_io.kernels.records``),
+    so one copy carries the whole batch."""
 
-    labels: np.ndarray      # (N,) int64
-    geometry: np.ndarray    # (N, 9) int64: top, left, h, w, flip_h, flip_v, offset, height, width
-    jitter: np.ndarray | None   # (N, 4) float32 factors, or None
-    order: np.ndarray | None    # (N, 4) int8 jitter op order, or None
+    labels: np.ndarray      # (N,) int64 (also in the records)
     out_size: tuple
     resize: bool
     dense_shape: tuple | None  # (N, H, W, 3) for the dense layout, None for ragged
-    nbytes: int             # bytes of the buffer in use
+    records_offset: int     # byte offset of the records (8-byte aligned, after the pixels)
+    nbytes: int             # bytes of the buffer in use (pixels + records)
     indices: np.ndarray     # (N,) global indices of the samples in the buffer
     skipped: list           # Skipped entries of samples left out (on_error="skip")
 
@@ -235,19 +273,27 @@ def is_dense(entries, ctx: BuildContext) -> bool:
 
 
 def gather_bytes(entries) -> int:
-    """Upper bound of the buffer bytes a batch needs (full-size pixels of every sample)."""
-    return int((entries["height"].astype(np.int64) * entries["width"] * 3).sum())
+    """Upper bound of the buffer bytes a batch needs (full-size pixels of every sample,
+    then the records)."""
+    pixels = int((entries["height"].astype(np.int64) * entries["width"] * 3).sum())
+    return _records_at(pixels) + len(entries) * RECORD_BYTES
 
 
-def _place_jpeg(ctx, payload, box, params, buf, offset, scratch):
-    """Decode the box's region into buf at offset; return (bytes, (h, w), box in region)."""
-    n = 8
+def _records_at(pixel_bytes: int) -> int:
+    return -(-pixel_bytes // RECORD_ALIGN) * RECORD_ALIGN
+
+
+def _place_jpeg(ctx, payload, entry, box, params, buf, offset, scratch):
+    """Decode the box's region (upright: the record's EXIF orientation applied) into buf at
+    offset; return (bytes, (h, w), box in region)."""
+    n, orientation = 8, int(entry["orientation"])
     if params.resize and ctx.spec.reduced_decode:
         n = jpegdecode.choose_scale(int(box[2]), int(box[3]), *params.out_size)
     if jpegdecode.have_extension():
-        region = jpegdecode.decode_region(payload, box, n, buf[offset:])
+        region = jpegdecode.decode_region(payload, box, n, buf[offset:], orientation=orientation)
     else:
-        region = jpegdecode.decode_region(payload, box, n, scratch.get(0))
+        region = jpegdecode.decode_region(payload, box, n, scratch.get(0),
+                                          orientation=orientation)
         px = region.pixels
         buf[offset:offset + px.size] = px.reshape(-1)
     rows, cols = region.pixels.shape[:2]
@@ -287,16 +333,33 @@ def _place_one(ctx, plan, pos, epoch, geo, buf, offset, scratch) -> int:
         data = np.frombuffer(payload, dtype=np.uint8)
         buf[offset:offset + data.size] = data
         return data.size
-    size, (rows, cols), box = _place_jpeg(ctx, payload, params.boxes[pos], params, buf,
+    size, (rows, cols), box = _place_jpeg(ctx, payload, entry, params.boxes[pos], params, buf,
                                           offset, scratch)
     geo[pos, 0:4], geo[pos, 7:9] = box, (rows, cols)
     return size
 
 
-def _meta(plan: BatchPlan, geo, keep, dense_shape, nbytes, skipped) -> GatherMeta:
-    p = plan.params.take(keep)
-    return GatherMeta(plan.labels[keep], geo[keep], p.jitter, p.order, tuple(p.out_size),
-                      bool(p.resize), dense_shape, int(nbytes), plan.indices[keep], skipped)
+def _encode_order(perms: np.ndarray) -> np.ndarray:
+    """(N, 4) op-id permutations -> the kernels' int32 order codes (sum perm[k] << 2k)."""
+    return (perms.astype(np.int32) << np.array([0, 2, 4, 6], dtype=np.int32)).sum(1)
+
+
+def _meta(plan: BatchPlan, geo, keep, dense_shape, pixel_bytes, skipped, buf) -> GatherMeta:
+    """Write the kept samples' records after the pixels; return the batch's GatherMeta."""
+    p, g, labels = plan.params.take(keep), geo[keep], plan.labels[keep]
+    at = _records_at(pixel_bytes)
+    rec = host_records(buf, at, len(labels))
+    for j, name in enumerate(("top", "left", "box_height", "box_width")):
+        rec[name] = g[:, j]
+    rec["flags"] = g[:, 4] * FLIP_H + g[:, 5] * FLIP_V
+    rec["offset"], rec["height"], rec["width"] = g[:, 6], g[:, 7], g[:, 8]
+    rec["label"] = labels
+    factors = p.jitter if p.jitter is not None else np.tile(NEUTRAL_JITTER, (len(labels), 1))
+    for j, name in enumerate(JITTER_OPS):
+        rec[name] = factors[:, j]
+    rec["order"] = _encode_order(p.order) if p.order is not None else IDENTITY_ORDER
+    return GatherMeta(labels, tuple(p.out_size), bool(p.resize), dense_shape, at,
+                      at + len(labels) * RECORD_BYTES, plan.indices[keep], skipped)
 
 
 def gather_batch(ctx: BuildContext, plan: BatchPlan, epoch: int, buf: np.ndarray,
@@ -310,7 +373,7 @@ def gather_batch(ctx: BuildContext, plan: BatchPlan, epoch: int, buf: np.ndarray
     if is_dense(plan.entries, ctx) and _gather_dense(ctx, plan, buf):
         h, w, size = (int(plan.entries[f][0]) for f in ("height", "width", "length"))
         geo[:, 6], geo[:, 7], geo[:, 8] = np.arange(n) * size, h, w
-        return _meta(plan, geo, everyone, (n, h, w, 3), size * n, list(plan.skipped))
+        return _meta(plan, geo, everyone, (n, h, w, 3), size * n, list(plan.skipped), buf)
     offset, failed = 0, []
     for pos in range(n):
         if progress is not None:
@@ -323,4 +386,5 @@ def gather_batch(ctx: BuildContext, plan: BatchPlan, epoch: int, buf: np.ndarray
     dense = is_dense(plan.entries[everyone], ctx)
     shape = (int(everyone.sum()), int(plan.entries["height"][0]),
              int(plan.entries["width"][0]), 3) if dense else None
-    return _meta(plan, geo, everyone, shape, offset, list(plan.skipped) + [e for _, e in failed])
+    return _meta(plan, geo, everyone, shape, offset, list(plan.skipped) + [e for _, e in failed],
+                 buf)

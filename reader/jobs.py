@@ -32,6 +32,14 @@ def _noop() -> None:
     return None
 
 
+def plan_checked(ctx: BuildContext, indices, epoch: int):
+    """The batch's plan, after checking that the shards it reads were not changed in place
+    since this process mapped them (two system calls per shard: cheap, once per batch)."""
+    plan = plan_batch(ctx.spec, ctx.dataset, indices, seed=ctx.seed, epoch=epoch, skip=ctx.skip)
+    ctx.dataset.check_unchanged(plan.shard_ids)
+    return plan
+
+
 @dataclass
 class HostBatch:
     """One batch as the workers hand it to the consumer."""
@@ -70,10 +78,6 @@ class FinishedJob:
     def __init__(self, ctx: BuildContext, pool: BufferPool, parts: int):
         self.ctx, self.pool, self.parts = ctx, pool, max(1, int(parts))
 
-    def _plan(self, indices, epoch):
-        return plan_batch(self.ctx.spec, self.ctx.dataset, indices, seed=self.ctx.seed,
-                          epoch=epoch, skip=self.ctx.skip)
-
     def _fill(self, plan, a, b, epoch, u8, out, failed, state) -> None:
         fill_range(self.ctx, plan, a, b, epoch, u8.numpy(), _scratch(state),
                    state.get("progress"), failed)
@@ -84,7 +88,7 @@ class FinishedJob:
         """(parts, finalize) of batch ``k``; lookups and random draws happen here."""
         import torch
 
-        plan = self._plan(indices, epoch)
+        plan = plan_checked(self.ctx, indices, epoch)
         u8 = self.pool.take(plan.shape, torch.uint8)
         out = self.pool.take(plan.shape, self.ctx.spec.dtype) if self.ctx.spec.has_epilogue else u8
         failed = []  # (position, Skipped) from any thread
@@ -111,7 +115,7 @@ class FinishedJob:
         """(In a worker) fill the slot with the finished batch; return its metadata."""
         import torch
 
-        plan = self._plan(indices, epoch)
+        plan = plan_checked(self.ctx, indices, epoch)
         n = int(np.prod(plan.shape))
         out = torch.frombuffer(slot, dtype=self.ctx.spec.dtype, count=max(n, 1))[:n]
         out = out.view(plan.shape)
@@ -168,8 +172,7 @@ class GatherJob:
         self.slots = SlotPool(num_slots, pin=pin)
 
     def _gather(self, indices, epoch, out: list, state: dict) -> None:
-        plan = plan_batch(self.ctx.spec, self.ctx.dataset, indices, seed=self.ctx.seed,
-                          epoch=epoch, skip=self.ctx.skip)
+        plan = plan_checked(self.ctx, indices, epoch)
         slot = self.slots.acquire(gather_bytes(plan.entries))
         try:
             meta = gather_batch(self.ctx, plan, epoch, self.slots.array(slot), _scratch(state),
@@ -191,14 +194,14 @@ class GatherJob:
         return [functools.partial(self._gather, indices, epoch, out)], finalize
 
     def slot_bytes(self, batch_size: int) -> int:
-        """Shared slot size for process workers: a batch of full-size stored images."""
+        """Shared slot size for process workers: a batch of full-size stored images, then
+        one 64-byte record per sample."""
         h, w = largest_image(self.ctx.dataset)
-        return batch_size * h * w * 3
+        return batch_size * (h * w * 3 + 64) + 64
 
     def build(self, slot, progress, state, indices, epoch) -> GatherMeta:
         """(In a worker) gather the batch into the shared slot; return its GatherMeta."""
-        plan = plan_batch(self.ctx.spec, self.ctx.dataset, indices, seed=self.ctx.seed,
-                          epoch=epoch, skip=self.ctx.skip)
+        plan = plan_checked(self.ctx, indices, epoch)
         return gather_batch(self.ctx, plan, epoch, np.frombuffer(slot, dtype=np.uint8),
                             _scratch(state), progress)
 

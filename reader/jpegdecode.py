@@ -57,24 +57,47 @@ def choose_scale(box_h: int, box_w: int, out_h: int, out_w: int) -> int:
     return 8
 
 
+# Pillow's ImageOps.exif_transpose method for each EXIF orientation (1: none).
+EXIF_TRANSPOSE = {2: "FLIP_LEFT_RIGHT", 3: "ROTATE_180", 4: "FLIP_TOP_BOTTOM", 5: "TRANSPOSE",
+                  6: "ROTATE_270", 7: "TRANSVERSE", 8: "ROTATE_90"}
+# (transpose, flip rows, flip columns) taking the upright image back to the stored one:
+# upright (y, x) is stored (sy, sx) with (u, v) = (x, y) if transpose else (y, x),
+# sy = H - 1 - u if flip rows else u, sx = W - 1 - v if flip columns else v (as _jpeg.c).
+ORIENTATION_MAP = {1: (0, 0, 0), 2: (0, 0, 1), 3: (0, 1, 1), 4: (0, 1, 0),
+                   5: (1, 0, 0), 6: (1, 1, 0), 7: (1, 1, 1), 8: (1, 0, 1)}
+
+
+def check_orientation(orientation) -> int:
+    """``orientation`` as an int in 1..8, or ValueError."""
+    o = int(orientation)
+    if o not in ORIENTATION_MAP:
+        raise ValueError(f"EXIF orientation {orientation!r}: expected 1..8")
+    return o
+
+
 class Region:
     """A decoded block of a JPEG at scale ``n``/8: ``pixels`` (rows, cols, 3 or 4) uint8
-    (RGB, or RGBX from the C decoder) whose top-left pixel is (y0, x0) in the scaled
-    image. ``buffer`` is a flat array starting with the block, possibly longer."""
+    (RGB, or RGBX from the C decoder) whose top-left pixel is (y0, x0) in the scaled,
+    upright image. ``buffer`` is a flat array starting with the block, possibly longer.
+    ``dy, dx`` (in [0, 1), non-zero only at reduced scale along an axis that EXIF
+    orientation mirrors): full-size coordinate c maps to c * n / 8 + d in the scaled image,
+    because libjpeg rounds the scaled size up at the stored image's far edge."""
 
-    __slots__ = ("pixels", "y0", "x0", "n", "buffer")
+    __slots__ = ("pixels", "y0", "x0", "n", "buffer", "dy", "dx")
 
-    def __init__(self, pixels, y0, x0, n, buffer=None):
+    def __init__(self, pixels, y0, x0, n, buffer=None, dy=0.0, dx=0.0):
         self.pixels, self.y0, self.x0, self.n = pixels, y0, x0, n
         self.buffer = pixels.reshape(-1) if buffer is None else buffer
+        self.dy, self.dx = dy, dx
 
     def box(self, box) -> tuple[float, float, float, float]:
         """The full-size box (top, left, h, w) as a PIL box (x0, y0, x1, y1) in ``pixels``."""
         top, left, h, w = box
         f = self.n / 8.0
+        oy, ox = self.y0 - self.dy, self.x0 - self.dx
         rows, cols = self.pixels.shape[:2]
-        return (max(left * f - self.x0, 0.0), max(top * f - self.y0, 0.0),
-                min((left + w) * f - self.x0, float(cols)), min((top + h) * f - self.y0, float(rows)))
+        return (max(left * f - ox, 0.0), max(top * f - oy, 0.0),
+                min((left + w) * f - ox, float(cols)), min((top + h) * f - oy, float(rows)))
 
     def int_box(self, box) -> tuple[int, int, int, int]:
         """The box in ``pixels`` rounded to whole pixels, as (top, left, h, w)."""
@@ -89,48 +112,68 @@ def scratch_bytes(height: int, width: int) -> int:
     return (height + 1) * width * 4 + 64
 
 
-def decode_region(payload, box, n: int, scratch: np.ndarray, pixel_size: int = 3) -> Region:
+def _mirror_offsets(orientation: int, n: int, scaled, full) -> tuple[float, float]:
+    """(dy, dx) of Region for the upright axes that orientation mirrors (see Region)."""
+    t, fy, fx = ORIENTATION_MAP[orientation]
+    flip_rows, flip_cols = (fx, fy) if t else (fy, fx)
+    f = n / 8.0
+    return (scaled[0] - full[0] * f if flip_rows else 0.0,
+            scaled[1] - full[1] * f if flip_cols else 0.0)
+
+
+def decode_region(payload, box, n: int, scratch: np.ndarray, pixel_size: int = 3,
+                  orientation: int = 1) -> Region:
     """Decode the full-size ``box`` (top, left, h, w) at scale n/8.
 
-    With the C extension the pixels land in ``scratch`` (at least
-    ``scratch_bytes(H, W)``), as RGB or, with ``pixel_size=4``, RGBX; the PIL fallback
-    returns a fresh RGB array whatever ``pixel_size`` says.
+    ``orientation`` is the record's EXIF orientation (its index entry's ``orientation``):
+    the box and the result are in the upright image, pixel-identical to Pillow's
+    ``ImageOps.exif_transpose``; grayscale, CMYK and YCCK JPEGs come out as RGB exactly as
+    Pillow's ``convert("RGB")`` gives them. With the C extension the pixels land in
+    ``scratch`` (at least ``scratch_bytes(H, W)``), as RGB or, with ``pixel_size=4``, RGBX;
+    the PIL fallback returns a fresh RGB array whatever ``pixel_size`` says.
     """
     top, left, h, w = (int(v) for v in box)
+    orientation = check_orientation(orientation)
     if _jpeg is not None:
-        y0, x0, rows, cols, _, _ = _jpeg.decode_region(payload, scratch, top, left, h, w, n,
-                                                       pixel_size)
+        y0, x0, rows, cols, sh, sw, ih, iw = _jpeg.decode_region(
+            payload, scratch, top, left, h, w, n, pixel_size, orientation)
         px = scratch[:rows * cols * pixel_size].reshape(rows, cols, pixel_size)
-        return Region(px, y0, x0, n, scratch)
-    return _decode_region_pil(payload, top, left, h, w, n)
+        dy, dx = _mirror_offsets(orientation, n, (sh, sw), (ih, iw)) if n < 8 else (0.0, 0.0)
+        return Region(px, y0, x0, n, scratch, dy, dx)
+    return _decode_region_pil(payload, top, left, h, w, n, orientation)
 
 
-def _decode_region_pil(payload, top, left, h, w, n) -> Region:
+def _decode_region_pil(payload, top, left, h, w, n, orientation=1) -> Region:
     try:
-        return _decode_region_pil_unchecked(payload, top, left, h, w, n)
+        return _decode_region_pil_unchecked(payload, top, left, h, w, n, orientation)
     except (OSError, SyntaxError, ValueError) as exc:  # what PIL raises on bad data
         raise ValueError(f"JPEG decode error (PIL): {type(exc).__name__}: {exc}") from exc
 
 
-def _decode_region_pil_unchecked(payload, top, left, h, w, n) -> Region:
+def _decode_region_pil_unchecked(payload, top, left, h, w, n, orientation) -> Region:
     from PIL import Image
 
     img = Image.open(io.BytesIO(payload))
-    full_w, full_h = img.size
+    t = ORIENTATION_MAP[orientation][0]
+    full_w, full_h = img.size[::-1] if t else img.size  # upright size
     if top < 0 or left < 0 or h < 1 or w < 1 or top + h > full_h or left + w > full_w:
         raise ValueError(f"crop box (top={top}, left={left}, height={h}, width={w}) is not "
                          f"inside the {full_h} x {full_w} image")
     if n < 8:
         k = 8 // n  # PIL picks the largest reduction k with full // (full // k) >= k
-        img.draft("RGB", (max(1, full_w // k), max(1, full_h // k)))
-        n = _draft_numerator(full_h, full_w, img.size)
+        img.draft("RGB", (max(1, img.width // k), max(1, img.height // k)))
+        n = _draft_numerator(full_h, full_w, img.size[::-1] if t else img.size)
     if img.mode != "RGB":
         img = img.convert("RGB")
-    y0, x0 = top * n // 8, left * n // 8
-    y1 = min(-(-(top + h) * n // 8), img.height)
-    x1 = min(-(-(left + w) * n // 8), img.width)
+    if orientation != 1:
+        img = img.transpose(getattr(Image.Transpose, EXIF_TRANSPOSE[orientation]))
+    dy, dx = _mirror_offsets(orientation, n, (img.height, img.width), (full_h, full_w)) \
+        if n < 8 else (0.0, 0.0)
+    y0, x0 = int(top * n / 8 + dy), int(left * n / 8 + dx)
+    y1 = min(math.ceil((top + h) * n / 8 + dy), img.height)
+    x1 = min(math.ceil((left + w) * n / 8 + dx), img.width)
     pixels = np.asarray(img.crop((x0, y0, x1, y1)))
-    return Region(pixels, y0, x0, n)
+    return Region(pixels, y0, x0, n, None, dy, dx)
 
 
 def _draft_numerator(full_h: int, full_w: int, size) -> int:
@@ -187,14 +230,15 @@ def resize_box(pixels: np.ndarray, box, out_size, within_box: bool = True) -> np
 
 
 def decode_resized(payload, box, out_size, scratch: np.ndarray, reduce: bool = True,
-                   exact_box=None) -> np.ndarray:
-    """JPEG record -> the full-size ``box`` (top, left, h, w) resampled to ``out_size``:
-    (oh, ow, 3 or 4). With ``exact_box`` (float top, left, h, w inside ``box``), ``box`` is
-    only the window decoded around it and the filter may read all of that window (the
-    resize-then-crop semantics of Resize + CenterCrop/RandomCrop)."""
+                   exact_box=None, orientation: int = 1) -> np.ndarray:
+    """JPEG record -> the full-size ``box`` (top, left, h, w; in the upright image, see
+    decode_region) resampled to ``out_size``: (oh, ow, 3 or 4). With ``exact_box`` (float
+    top, left, h, w inside ``box``), ``box`` is only the window decoded around it and the
+    filter may read all of that window (the resize-then-crop semantics of Resize +
+    CenterCrop/RandomCrop)."""
     target = box if exact_box is None else exact_box
     n = choose_scale(int(target[2]), int(target[3]), *out_size) if reduce else 8
-    region = decode_region(payload, box, n, scratch, pixel_size=4)
+    region = decode_region(payload, box, n, scratch, pixel_size=4, orientation=orientation)
     return resize_region(region, region.box(target), out_size, within_box=exact_box is None)
 
 

@@ -225,6 +225,11 @@ class Loader:
     def _deliver(self, batches, start, runner, finisher, prefetch, epoch):
         o, total = self.options, len(batches)
         ticket0, self._tickets = self._tickets, self._tickets + total
+        # Remote data: thread workers read records as the prefetcher lands them (they wait
+        # per record in this process); worker processes only read the local cache, so a
+        # batch goes to them once its records are all there (the next one due: waited for;
+        # later ones: only when already complete, so the first batch is not held up).
+        gated = prefetch is not None and isinstance(runner, ProcessRunner)
         submitted, staged = start, None
         for k in range(start, total):
             finisher.reclaim()
@@ -233,10 +238,14 @@ class Loader:
                     if submitted > k:
                         break  # batch k is on its way; the rest waits for free slots
                     finisher.reclaim(block=True)  # slots held by finished device copies
-                if prefetch is not None:
+                if gated and submitted > k and not prefetch.ready(submitted - start):
+                    break
+                if gated:
                     prefetch.wait(submitted - start)
                 runner.submit(ticket0 + submitted, batches[submitted], epoch)
                 submitted += 1
+            if prefetch is not None:
+                prefetch.wait(k - start)  # the batch due next: the prefetcher may overcommit
             if staged is None and not runner.ready(ticket0 + k):
                 finisher.reclaim(block=True)  # a worker may be waiting for a held buffer
             hb = staged if staged is not None else runner.get(ticket0 + k)

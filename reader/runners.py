@@ -117,6 +117,11 @@ class ThreadRunner:
             t.start()
 
     def _run(self, progress) -> None:
+        import torch
+
+        # The epilogue's torch ops run in many worker threads at once: one intra-op thread
+        # each (per-thread with OpenMP; the training thread keeps its own setting).
+        torch.set_num_threads(1)
         state = {"progress": progress}
         while True:
             task = self._tasks.get()

@@ -2,25 +2,39 @@
 
 Shards open lazily, once per process (a forked worker re-opens its own): an LMDB
 environment must never cross a fork, and lazily opened mmaps cost nothing until read.
-Every structural check happens at open, so ``payload(i)`` is a bare slice.
+Every structural check happens at open (reader/indexcheck.py), on a private copy of the
+header and index read with ``pread``, so ``payload(i)`` is a bare slice and nothing a
+later change of the file does can make an index entry point elsewhere. What was mapped
+is remembered (device, inode, size, mtime): ``check_unchanged()`` says when the file
+changed under the map (the cause of SIGBUS), cheaply enough to call once per batch.
 """
 from __future__ import annotations
 
+import logging
 import mmap
 import os
-import struct
 
 import numpy as np
 
 from dlpack_io.reader import format as fmt
+from dlpack_io.reader.indexcheck import check_index
+from dlpack_io.reader.lmdbcheck import check_lmdb
+from dlpack_io.reader.safeio import (ShardChangedError, check_regular, guarded_array,  # noqa: F401
+                                     guarded_copy, identity, open_regular, pread_all)
+
+log = logging.getLogger(__name__)
 
 
 class _Shard:
-    def __init__(self, path: str, expected_crc: int | None = None):
+    def __init__(self, path: str, expected_crc: int | None = None, *,
+                 num_classes: int | None = None, max_pixels: int = fmt.DEFAULT_MAX_PIXELS):
         self.path = path
         self.expected_crc = expected_crc
+        self.num_classes, self.max_pixels = num_classes, int(max_pixels)
         self._pid = None
         self._index = None
+        self._identity = None
+        self._warned_replaced = False
 
     def _ensure_open(self) -> None:
         if self._pid != os.getpid():
@@ -30,7 +44,7 @@ class _Shard:
 
     @property
     def index(self) -> np.ndarray:
-        """The shard's index table (INDEX_DTYPE entries), a view over the file."""
+        """The shard's index table (INDEX_DTYPE entries), validated, read-only."""
         self._ensure_open()
         return self._index
 
@@ -38,10 +52,12 @@ class _Shard:
         return len(self.index)
 
     def __getstate__(self):
-        return {"path": self.path, "expected_crc": self.expected_crc}
+        return {"path": self.path, "expected_crc": self.expected_crc,
+                "num_classes": self.num_classes, "max_pixels": self.max_pixels}
 
     def __setstate__(self, state):
-        self.__init__(state["path"], state["expected_crc"])
+        self.__init__(state["path"], state["expected_crc"], num_classes=state.get("num_classes"),
+                      max_pixels=state.get("max_pixels", fmt.DEFAULT_MAX_PIXELS))
 
     def file_view(self):
         """The whole shard file as one zero-copy buffer, or None when records do not lie
@@ -50,6 +66,8 @@ class _Shard:
 
     def _check_crc(self, what: str, stored: int, data) -> None:
         actual = fmt.crc32(data)
+        if not isinstance(stored, int) or isinstance(stored, bool) or not 0 <= stored < 2**32:
+            raise fmt.FormatError(f"{self.path}: {what} checksum {stored!r:.40} is not a CRC-32")
         if actual != stored:
             raise fmt.FormatError(f"{self.path}: {what} checksum mismatch (stored {stored:#010x}, "
                                   f"computed {actual:#010x}): the shard is damaged")
@@ -60,28 +78,76 @@ class _Shard:
                                   f"manifest's {self.expected_crc:#010x}: the file was replaced "
                                   f"or damaged")
 
+    def _check_index(self, index: np.ndarray, **layout) -> None:
+        check_index(index, self.path, num_classes=self.num_classes, max_pixels=self.max_pixels,
+                    **layout)
+
+    def check_unchanged(self) -> None:
+        """Raise ShardChangedError if the file this process opened changed in place since.
+
+        Two system calls; a no-op for a shard not opened in this process. A file replaced
+        by rename (what ``dlpack convert --overwrite`` does) is not an error: the open map
+        still holds the old, intact file; it is logged once.
+        """
+        if self._pid != os.getpid():
+            return
+        dev, ino, size, mtime = self._identity
+        mapped_size = self._mapped_size()
+        if mapped_size is not None and mapped_size != size:
+            raise ShardChangedError(self.path, f"{size} bytes when opened, {mapped_size} now")
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            st = None
+        if st is not None and (st.st_dev, st.st_ino) == (dev, ino):
+            if st.st_size != size:
+                raise ShardChangedError(self.path, f"{size} bytes when opened, {st.st_size} now")
+            if st.st_mtime_ns != mtime:
+                raise ShardChangedError(self.path, "modified in place: same size, new mtime")
+        elif not self._warned_replaced:
+            self._warned_replaced = True
+            log.warning("%s was %s on disk; this process keeps reading the version it opened",
+                        self.path, "deleted" if st is None else "replaced")
+
+    def _mapped_size(self):
+        return None
+
 
 class RecordShard(_Shard):
     """A ``.rec`` shard, memory-mapped read-only."""
 
     def _open(self) -> None:
         try:
-            with open(self.path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size < fmt.HEADER_SIZE:
-                    raise fmt.FormatError(f"{self.path}: {size} bytes, shorter than the "
-                                          f"{fmt.HEADER_SIZE}-byte header: truncated shard")
-                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            fd, st = open_regular(self.path)
         except FileNotFoundError:
             raise FileNotFoundError(f"{self.path}: shard listed in the manifest is missing") from None
-        view = memoryview(mm)
-        header = fmt.unpack_header(view[:fmt.HEADER_SIZE], size, self.path)
+        try:
+            header = fmt.unpack_header(os.pread(fd, fmt.HEADER_SIZE, 0), st.st_size, self.path)
+            self._check_manifest_crc(header.header_crc)
+            index_bytes = pread_all(fd, header.index_size, header.index_offset, self.path)
+            self._check_crc("index", header.index_crc, index_bytes)
+            index = fmt.index_from_buffer(index_bytes, header.num_records, self.path)
+            self._check_index(index, data_offset=header.data_offset, data_end=header.index_offset)
+            mm = mmap.mmap(fd, st.st_size, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+        self._header, self._mm, self._view, self._index = header, mm, memoryview(mm), index
+        self._identity = identity(st)
+
+    def record_count(self) -> int:
+        """Records in the shard, from its header alone (checked against the manifest CRC)."""
+        if self._pid == os.getpid():
+            return len(self._index)
+        try:
+            fd, st = open_regular(self.path)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{self.path}: shard listed in the manifest is missing") from None
+        try:
+            header = fmt.unpack_header(os.pread(fd, fmt.HEADER_SIZE, 0), st.st_size, self.path)
+        finally:
+            os.close(fd)
         self._check_manifest_crc(header.header_crc)
-        index_bytes = view[header.index_offset:header.index_offset + header.index_size]
-        self._check_crc("index", header.index_crc, index_bytes)
-        index = fmt.index_from_buffer(index_bytes, header.num_records, self.path)
-        fmt.check_index_bounds(index, header.data_offset, header.index_offset, self.path)
-        self._header, self._mm, self._view, self._index = header, mm, view, index
+        return header.num_records
 
     @property
     def header(self) -> fmt.ShardHeader:
@@ -109,43 +175,32 @@ class RecordShard(_Shard):
     def meta(self) -> dict:
         """The shard's metadata JSON (source paths and position in the data set)."""
         h = self.header
-        data = self._view[h.meta_offset:h.meta_offset + h.meta_size]
+        data = guarded_copy(self._view[h.meta_offset:h.meta_offset + h.meta_size])
         self._check_crc("metadata", h.meta_crc, data)
         return fmt.decode_json(data, f"{self.path} metadata")
+
+    def _mapped_size(self):
+        return self._mm.size()  # fstat of the mapped file itself, even if renamed over
 
 
 # lmdb refuses to open one environment twice in a process, so every LmdbShard of a
 # process over the same file shares one environment and one long read transaction.
 _LMDB_OPEN: dict = {}
+# Files whose structure lmdbcheck passed: realpath -> (identity, number of keys). Inherited
+# by forked workers, so the walk runs once per file per data set, not per process.
+_LMDB_CHECKED: dict = {}
 
 
-# LMDB trusts its file: a truncated one is mmapped and read past its end (SIGBUS). Its two
-# meta pages (LMDB 0.9 layout: 16-byte page header, then magic u32 @16, page size in
-# mm_dbs[0].md_pad u32 @40, last used page u64 @136, txn id u64 @144) say how long the file
-# must be, so we check that before LMDB sees the file.
-_LMDB_MAGIC = 0xBEEFC0DE
-
-
-def _lmdb_required_size(path: str) -> int:
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        first = f.read(152)
-        if len(first) < 152 or struct.unpack_from("<I", first, 16)[0] != _LMDB_MAGIC:
-            raise fmt.FormatError(f"{path}: not an LMDB file (no LMDB meta page)")
-        psize = struct.unpack_from("<I", first, 40)[0]
-        if psize < 512 or psize > 65536 or psize & (psize - 1):
-            raise fmt.FormatError(f"{path}: LMDB page size {psize} is not a power of two "
-                                  f"in 512..65536: damaged meta page")
-        f.seek(psize)
-        second = f.read(152)
-    metas = [m for m in (first, second) if len(m) == 152
-             and struct.unpack_from("<I", m, 16)[0] == _LMDB_MAGIC]
-    newest = max(metas, key=lambda m: struct.unpack_from("<Q", m, 144)[0])
-    need = (struct.unpack_from("<Q", newest, 136)[0] + 1) * psize
-    if need > size:
-        raise fmt.FormatError(f"{path}: LMDB file is {size} bytes but its pages reach {need}: "
-                              f"the shard is truncated")
-    return need
+def _lmdb_keys(path: str) -> int:
+    """Keys in the LMDB file ``path`` after checking its structure (once per file version)."""
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    cached = _LMDB_CHECKED.get(real)
+    if cached is not None and cached[0] == identity(st):
+        return cached[1]
+    keys = check_lmdb(real)
+    _LMDB_CHECKED[real] = (identity(st), keys)
+    return keys
 
 
 def _lmdb_txn(path: str):
@@ -158,7 +213,7 @@ def _lmdb_txn(path: str):
         # shared lock table) leaves the parent's untouched and lets this process reopen it.
         for stale in [k for k in _LMDB_OPEN if k[1] == key[1] and k[0] != key[0]]:
             _LMDB_OPEN.pop(stale)[0].close()
-        _lmdb_required_size(path)
+        _lmdb_keys(path)  # liblmdb trusts its pages: never hand it an unchecked file
         env = lmdb.open(path, subdir=False, readonly=True, lock=False, readahead=False,
                         max_readers=1, max_spare_txns=0)
         _LMDB_OPEN[key] = (env, env.begin(buffers=True))
@@ -171,8 +226,8 @@ class LmdbShard(_Shard):
     def _open(self) -> None:
         import lmdb
 
-        if not os.path.exists(self.path):
-            raise FileNotFoundError(f"{self.path}: shard listed in the manifest is missing")
+        check_regular(self.path)  # a regular file, and a FIFO never blocks us
+        st = os.stat(self.path)
         try:
             txn = _lmdb_txn(self.path)
             meta_bytes, index_bytes = txn.get(fmt.LMDB_META_KEY), txn.get(fmt.LMDB_INDEX_KEY)
@@ -181,25 +236,35 @@ class LmdbShard(_Shard):
         if meta_bytes is None or index_bytes is None:
             raise fmt.FormatError(f"{self.path}: LMDB shard lacks its {fmt.LMDB_META_KEY!r} or "
                                   f"{fmt.LMDB_INDEX_KEY!r} key: incomplete or not a dlpack shard")
+        meta_bytes, index_bytes = guarded_copy(meta_bytes), guarded_copy(index_bytes)
         self._check_manifest_crc(fmt.crc32(meta_bytes))
         meta = fmt.decode_json(meta_bytes, f"{self.path} metadata")
         if meta.get("magic") != fmt.MAGIC.decode() or meta.get("version") != fmt.FORMAT_VERSION:
-            raise fmt.FormatError(f"{self.path}: magic/version {meta.get('magic')!r}/"
-                                  f"{meta.get('version')!r}, expected {fmt.MAGIC.decode()!r}/"
+            raise fmt.FormatError(f"{self.path}: magic/version {meta.get('magic')!r:.40}/"
+                                  f"{meta.get('version')!r:.40}, expected {fmt.MAGIC.decode()!r}/"
                                   f"{fmt.FORMAT_VERSION}")
         num = meta.get("num_records")
-        if not isinstance(num, int) or num < 0:
-            raise fmt.FormatError(f"{self.path}: num_records {num!r} is not a count")
+        if not isinstance(num, int) or isinstance(num, bool) or num != _lmdb_keys(self.path) - 2:
+            raise fmt.FormatError(f"{self.path}: num_records {num!r:.40} is not the number of "
+                                  f"record keys ({_lmdb_keys(self.path) - 2})")
         self._check_crc("index", meta.get("index_crc", -1), index_bytes)
-        self._index = fmt.index_from_buffer(index_bytes, num, self.path)
-        self._txn, self._meta = txn, meta
+        index = fmt.index_from_buffer(index_bytes, num, self.path)
+        self._check_index(index)
+        self._txn, self._meta, self._index = txn, meta, index
+        self._identity = identity(st)
+
+    def record_count(self) -> int:
+        """Records in the shard: its keys but the index and metadata (structure checked)."""
+        check_regular(self.path)
+        return max(_lmdb_keys(self.path) - 2, 0)
 
     def payload(self, i: int) -> memoryview:
         """Zero-copy bytes of record ``i`` (valid while this process keeps the shard open)."""
         self._ensure_open()
         value = self._txn.get(fmt.lmdb_record_key(i))
-        if value is None:
-            raise fmt.FormatError(f"{self.path}: record {i} is missing from the LMDB shard")
+        if value is None or len(value) != int(self._index["length"][i]):
+            raise fmt.FormatError(f"{self.path}: record {i} is missing from the LMDB shard or "
+                                  f"not the length its index entry says")
         return value
 
     def meta(self) -> dict:
@@ -208,8 +273,10 @@ class LmdbShard(_Shard):
         return self._meta
 
 
-def open_shard(dataset_dir, entry: dict, data_format: str):
-    """A lazily opened shard object for one manifest shard entry."""
+def open_shard(dataset_dir, entry: dict, data_format: str, *, num_classes: int | None = None,
+               max_pixels: int = fmt.DEFAULT_MAX_PIXELS):
+    """A lazily opened shard object for one manifest shard entry; records are checked
+    against ``num_classes`` labels and ``max_pixels`` when it opens."""
     path = os.path.join(os.fspath(dataset_dir), fmt.check_shard_name(entry["name"], "manifest"))
     cls = LmdbShard if data_format == "lmdb" else RecordShard
-    return cls(path, entry["crc"])
+    return cls(path, entry["crc"], num_classes=num_classes, max_pixels=max_pixels)

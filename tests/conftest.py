@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 
 import numpy as np
@@ -78,3 +79,28 @@ def hang_deadline():
     yield
     signal.alarm(0)
     signal.signal(signal.SIGALRM, old)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A real S3 server (SeaweedFS ``weed mini`` on 127.0.0.1, free ports) for the whole
+    session, with bucket ``dlpack-test``; stopped with SIGTERM, then SIGKILL."""
+    from dlpack_io.tools.seaweed import SeaweedServer
+
+    with SeaweedServer(tmp_path_factory.mktemp("seaweed"), buckets=["dlpack-test"]) as server:
+        yield server
+
+
+@pytest.fixture
+def s3_env(s3_server, monkeypatch, tmp_path):
+    """AWS_* variables pointing at ``s3_server``, no shared config files, and a private
+    cache folder; returns the server."""
+    for key in list(os.environ):
+        if key.startswith("AWS_"):
+            monkeypatch.delenv(key)
+    for key, value in s3_server.env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("DLPACK_CACHE_DIR", str(tmp_path / "cache"))
+    return s3_server

@@ -36,7 +36,7 @@ def test_convert_inspect_verify(image_folder, tmp_path):
     assert result.exit_code == 0, result.output
     assert "packed 24 images" in result.output
     summary = runner.invoke(main, ["inspect", dst])
-    assert summary.exit_code == 0 and "lmdb (version 1)" in summary.output
+    assert summary.exit_code == 0 and "lmdb (version 2)" in summary.output
     assert "class_02" in summary.output
     data = json.loads(runner.invoke(main, ["inspect", dst, "--json"]).output)
     assert data["num_samples"] == 24 and [c["count"] for c in data["classes"]] == [8, 8, 8]
@@ -57,9 +57,9 @@ def test_errors_are_one_clear_line(image_folder, tmp_path):
     result = runner.invoke(main, ["convert", str(image_folder), str(tmp_path / "ds"), "--quiet"])
     assert result.exit_code == 1 and "not empty" in result.output and "--resume" in result.output
     missing = runner.invoke(main, ["inspect", str(tmp_path / "ds"), "--index", "999"])
-    assert missing.exit_code == 1 and "manifest.json not found" in missing.output
+    assert missing.exit_code == 1 and "is not a dlpack data set (no manifest.json)" in missing.output
     bad = runner.invoke(main, ["verify", str(tmp_path / "ds"), "--quiet"])
-    assert bad.exit_code == 1 and "DAMAGED" in bad.output
+    assert bad.exit_code == 3 and "NOT A DATA SET" in bad.output and "DAMAGED" not in bad.output
 
 
 def test_index_out_of_range(image_folder, tmp_path):

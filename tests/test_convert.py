@@ -10,6 +10,7 @@ from dlpack_io.packer import convert
 from dlpack_io.packer.journal import DstLock
 from dlpack_io.packer.pipeline import ConversionError
 from dlpack_io.reader import Dataset
+from dlpack_io.reader import format as fmt
 from dlpack_io.tools.inspection import record_detail
 
 from helpers import dataset_fingerprint
@@ -32,8 +33,11 @@ def test_round_trip_pixels_and_labels(image_folder, tmp_path, data_format, mode)
     assert ds.classes == ["class_00", "class_01", "class_02"]
     assert result["num_shards"] == len(ds.shards) > 1
     seen = set()
+    labels = ds.labels
+    assert labels.dtype == np.int64 and labels.shape == (24,)
     for i in range(len(ds)):
         pixels, label = ds[i]
+        assert labels[i] == label == int(ds.record(i)[1]["label"])
         rel = record_detail(dst, i)["source"]
         seen.add(rel)
         assert rel.startswith(ds.classes[label] + "/")
@@ -42,12 +46,33 @@ def test_round_trip_pixels_and_labels(image_folder, tmp_path, data_format, mode)
 
 
 def test_jpeg_mode_keeps_original_bytes(image_folder, tmp_path):
-    convert(image_folder, tmp_path / "ds", **FAST)
+    result = convert(image_folder, tmp_path / "ds", jpeg_restarts=False, **FAST)
+    assert result["lossless"] == {} and result["reencoded"] == {}
     ds = Dataset(tmp_path / "ds")
     for i in range(len(ds)):
         payload, _ = ds.record(i)
         rel = record_detail(tmp_path / "ds", i)["source"]
         assert bytes(payload) == (image_folder / rel).read_bytes()
+
+
+def test_default_adds_restart_markers_and_keeps_everything_else(image_folder, tmp_path):
+    """The default jpeg-mode record: the original bytes up to the scan, a DRI segment,
+    then the rewritten scan; the same pixels; counted as a lossless transform."""
+    from dlpack_io.reader.jpegdecode import have_extension
+
+    result = convert(image_folder, tmp_path / "ds", **FAST)
+    if not have_extension():
+        assert result["lossless"] == {}
+        return
+    assert result["lossless"] == {"restart markers added (lossless)": 24}
+    ds = Dataset(tmp_path / "ds")
+    assert ds.manifest["options"]["jpeg_restarts"] is True
+    for i in range(len(ds)):
+        payload = bytes(ds.record(i)[0])
+        original = (image_folder / record_detail(tmp_path / "ds", i)["source"]).read_bytes()
+        sos = original.find(b"\xff\xda")
+        assert payload[:sos] == original[:sos] and payload[sos:sos + 2] == b"\xff\xdd"
+        np.testing.assert_array_equal(ds[i][0], np.asarray(Image.open(io.BytesIO(original))))
 
 
 def test_raw_fixed_size_is_dense(image_folder, tmp_path):
@@ -108,25 +133,42 @@ def test_list_paths_may_not_escape_src(image_folder, tmp_path):
         convert(image_folder, tmp_path / "ds", list_file=tmp_path / "list.csv", **FAST)
 
 
-def test_odd_inputs_are_normalised_or_rejected(odd_folder, tmp_path):
+def test_odd_inputs_keep_their_bytes_or_are_rejected(odd_folder, tmp_path):
+    """Grayscale, CMYK, progressive and EXIF-rotated JPEGs keep their original bytes and
+    decode to exactly Pillow's upright RGB; a PNG named .jpg is identified by its content
+    and stored losslessly as raw pixels; broken files are rejected with the reason."""
+    from PIL import ImageOps
+
     root, files = odd_folder
-    result = convert(root, tmp_path / "ds", **FAST)
+    result = convert(root, tmp_path / "ds", jpeg_restarts=False, **FAST)
     ds = Dataset(tmp_path / "ds")
     assert len(ds) == 6 and result["rejects"] == 3
-    assert result["reencoded"] == {"CMYK JPEG": 1, "EXIF-rotated JPEG": 1, "L JPEG": 1,
-                                   "PNG file with a JPEG name": 1}
+    assert result["reencoded"] == {}
+    assert result["lossless"] == {"PNG image stored as raw pixels": 1}
+    assert ds.manifest["lossless"] == result["lossless"]
     reasons = {r["path"]: r["reason"] for r in ds.manifest["rejects"]}
     assert set(reasons) == {files["truncated"], files["zero_bytes"], files["not_an_image"]}
     assert "truncated" in reasons[files["truncated"]]
     assert "empty" in reasons[files["zero_bytes"]]
     rejects_tsv = (tmp_path / "ds" / "rejects.tsv").read_text().splitlines()
     assert rejects_tsv[0] == "path\treason" and len(rejects_tsv) == 4
-    shapes = {record_detail(tmp_path / "ds", i)["source"]: ds[i][0].shape for i in range(len(ds))}
-    assert shapes[files["exif_rotated"]] == (40, 30, 3)  # stored upright
-    assert all(s[2] == 3 for s in shapes.values())
-    for i in range(len(ds)):  # every record is a JPEG that decodes to RGB
-        payload, _ = ds.record(i)
-        assert Image.open(io.BytesIO(bytes(payload))).format == "JPEG"
+    for i in range(len(ds)):
+        rel = record_detail(tmp_path / "ds", i)["source"]
+        original = (root / rel).read_bytes()
+        expected = np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(original)))
+                              .convert("RGB"))
+        pixels, _ = ds[i]
+        np.testing.assert_array_equal(pixels, expected, err_msg=rel)
+        payload, entry = ds.record(i)
+        if rel == files["png_named_jpg"]:
+            assert entry["kind"] == fmt.KIND_RAW
+        else:
+            assert bytes(payload) == original, rel
+    by_source = {record_detail(tmp_path / "ds", i)["source"]: ds.record(i)[1] for i in range(6)}
+    assert (int(by_source[files["exif_rotated"]]["orientation"]),
+            int(by_source[files["exif_rotated"]]["height"])) == (6, 40)
+    assert int(by_source[files["gray"]]["colour"]) == fmt.COLOUR_GRAY
+    assert int(by_source[files["cmyk"]]["colour"]) == fmt.COLOUR_CMYK
 
 
 def test_odd_inputs_raw_mode_are_upright_rgb(odd_folder, tmp_path):
@@ -194,7 +236,7 @@ def test_no_usable_input_is_an_error(tmp_path):
 
 def test_empty_source_is_an_error(tmp_path):
     (tmp_path / "src").mkdir()
-    with pytest.raises(ValueError, match="no .jpg"):
+    with pytest.raises(ValueError, match=r"no image files \(\.jpg, .*found in class sub-folders"):
         convert(tmp_path / "src", tmp_path / "ds", **FAST)
 
 

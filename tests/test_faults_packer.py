@@ -60,10 +60,10 @@ def test_file_size_limit_then_resume(source, reference, tmp_path):
     done = subprocess.run(_cli(source, dst), preexec_fn=_limit_file_size(30_000),
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
-    assert "cannot write shard" in done.stderr and "--resume" in done.stderr
-    _assert_nothing_claims_completeness(dst)
-    assert not [n for n in os.listdir(dst) if n.endswith(".partial")]
-    done = subprocess.run(_cli(source, dst, "--resume"), capture_output=True, text=True, timeout=120)
+    # the first shard could not be written: nothing is left, the retry is the same command
+    assert "cannot write shard" in done.stderr and "run the same command again" in done.stderr
+    assert not dst.exists()
+    done = subprocess.run(_cli(source, dst), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert dataset_fingerprint(dst) == reference
 
@@ -148,13 +148,15 @@ def test_source_file_changing_mid_run_is_named(source, tmp_path, monkeypatch):
 def test_changed_source_refuses_resume(source, tmp_path):
     src = _copy_source(source, tmp_path)
     dst = tmp_path / "ds"
-    proc = subprocess.run(_cli(src, dst), preexec_fn=_limit_file_size(30_000),
+    sorted(src.rglob("*.jpg"))[-1].write_bytes(b"\xff\xd8 broken")  # fails after some shards
+    proc = subprocess.run(_cli(src, dst, "--no-shuffle", "--on-error", "fail"),
                           capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1
+    assert proc.returncode == 1 and "--resume" in proc.stderr
     victim = sorted(src.rglob("*.jpg"))[0]
     os.utime(victim, ns=(1, 1))
     with pytest.raises(ConversionError, match="differ from the interrupted"):
-        convert(src, dst, resume=True, shard_size=SHARD, workers=0, progress=False)
+        convert(src, dst, resume=True, shard_size=SHARD, workers=0, progress=False,
+                shuffle=False, on_error="fail")
 
 
 def test_killed_worker_is_a_clear_error_then_resume(source, reference, tmp_path, monkeypatch):

@@ -38,11 +38,20 @@ def test_index_entry_is_32_bytes_little_endian():
 
 
 def test_index_bounds_are_checked():
+    from dlpack_io.reader.indexcheck import check_layout
+
     index = np.zeros(2, fmt.INDEX_DTYPE)
     index["offset"] = [4096, 4096 + 64]
     index["length"] = [10, 100]
-    with pytest.raises(fmt.FormatError, match="record 1"):
-        fmt.check_index_bounds(index, 4096, 4096 + 128, "s.rec")
+    check_layout(index, "s.rec", 4096, 4096 + 64 + 128)  # 100 bytes padded to 128
+    with pytest.raises(fmt.FormatError, match="records end at 4288, the data section at 4224"):
+        check_layout(index, "s.rec", 4096, 4096 + 128)
+
+
+def test_record_offsets_formula():
+    starts, end = fmt.record_offsets(np.array([1, 64, 65, 2**32 - 1], dtype=np.uint32), 4096)
+    assert starts.tolist() == [4096, 4160, 4224, 4352]
+    assert end == 4352 + 2**32
 
 
 @pytest.mark.parametrize("name", ["../shard-00000.rec", "/etc/passwd", "shard-1.rec",
@@ -56,6 +65,7 @@ def _manifest():
     m = {"kind": fmt.MANIFEST_KIND, "version": fmt.FORMAT_VERSION, "format": "record",
          "mode": "jpeg", "num_samples": 3, "num_bytes": 10, "classes": ["a"],
          "class_counts": [3], "options": {}, "source": {}, "rejects": [], "reencoded": {},
+         "lossless": {},
          "created": {}, "shards": [{"name": "shard-00000.rec", "num_samples": 3,
                                     "first_sample": 0, "bytes": 10, "crc": 1}]}
     m["checksum"] = fmt.manifest_checksum(m)

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from dlpack_io.packer import convert
 from dlpack_io.reader import format as fmt
+from dlpack_io.reader.indexcheck import check_index
 from dlpack_io.reader.shard import LmdbShard, RecordShard
 
 EXAMPLES = int(os.environ.get("DLPACK_FUZZ_EXAMPLES", "150"))
@@ -124,10 +125,17 @@ def test_fuzz_index_bounds(num, data):
     index = fmt.index_from_buffer(raw, num, "x")
     end = data.draw(st.integers(4096, 2**40))
     try:
-        fmt.check_index_bounds(index, 4096, end, "x")
+        check_index(index, "x", data_offset=4096, data_end=end, num_classes=3)
     except fmt.FormatError:
         return
-    assert all(4096 <= int(o) and int(o) + int(n) <= end for o, n in zip(index["offset"], index["length"]))
+    previous_end = 4096
+    for entry in index:  # in order, disjoint, inside, only padding between, sizes bounded
+        o, n = int(entry["offset"]), int(entry["length"])
+        assert o == fmt.align_up(previous_end) and n >= 1 and o + n <= end
+        assert 1 <= int(entry["height"]) * int(entry["width"]) <= fmt.DEFAULT_MAX_PIXELS
+        assert 0 <= int(entry["label"]) < 3 and entry["channels"] == 3
+        previous_end = o + n
+    assert fmt.align_up(previous_end) == end
 
 
 json_values = st.recursive(

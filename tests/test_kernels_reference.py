@@ -76,6 +76,7 @@ def test_normalize_matches_torchvision_formula():
 
 
 def test_jitter_matches_documented_formula():
+    """Brightness then contrast (the default order) with a given contrast mean."""
     images = random_images(3, 3, 4, 3)
     zeros = torch.zeros(3, dtype=torch.int64)
     b = torch.tensor([0.5, 1.0, 1.7])
@@ -92,12 +93,21 @@ def test_jitter_matches_documented_formula():
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
 
 
-def test_jitter_default_contrast_mean_is_mid_grey():
-    images = random_images(1, 2, 2, 1)
-    zeros = torch.zeros(1, dtype=torch.int64)
-    out = reference.crop_flip_permute(images, zeros, zeros, 2, 2, False, False,
+def test_contrast_zero_gives_the_sample_mean():
+    """Without contrast_mean, contrast blends towards the sample's own mean: 0.2989 R +
+    0.587 G + 0.114 B averaged over the image for RGB, the plain mean for 1 channel."""
+    rgb = random_images(2, 3, 5, 3, seed=1)
+    zeros = torch.zeros(2, dtype=torch.int64)
+    out = reference.crop_flip_permute(rgb, zeros, zeros, 3, 5, False, False,
+                                      out_dtype=torch.float32, contrast=torch.zeros(2))
+    u = rgb.double() / 255.0
+    gray = (0.2989 * u[..., 0] + 0.587 * u[..., 1] + 0.114 * u[..., 2]).mean(dim=(1, 2))
+    torch.testing.assert_close(out.double(), gray.view(2, 1, 1, 1).expand(2, 3, 3, 5),
+                               rtol=0, atol=1e-6)
+    one = random_images(1, 2, 2, 1)
+    out = reference.crop_flip_permute(one, zeros[:1], zeros[:1], 2, 2, False, False,
                                       out_dtype=torch.float32, contrast=torch.tensor([0.0]))
-    torch.testing.assert_close(out, torch.full_like(out, 0.5))
+    torch.testing.assert_close(out, torch.full_like(out, float(one.double().mean() / 255)))
 
 
 def test_uint8_rounding_is_half_up():

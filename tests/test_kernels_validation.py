@@ -101,6 +101,25 @@ CROP_CASES = {
                           r"brightness must have shape \(2,\)"),
     "brightness-device": (dict(brightness=torch.ones(2, device=META)), ValueError,
                           r"brightness is on meta"),
+    "saturation-negative": (dict(saturation=torch.tensor([1.0, -0.1])), ValueError,
+                            r"saturation\[1\] must be a finite factor >= 0, got -0.1"),
+    "hue-range": (dict(hue=torch.tensor([0.5, -0.6])), ValueError,
+                  r"hue\[1\] must be in \[-0.5, 0.5\], got -0.6"),
+    "hue-nan": (dict(hue=torch.tensor([float("nan"), 0.0])), ValueError,
+                r"hue\[0\] must be in \[-0.5, 0.5\], got nan"),
+    "saturation-4-channels": (dict(images=torch.zeros((2, 6, 7, 4), dtype=torch.uint8),
+                                   mean=None, std=None, saturation=torch.ones(2)), ValueError,
+                              r"saturation and hue need 1 or 3 channels \(as torchvision\), "
+                              r"got 4"),
+    "order-without-jitter": (dict(order=torch.tensor([228, 228])), ValueError,
+                             r"order given without any jitter op"),
+    "order-float": (dict(hue=torch.zeros(2), order=torch.tensor([228.0, 228.0])), TypeError,
+                    r"order must have dtype in"),
+    "order-not-a-permutation": (dict(hue=torch.zeros(2), order=torch.tensor([228, 0])),
+                                ValueError, r"order\[1\] = 0 is not an order code"),
+    "contrast-mean-without-contrast": (dict(brightness=torch.ones(2),
+                                            contrast_mean=torch.ones(2)), ValueError,
+                                       r"contrast_mean given without contrast"),
 }
 
 
@@ -205,3 +224,29 @@ def test_valid_calls_reach_the_launch():
                    (resized_crop, _ragged())):
         with pytest.raises(AssertionError, match="launched"):
             fn(**kw)
+
+
+EPILOGUE_CASES = {
+    "nhwc-float": (dict(images=torch.zeros((2, 3, 4, 4))), ValueError,
+                   r"images must be an \(N, C, H, W\) uint8 batch with C in 1..4, got "
+                   r"torch.float32"),
+    "five-channels": (dict(images=torch.zeros((2, 5, 4, 4), dtype=torch.uint8)), ValueError,
+                      r"images must be .*with C in 1..4.*\(2, 5, 4, 4\)"),
+    "out-wrong-dtype": (dict(out=torch.empty((2, 3, 4, 4), dtype=torch.float32)), ValueError,
+                        r"out must be a contiguous torch.float16 tensor of shape \(2, 3, 4, 4\)"),
+    "out-wrong-shape": (dict(out=torch.empty((2, 3, 4, 5), dtype=torch.float16)), ValueError,
+                        r"out must be a contiguous torch.float16 tensor"),
+    "hue-range": (dict(hue=torch.tensor([0.0, 0.51])), ValueError, r"hue\[1\] must be in"),
+    "order-length": (dict(brightness=torch.ones(2), order=torch.tensor([228])), ValueError,
+                     r"order must have shape \(2,\)"),
+}
+
+
+@pytest.mark.parametrize("case", EPILOGUE_CASES, ids=list(EPILOGUE_CASES))
+def test_epilogue_errors(case):
+    over, exc, match = EPILOGUE_CASES[case]
+    kw = dict(images=torch.zeros((2, 3, 4, 4), dtype=torch.uint8), out_dtype=torch.float16,
+              mean=(0.5,) * 3, std=(0.2,) * 3)
+    kw.update(over)
+    with pytest.raises(exc, match=r"^epilogue: " + match):
+        reference.epilogue(kw.pop("images"), **kw)

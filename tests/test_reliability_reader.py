@@ -259,8 +259,15 @@ def _alive(pid: int) -> bool:
         return False
 
 
+# Names that torch / Python multiprocessing give shared memory they create (ours is
+# anonymous and has none): other programs on a shared machine create /dev/shm entries too
+# (MosaicML Streaming's "000000_barrier", ...), which must not fail this test.
+_SHM_PREFIXES = ("psm_", "torch_", "sem.mp-", "wnsm_", "mp-")
+
+
 def _shm() -> set:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    names = os.listdir("/dev/shm") if os.path.isdir("/dev/shm") else []
+    return {n for n in names if n.startswith(_SHM_PREFIXES)}
 
 
 def _start_trainer(packed, tmp_path, kind):

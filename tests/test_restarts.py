@@ -118,10 +118,12 @@ def test_region_of_rewritten_file_is_bit_identical(pair, n, pixel_size):
 def test_raw_extension_result_reports_full_image_geometry(pair):
     _, rewritten, W = pair
     out = np.empty(jpegdecode.scratch_bytes(H, W), np.uint8)
-    y0, x0, rows, cols, sh, sw = jpegdecode._jpeg.decode_region(rewritten, out, 150, 0, 53, W, 4)
-    assert (sh, sw) == (-(-H * 4 // 8), -(-W * 4 // 8))
+    y0, x0, rows, cols, sh, sw, ih, iw = jpegdecode._jpeg.decode_region(rewritten, out, 150, 0,
+                                                                        53, W, 4)
+    assert (sh, sw) == (-(-H * 4 // 8), -(-W * 4 // 8)) and (ih, iw) == (H, W)
     assert y0 == 75 and y0 + rows == sh and (x0, cols) == (0, sw)
-    y0, x0, rows, cols, sh2, sw2 = jpegdecode._jpeg.decode_region(rewritten, out, 60, 70, 9, 9, 8)
+    y0, x0, rows, cols, sh2, sw2, _, _ = jpegdecode._jpeg.decode_region(rewritten, out, 60, 70,
+                                                                        9, 9, 8)
     assert (sh2, sw2) == (H, W) and y0 == 60 and x0 <= 69 and x0 + cols >= 80 and rows == 9
 
 
@@ -135,7 +137,7 @@ def test_truncated_rewritten_file_raises():
 
 def test_encode_file_rewrites_only_sequential_jpegs():
     rec = encode_file(_jpeg(), mode="jpeg", restarts=True)
-    assert rec.reencoded == RESTARTS_ADDED and _restart_interval(rec.payload)
+    assert rec.lossless == RESTARTS_ADDED and rec.reencoded is None and _restart_interval(rec.payload)
     assert (rec.height, rec.width) == (H, W)
     prog = _jpeg(progressive=True)
     rec = encode_file(prog, mode="jpeg", restarts=True)
@@ -157,7 +159,7 @@ def test_convert_with_restart_rows(image_folder, odd_folder, tmp_path):
     assert _shards(a) == _shards(b)  # worker-count independent
     manifest = json.loads((a / "manifest.json").read_text())
     assert manifest["options"]["jpeg_restarts"] is True
-    assert manifest["reencoded"] == {RESTARTS_ADDED: 24} == res["reencoded"]
+    assert manifest["lossless"] == {RESTARTS_ADDED: 24} == res["lossless"]
     plain = Dataset(convert(image_folder, tmp_path / "plain", workers=1, progress=False)["dst"])
     ds = Dataset(a)
     assert len(ds) == len(plain) == 24
@@ -166,7 +168,8 @@ def test_convert_with_restart_rows(image_folder, odd_folder, tmp_path):
         assert lx == ly and np.array_equal(x, y)
     root, kinds = odd_folder
     res = convert(root, tmp_path / "odd", jpeg_restarts=True, workers=1, progress=False)
-    assert res["reencoded"][RESTARTS_ADDED] == 1  # the baseline file; progressive kept
+    assert res["lossless"] == {RESTARTS_ADDED: 2, "PNG image stored as raw pixels": 1}
+    assert res["reencoded"] == {}  # baseline + EXIF-rotated rewritten; the others kept
     assert res["rejects"] == 3  # truncated, zero bytes, not an image
     odd = Dataset(tmp_path / "odd")
     for i in range(len(odd)):
@@ -213,3 +216,48 @@ def test_cli_convert_restart_markers(image_folder, tmp_path):
                                     "--restart-markers", "--mode", "raw", "--size", "32"])
     assert res.exit_code != 0 and "needs --mode jpeg" in res.output
     assert "--restart-markers" in CliRunner().invoke(main, ["convert", "--help"]).output
+
+
+def _scan_start(data: bytes) -> int:
+    return data.find(b"\xff\xda")
+
+
+@pytest.mark.parametrize("kw", [dict(subsampling=2), dict(subsampling=1), dict(subsampling=0),
+                                dict(subsampling=2, optimize=True), dict(subsampling=2, quality=50)])
+def test_fast_rewrite_keeps_headers_and_pixels(kw):
+    """The bit-copying rewrite: bytes before SOS unchanged (EXIF, tables...), a DRI segment
+    inserted right before SOS, bytes after the scan (EOI + trailing data) unchanged, same
+    pixels; same pixels as the libjpeg transcode."""
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    out = io.BytesIO()
+    Image.fromarray(_pixels(_jpeg(w=157, seed=4))).save(out, format="JPEG", exif=exif, **kw)
+    original = out.getvalue() + b"trailing bytes after EOI"
+    fast = jpegdecode._jpeg.add_restarts(original, 0, True)
+    slow = jpegdecode._jpeg.add_restarts(original, 0, False)
+    assert np.array_equal(_pixels(fast), _pixels(original))
+    assert np.array_equal(_pixels(slow), _pixels(original))
+    sos = _scan_start(original)
+    if fast != slow:  # the fast path wrote it (else its DC table lacked a code: libjpeg did)
+        assert fast[:sos] == original[:sos]
+        assert fast[sos:sos + 6] == b"\xff\xdd\x00\x04\x00\x01"
+        assert fast.endswith(b"\xff\xd9trailing bytes after EOI")
+    if not kw.get("optimize"):  # standard tables code every DC value: always the fast path
+        assert fast != slow and len(fast) < len(original) * 1.2  # 8x8 MCUs (4:4:4) cost most
+
+
+def test_fast_rewrite_rejects_damage_like_libjpeg():
+    good = _jpeg(w=157, seed=2)
+    sos = _scan_start(good)
+    with pytest.raises(ValueError):
+        jpegdecode._jpeg.add_restarts(good[:sos + 200])  # truncated inside the scan
+    rng = np.random.default_rng(0)
+    for _ in range(200):  # flipped bits: never a crash; either rewritten or an error
+        data = bytearray(good)
+        pos = int(rng.integers(sos + 20, len(data) - 2))
+        data[pos] ^= 1 << int(rng.integers(0, 8))
+        try:
+            out = jpegdecode._jpeg.add_restarts(bytes(data))
+        except ValueError:
+            continue
+        assert out is None or out[:2] == b"\xff\xd8"

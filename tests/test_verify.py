@@ -107,7 +107,10 @@ def test_flipped_byte_in_manifest_is_detected(record_copy):
 
 def test_missing_manifest(record_copy):
     os.unlink(record_copy / "manifest.json")
-    assert "not a finished dlpack data set" in _problems(record_copy)
+    report = verify(record_copy, progress=False)
+    assert not report.ok and report.not_a_dataset
+    assert "not a dlpack data set (no manifest.json): it holds shard files but no manifest" \
+        in report.problems[0]["problem"]
 
 
 def test_damaged_lmdb_record_is_detected(packed, tmp_path):

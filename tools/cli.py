@@ -35,6 +35,20 @@ def _print_version(ctx, param, value):
     ctx.exit()
 
 
+class _DatasetArg(click.ParamType):
+    """A data set folder that exists, or an s3://bucket/prefix URL (checked when opened)."""
+
+    name = "DST"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and value.startswith("s3://"):
+            return value
+        return click.Path(exists=True, file_okay=False).convert(value, param, ctx)
+
+
+_DATASET = _DatasetArg()
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
               help="Show the version and the active image stack (PIL flavour, decoder), then exit.")
@@ -71,60 +85,122 @@ def main(verbose: bool):
 @click.option("--shard-size", default="256MB", show_default=True,
               help="Target bytes of record data per shard (e.g. 64MB, 1GiB).")
 @click.option("--workers", type=int, default=0, show_default=True,
-              help="Worker processes; 0 = all cores. Output never depends on it.")
+              help="Worker processes; 0 = all cores. With --engine ray: CPUs of the private "
+                   "cluster, or at most this many CPUs of --ray-address's. Output never "
+                   "depends on it.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed of the shuffle of samples across shards.")
 @click.option("--shuffle/--no-shuffle", default=True, show_default=True,
               help="Shuffle sample order across shards (recommended for block shuffling).")
 @click.option("--validate/--no-validate", default=True, show_default=True,
               help="Decode every input before packing it; bad files become rejects.")
-@click.option("--restart-markers", is_flag=True,
-              help="jpeg mode: rewrite each baseline JPEG losslessly (same pixels, optimized "
-                   "Huffman tables, usually a little smaller) with a restart marker after every "
-                   "MCU, so the reader Huffman-decodes only the part of the image a crop needs "
-                   "(~40% less decode time for random-resized crops). Packing is ~3x slower; "
-                   "progressive files are kept as they are.")
+@click.option("--restart-markers/--no-restart-markers", default=None,
+              help="jpeg mode, on by default: rewrite each baseline colour JPEG losslessly "
+                   "with a restart marker after every MCU (same pixels; every header byte "
+                   "and every Huffman code kept except the first DC code of each MCU; "
+                   "~5-8% larger files), so the reader Huffman-decodes only the part of the "
+                   "image a crop needs. Costs no more than the validation it replaces. "
+                   "--no-restart-markers stores every JPEG's original bytes untouched. "
+                   "Progressive, grayscale and CMYK files are always kept as they are.")
+@click.option("--non-jpeg", type=click.Choice(["raw", "jpeg", "reject"]), default="raw",
+              show_default=True,
+              help="Images that are not JPEGs by content (PNG, WebP, BMP, TIFF, GIF, also "
+                   "when named .jpg): raw = store their upright RGB pixels losslessly as raw "
+                   "records (larger), jpeg = re-encode at --quality (lossy), reject = skip "
+                   "them (listed in rejects.tsv). Counted in the summary either way. JPEGs "
+                   "(grayscale, CMYK, EXIF-rotated included) always keep their bytes. Files "
+                   "whose suffix is not an image suffix are ignored and counted.")
+@click.option("--max-pixels", type=int, default=None,
+              help="Reject images of more than this many pixels (width x height) before "
+                   "decoding them, naming the size in rejects.tsv (a decompression-bomb "
+                   "guard). Default 89478485, where Pillow starts warning of a bomb.")
 @click.option("--on-error", type=click.Choice(["skip", "fail"]), default="skip", show_default=True,
               help="skip: list bad inputs in rejects.tsv and go on; fail: stop at the first.")
+@click.option("--no-labels", is_flag=True,
+              help="SRC is a folder of images without class sub-folders (self-supervised, "
+                   "retrieval): every image under SRC, at any depth, is packed with label -1 "
+                   "and the data set has no classes.")
+@click.option("--no-provenance", is_flag=True,
+              help="Leave the host name and the absolute paths of SRC and the --list file out "
+                   "of the manifest (for a data set meant for sharing). Relative file paths "
+                   "inside SRC are kept: they name the samples.")
+@click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local: worker processes on this machine. ray: tasks on a Ray cluster "
+                   "(pip install 'dlpack-io[ray]'); same bytes as local, resumable. SRC and DST "
+                   "must be paths every node sees (shared file system).")
+@click.option("--ray-address", metavar="ADDRESS",
+              help="With --engine ray: the cluster to use (HOST:PORT of `ray start --head`, or "
+                   "'auto' for the one running here). Default: $RAY_ADDRESS, else a private "
+                   "cluster on this machine with --workers CPUs.")
 @click.option("--resume", is_flag=True, help="Finish an interrupted conversion into DST.")
+@click.option("--staging", type=click.Path(file_okay=False),
+              help="DST s3://...: local folder for shards waiting to be uploaded (default: the "
+                   "system temp folder; needs room for about two shards).")
 @click.option("--overwrite", is_flag=True, help="Replace a data set already in DST.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def convert(src, dst, list_file, data_format, mode, size, max_side, quality, shard_size,
-            workers, seed, shuffle, validate, restart_markers, on_error, resume, overwrite, quiet,
+            workers, seed, shuffle, validate, restart_markers, non_jpeg, max_pixels, on_error,
+            no_labels, no_provenance, engine, ray_address, resume, staging, overwrite, quiet,
             as_json):
-    """Pack the JPEGs under SRC (class sub-folders, or --list) into shards in DST."""
+    """Pack the images under SRC (class sub-folders, --list, or --no-labels) into shards in
+    DST. DST must lie outside SRC. Symlinks in SRC are followed (each real folder once) and
+    counted in the summary.
+
+    DST may be s3://bucket/prefix (needs pip install 'dlpack-io[s3]'; credentials and endpoint
+    from the AWS_* variables or ~/.aws): each shard is uploaded as it is finished, the
+    manifest last, and the journal kept in the bucket so --resume works from any machine.
+    """
     from dlpack_io.packer.conversion import convert as run
     from dlpack_io.packer.pipeline import ConversionError
-    from dlpack_io.tools.render import human_bytes
 
     try:
         result = run(src, dst, list_file=list_file, resume=resume, overwrite=overwrite,
+                     labels=not no_labels, provenance=not no_provenance,
                      format=data_format, mode=mode, size=size, max_side=max_side,
                      quality=quality, shard_size=shard_size, workers=workers, seed=seed,
                      shuffle=shuffle, validate=validate, jpeg_restarts=restart_markers,
-                     on_error=on_error, progress=not quiet)
-    except (ConversionError, ValueError, RuntimeError, FileNotFoundError) as exc:
+                     non_jpeg=non_jpeg,
+                     **({"max_pixels": max_pixels} if max_pixels is not None else {}),
+                     on_error=on_error, progress=not quiet, engine=engine,
+                     ray_address=ray_address, **({"staging": staging} if staging else {}))
+    except (ConversionError, ValueError, RuntimeError, FileNotFoundError, ImportError) as exc:
         _fail(str(exc))
     if as_json:
         return _echo_json(result)
     if result.get("already_complete"):
         return click.echo(f"{result['dst']} is already complete; nothing to resume")
-    click.echo(f"packed {result['num_samples']} images into {result['num_shards']} shards "
-               f"({human_bytes(result['num_bytes'])}) in {result['seconds']:.1f} s: "
-               f"{result['images_per_s']:.0f} images/s, {result['mb_per_s']:.1f} MB/s read"
+    _echo_convert_summary(result)
+
+
+def _echo_convert_summary(result: dict) -> None:
+    from dlpack_io.tools import render
+    from dlpack_io.tools.render import human_bytes, plural
+
+    click.echo(f"packed {plural(result['num_samples'], 'image')} into "
+               f"{plural(result['num_shards'], 'shard')} ({human_bytes(result['num_bytes'])}) in "
+               f"{result['seconds']:.1f} s: {result['images_per_s']:.0f} images/s, "
+               f"{result['mb_per_s']:.1f} MB/s read"
                + (f" (resumed at input {result['resumed_from']})" if result["resumed_from"] else ""))
-    changed = ", ".join(f"{n} {why}" for why, n in sorted(result["reencoded"].items()))
-    click.echo(f"skipped {result['rejects']}" + (" (see rejects.tsv)" if result["rejects"] else "")
-               + (f"; JPEG bytes rewritten: {changed}" if changed else ""))
+    click.echo(render.convert_counts(result))
+    if result["via_links"] or result["repeated_dirs"]:
+        click.echo(f"symlinks: {plural(result['via_links'], 'input')} reached through a link, "
+                   f"{result['outside_src']} of them outside SRC; "
+                   f"{plural(result['repeated_dirs'], 'folder')} reached again (a loop or an "
+                   f"alias) and skipped")
+    if result["empty_classes"]:
+        click.echo(f"WARNING: {plural(len(result['empty_classes']), 'class', 'classes')} with "
+                   f"no packed image: {', '.join(result['empty_classes'][:10])}", err=True)
 
 
 @main.command()
-@click.argument("dst", type=click.Path(exists=True, file_okay=False))
+@click.argument("dst", type=_DATASET)
 @click.option("--shard", type=int, help="Show shard number K and its first records.")
-@click.option("--index", "sample", type=int, help="Show everything about sample I.")
+@click.option("--index", "sample", type=int, help="Show everything about sample I (negative: "
+              "counted from the end, -1 is the last).")
 @click.option("--grid", type=click.Path(dir_okay=False),
-              help="Write a contact sheet of sample images with their labels to FILE.png.")
+              help="Write a contact sheet of sample images with their labels to FILE (.png "
+                   "is added when FILE has no extension).")
 @click.option("--grid-count", type=int, default=48, show_default=True, help="Images on the sheet.")
 @click.option("--order", is_flag=True, help="Show what a rank's epoch reads and how well its "
               "batches mix shards and classes (global vs block shuffle vs none).")
@@ -138,14 +214,18 @@ def convert(src, dst, list_file, data_format, mode, size, max_side, quality, sha
               help="With --order: the Loader's batch size.")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed for picking sheet images, or the Loader's seed with --order.")
+@click.option("--max-pixels", type=int, default=None,
+              help="Refuse records larger than this many pixels (height x width); default "
+                   "89478485, the default of convert --max-pixels.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def inspect(dst, shard, sample, grid, grid_count, order, shuffle, epoch, world_size, rank,
-            batch_size, seed, as_json):
-    """Summarise the packed data set in DST (or one shard, one sample, a contact sheet,
-    or the sample order a Loader will read)."""
-    from dlpack_io.reader.format import FormatError
+            batch_size, seed, max_pixels, as_json):
+    """Summarise the packed data set in DST, a folder or s3://bucket/prefix (or one shard,
+    one sample, a contact sheet, or the sample order a Loader will read)."""
+    from dlpack_io.reader.format import DEFAULT_MAX_PIXELS, FormatError
     from dlpack_io.tools import inspection, render
 
+    limit = {"max_pixels": max_pixels or DEFAULT_MAX_PIXELS}
     try:
         if order:
             from dlpack_io.tools.order_report import format_order_report, order_report
@@ -154,19 +234,19 @@ def inspect(dst, shard, sample, grid, grid_count, order, shuffle, epoch, world_s
                                 batch_size=batch_size, shuffle=None if shuffle == "none" else shuffle)
             text = format_order_report(data)
         elif grid:
-            data = inspection.contact_sheet(dst, grid, count=grid_count, seed=seed)
+            data = inspection.contact_sheet(dst, grid, count=grid_count, seed=seed, **limit)
             text = f"wrote {data['path']} ({data['width']}x{data['height']}, " \
-                   f"{len(data['samples'])} images)"
+                   f"{render.plural(len(data['samples']), 'image')})"
         elif shard is not None:
-            data = inspection.shard_detail(dst, shard)
+            data = inspection.shard_detail(dst, shard, **limit)
             text = render.shard_text(data)
         elif sample is not None:
-            data = inspection.record_detail(dst, sample)
+            data = inspection.record_detail(dst, sample, **limit)
             text = render.record_text(data)
         else:
-            data = inspection.summary(dst)
+            data = inspection.summary(dst, **limit)
             text = render.summary_text(data)
-    except (FormatError, FileNotFoundError, IndexError, ValueError) as exc:
+    except (FormatError, FileNotFoundError, IndexError, ValueError, ImportError, OSError) as exc:
         _fail(str(exc))
     if as_json:
         return _echo_json(data)
@@ -174,21 +254,28 @@ def inspect(dst, shard, sample, grid, grid_count, order, shuffle, epoch, world_s
 
 
 @main.command()
-@click.argument("dst", type=click.Path(exists=True, file_okay=False))
+@click.argument("dst", type=_DATASET)
 @click.option("--decode", is_flag=True, help="Also decode every image (slower, proves more).")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--max-pixels", type=int, default=None,
+              help="Records larger than this many pixels (height x width) are damage; default "
+                   "89478485, the default of convert --max-pixels.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
-def verify(dst, decode, quiet, as_json):
-    """Check the manifest, every shard and every record checksum in DST.
+def verify(dst, decode, quiet, max_pixels, as_json):
+    """Check the manifest, every shard and every record checksum in DST (a folder or
+    s3://bucket/prefix: each shard is streamed to a temporary file and checked the same way).
 
-    Exit status 0 when intact, 1 when anything is damaged (each problem is named).
+    Exit status 0 when intact, 1 when anything is damaged (each problem is named), 3 when
+    DST is not a data set at all (no manifest.json).
     """
+    from dlpack_io.reader.format import DEFAULT_MAX_PIXELS
     from dlpack_io.tools.render import verify_text
     from dlpack_io.tools.verification import verify as run
 
-    report = run(dst, decode=decode, progress=not quiet).to_dict()
+    report = run(dst, decode=decode, progress=not quiet,
+                 max_pixels=max_pixels or DEFAULT_MAX_PIXELS).to_dict()
     click.echo(json.dumps(report, indent=2) if as_json else verify_text(report))
-    sys.exit(0 if report["ok"] else 1)
+    sys.exit(report["exit_code"])
 
 
 def _int_list(ctx, param, value):

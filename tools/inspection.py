@@ -7,6 +7,7 @@ import numpy as np
 
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.dataset import Dataset
+from dlpack_io.reader.shard import guarded_copy
 
 
 def _size_stats(heights: np.ndarray, widths: np.ndarray) -> dict:
@@ -18,16 +19,30 @@ def _size_stats(heights: np.ndarray, widths: np.ndarray) -> dict:
                       "max": int(widths.max())}}
 
 
-def summary(path) -> dict:
+def _storage(m: dict, indices: list) -> dict:
+    """How the records were stored: original bytes, lossless transforms, re-encodes (with
+    the reasons), and what the reader does at decode time for the original-bytes ones."""
+    index = np.concatenate(indices) if indices else np.zeros(0, dtype=fmt.INDEX_DTYPE)
+    jpeg = index["kind"] == fmt.KIND_JPEG
+    lossless, reencoded = m.get("lossless", {}), m["reencoded"]
+    return {"original_bytes": m["num_samples"] - sum(lossless.values()) - sum(reencoded.values()),
+            "lossless": lossless, "reencoded": reencoded,
+            "at_decode": {"EXIF orientation applied": int((jpeg & (index["orientation"] != 1)).sum()),
+                          "grayscale to RGB": int((jpeg & (index["colour"] == fmt.COLOUR_GRAY)).sum()),
+                          "CMYK/YCCK to RGB": int((jpeg & (index["colour"] == fmt.COLOUR_CMYK)).sum())},
+            "raw_records": int((index["kind"] == fmt.KIND_RAW).sum())}
+
+
+def summary(path, *, max_pixels: int = fmt.DEFAULT_MAX_PIXELS) -> dict:
     """Facts about a whole data set: format, counts, bytes, classes, options, rejects."""
-    ds = Dataset(path)
+    ds = Dataset(path, max_pixels=max_pixels)
     m = ds.manifest
     indices = [s.index for s in ds.shards]
     heights = np.concatenate([ix["height"] for ix in indices]) if indices else np.zeros(0)
     widths = np.concatenate([ix["width"] for ix in indices]) if indices else np.zeros(0)
     lengths = np.concatenate([ix["length"] for ix in indices]) if indices else np.zeros(0)
     return {
-        "path": os.path.abspath(path), "format": m["format"], "version": m["version"],
+        "path": ds.path if ds._remote else os.path.abspath(path), "format": m["format"], "version": m["version"],
         "mode": m["mode"], "num_samples": m["num_samples"], "num_shards": len(m["shards"]),
         "num_bytes": m["num_bytes"],
         "record_bytes": {"mean": float(lengths.mean()) if lengths.size else 0.0,
@@ -36,14 +51,16 @@ def summary(path) -> dict:
         "classes": [{"label": i, "name": c, "count": n}
                     for i, (c, n) in enumerate(zip(m["classes"], m["class_counts"]))],
         "options": m["options"], "source": m["source"], "reencoded": m["reencoded"],
+        "storage": _storage(m, indices),
         "num_rejects": len(m["rejects"]), "rejects": m["rejects"], "created": m["created"],
         "shards": m["shards"],
     }
 
 
-def shard_detail(path, shard: int, *, records: int = 10) -> dict:
+def shard_detail(path, shard: int, *, records: int = 10,
+                 max_pixels: int = fmt.DEFAULT_MAX_PIXELS) -> dict:
     """Facts about shard number ``shard`` and its first ``records`` index entries."""
-    ds = Dataset(path)
+    ds = Dataset(path, max_pixels=max_pixels)
     if not 0 <= shard < len(ds.shards):
         raise IndexError(f"{path} has shards 0..{len(ds.shards) - 1}; there is no shard {shard}")
     entry, sh = ds.manifest["shards"][shard], ds.shards[shard]
@@ -54,7 +71,8 @@ def shard_detail(path, shard: int, *, records: int = 10) -> dict:
         "shard": shard, "name": entry["name"], "path": sh.path, "bytes": entry["bytes"],
         "num_samples": entry["num_samples"], "first_sample": entry["first_sample"],
         "crc": entry["crc"], "header": header.__dict__ if header is not None else None,
-        "label_counts": np.bincount(index["label"], minlength=len(ds.classes)).tolist(),
+        "label_counts": np.bincount(index["label"], minlength=len(ds.classes)).tolist()
+        if ds.classes else [],  # --no-labels: every label is -1
         "image_size": _size_stats(index["height"], index["width"]),
         "records": [_entry_dict(index[j], j, entry["first_sample"] + j, meta, ds.classes)
                     for j in range(min(records, len(index)))],
@@ -70,29 +88,48 @@ def _entry_dict(entry, j: int, sample: int, meta: dict, classes) -> dict:
             "crc": int(entry["crc"]), "height": int(entry["height"]),
             "width": int(entry["width"]), "channels": int(entry["channels"]),
             "kind": "raw" if entry["kind"] == fmt.KIND_RAW else "jpeg",
+            "orientation": int(entry["orientation"]),
+            "colour": ("ycbcr", "grayscale", "cmyk")[min(int(entry["colour"]), 2)],
             "source": paths[j] if j < len(paths) else None}
 
 
-def record_detail(path, sample: int) -> dict:
-    """Everything known about global sample ``sample``, with its checksum checked."""
-    ds = Dataset(path)
+def record_detail(path, sample: int, *, max_pixels: int = fmt.DEFAULT_MAX_PIXELS) -> dict:
+    """Everything known about global sample ``sample`` (negative: from the end, as in
+    Python), with its checksum checked."""
+    ds = Dataset(path, max_pixels=max_pixels)
     k, j = ds.locate(sample)
+    sample %= len(ds)
     sh = ds.shards[k]
     out = _entry_dict(sh.index[j], j, sample, sh.meta(), ds.classes)
     out["shard"] = ds.manifest["shards"][k]["name"]
-    out["crc_ok"] = fmt.crc32(sh.payload(j)) == out["crc"]
+    out["crc_ok"] = fmt.crc32(guarded_copy(sh.payload(j))) == out["crc"]
     return out
 
 
+def sheet_path(out_png) -> str:
+    """``out_png`` with ``.png`` added when it has no extension; ValueError naming the
+    extensions PIL can write when it has one PIL cannot."""
+    from PIL import Image
+
+    root, ext = os.path.splitext(os.fspath(out_png))
+    if not ext:
+        return root + ".png"
+    if ext.lower() not in Image.registered_extensions():
+        raise ValueError(f"{out_png}: cannot write a {ext} image; use .png (or .jpg, .webp)")
+    return os.fspath(out_png)
+
+
 def contact_sheet(path, out_png, *, count: int = 48, cell: int = 160, columns: int = 8,
-                  seed: int = 0) -> dict:
-    """Write a PNG grid of ``count`` random samples captioned with their labels.
+                  seed: int = 0, max_pixels: int = fmt.DEFAULT_MAX_PIXELS) -> dict:
+    """Write a PNG grid of ``count`` random samples captioned with their labels (``.png``
+    is added to a name without an extension).
 
     How a person checks that packing went right: upright, RGB, the right class names.
     """
     from PIL import Image, ImageDraw
 
-    ds = Dataset(path)
+    out_png = sheet_path(out_png)
+    ds = Dataset(path, max_pixels=max_pixels)
     picks = np.sort(np.random.default_rng(seed).choice(len(ds), min(count, len(ds)), replace=False))
     rows = (len(picks) + columns - 1) // columns
     caption = 16
@@ -104,7 +141,8 @@ def contact_sheet(path, out_png, *, count: int = 48, cell: int = 160, columns: i
         thumb.thumbnail((cell, cell))
         x, y = (n % columns) * cell, (n // columns) * (cell + caption)
         sheet.paste(thumb, (x + (cell - thumb.width) // 2, y + (cell - thumb.height) // 2))
-        draw.text((x + 3, y + cell + 2), f"{int(i)}: {ds.classes[label]}"[:24], fill="black")
+        name = ds.classes[label] if 0 <= label < len(ds.classes) else "(no label)"
+        draw.text((x + 3, y + cell + 2), f"{int(i)}: {name}"[:24], fill="black")
     sheet.save(out_png)
     return {"path": os.path.abspath(out_png), "samples": picks.tolist(),
             "width": sheet.width, "height": sheet.height}

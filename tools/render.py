@@ -11,6 +11,31 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """'1 shard', '2 shards', '1 class', '3 classes' (``many`` for irregular plurals)."""
+    return f"{n} {word if n == 1 else many or word + 's'}"
+
+
+def _reasons(counts: dict) -> str:
+    return ", ".join(f"{n} {why}" for why, n in sorted(counts.items()))
+
+
+def convert_counts(result: dict) -> str:
+    """What `dlpack convert` did with its inputs: kept, transformed, re-encoded, skipped."""
+    changed = sum(result["reencoded"].values()) + sum(result.get("lossless", {}).values())
+    lines = [f"original bytes kept: {result['num_samples'] - changed}; "
+             f"transformed losslessly: {sum(result.get('lossless', {}).values())}"
+             + (f" ({_reasons(result['lossless'])})" if result.get("lossless") else "")
+             + f"; re-encoded: {sum(result['reencoded'].values())}"
+             + (f" ({_reasons(result['reencoded'])})" if result["reencoded"] else ""),
+             f"skipped {result['rejects']}" + (" (see rejects.tsv)" if result["rejects"] else "")]
+    if result.get("ignored"):
+        lines.append(f"ignored {plural(sum(result['ignored'].values()), 'file')} without an "
+                     f"image suffix ("
+                     + ", ".join(f"{s} {n}" for s, n in result["ignored"].items()) + ")")
+    return "\n".join(lines)
+
+
 def _size_line(stats: dict) -> str:
     if not stats:
         return "-"
@@ -19,26 +44,39 @@ def _size_line(stats: dict) -> str:
             f"width {w['min']}..{w['max']} (median {w['median']:g})")
 
 
+def _storage_text(st: dict) -> str:
+    at = ", ".join(f"{n} {what}" for what, n in st["at_decode"].items() if n)
+    lines = [f"stored        {st['original_bytes']} with their original bytes"
+             + (f" (the reader applies: {at})" if at else ""),
+             f"              {sum(st['lossless'].values())} transformed losslessly"]
+    lines += [f"                {n:6d}  {why}" for why, n in st["lossless"].items()]
+    lines.append(f"              {sum(st['reencoded'].values())} re-encoded")
+    lines += [f"                {n:6d}  {why}" for why, n in st["reencoded"].items()]
+    return "\n".join(lines)
+
+
 def summary_text(s: dict, max_classes: int = 30) -> str:
     """Readable multi-line summary of inspection.summary()."""
     opts = ", ".join(f"{k}={v}" for k, v in sorted(s["options"].items()))
+    source = s["source"]
+    root = source.get("root") or "(left out: packed with --no-provenance)"
     lines = [
         f"data set      {s['path']}",
         f"format        {s['format']} (version {s['version']}), mode {s['mode']}",
-        f"samples       {s['num_samples']} in {s['num_shards']} shards, "
+        f"samples       {plural(s['num_samples'], 'sample')} in {plural(s['num_shards'], 'shard')}, "
         f"{human_bytes(s['num_bytes'])} ({human_bytes(s['record_bytes']['mean'])}/record mean)",
         f"image size    {_size_line(s['image_size'])}",
         f"options       {opts}",
-        f"source        {s['source']['root']} ({s['source']['num_inputs']} inputs"
-        + (f", list {s['source']['list']})" if s['source']['list'] else ")"),
+        f"source        {root} ({plural(source.get('num_inputs', 0), 'input')}"
+        + (f", list {source['list']})" if source.get('list') else ")"),
         f"created       {s['created'].get('at')} in {s['created'].get('seconds')} s "
         f"with {s['created'].get('pil')}",
-        f"re-encoded    {sum(s['reencoded'].values())}"
-        + "".join(f"\n                {n:6d}  {why}" for why, n in s["reencoded"].items()),
+        _storage_text(s["storage"]),
         f"rejects       {s['num_rejects']}"
         + "".join(f"\n                {r['path']}: {r['reason']}" for r in s["rejects"][:10])
-        + (f"\n                ... (all in rejects.tsv)" if s["num_rejects"] > 10 else ""),
-        f"classes       {len(s['classes'])}",
+        + ("\n                ... (all in rejects.tsv)" if s["num_rejects"] > 10 else ""),
+        f"classes       {len(s['classes'])}" + ("" if s["classes"] else
+                                                   " (packed with --no-labels: every label is -1)"),
     ]
     for c in s["classes"][:max_classes]:
         lines.append(f"  {c['label']:5d}  {c['count']:8d}  {c['name']}")
@@ -54,7 +92,8 @@ def shard_text(d: dict) -> str:
              f"{d['first_sample'] + d['num_samples'] - 1}), {human_bytes(d['bytes'])}, "
              f"crc {d['crc']:#010x}",
              f"  image size {_size_line(d['image_size'])}",
-             f"  label counts {d['label_counts']}",
+             "  label counts " + (", ".join(f"{label}: {n}" for label, n in
+                                            enumerate(d["label_counts"]) if n) or "-"),
              "  sample  record      offset   length  label  size      kind  source"]
     for r in d["records"]:
         lines.append(f"  {r['sample']:6d}  {r['record']:6d}  {r['offset']:10d}  {r['length']:7d}  "
@@ -65,14 +104,18 @@ def shard_text(d: dict) -> str:
 def record_text(r: dict) -> str:
     """Readable detail of inspection.record_detail()."""
     keys = ("sample", "shard", "record", "offset", "length", "label", "class", "height",
-            "width", "channels", "kind", "source", "crc", "crc_ok")
+            "width", "channels", "kind", "orientation", "colour", "source", "crc", "crc_ok")
     return "\n".join(f"{k:9s} {r[k]:#010x}" if k == "crc" else f"{k:9s} {r[k]}" for k in keys)
 
 
 def verify_text(report: dict) -> str:
     """One line per problem, then a verdict line."""
     lines = [f"{p['where']}: {p['problem']}" for p in report["problems"]]
-    verdict = "OK" if report["ok"] else f"DAMAGED ({len(report['problems'])} problems)"
-    lines.append(f"{verdict}: {report['path']}: {report['shards_checked']} shards, "
-                 f"{report['records_checked']} records, {human_bytes(report['bytes_checked'])} checked")
+    if report.get("not_a_dataset"):
+        lines.append(f"NOT A DATA SET: {report['path']}")
+        return "\n".join(lines)
+    verdict = "OK" if report["ok"] else f"DAMAGED ({plural(len(report['problems']), 'problem')})"
+    lines.append(f"{verdict}: {report['path']}: {plural(report['shards_checked'], 'shard')}, "
+                 f"{plural(report['records_checked'], 'record')}, "
+                 f"{human_bytes(report['bytes_checked'])} checked")
     return "\n".join(lines)

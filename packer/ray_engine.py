@@ -1,0 +1,318 @@
+"""``--engine ray``: the local engine's plan, run as tasks on a Ray cluster.
+
+Shards are cut by encoded size, so a task cannot simply be "one shard". The driver (this
+process) therefore works in two phases, streamed:
+
+1. ``encode_segment`` tasks encode fixed ranges of inputs (segments) in packing order; the
+   payloads stay in Ray's object store, only sizes and outcomes come back to the driver.
+2. The driver feeds those outcomes, in order, through the local engine's ``_Packer``:
+   the same reject handling and the same ShardCutter rule decide where each shard ends.
+   Each planned shard becomes an ``assemble_shard`` task that writes it with the local
+   writer (temp file, fsync, rename). Finished shards are journaled in shard order, and
+   the driver writes the manifest last, exactly as the local engine does.
+
+So the bytes do not depend on the engine, the cluster, segment sizes or task timing, and a
+killed driver resumes from the journal like a local run. SRC and DST must be paths that
+every node sees (a shared file system).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+from collections import deque
+from typing import NamedTuple
+
+from dlpack_io.packer import ray_tasks
+from dlpack_io.packer.conversion import _encode_options, _Packer, packing_order
+from dlpack_io.packer.pipeline import ConversionError
+from dlpack_io.packer.progress import Progress
+
+log = logging.getLogger(__name__)
+
+INSTALL = "pip install 'dlpack-io[ray]'"
+MAX_RETRIES = 3       # attempts after a worker or node dies mid-task (Ray re-runs it)
+ASSEMBLY_CPUS = 0.5   # shard writing is mostly I/O: let it overlap encoding
+
+
+def import_ray():
+    """The ``ray`` module, or ConversionError saying how to install it."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise ConversionError(f"--engine ray needs Ray, which is not installed ({exc}); "
+                              f"install it with: {INSTALL}") from None
+    return ray
+
+
+class _Planned(NamedTuple):
+    """An encoded record as the driver knows it: where its payload is, and its facts."""
+
+    blob: object  # ObjectRef of the segment's payload array
+    offset: int
+    length: int
+    crc: int
+    height: int
+    width: int
+    kind: int
+    orientation: int
+    colour: int
+    reencoded: str | None
+    lossless: str | None
+    source_bytes: int
+
+
+class _RayPlanner(_Packer):
+    """The local packer with shard writing replaced by assembly tasks; shards are
+    journaled in order as their tasks finish, at most ``max_pending`` in flight."""
+
+    def __init__(self, dst, inputs, options, state, journal_, *, ray, max_pending: int):
+        super().__init__(dst, inputs, options, state, journal_)
+        self.ray, self.max_pending = ray, max_pending
+        self.assemble = ray.remote(ray_tasks.assemble_shard).options(
+            num_cpus=ASSEMBLY_CPUS, max_retries=MAX_RETRIES)
+        self.items, self.blobs = [], {}
+        self.pending: deque = deque()  # (task ref, shard number, end_input, since)
+        self.planned_shards, self.planned_samples = len(state.shards), state.next_sample
+
+    def add(self, rel: str, label: int, record: _Planned, position: int) -> None:
+        if self.cutter.starts_new_shard(record.length):
+            self.finish_shard(position)
+        slot = self.blobs.setdefault(record.blob, len(self.blobs))
+        self.items.append((slot, record.offset, record.length, label, rel, record.crc,
+                           record.height, record.width, record.kind, record.orientation,
+                           record.colour))
+        self.count(label, record.reencoded, record.lossless)
+
+    def has_open_shard(self) -> bool:
+        return bool(self.items)
+
+    def finish_shard(self, end_input: int) -> None:
+        o = self.options
+        ref = self.assemble.remote(self.dst, o.format, self.planned_shards, self.planned_samples,
+                                   o.shard_size, self.items, *self.blobs)
+        self.pending.append((ref, self.planned_shards, end_input, self.take_since()))
+        self.planned_shards += 1
+        self.planned_samples += len(self.items)
+        self.items, self.blobs = [], {}
+        while len(self.pending) > self.max_pending:
+            self.commit_next()
+
+    def commit_next(self) -> None:
+        """Wait for the oldest assembly, then journal its shard."""
+        ref, number, end_input, since = self.pending[0]
+        entry = _result(self.ray, ref, f"{self.dst}: cannot write shard {number}")
+        self.pending.popleft()
+        self.commit(entry, end_input, since)
+
+    def poll(self) -> None:
+        """Journal the shards whose tasks are done, in order, without waiting."""
+        while self.pending and self.ray.wait([self.pending[0][0]], timeout=0)[0]:
+            self.commit_next()
+
+    def drain(self) -> None:
+        """Wait for every planned shard and journal it."""
+        while self.pending:
+            self.commit_next()
+
+    def abort(self) -> None:
+        """Cancel the shards still being written; their tasks delete their temp files."""
+        _cancel(self.ray, [p[0] for p in self.pending])
+        self.pending.clear()
+
+
+def _cancel(ray, refs: list) -> None:
+    """Cancel tasks (a running one gets KeyboardInterrupt and cleans up); wait up to 30 s."""
+    for ref in refs:
+        ray.cancel(ref)
+    if refs:
+        ray.wait(refs, num_returns=len(refs), timeout=30)
+
+
+def _result(ray, ref, doing: str):
+    """``ray.get(ref)`` with Ray's failures turned into ConversionError naming the work."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:  # the task raised: OSError, MemoryError...
+        cause = exc.cause if getattr(exc, "cause", None) is not None else exc
+        fix = "fix the cause (free disk space?) and " if isinstance(cause, OSError) else ""
+        raise ConversionError(f"{doing} ({type(cause).__name__}: {cause}); completed shards "
+                              f"are kept: {fix}run again with --resume") from None
+    except ray.exceptions.RayError as exc:  # a worker or node died, again after the retries
+        first_line = str(exc).strip().split("\n", 1)[0][:200]
+        raise ConversionError(f"{doing}: Ray gave up after {MAX_RETRIES} retries "
+                              f"({type(exc).__name__}: {first_line}); a worker or node was "
+                              f"killed, ran out of memory or crashed in the image decoder; "
+                              f"completed shards are kept, run again with --resume") from None
+
+
+def segment_size(inputs: int, cpus: int, shard_size: int, mean_bytes: float) -> int:
+    """Inputs per encode task; the output never depends on it.
+
+    Small enough that every CPU gets at least 4 tasks (balance) and that a segment, whose
+    payloads move as one object, spans few shards (each shard's task fetches whole
+    segments); large enough that the driver, which spends ~0.6 ms on each task, keeps up
+    with the cluster: 2 inputs per CPU, at least 64.
+    """
+    cap = min(max(64, 2 * cpus), int(shard_size // (4 * max(mean_bytes, 1.0))))
+    return max(8, min(math.ceil(inputs / (4 * cpus)), cap))
+
+
+def _segments(ray, files, options, cpus: int, size: int):
+    """Yield (start, outcomes, payload ref) per segment in order, keeping 2 x ``cpus``
+    encode tasks queued so no worker waits for the driver. ``files`` is a sequence of
+    (path, size, mtime_ns) items, sliced lazily."""
+    encode = ray.remote(ray_tasks.encode_segment).options(
+        num_returns=2, num_cpus=1, max_retries=MAX_RETRIES)
+    enc_options = _encode_options(options)
+    starts = iter(range(0, len(files), size))
+    queued: deque = deque()
+    log.info("Ray: %d inputs in segments of %d on %d CPUs", len(files), size, cpus)
+    try:
+        while True:
+            while len(queued) < 2 * cpus and (start := next(starts, None)) is not None:
+                queued.append((start, *encode.remote(files[start:start + size], enc_options)))
+            if not queued:
+                return
+            start, meta, blob = queued.popleft()
+            span = f"{files[start][0]} .. {files[min(start + size, len(files)) - 1][0]}"
+            yield start, _result(ray, meta, f"encoding {span}"), blob
+    finally:  # stopped early (an error, Ctrl-C): no encode task outlives the conversion
+        _cancel(ray, [q[1] for q in queued])
+
+
+class _Items:
+    """The encode items (path, size, mtime_ns) of inputs ``todo``, made per slice: a list
+    of them all would hold ~250 bytes per input in the driver for the whole run."""
+
+    def __init__(self, inputs, stats, todo):
+        self.inputs, self.stats, self.todo = inputs, stats, todo
+
+    def __len__(self) -> int:
+        return len(self.todo)
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            return [self._item(i) for i in self.todo[key]]
+        return self._item(self.todo[key])
+
+    def _item(self, i) -> tuple:
+        return (os.path.join(self.inputs.root, self.inputs.paths[i]), *self.stats[i])
+
+
+def pack(dst, inputs, stats, options, state, journal_, *, ray, cpus: int) -> Progress:
+    """The Ray engine's counterpart of conversion._pack: same arguments, same effect on
+    ``state`` and the journal, same Progress."""
+    order = packing_order(len(inputs.paths), options)
+    todo = order[state.position:]
+    files = _Items(inputs, stats, todo)
+    mean_bytes = sum(stats[i][0] for i in todo) / max(len(todo), 1)
+    size = segment_size(len(todo), cpus, options.shard_size, mean_bytes)
+    base = state.position
+    progress = Progress(len(order), f"convert {os.path.basename(dst)}",
+                        enabled=options.progress, initial=base)
+    planner = _RayPlanner(dst, inputs, options, state, journal_, ray=ray, max_pending=max(2, cpus))
+    try:
+        for start, outcomes, blob in _segments(ray, files, options, cpus, size):
+            for k, outcome in enumerate(outcomes):
+                i = todo[start + k]
+                if outcome[0] != "ok":
+                    planner.reject(inputs.paths[i], outcome[1])
+                    progress.update(1)
+                    continue
+                record = _Planned(blob, *outcome[1:])
+                planner.add(inputs.paths[i], inputs.labels[i], record, base + start + k)
+                progress.update(1, record.source_bytes)
+            planner.poll()
+        planner.close(len(order))
+        planner.drain()
+    except ConversionError:
+        _keep_completed(planner)
+        raise
+    except OSError as exc:  # the journal, in the driver
+        planner.abort()
+        raise ConversionError(f"{dst}: cannot write shard ({exc}); completed shards are kept: "
+                              f"fix the cause (free disk space?) and run again with --resume") from exc
+    except BaseException:
+        planner.abort()
+        raise
+    finally:
+        progress.close()
+    return progress
+
+
+def _keep_completed(planner: _RayPlanner) -> None:
+    """After a failure, journal the shards already written before it (as the local engine
+    has them), then cancel the rest."""
+    try:
+        planner.drain()
+    except ConversionError as exc:
+        log.debug("after the first failure: %s", exc)
+    finally:
+        planner.abort()
+
+
+def check_reachable(address) -> None:
+    """Fail in seconds, naming the address, when nothing listens at a HOST:PORT address:
+    Ray itself retries for minutes. ('auto', ray:// and no address are Ray's to resolve.)"""
+    if not address or address == "auto" or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConversionError(f"--ray-address {address!r}: expected HOST:PORT (the --port of "
+                              f"`ray start --head`), 'auto' or ray://HOST:PORT")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+    except OSError as exc:
+        raise ConversionError(f"cannot reach the Ray cluster at {address} "
+                              f"({exc.strerror or exc}); start it with `ray start --head "
+                              f"--port {port}` or fix --ray-address") from None
+
+
+class connection:  # noqa: N801  (used like a function: ``with connection(...) as pack``)
+    """Connect to the cluster at ``address`` (None: start a private one on this machine
+    with ``options.workers`` CPUs); entering yields a ``pack`` bound to it."""
+
+    def __init__(self, address, options):
+        self.ray = import_ray()
+        check_reachable(address)
+        self.address, self.options = address, options
+        self.connected_here = False
+
+    def __enter__(self):
+        ray = self.ray
+        if ray.is_initialized():  # the caller's own connection: use it, leave it open
+            if self.address not in (None, "auto"):
+                raise ConversionError(f"this process is already connected to a Ray cluster; "
+                                      f"leave out --ray-address {self.address} or disconnect")
+        else:
+            self._init()
+        try:
+            cpus = int(ray.cluster_resources().get("CPU", 0))
+            if cpus < 1:
+                raise ConversionError("the Ray cluster has no CPUs to run tasks on; add a node "
+                                      "with `ray start --address ... --num-cpus N`")
+        except BaseException:
+            self.__exit__()
+            raise
+        cpus = min(cpus, self.options.workers or cpus)
+        log.info("Ray %s: %d nodes, %d CPUs used", ray.__version__, len(ray.nodes()), cpus)
+        return lambda *args: pack(*args, ray=ray, cpus=cpus)
+
+    def _init(self) -> None:
+        kwargs = {"log_to_driver": False, "logging_level": logging.WARNING}
+        if self.address is None and not os.environ.get("RAY_ADDRESS"):
+            # A private cluster on this machine, gone with this process; no dashboard.
+            kwargs.update(num_cpus=self.options.num_workers, include_dashboard=False)
+        try:
+            self.ray.init(address=self.address, **kwargs)
+        except (ConnectionError, ValueError, RuntimeError) as exc:
+            raise ConversionError(f"cannot connect to the Ray cluster at {self.address}: "
+                                  f"{exc}; start it with `ray start --head` or fix "
+                                  f"--ray-address") from None
+        self.connected_here = True
+
+    def __exit__(self, *exc_info) -> None:
+        if self.connected_here:
+            self.ray.shutdown()  # a private cluster stops; a shared one only loses this driver

@@ -1,0 +1,69 @@
+"""What the Ray engine's tasks run: plain functions of plain data (this module never
+imports ray, so they are tested, and can be debugged, without a cluster).
+
+Phase 1, ``encode_segment``: encode a fixed range of inputs exactly as the local engine's
+workers do (``encode.encode_path``) and return the per-input outcome (small, goes to the
+driver) and the payloads concatenated into one array (large, stays in Ray's object store).
+Phase 2, ``assemble_shard``: write one shard, planned by the driver with the local rule,
+from slices of those arrays through the local engine's own writer, which publishes it by
+rename. A retried attempt first removes what a killed attempt left.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from dlpack_io.packer.encode import EncodedRecord, encode_path
+from dlpack_io.packer.writers import open_writer, partial_name
+from dlpack_io.reader import format as fmt
+
+
+def encode_segment(items: list, options: dict) -> tuple[list, np.ndarray]:
+    """Encode ``items`` ((path, size, mtime_ns) each); return (outcomes, payloads).
+
+    Outcome per input, in order: ``("ok", offset, length, crc, height, width, kind,
+    orientation, colour, reencoded, lossless, source_bytes)`` with the payload at
+    ``payloads[offset:offset + length]``, or ``("reject", reason)`` with the local engine's
+    reason.
+    """
+    outcomes, parts, offset = [], [], 0
+    for item in items:
+        status, value = encode_path(item, options)
+        if status != "ok":
+            outcomes.append((status, value))
+            continue
+        length = len(value.payload)
+        outcomes.append(("ok", offset, length, value.crc, value.height, value.width,
+                         value.kind, value.orientation, value.colour, value.reencoded,
+                         value.lossless, value.source_bytes))
+        parts.append(value.payload)
+        offset += length
+    return outcomes, np.frombuffer(b"".join(parts), dtype=np.uint8)
+
+
+def assemble_shard(dst: str, data_format: str, shard_number: int, first_sample: int,
+                   shard_size: int, items: list, *payloads) -> dict:
+    """Write shard ``shard_number``; return its manifest entry (the local writer's).
+
+    ``items`` are ``(array, offset, length, label, path, crc, height, width, kind,
+    orientation, colour)`` in shard order, ``array`` indexing ``payloads`` (encode_segment's arrays, which Ray hands
+    over without copying).
+    """
+    stale = os.path.join(dst, partial_name(fmt.shard_name(shard_number, data_format)))
+    try:  # a killed attempt's temp file: LMDB would reopen it instead of starting afresh
+        os.unlink(stale)
+    except FileNotFoundError:
+        pass
+    writer = open_writer(data_format, dst, shard_number, first_sample, shard_size)
+    try:
+        views = [memoryview(p) for p in payloads]
+        for array, offset, length, label, path, crc, height, width, kind, orientation, \
+                colour in items:
+            record = EncodedRecord(views[array][offset:offset + length], height, width, kind,
+                                   crc=crc, orientation=orientation, colour=colour)
+            writer.add(record, label, path)
+        return writer.finish()
+    except BaseException:  # cancelled, disk full...: no temp file stays behind
+        writer.abort()
+        raise

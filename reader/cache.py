@@ -1,0 +1,191 @@
+"""The local cache of a remote data set: verified bytes only, published by atomic rename.
+
+Layout under ``cache_dir`` (default ``$DLPACK_CACHE_DIR`` or ``~/.cache/dlpack``)::
+
+    <key>/manifest.json                 the manifest (key = its CRC + SHA-256: a changed data
+                                        set at the same URL gets a new key, never mixed)
+    <key>/index/<shard>.idx             header page + index + metadata of a record shard
+    <key>/shards/<shard>                whole shards (fetch mode "shards"), kept for reuse
+    <key>/sessions/<id>/.lock           one per open remote Dataset, flock'ed while it lives
+    <key>/sessions/<id>/r/<k>/<j>       record j of shard k (fetch mode "records")
+    <key>/sessions/<id>/s/<shard>       hard link pinning a whole shard for this session
+
+Every file is written under a temporary name in the same directory and renamed into place
+only after its checksums passed, so a reader never sees a partial file. Several processes
+may share ``cache_dir``: each open Dataset has its own session (records are never shared
+between sessions, so one process's eviction cannot pull a file from under another), whole
+shards are shared through hard links (a pinned shard's inode lives on while any session
+links it), and sessions of dead processes are removed by the next one to start. Nothing
+secret is ever written here: no credentials, no signed URLs.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import logging
+import os
+import shutil
+import uuid
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LIMIT_CAP = 20 * 2**30  # default cache_limit: this, or half the free space if less
+
+
+def default_cache_dir() -> str:
+    """``$DLPACK_CACHE_DIR``, else ``$XDG_CACHE_HOME/dlpack``, else ``~/.cache/dlpack``."""
+    if os.environ.get("DLPACK_CACHE_DIR"):
+        return os.environ["DLPACK_CACHE_DIR"]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return os.path.join(base, "dlpack")
+
+
+def default_limit(cache_dir: str) -> int:
+    """DEFAULT_LIMIT_CAP or half the free space of the cache's file system, if smaller."""
+    st = os.statvfs(cache_dir)
+    return min(DEFAULT_LIMIT_CAP, st.f_bavail * st.f_frsize // 2)
+
+
+def dataset_key(manifest_bytes: bytes, crc: int) -> str:
+    """Cache directory name of a data set: its manifest checksum plus a SHA-256 prefix."""
+    return f"ds-{crc:08x}-{hashlib.sha256(manifest_bytes).hexdigest()[:16]}"
+
+
+def publish(path: str, data, *, tmp_dir: str | None = None) -> None:
+    """Write ``data`` to ``path`` atomically (temp name in the same directory, then rename).
+
+    No fsync: a torn file after a crash fails its checksum on read and is fetched again.
+    """
+    directory = tmp_dir or os.path.dirname(path)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = os.path.join(directory, f".tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def read_file(path: str) -> bytes | None:
+    """Contents of ``path``, or None if it does not exist."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
+class DatasetCache:
+    """The cache directory of one data set (``root`` = ``cache_dir/<key>``)."""
+
+    def __init__(self, cache_dir: str, key: str):
+        self.root = os.path.join(cache_dir, key)
+        for sub in ("index", "shards", "sessions"):
+            os.makedirs(os.path.join(self.root, sub), exist_ok=True)
+
+    def index_path(self, shard_name: str) -> str:
+        """Cached header + index + metadata of a shard."""
+        return os.path.join(self.root, "index", shard_name + ".idx")
+
+    def pool_path(self, shard_name: str) -> str:
+        """Shared whole-shard file."""
+        return os.path.join(self.root, "shards", shard_name)
+
+    def pool_usage(self) -> list[tuple[str, int, float, int]]:
+        """(name, bytes, mtime, link count) of every whole shard in the shared pool."""
+        out = []
+        pool = os.path.join(self.root, "shards")
+        for name in os.listdir(pool):
+            if name.startswith("."):
+                continue
+            try:
+                st = os.stat(os.path.join(pool, name))
+            except FileNotFoundError:
+                continue
+            out.append((name, st.st_size, st.st_mtime, st.st_nlink))
+        return out
+
+
+class Session:
+    """One open remote Dataset's private corner of the cache, alive while its lock is held."""
+
+    def __init__(self, cache: DatasetCache, sid: str | None = None):
+        self.cache = cache
+        sessions = os.path.join(cache.root, "sessions")
+        self.owner = sid is None
+        if sid is None:
+            remove_stale_sessions(sessions)
+            sid = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            self._lock_fd = _create_locked(sessions, sid)
+        else:
+            self._lock_fd = None  # attached from another process: the owner holds the lock
+        self.sid = sid
+        self.dir = os.path.join(sessions, sid)
+        self._pid = os.getpid()
+
+    def record_path(self, shard: int, record: int) -> str:
+        """Where record ``record`` of shard number ``shard`` lives in this session."""
+        return os.path.join(self.dir, "r", str(shard), str(record))
+
+    def pin_path(self, shard_name: str) -> str:
+        """This session's hard link to a whole shard of the pool."""
+        return os.path.join(self.dir, "s", shard_name)
+
+    def tmp_dir(self) -> str:
+        """Directory for temporary files that are renamed into this session."""
+        return self.dir
+
+    def close(self) -> None:
+        """Remove the session directory and drop its lock (owner process only)."""
+        if not self.owner or self._pid != os.getpid() or self._lock_fd is None:
+            return
+        shutil.rmtree(self.dir, ignore_errors=True)
+        os.close(self._lock_fd)
+        self._lock_fd = None
+
+
+def _create_locked(sessions: str, sid: str) -> int:
+    """Create ``sessions/sid`` with its lock file already flock'ed (built under a temporary
+    name, then renamed, so a sweeper never sees a session without its lock held)."""
+    tmp = os.path.join(sessions, f".new-{sid}")
+    os.makedirs(tmp)
+    fd = os.open(os.path.join(tmp, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.rename(tmp, os.path.join(sessions, sid))
+    return fd
+
+
+def remove_stale_sessions(sessions: str) -> list[str]:
+    """Delete session directories whose lock nobody holds (their process died)."""
+    removed = []
+    for name in os.listdir(sessions):
+        path = os.path.join(sessions, name)
+        try:
+            fd = os.open(os.path.join(path, ".lock"), os.O_RDWR)
+        except FileNotFoundError:
+            if name.startswith(".new-"):
+                continue  # being created right now (or debris: next sweep after it ages)
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(name)
+            continue
+        except NotADirectoryError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            continue  # alive
+        finally:
+            os.close(fd)
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(name)
+    if removed:
+        log.info("removed %d cache sessions of processes that are gone", len(removed))
+    return removed

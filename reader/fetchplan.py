@@ -1,0 +1,101 @@
+"""Pure planning for the prefetcher: what each batch needs, how to coalesce byte ranges,
+when each item may be evicted, and whether ``cache_limit`` can hold one batch.
+
+No I/O here, so every rule is tested on its own (tests/test_s3_plan.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+MODES = ("records", "shards")
+
+
+@dataclass
+class Plan:
+    """Per batch: the distinct items it needs (sample indices, or shard numbers in "shards"
+    mode); per item: its size in bytes and the last batch that needs it."""
+
+    mode: str
+    needs: list          # list of int64 arrays, one per batch
+    size: np.ndarray     # bytes of each item (indexed by item id)
+    last_use: np.ndarray # last batch needing each item, -1 if none
+    first_pos: list = None  # records mode: position of each needed item in its batch
+
+    def batch_bytes(self, k: int) -> int:
+        """Bytes batch ``k`` needs in the cache at once."""
+        return int(self.size[self.needs[k]].sum())
+
+    def max_batch_bytes(self) -> tuple[int, int]:
+        """(bytes, batch) of the most demanding batch."""
+        if not self.needs:
+            return 0, -1
+        sizes = [self.batch_bytes(k) for k in range(len(self.needs))]
+        k = int(np.argmax(sizes))
+        return sizes[k], k
+
+
+def make_plan(mode: str, batches, shard_ids_of, record_lengths, shard_sizes) -> Plan:
+    """Plan ``batches`` (int64 arrays of global sample indices).
+
+    ``shard_ids_of(samples)`` maps sample indices to shard numbers; ``record_lengths`` holds
+    every sample's record length, ``shard_sizes`` every shard's file size.
+    """
+    if mode not in MODES:
+        raise ValueError(f"fetch mode {mode!r}: expected one of {MODES}")
+    first_pos = None
+    if mode == "records":
+        pairs = [np.unique(np.asarray(b, dtype=np.int64), return_index=True) for b in batches]
+        needs, first_pos = [n for n, _ in pairs], [p for _, p in pairs]
+        size = np.asarray(record_lengths, dtype=np.int64)
+    else:
+        needs = [np.unique(shard_ids_of(np.asarray(b, dtype=np.int64))).astype(np.int64)
+                 for b in batches]
+        size = np.asarray(shard_sizes, dtype=np.int64)
+    last_use = np.full(len(size), -1, dtype=np.int64)
+    for k, items in enumerate(needs):
+        last_use[items] = k  # batches come in order: the later one wins
+    return Plan(mode, needs, size, last_use, first_pos)
+
+
+def check_limit(plan: Plan, cache_limit: int, where: str) -> None:
+    """Refuse a cache_limit that cannot hold what one batch needs, saying how much it must be."""
+    need, k = plan.max_batch_bytes()
+    if need > cache_limit:
+        what = "records" if plan.mode == "records" else "whole shards"
+        hint = (" (whole-shard fetch holds every shard a batch touches: use fetch mode "
+                "'records' or shuffle='block')" if plan.mode == "shards" else "")
+        raise ValueError(f"{where}: cache_limit {cache_limit:,} bytes cannot hold batch {k}, "
+                         f"whose {what} need {need:,} bytes; give cache_limit >= {need:,} "
+                         f"(several times that lets the prefetcher run ahead){hint}")
+
+
+def auto_mode(batches, shard_ids_of, shard_sizes, cache_limit: int) -> str:
+    """"shards" when batches read few shards each (block shuffle, or no shuffle) and those
+    fit the cache; else "records"."""
+    sample = batches[:8]
+    if not sample:
+        return "records"
+    per_batch = [len(np.unique(shard_ids_of(np.asarray(b, dtype=np.int64)))) for b in sample]
+    biggest = int(np.max(shard_sizes)) if len(shard_sizes) else 0
+    if np.mean(per_batch) <= 2 and 2 * max(per_batch) * biggest <= cache_limit:
+        return "shards"
+    return "records"
+
+
+def coalesce(offsets: np.ndarray, lengths: np.ndarray, *, gap: int, max_bytes: int) -> list:
+    """Group records (sorted by offset) into byte ranges: neighbours closer than ``gap``
+    bytes share a request unless it would exceed ``max_bytes``. Returns [(start, end,
+    positions)] with positions into the inputs."""
+    n = len(offsets)
+    if n == 0:
+        return []
+    offsets = offsets.astype(np.int64)
+    ends = offsets + lengths.astype(np.int64)
+    out, first = [], 0
+    for i in range(1, n + 1):
+        if i == n or offsets[i] - ends[i - 1] > gap or ends[i] - offsets[first] > max_bytes:
+            out.append((int(offsets[first]), int(ends[i - 1]), np.arange(first, i)))
+            first = i
+    return out

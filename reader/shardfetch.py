@@ -1,0 +1,117 @@
+"""Whole-shard fetch into the shared pool of the cache (fetch mode "shards").
+
+A shard is downloaded as parallel range requests into a temporary file in the pool
+directory, checked completely (header CRC against the manifest, index and metadata CRCs,
+every record's CRC), renamed into place and hard-linked into the session, so readers only
+ever open a complete, verified file. A shard another process already put in the pool is
+reused as it is (it was verified before it was renamed there).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import uuid
+
+import numpy as np
+
+from dlpack_io.reader import format as fmt
+
+log = logging.getLogger(__name__)
+PART = 8 * 2**20
+
+
+async def fetch_shard(store, shard, cache, session, limit: int, *, max_parts: int = 8) -> dict:
+    """Make ``shard`` available at ``session.pin_path``; return {"requests", "bytes"}."""
+    pool, pin = cache.pool_path(shard.name), session.pin_path(shard.name)
+    os.makedirs(os.path.dirname(pin), exist_ok=True)
+    if _link(pool, pin, shard.size):
+        return {"requests": 0, "bytes": 0}
+    trim_pool(cache, limit - shard.size)
+    tmp = os.path.join(os.path.dirname(pool), f".tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.ftruncate(fd, shard.size)
+        sem = asyncio.Semaphore(max_parts)
+
+        async def part(start):
+            async with sem:
+                end = min(start + PART, shard.size)
+                os.pwrite(fd, await store.aget_range(shard.name, start, end, etag=shard.etag),
+                          start)
+        starts = list(range(0, shard.size, PART))
+        # wait for every part even when one fails: none may write after fd is closed
+        results = await asyncio.gather(*(part(s) for s in starts), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            raise errors[0]
+        await asyncio.get_running_loop().run_in_executor(None, verify_shard_file, fd, shard)
+        os.close(fd)
+        fd = None
+        os.replace(tmp, pool)
+    finally:
+        if fd is not None:
+            os.close(fd)
+            os.unlink(tmp)
+    if not _link(pool, pin, shard.size):
+        raise FileNotFoundError(f"{pool}: shard vanished from the cache right after download "
+                                f"(another process trimming a cache_limit that is too small?)")
+    return {"requests": len(starts), "bytes": shard.size}
+
+
+def _link(pool: str, pin: str, size: int) -> bool:
+    """Pin the pooled shard into the session; False if it is not (completely) there."""
+    try:
+        if os.path.getsize(pool) != size:
+            return False
+        os.link(pool, pin)
+    except FileExistsError:
+        return True
+    except FileNotFoundError:
+        return False
+    os.utime(pool)  # recently used: trimmed last
+    return True
+
+
+def verify_shard_file(fd: int, shard) -> None:
+    """Check a downloaded shard file completely; FormatError naming the URL otherwise."""
+    import mmap
+
+    with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as mm:  # slices copy: no views to leak
+        header = fmt.unpack_header(mm[:fmt.HEADER_SIZE], shard.size, shard.path)
+        if header.header_crc != shard.expected_crc:
+            raise fmt.FormatError(f"{shard.path}: shard checksum {header.header_crc:#010x} "
+                                  f"differs from the manifest's {shard.expected_crc:#010x}: "
+                                  f"the object was replaced")
+        index_bytes = mm[header.index_offset:header.index_offset + header.index_size]
+        if fmt.crc32(index_bytes) != header.index_crc or \
+                fmt.crc32(mm[header.meta_offset:shard.size]) != header.meta_crc:
+            raise fmt.FormatError(f"{shard.path}: index or metadata checksum mismatch")
+        index = fmt.index_from_buffer(index_bytes, header.num_records, shard.path)
+        # equal to the index fetched and validated at open (indexcheck): layout and limits hold
+        if not np.array_equal(index, shard.index):
+            raise fmt.FormatError(f"{shard.path}: index differs from the one read before")
+        for j, (off, length, crc) in enumerate(zip(index["offset"].tolist(),
+                                                   index["length"].tolist(),
+                                                   index["crc"].tolist())):
+            if fmt.crc32(mm[off:off + length]) != crc:
+                raise fmt.FormatError(f"{shard.path} record {j} (bytes {off}-{off + length - 1})"
+                                      f": checksum mismatch in the downloaded bytes: the "
+                                      f"object in the bucket is damaged or was replaced")
+
+
+def trim_pool(cache, budget: int) -> None:
+    """Delete pooled shards no session pins (link count 1), least recently used first,
+    until the pool holds at most ``budget`` bytes (best effort: pinned ones stay)."""
+    entries = sorted(cache.pool_usage(), key=lambda e: e[2])
+    total = sum(e[1] for e in entries)
+    for name, size, _, links in entries:
+        if total <= budget:
+            return
+        if links == 1:
+            try:
+                os.unlink(cache.pool_path(name))
+                total -= size
+                log.debug("trimmed %s from the shard cache", name)
+            except FileNotFoundError:
+                pass

@@ -1,0 +1,252 @@
+"""Remote data set URLs and a small object store with timeouts, retries and a deadline.
+
+    store = Store("s3://bucket/prefix")
+    store.get_range("shard-00000.rec", 0, 4096)      # also: get, head, put, put_file,
+    await store.aget_range(...)                       # list, delete; async get for the planner
+
+Every request has a timeout (``Policy.request_timeout``); transient failures (network
+errors, timeouts, 5xx) are retried with exponential backoff and jitter until
+``Policy.retries`` attempts or ``Policy.deadline`` seconds have passed. Errors are
+StorageError naming the URL, the key, the byte range and what to check. A range read can pin
+the object's ETag (``etag=``): if the object was replaced since, that is ObjectChangedError,
+never silently different bytes.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import random
+import time
+from dataclasses import dataclass
+
+from dlpack_io.reader import s3client
+from dlpack_io.reader.urls import parse_url
+
+class StorageError(OSError):
+    """A request to object storage failed; the message names URL, key, range and a fix."""
+
+
+class ObjectChangedError(StorageError):
+    """An object differs from what we saw before (size, ETag or checksum)."""
+
+
+def run_sync(coro):
+    """Run ``coro`` to completion from synchronous code, even where an event loop is already
+    running in this thread (Jupyter): then it runs on a short-lived thread of its own."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How patient requests are: per-request timeout, attempts, backoff and overall deadline."""
+
+    request_timeout: float = 30.0
+    connect_timeout: float = 10.0
+    retries: int = 5
+    backoff: float = 0.2
+    max_backoff: float = 5.0
+    deadline: float = 120.0
+
+    def pause(self, attempt: int) -> float:
+        """Backoff before retry number ``attempt`` (1-based): exponential, full jitter."""
+        return random.uniform(0, min(self.max_backoff, self.backoff * 2 ** (attempt - 1)))
+
+
+def _classify(exc: BaseException) -> tuple[bool, str]:
+    """(transient?, what to check) for an exception raised by a request."""
+    import obstore.exceptions as ox
+
+    # obstore raises its own classes for some errors and Python's builtins for others
+    if isinstance(exc, (ox.NotFoundError, FileNotFoundError)):
+        return False, "Check that the bucket and prefix exist and the data set was uploaded completely"
+    if isinstance(exc, (ox.PermissionDeniedError, ox.UnauthenticatedError, PermissionError)):
+        return False, ("Check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, "
+                       "AWS_PROFILE or storage_options) and that they may use this bucket")
+    if isinstance(exc, ox.PreconditionError):
+        return False, "The object was replaced since this data set was opened: open it again"
+    text = str(exc)
+    if "403" in text or "Forbidden" in text or "InvalidAccessKeyId" in text or \
+            "SignatureDoesNotMatch" in text:
+        return False, "Check the credentials and that they may use this bucket"
+    return True, "Check that the endpoint (AWS_ENDPOINT_URL) is reachable and the server is up"
+
+
+class Store:
+    """One bucket + prefix; requests only from the process that created the client."""
+
+    def __init__(self, url: str, *, storage_options: dict | None = None, policy: Policy | None = None):
+        self.url = url.rstrip("/")
+        self.bucket, self.prefix = parse_url(url)
+        s3client.import_obstore()  # the install hint, before anything else can fail
+        self.options = s3client.resolve_options(storage_options)
+        tuned = {k: float(v) if k != "retries" else int(v)
+                 for k, v in (storage_options or {}).items() if k in s3client.POLICY_KEYS}
+        self.policy = dataclasses.replace(policy or Policy(), **tuned)
+        self._store, self._pid = None, None
+
+    def _client(self):
+        if self._store is None:
+            self._store = s3client.open_store(self.bucket, self.options,
+                                              request_timeout=self.policy.request_timeout,
+                                              connect_timeout=self.policy.connect_timeout)
+            self._pid = os.getpid()
+        elif self._pid != os.getpid():
+            raise StorageError(f"{self.url}: network access from a forked process (pid "
+                               f"{os.getpid()}); the S3 client is not fork-safe, so only the "
+                               f"process that opened the data set fetches (Loader workers read "
+                               f"the local cache the main process filled)")
+        return self._store
+
+    def key(self, name: str) -> str:
+        """Object key of ``name`` under the prefix."""
+        return self.prefix + name
+
+    def where(self, name: str, start=None, end=None) -> str:
+        """``s3://bucket/key`` plus the byte range, for messages."""
+        rng = f" bytes {start}-{end - 1}" if start is not None else ""
+        return f"s3://{self.bucket}/{self.key(name)}{rng}"
+
+    def _error(self, op, name, exc, attempts, t0, start=None, end=None) -> StorageError:
+        transient, check = _classify(exc)
+        cls = ObjectChangedError if "replaced" in check else StorageError
+        tries = f" after {attempts} attempts over {time.monotonic() - t0:.1f} s" if transient else ""
+        first = (str(exc).strip().splitlines() or [""])[0][:300]  # obstore appends debug dumps
+        return cls(f"{op} {self.where(name, start, end)} failed{tries}: {type(exc).__name__}: "
+                   f"{first}. {check} (endpoint: {self.options.get('endpoint') or 'AWS default'})")
+
+    def _retry(self, op: str, name: str, fn, start=None, end=None):
+        t0, attempt = time.monotonic(), 0
+        while True:
+            attempt += 1
+            try:
+                return fn()
+            except StorageError:
+                raise
+            except Exception as exc:
+                transient, _ = _classify(exc)
+                pause = self.policy.pause(attempt)
+                if not transient or attempt > self.policy.retries or \
+                        time.monotonic() + pause - t0 > self.policy.deadline:
+                    raise self._error(op, name, exc, attempt, t0, start, end) from None
+                time.sleep(pause)  # backoff between attempts
+
+    async def _aretry(self, op: str, name: str, make, start=None, end=None):
+        t0, attempt = time.monotonic(), 0
+        while True:
+            attempt += 1
+            try:
+                return await asyncio.wait_for(make(), self.policy.request_timeout + 1)
+            except asyncio.TimeoutError as exc:
+                error = exc
+            except Exception as exc:
+                error = exc
+            transient, _ = _classify(error)
+            pause = self.policy.pause(attempt)
+            if not transient or attempt > self.policy.retries or \
+                    time.monotonic() + pause - t0 > self.policy.deadline:
+                raise self._error(op, name, error, attempt, t0, start, end) from None
+            await asyncio.sleep(pause)
+
+    # ---- reads --------------------------------------------------------------------------
+    def get(self, name: str) -> bytes:
+        """The whole object ``name``."""
+        import obstore
+
+        return self._retry("GET", name, lambda: bytes(obstore.get(self._client(), self.key(name)).bytes()))
+
+    def get_range(self, name: str, start: int, end: int, *, etag: str | None = None) -> bytes:
+        """Bytes [start, end) of ``name``; ObjectChangedError if its ETag is not ``etag``."""
+        import obstore
+
+        opts = {"range": (start, end)} | ({"if_match": etag} if etag else {})
+        data = self._retry("GET", name, lambda: bytes(
+            obstore.get(self._client(), self.key(name), options=opts).bytes()), start, end)
+        return self._check_length(data, name, start, end)
+
+    async def aget_range(self, name: str, start: int, end: int, *, etag: str | None = None,
+                         with_etag: bool = False):
+        """Async ``get_range`` (for the prefetch planner's event loop); ``with_etag``
+        returns (bytes, the object's ETag)."""
+        import obstore
+
+        opts = {"range": (start, end)} | ({"if_match": etag} if etag else {})
+        client = self._client()
+
+        async def once():
+            result = await obstore.get_async(client, self.key(name), options=opts)
+            return await result.bytes_async(), result.meta.get("e_tag")
+        data, tag = await self._aretry("GET", name, once, start, end)
+        data = self._check_length(data, name, start, end)
+        return (data, tag) if with_etag else data
+
+    def _check_length(self, data, name, start, end):
+        if len(data) != end - start:
+            raise ObjectChangedError(f"GET {self.where(name, start, end)} returned {len(data)} "
+                                     f"bytes, expected {end - start}: the object is shorter than "
+                                     f"the manifest says (replaced or truncated)")
+        return data
+
+    def head(self, name: str) -> dict | None:
+        """{"size", "etag"} of ``name``, or None when it does not exist."""
+        import obstore
+        import obstore.exceptions as ox
+
+        def once():
+            try:
+                meta = obstore.head(self._client(), self.key(name))
+            except (ox.NotFoundError, FileNotFoundError):
+                return None
+            return {"size": int(meta["size"]), "etag": meta.get("e_tag")}
+        return self._retry("HEAD", name, once)
+
+    def list(self, sub: str = "") -> dict:
+        """{name relative to the prefix: size} of every object under prefix + ``sub``."""
+        import obstore
+
+        def once():
+            out = {}
+            for chunk in obstore.list(self._client(), self.prefix + sub):
+                for meta in chunk:
+                    out[meta["path"][len(self.prefix):]] = int(meta["size"])
+            return out
+        return self._retry("LIST", sub, once)
+
+    # ---- writes -------------------------------------------------------------------------
+    def put(self, name: str, data: bytes) -> None:
+        """Write ``data`` as object ``name`` (all or nothing)."""
+        import obstore
+
+        self._retry("PUT", name, lambda: obstore.put(self._client(), self.key(name), data,
+                                                     use_multipart=False))
+
+    def put_file(self, name: str, path, *, part_size: int = 16 * 2**20) -> None:
+        """Upload local file ``path`` as ``name``; multipart when larger than ``part_size``."""
+        import pathlib
+
+        import obstore
+
+        size = os.path.getsize(path)
+        self._retry("PUT", name, lambda: obstore.put(
+            self._client(), self.key(name), pathlib.Path(path), use_multipart=size > part_size,
+            chunk_size=part_size, max_concurrency=4))
+        found = self.head(name)
+        if found is None or found["size"] != size:
+            raise ObjectChangedError(f"PUT {self.where(name)}: uploaded {size} bytes but the "
+                                     f"server holds {found and found['size']}: retry the upload")
+
+    def delete(self, name: str) -> None:
+        """Delete object ``name`` (missing is fine)."""
+        import obstore
+
+        self._retry("DELETE", name, lambda: obstore.delete(self._client(), self.key(name)))
+
+    def __getstate__(self):
+        raise TypeError("a Store holds a live client; pickle the URL and options instead")

@@ -1,0 +1,115 @@
+"""The S3 test infrastructure itself: the SeaweedFS launcher and the latency proxy."""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from dlpack_io.tools.latencyproxy import LatencyProxy, process_cpu_seconds
+from dlpack_io.tools.seaweed import SeaweedServer, free_ports
+
+
+class _Echo:
+    """A real TCP server answering each 4-byte length-prefixed message with it reversed."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.port = self.sock.getsockname()[1]
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                while True:
+                    head = _recv(conn, 4)
+                    if not head:
+                        break
+                    body = _recv(conn, int.from_bytes(head, "little"))
+                    conn.sendall(head + body[::-1])
+
+    def close(self):
+        self.sock.close()
+
+
+def _recv(conn, n):
+    out = b""
+    while len(out) < n:
+        chunk = conn.recv(n - len(out))
+        if not chunk:
+            return out
+        out += chunk
+    return out
+
+
+def _roundtrip(conn, payload: bytes) -> bytes:
+    conn.sendall(len(payload).to_bytes(4, "little") + payload)
+    head = _recv(conn, 4)
+    return _recv(conn, int.from_bytes(head, "little"))
+
+
+def test_proxy_forwards_bytes_intact_and_adds_the_delay():
+    echo = _Echo()
+    payload = os.urandom(3 * 2**20)  # larger than one chunk: order must be kept
+    try:
+        with LatencyProxy("127.0.0.1", echo.port, delay_request=0.1, delay_response=0.05) as proxy:
+            with socket.create_connection(("127.0.0.1", proxy.port), timeout=30) as conn:
+                assert _roundtrip(conn, b"warm") == b"mraw"
+                t0 = time.monotonic()
+                assert _roundtrip(conn, payload) == payload[::-1]
+                assert _roundtrip(conn, b"abc") == b"cba"
+                elapsed = time.monotonic() - t0
+            # two request/response exchanges, each delayed 0.1 s out and 0.05 s back
+            assert elapsed >= 2 * 0.15
+            assert process_cpu_seconds(proxy.proc.pid) >= 0
+            pid = proxy.proc.pid
+        assert not os.path.exists(f"/proc/{pid}") or _zombie(pid)
+    finally:
+        echo.close()
+
+
+def _zombie(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_proxy_without_delay_and_a_server_that_refuses():
+    port = free_ports(1)[0]  # nobody listens there
+    with LatencyProxy("127.0.0.1", port) as proxy:
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=30) as conn:
+            conn.sendall(b"hello")
+            assert conn.recv(10) == b""  # the proxy closes the client side
+
+
+def test_seaweed_answers_s3_and_stops_without_leaving_a_process(tmp_path):
+    import obstore
+    from obstore.store import S3Store
+
+    with SeaweedServer(tmp_path, buckets=["infra-test"]) as server:
+        env = server.env()
+        store = S3Store("infra-test", endpoint=server.endpoint, region="us-east-1",
+                        access_key_id=env["AWS_ACCESS_KEY_ID"],
+                        secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+                        client_options={"allow_http": True})
+        obstore.put(store, "k", b"payload")
+        assert bytes(obstore.get(store, "k").bytes()) == b"payload"
+        pid = server.proc.pid
+    assert server.proc is None
+    assert not os.path.exists(f"/proc/{pid}") or _zombie(pid)
+    assert os.path.isdir(tmp_path / "data") and os.path.isdir(tmp_path / "logs")
+
+
+def test_seaweed_start_failure_is_reported_and_cleaned_up(tmp_path):
+    server = SeaweedServer(tmp_path, start_timeout=0.01)
+    with pytest.raises(RuntimeError, match="weed mini"):
+        server.start()
+    assert server.proc is None

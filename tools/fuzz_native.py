@@ -1,0 +1,185 @@
+"""Time-bounded mutation fuzz of every entry point of the native extension ``_jpeg``.
+
+Meant to run against a sanitizer build (AddressSanitizer + UndefinedBehaviorSanitizer,
+see ``tests/test_native_sanitizers.py``, which builds one and runs this): any out-of-bounds
+access or undefined behaviour then aborts the process with a report. Each entry point gets
+hostile arguments: mutated JPEGs (bit flips, truncations, spliced and overwritten bytes,
+SOF sizes and restart intervals rewritten), boxes, strides, offsets and sizes at and far
+past their limits, and a source buffer truncated under the read (SIGBUS guard). Every
+call must return or raise ValueError (MemoryError for a refused huge buffer).
+
+    python tools/fuzz_native.py --seconds 40 --module-dir BUILD_DIR [--seed 0]
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import io
+import mmap
+import os
+import random
+import struct
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HUGE = (2**31 - 1, 2**31, 2**32, 2**62, 2**63 - 1, -1, -(2**63))
+
+
+def corpus(jpeg) -> list[bytes]:
+    """Small valid JPEGs of every structure the decoder has a path for."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    out = []
+    for (w, h), sub, prog in (((40, 30), 2, False), ((33, 17), 0, False), ((64, 48), 2, True),
+                              ((16, 16), 1, False), ((48, 40), 2, False)):
+        px = rng.integers(0, 255, (h, w, 3), dtype=np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(px).save(buf, "JPEG", subsampling=sub, progressive=prog, quality=80)
+        out.append(buf.getvalue())
+    gray = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, (20, 24), dtype=np.uint8)).save(gray, "JPEG")
+    out.append(gray.getvalue())
+    out += [r for r in (jpeg.add_restarts(d) for d in out[:2] + out[3:5]) if r]  # RST per MCU
+    return out
+
+
+def mutate(rng: random.Random, data: bytes) -> bytes:
+    """One to four random edits of ``data``."""
+    buf = bytearray(data)
+    for _ in range(rng.randint(1, 4)):
+        op = rng.randrange(7)
+        at = rng.randrange(len(buf)) if buf else 0
+        if op == 0 and buf:
+            buf[at] ^= 1 << rng.randrange(8)
+        elif op == 1 and buf:
+            buf[at] = rng.choice((0x00, 0xFF, 0xD0, 0xD9, 0xDA, 0xDD, rng.randrange(256)))
+        elif op == 2:
+            del buf[at:]
+        elif op == 3:
+            buf[at:at] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 16)))
+        elif op == 4:
+            del buf[at:at + rng.randint(1, 64)]
+        elif op == 5:  # rewrite the frame size or the restart interval
+            for marker, offset in ((b"\xff\xc0", 5), (b"\xff\xc2", 5), (b"\xff\xdd", 4)):
+                pos = buf.find(marker)
+                if pos >= 0 and pos + offset + 4 <= len(buf):
+                    first = rng.choice((0, 1, 7, 8, 255, 65500, 65535, rng.randrange(65536)))
+                    second = rng.choice((0, 1, 16, 65535, rng.randrange(65536)))
+                    struct.pack_into(">HH", buf, pos + offset, first, second)
+        else:
+            j = rng.randrange(len(buf)) if buf else 0
+            buf[at:at + 8] = bytes(buf[j:j + 8])
+    return bytes(buf)
+
+
+def _size(rng: random.Random, limit: int) -> int:
+    """A size: small, at the limit, just past it, or hostile."""
+    return rng.choice((0, 1, 2, 3, limit - 1, limit, limit + 1, rng.randrange(max(limit, 1) + 1),
+                       rng.choice(HUGE)))
+
+
+def _call(fn, *args) -> None:
+    try:
+        fn(*args)
+    except (ValueError, MemoryError, OverflowError):
+        pass  # refused: the expected outcome for most hostile calls
+
+
+def fuzz_decode(jpeg, rng, data) -> None:
+    src = mutate(rng, data) if rng.random() < 0.9 else data
+    h, w = (rng.randint(1, 80) for _ in range(2))
+    out = np.empty(rng.choice((0, 16, h * w * 3, (h + 1) * w * 4 + 64, 65536)), np.uint8)
+    box = [rng.choice((0, 1, rng.randrange(64), rng.choice(HUGE))) for _ in range(4)]
+    _call(jpeg.decode_region, src, out, *box[:2], max(box[2], 1) if rng.random() < .7 else box[2],
+          max(box[3], 1) if rng.random() < .7 else box[3], rng.choice((1, 2, 4, 8, 0, 16, 17)),
+          rng.choice((3, 4, 0, 5)))
+    _call(jpeg.header, src)
+
+
+def fuzz_restarts(jpeg, rng, data) -> None:
+    src = mutate(rng, data)
+    try:
+        h, w, _ = jpeg.header(src)
+    except ValueError:
+        h = w = 0
+    if h * w <= 2048 * 2048:  # bigger claims are bounded by libjpeg's memory limit: slow
+        _call(jpeg.add_restarts, src, rng.choice((0, 1, 2, 3, 7, -1, 2**40)))
+
+
+def fuzz_copies(jpeg, rng) -> None:
+    src = np.frombuffer(rng.randbytes(rng.randrange(1, 4096)), np.uint8)
+    dst = np.empty(rng.randrange(1, 4096), np.uint8)
+    n = src.size
+    h, w, ps = rng.randint(1, 40), rng.randint(1, 40), rng.choice((3, 4, 0, 5))
+    _call(jpeg.to_chw, src, _size(rng, n), _size(rng, w * 3), _size(rng, h) or 1,
+          _size(rng, w) or 1, dst, _size(rng, dst.size), rng.random() < .5, rng.random() < .5, ps)
+    params = np.array([[_size(rng, n), _size(rng, w * 3), rng.choice((0, 1, 2**40)),
+                        rng.choice((0, 1)), _size(rng, dst.size)] for _ in range(rng.randint(0, 4))],
+                      np.int64).reshape(-1, 5)
+    _call(jpeg.crop_chw, src, params, _size(rng, h), _size(rng, w), dst)
+    k = rng.randint(0, 4)
+    arrays = [np.array([_size(rng, lim) for _ in range(k)], np.int64) for lim in (n, n, dst.size)]
+    _call(jpeg.gather, src, arrays[0], arrays[1], dst, arrays[2])
+
+
+def fuzz_truncated_map(jpeg, rng, data) -> None:
+    """A mapped source truncated under the read: every entry point raises, none dies."""
+    with tempfile.NamedTemporaryFile() as f:
+        f.write(data + bytes(8192))
+        f.flush()
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        os.truncate(f.name, 0)
+        out = np.empty(65536, np.uint8)
+        calls = (lambda: jpeg.gather(mm, np.array([0], np.int64), np.array([len(mm)], np.int64),
+                                     out, np.array([0], np.int64)),
+                 lambda: jpeg.to_chw(mm, 0, 30, 10, 10, out, 0, False, True),
+                 lambda: jpeg.crop_chw(mm, np.array([[0, 30, 1, 0, 0]], np.int64), 10, 10, out),
+                 lambda: jpeg.decode_region(mm, out, 0, 0, 8, 8, 8),
+                 lambda: jpeg.header(mm))
+        for call in calls:
+            try:
+                call()
+                raise AssertionError("a read of a truncated map returned")
+            except jpeg.MappedFileError:
+                pass
+        mm.close()
+
+
+def run(module_dir: str, seconds: float, seed: int) -> dict:
+    """Fuzz the ``_jpeg`` found in ``module_dir`` for ``seconds``; return call counts."""
+    sys.path.insert(0, module_dir)
+    jpeg = importlib.import_module("_jpeg")
+    rng, data = random.Random(seed), corpus(jpeg)
+    counts = {"decode": 0, "restarts": 0, "copies": 0, "sigbus": 0}
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        sample = rng.choice(data)
+        fuzz_decode(jpeg, rng, sample)
+        fuzz_restarts(jpeg, rng, sample)
+        fuzz_copies(jpeg, rng)
+        counts["decode"] += 1
+        counts["restarts"] += 1
+        counts["copies"] += 1
+        if counts["decode"] % 500 == 1:
+            fuzz_truncated_map(jpeg, rng, sample)
+            counts["sigbus"] += 1
+    return counts
+
+
+def main() -> None:
+    """Command line: see the module docstring."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--module-dir", required=True, help="folder holding the _jpeg build")
+    parser.add_argument("--seconds", type=float, default=40.0)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    counts = run(args.module_dir, args.seconds, args.seed)
+    print("fuzz_native: ok", " ".join(f"{k}={v}" for k, v in counts.items()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
