@@ -384,6 +384,7 @@ def bench_mode(mode: str, path: Path, args, method: str) -> dict:
                 cgroup_root=args.cgroup_root, warm=state == "warm"))
             log.info("%s %s %s round %d: %s", mode, label, state, rnd, runs[label, state][-1])
     res = {"data_bytes": data_bytes, "num_samples": manifest["num_samples"],
+           "packing": {**manifest.get("lossless", {}), **manifest.get("reencoded", {})},
            "readahead_kb": readahead_kb(path), "quality": {},
            "reference": {label: {state: _summary(runs[label, state]) for state in args.reference}
                          for label in table},
@@ -445,6 +446,8 @@ def markdown(res: dict) -> str:
         lines += [f"### {mode} records: {m['num_samples']:,} samples, {m['data_bytes'] / MB:,.0f} "
                   f"MB ({m['data_bytes'] / (res['cache_mb'] * MB):.1f}x the cache), device "
                   f"read_ahead_kb {m['readahead_kb']}", "",
+                  *(["Records: " + ", ".join(f"{k}: {v:,}" for k, v in m["packing"].items())
+                     + ".", ""] if m.get("packing") else []),
                   "| shuffle | page cache | images/s (median) | GB read (median) | read / "
                   "records' bytes (median) | major faults | cache peak | rounds: images/s; "
                   "read / records' bytes |", "|---|---|---:|---:|---:|---:|---:|---|"]
