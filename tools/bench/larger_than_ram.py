@@ -421,9 +421,8 @@ limit (cgroup: the process runs in a cgroup v1 memory cgroup whose limit is kept
 anonymous memory + the cache allowed; fadvise: the shards' pages are dropped each time that
 much more was read), or none (cold: nothing cached at the start; warm: everything cached).
 *read / records' bytes*: read_bytes of /proc/self/io (the process and its threads) over the
-bytes of the records the epoch delivered; 1.0 = every record read once (a JPEG epoch can
-stay below 1: the region decoder stops at the crop's last row; a raw 224 crop reads 224 of
-256 rows). *major faults*, *cache peak*: the cgroup's memory.stat. The Loader maps shards
+bytes of the records the epoch delivered; 1.0 = every record read once (below 1 where an
+epoch leaves bytes untouched: a raw 224 crop reads 224 of 256 rows). *major faults*, *cache peak*: the cgroup's memory.stat. The Loader maps shards
 with the default advice, so a page-cache miss makes the kernel read `read_ahead_kb` around
 the fault; in a random order those neighbours are evicted before they are used once the data
 set is larger than the cache. A block-shuffle window reads `block_size x block_window x mean
