@@ -2,7 +2,7 @@
 reads about that sample (box, flips, ragged geometry, colour-jitter factors and order) plus
 its label, so that one host->device copy of one pinned buffer moves a whole batch.
 
-Layout (little-endian, 64 bytes = 16 int32 words per sample, 8-byte aligned):
+Layout (little-endian, 64 bytes = 16 int32 words per sample, 8-byte aligned at least):
 
 =====  ==========  =======  =========================================================
 word   field       type     meaning
@@ -37,7 +37,9 @@ import torch
 
 RECORD_BYTES = 64
 RECORD_WORDS = RECORD_BYTES // 4
-RECORD_ALIGN = 8
+RECORD_ALIGN = 8      # required (the int64 offset and label words)
+RECORD_PLACEMENT = 16  # where the Loader puts them: Triton specialises pointers on 16-byte
+#                        alignment, so 16 keeps one compiled variant per configuration
 RECORD_DTYPE = np.dtype([
     ("top", "<i4"), ("left", "<i4"), ("box_height", "<i4"), ("box_width", "<i4"),
     ("flags", "<i4"), ("order", "<i4"), ("height", "<i4"), ("width", "<i4"),

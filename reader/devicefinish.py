@@ -110,8 +110,11 @@ class _Copies:
             release()
 
     def close(self) -> None:
-        """Wait for every copy in flight and release its buffer."""
+        """Wait for every copy in flight (staged ones too) and release its buffer."""
         self.reclaim(block=True)
+        for _, event in self._staged.values():
+            if event is not None:  # a staged copy may still read its pinned host slot,
+                event.synchronize()  # which the caller unpins / unmaps next
         self._staged.clear()
 
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dlpack_io.kernels.records import (FLIP_H, FLIP_V, IDENTITY_ORDER, JITTER_OPS, RECORD_ALIGN,
-                                       RECORD_BYTES, host_records)
+from dlpack_io.kernels.records import (FLIP_H, FLIP_V, IDENTITY_ORDER, JITTER_OPS, RECORD_BYTES,
+                                       RECORD_PLACEMENT, host_records)
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader import jpegdecode
 from dlpack_io.reader.batchplan import NEUTRAL_JITTER, BatchPlan, TransformSpec, sample_error
@@ -258,7 +258,7 @@ class GatherMeta:
     out_size: tuple
     resize: bool
     dense_shape: tuple | None  # (N, H, W, 3) for the dense layout, None for ragged
-    records_offset: int     # byte offset of the records (8-byte aligned, after the pixels)
+    records_offset: int     # byte offset of the records (16-byte aligned, after the pixels)
     nbytes: int             # bytes of the buffer in use (pixels + records)
     indices: np.ndarray     # (N,) global indices of the samples in the buffer
     skipped: list           # Skipped entries of samples left out (on_error="skip")
@@ -280,7 +280,7 @@ def gather_bytes(entries) -> int:
 
 
 def _records_at(pixel_bytes: int) -> int:
-    return -(-pixel_bytes // RECORD_ALIGN) * RECORD_ALIGN
+    return -(-pixel_bytes // RECORD_PLACEMENT) * RECORD_PLACEMENT
 
 
 def _place_jpeg(ctx, payload, entry, box, params, buf, offset, scratch):

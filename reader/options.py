@@ -83,6 +83,9 @@ def resolve_device(device):
                            f"{torch.__version__}); use device='cpu'")
     if dev.index is None:
         local = os.environ.get("LOCAL_RANK")
+        if local not in (None, "") and not local.strip().isdigit():
+            raise ValueError(f"device={device!r}: LOCAL_RANK={local!r} is not a GPU index; "
+                             f"torchrun sets it to 0, 1, ...; pass device='cuda:N' to choose")
         dev = torch.device("cuda", int(local) if local not in (None, "") else
                            torch.cuda.current_device())
     if dev.index >= torch.cuda.device_count():

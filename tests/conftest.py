@@ -85,7 +85,7 @@ def hang_deadline():
 def s3_server(tmp_path_factory):
     """A real S3 server (SeaweedFS ``weed mini`` on 127.0.0.1, free ports) for the whole
     session, with bucket ``dlpack-test``; stopped with SIGTERM, then SIGKILL."""
-    from dlpack_io.tools.seaweed import SeaweedServer
+    from dlpack_io.tools.bench.seaweed import SeaweedServer
 
     with SeaweedServer(tmp_path_factory.mktemp("seaweed"), buckets=["dlpack-test"]) as server:
         yield server

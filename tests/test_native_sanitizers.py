@@ -1,7 +1,7 @@
 """The native extension under AddressSanitizer + UndefinedBehaviorSanitizer (issue 16).
 
 Builds ``dlpack_io.reader._jpeg`` from setup.py with ``-fsanitize=address,undefined``
-into a temporary folder and runs ``tools/fuzz_native.py`` against it for
+into a temporary folder and runs ``tests/fuzz_native.py`` against it for
 DLPACK_SANITIZER_SECONDS (default 45): mutated JPEGs through decode_region, header and
 add_restarts, hostile sizes through to_chw, crop_chw and gather, and truncated mapped
 sources (the SIGBUS guard). Any sanitizer report aborts the run; zero reports pass.
@@ -43,7 +43,7 @@ def test_native_entry_points_under_asan_and_ubsan(tmp_path):
                ASAN_OPTIONS="detect_leaks=0:allocator_may_return_null=1:handle_sigbus=0:"
                             "allow_user_segv_handler=1:abort_on_error=0",
                UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1")
-    done = subprocess.run([sys.executable, str(ROOT / "tools" / "fuzz_native.py"),
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "fuzz_native.py"),
                            "--module-dir", str(module_dir), "--seconds", str(SECONDS)],
                           env=env, capture_output=True, text=True, timeout=SECONDS + 120)
     report = done.stdout + done.stderr

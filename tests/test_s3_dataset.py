@@ -224,7 +224,7 @@ def test_server_killed_mid_epoch_gives_a_clear_error_within_the_deadline(tmp_pat
                                                                          packed):
     import time
 
-    from dlpack_io.tools.seaweed import SeaweedServer
+    from dlpack_io.tools.bench.seaweed import SeaweedServer
 
     with SeaweedServer(tmp_path / "srv", buckets=["dying"]) as server:
         for key, value in server.env().items():
@@ -276,3 +276,46 @@ def test_two_data_sets_share_the_shard_pool_without_pulling_pinned_shards(s3_env
     held.close()
     trim_pool(first._remote.cache, 0)             # unpinned now: the pool can be emptied
     assert os.listdir(pool) == []
+
+
+def _crafted_copy(local: str, tmp_path, damage) -> str:
+    """A copy of the local data set with one record's index entry damaged and every
+    checksum resealed (tests/crafted.py), as an attacker's bucket would serve it."""
+    import shutil
+
+    import crafted
+
+    ds = tmp_path / "crafted"
+    shutil.copytree(local, ds)
+    name = crafted.load_manifest(ds)["shards"][0]["name"]
+    _, data, index, meta = crafted.read_shard(ds / name)
+    damage(index)
+    crafted.reseal_shard(ds, 0, data, index, meta, counts=False)
+    return str(ds)
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("label", -1, "label -1 outside the classes"),
+    ("height", 65535, "more than the limit of"),
+    ("orientation", 9, "orientation 9"),
+])
+def test_a_crafted_remote_data_set_is_refused_like_a_local_one(s3_env, packed, tmp_path, field,
+                                                                value, match):
+    """The open-path checks of untrusted data sets (reader/indexcheck.py) apply to shards
+    fetched from a bucket too: damage behind resealed checksums is refused at open."""
+    from dlpack_io.reader.format import FormatError
+
+    def damage(index):
+        index[1][field] = value
+        if field == "height":
+            index[1]["width"] = 65535
+
+    local = _crafted_copy(packed[0], tmp_path, damage)
+    url = f"s3://{BUCKET}/dataset/crafted-{field}"
+    store = Store(url)
+    for name in sorted(os.listdir(local)):
+        store.put_file(name, os.path.join(local, name))
+    with pytest.raises(FormatError, match=match):
+        Dataset(local)[0]  # a local shard is checked when it is first opened
+    with pytest.raises(FormatError, match=match):
+        Dataset(url, cache_dir=tmp_path / "cache")[0]  # a remote one when its index arrives

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from dlpack_io.tools.latencyproxy import LatencyProxy, process_cpu_seconds
-from dlpack_io.tools.seaweed import SeaweedServer, free_ports
+from dlpack_io.tools.bench.latencyproxy import LatencyProxy, process_cpu_seconds
+from dlpack_io.tools.bench.seaweed import SeaweedServer, free_ports
 
 
 class _Echo:

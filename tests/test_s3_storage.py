@@ -115,7 +115,7 @@ def test_a_replaced_object_is_detected_by_its_etag(s3_env):
 
 
 def test_unreachable_server_fails_after_retries_within_the_deadline(s3_env, monkeypatch):
-    from dlpack_io.tools.seaweed import free_ports
+    from dlpack_io.tools.bench.seaweed import free_ports
 
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_ports(1)[0]}")
     store = Store(f"s3://{BUCKET}/x", policy=Policy(request_timeout=2, retries=3, backoff=0.05,

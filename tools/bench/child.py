@@ -2,14 +2,15 @@
 
     python -m dlpack_io.tools.bench.child
 
-First line in: {"op": "convert", ...} (reply: timing, then exit) or {"op": "load", ...}
-(reply: {"ready": true} or {"error": ...}); then "epoch N" lines (reply: seconds, images) and
-"quit" (reply: ru_maxrss of itself and of its reaped children). Anything a library prints goes
-to stderr: the protocol owns the original stdout.
+First line in: {"op": "convert", ...} (reply: timing, then exit), {"op": "remote", ...} (one
+cold first epoch from object storage, see remote.run_one; reply, then exit) or {"op": "load",
+...} (reply: {"ready": true} or {"error": ...}); then "epoch N" lines (reply: seconds, images)
+and "quit" (reply: ru_maxrss of itself and of its reaped children). Every builder comes from
+the registry (families.py). Anything a library prints goes to stderr: the protocol owns the
+original stdout.
 """
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import resource
@@ -23,21 +24,17 @@ def _reply(proto, obj) -> None:
     proto.flush()
 
 
-def _builder(path: str):
-    module, func = path.split(":")
-    return getattr(importlib.import_module(module), func)
-
-
 def convert(cmd: dict) -> dict:
     """Run one store writer, timed; its inputs are the scanned source folder."""
     from dlpack_io.packer.scan import scan_image_folder
-    from dlpack_io.tools.bench.stores import STORES
+    from dlpack_io.tools.bench.families import BY_SECTION, build, resolve
 
     inputs = scan_image_folder(cmd["src"])
-    writer = STORES[cmd["store"]][0]
+    family = BY_SECTION["convert"][cmd["store"]]
+    resolve(family)  # import the writer's module before the clock starts
     os.makedirs(cmd["out"], exist_ok=True)
     start = time.perf_counter()
-    extra = writer(inputs, cmd["out"], cmd["mode"], cmd.get("raw_npy"))
+    extra = build(family, inputs, cmd["out"], cmd["mode"], cmd.get("raw_npy"))
     return {"seconds": time.perf_counter() - start, "images": len(inputs.paths), **extra}
 
 
@@ -56,9 +53,11 @@ def epoch(loader, n: int, dtype: str = "torch.uint8") -> dict:
 
 def serve(cmd: dict, proto) -> None:
     """Build the loader, then answer epoch / quit lines."""
+    from dlpack_io.tools.bench.families import BY_SECTION, build
+
     try:
-        loader = _builder(cmd["builder"])(cmd["store"], cmd["mode"], cmd["batch_size"],
-                                          cmd["workers"], cmd.get("seed", 0))
+        loader = build(BY_SECTION["loader"][cmd["family"]], cmd["store"], cmd["mode"],
+                       cmd["batch_size"], cmd["workers"], cmd.get("seed", 0))
     except Exception as exc:
         traceback.print_exc()
         return _reply(proto, {"error": f"{type(exc).__name__}: {exc}"})
@@ -79,15 +78,22 @@ def serve(cmd: dict, proto) -> None:
                    "maxrss_children_kb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss})
 
 
+def _remote(cmd: dict) -> dict:
+    from dlpack_io.tools.bench.remote import run_one
+
+    return run_one(cmd["family"], cmd["endpoint"], cmd["out"], cmd.get("rank", 0),
+                   cmd.get("world_size", 1))
+
+
 def main() -> None:
     """Entry point: protocol on the original stdout, everything else to stderr."""
     proto = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     cmd = json.loads(sys.stdin.readline())
-    if cmd["op"] == "convert":
+    if cmd["op"] in ("convert", "remote"):
         try:
-            _reply(proto, convert(cmd))
+            _reply(proto, convert(cmd) if cmd["op"] == "convert" else _remote(cmd))
         except Exception as exc:
             traceback.print_exc()
             _reply(proto, {"error": f"{type(exc).__name__}: {exc}"})

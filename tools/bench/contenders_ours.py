@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 
-def ours(store: str, mode: str, batch_size: int, workers: int, seed: int = 0,
+def ours(store: str, mode: str, batch_size: int, workers: int, seed: int = 0, *,
          worker_kind: str = "thread"):
     """Loader(Dataset(store)) doing W_jpeg (RandomResizedCrop) or W_raw (RandomCrop), uint8 CPU."""
     import torch
@@ -28,13 +28,3 @@ class _Epochs:
     def close(self) -> None:
         """Release the loader's workers, where it can."""
         self.loader.close()
-
-
-def ours_thread(store, mode, batch_size, workers, seed=0):
-    """Ours with thread workers."""
-    return ours(store, mode, batch_size, workers, seed, "thread")
-
-
-def ours_process(store, mode, batch_size, workers, seed=0):
-    """Ours with process workers."""
-    return ours(store, mode, batch_size, workers, seed, "process")

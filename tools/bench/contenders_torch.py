@@ -1,4 +1,5 @@
-"""torch.utils.data.DataLoader over the image files (PIL) and over a plain LMDB of JPEG bytes.
+"""torch.utils.data.DataLoader over the image files (PIL), one .npy file per sample, our record
+shards read record by record, and a plain LMDB of JPEG bytes.
 
 A map-style Dataset per store; DataLoader(shuffle=True, persistent_workers when it has
 workers) with the shared collate. DataLoader seeds Python's ``random`` in each worker.
@@ -45,6 +46,23 @@ def dataloader_files(store: str, mode: str, batch_size: int, workers: int, seed:
 
     source = FileSource(store) if mode == "jpeg" else NumpySource(store)
     return DataLoaderContender(SourceDataset(source, mode), batch_size, workers, seed)
+
+
+def dataloader_npy(store: str, mode: str, batch_size: int, workers: int, seed: int = 0):
+    """DataLoader over one .npy file of 256x256x3 pixels per sample (raw only)."""
+    from dlpack_io.tools.bench.sources import NpyFileSource
+
+    return DataLoaderContender(SourceDataset(NpyFileSource(store), mode), batch_size, workers,
+                               seed)
+
+
+def dataloader_ours(store: str, mode: str, batch_size: int, workers: int, seed: int = 0):
+    """DataLoader over our record shards (``Dataset.record``), the PIL / numpy work in its
+    workers: what our Loader adds over a plain DataLoader on the same data."""
+    from dlpack_io.tools.bench.sources import RecordSource
+
+    return DataLoaderContender(SourceDataset(RecordSource(store), mode), batch_size, workers,
+                               seed)
 
 
 def dataloader_lmdb(store: str, mode: str, batch_size: int, workers: int, seed: int = 0):

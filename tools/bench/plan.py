@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from dlpack_io.tools.bench.families import BY_NAME, CONVERT_ONLY, Spec
+from dlpack_io.tools.bench.families import BY_SECTION, QUICK_CONVERT, Spec
 
 QUICK_IMAGES = 1000
 MAIN_BATCH = 256
@@ -36,13 +36,30 @@ def subset_folder(src: str, out: str, count: int) -> str:
     return dst
 
 
-def stores_needed(families, modes) -> list:
-    """(store, mode) pairs, numpy-raw first (the peers' raw stores are written from it)."""
-    pairs = {(f.stores[m], m) for f in families for m in modes if m in f.stores}
-    pairs |= {p for p in CONVERT_ONLY if p[1] in modes}
-    if "raw" in modes:
-        pairs.add(("numpy", "raw"))
-    return sorted(pairs, key=lambda p: (p != ("numpy", "raw"), p[1], p[0]))
+def _depth(store: str, mode: str) -> int:
+    reads = BY_SECTION["convert"][store].reads[mode]
+    return 0 if reads == "src" else 1 + _depth(reads, mode)
+
+
+def stores_needed(converts, loaders, modes) -> list:
+    """(store, mode) pairs: the convert families ``converts`` in every mode they support, the
+    stores the ``loaders`` read, and the stores those are written from; a store comes after
+    the one it reads (numpy-raw before the peers' raw stores)."""
+    pairs = {(f.name, m) for f in converts for m in modes if m in f.reads}
+    pairs |= {(f.reads[m], m) for f in loaders for m in modes if m in f.reads}
+    todo = list(pairs)
+    while todo:
+        store, mode = todo.pop()
+        reads = BY_SECTION["convert"][store].reads[mode]
+        if reads != "src" and (reads, mode) not in pairs:
+            pairs.add((reads, mode))
+            todo.append((reads, mode))
+    return sorted(pairs, key=lambda p: (_depth(*p), p[1], p[0]))
+
+
+def convert_families(families, quick: bool) -> list:
+    """The convert families a convert section times (--quick: no option variants)."""
+    return [f for f in families if not quick or f.name in QUICK_CONVERT]
 
 
 def main_groups(families, modes, workers) -> list:
@@ -51,7 +68,7 @@ def main_groups(families, modes, workers) -> list:
     for mode in modes:
         for w in sorted({0, *workers}):
             specs = [Spec(f.name, mode, w, MAIN_BATCH) for f in families
-                     if f.name != "serial" and w in f.worker_counts(workers)]
+                     if f.name != "serial" and mode in f.reads and w in f.worker_counts(workers)]
             if specs or w == 0:
                 groups.append({"kind": "workers", "mode": mode, "workers": w,
                                "specs": [Spec("serial", mode, 0, MAIN_BATCH)] + specs})
@@ -64,14 +81,10 @@ def batch_groups(families, modes, workers, batch_sizes, quick: bool) -> list:
     chosen = [f for f in families if f.name in names and f.name != "serial"]
     top = max(workers)
     groups = []
-    for mode in (["jpeg"] if quick else modes):
+    for mode in ([m for m in modes if m == "jpeg"] if quick else modes):
         for bs in batch_sizes:
-            specs = [Spec(f.name, mode, top, bs) for f in chosen if top in f.worker_counts(workers)]
+            specs = [Spec(f.name, mode, top, bs) for f in chosen
+                     if mode in f.reads and top in f.worker_counts(workers)]
             groups.append({"kind": "batch", "mode": mode, "batch_size": bs,
                            "specs": [Spec("serial", mode, 0, bs)] + specs})
     return groups
-
-
-def family_of(spec: Spec):
-    """The Family of a spec."""
-    return BY_NAME[spec.family]

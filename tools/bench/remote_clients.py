@@ -6,8 +6,8 @@ requests with each client, interleaved round by round, at each added round trip:
 
     python -m dlpack_io.tools.bench.remote_clients [--rtts 0,20] [--requests 400] [--rounds 3]
 
-Contenders: boto3 (one client, a ThreadPoolExecutor of N threads, N = in-flight requests)
-and obstore (Rust, async: N ``get_range_async`` calls gathered under a semaphore, run on a
+Contenders (the registry's "s3-client" section, families.py): boto3 (one client, a
+ThreadPoolExecutor of N threads, N = in-flight requests) and obstore (Rust, async: N ``get_range_async`` calls gathered under a semaphore, run on a
 fresh event loop per batch). Reported: requests/s (median of rounds) and CPU seconds per 1,000
 requests of this process (the client's own cost; the server and proxy run in their own
 processes).
@@ -24,8 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from dlpack_io.tools.latencyproxy import LatencyProxy
-from dlpack_io.tools.seaweed import SeaweedServer
+from dlpack_io.tools.bench.latencyproxy import LatencyProxy
+from dlpack_io.tools.bench.seaweed import SeaweedServer
 
 BUCKET, KEY = "clientbench", "blob"
 RECORD = 110_000
@@ -78,9 +78,6 @@ def obstore_fetch(env, endpoint, ranges, inflight):
     return lambda: asyncio.run(gather())
 
 
-CLIENTS = {"boto3+threads": boto3_fetch, "obstore": obstore_fetch}
-
-
 def _time(fn) -> tuple[float, float]:
     import resource
 
@@ -94,7 +91,9 @@ def _time(fn) -> tuple[float, float]:
 
 def measure(*, rtts=(0, 20), requests: int = 400, rounds: int = 3, inflight=(16, 64)) -> list:
     """Rows of {client, rtt_ms, inflight, requests_per_s, cpu_s_per_1000}."""
-    rows = []
+    from dlpack_io.tools.bench.families import build, select
+
+    clients, rows = select("s3-client"), []
     with tempfile.TemporaryDirectory() as tmp, SeaweedServer(tmp, buckets=[BUCKET]) as server:
         env = server.env()
         size = (requests * 3) * RECORD
@@ -108,11 +107,11 @@ def measure(*, rtts=(0, 20), requests: int = 400, rounds: int = 3, inflight=(16,
         for rtt in rtts:
             with LatencyProxy("127.0.0.1", server.port, rtt=rtt / 1000) as proxy:
                 for n in inflight:
-                    times = {c: [] for c in CLIENTS}
+                    times = {c.name: [] for c in clients}
                     for rnd in range(rounds):  # interleaved: each round runs every client
                         ranges = _ranges(requests, size, seed=rnd)
-                        for name, make in CLIENTS.items():
-                            times[name].append(_time(make(env, proxy.endpoint, ranges, n)))
+                        for c in clients:
+                            times[c.name].append(_time(build(c, env, proxy.endpoint, ranges, n)))
                     for name, samples in times.items():
                         wall = statistics.median(s[0] for s in samples)
                         cpu = statistics.median(s[1] for s in samples)

@@ -1,4 +1,4 @@
-"""Tables and chart of the remote-storage benchmark (tools/bench/remote.py)."""
+"""Tables and chart of the remote section of ``dlpack bench`` (tools/bench/remote.py)."""
 from __future__ import annotations
 
 import statistics
@@ -52,6 +52,11 @@ def markdown(result: dict) -> str:
                        f"{r['bytes_fetched'] / 1e6:.1f} MB = {r['bytes_fetched'] / total:.2f} "
                        f"of the JPEG bytes")
     return "\n".join(out)
+
+
+def section_markdown(result: dict) -> str:
+    """The remote section's markdown, or why it measured nothing."""
+    return result["skipped"] if result.get("skipped") else markdown(result)
 
 
 def chart(result: dict, path: str) -> bool:

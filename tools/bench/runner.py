@@ -31,23 +31,27 @@ def _convert_one(src, out, store, mode, raw_npy, logs) -> dict:
     return reply
 
 
+def _convert_row(store: str, mode: str) -> dict:
+    family = fam.BY_SECTION["convert"][store]
+    reads = family.reads[mode]
+    return {"store": store, "writer": family.label, "mode": mode, "seconds": [],
+            "input": "JPEG files" if reads == "src" else f"the {reads} store's 256x256 arrays"}
+
+
 def convert_all(src, out, pairs, peers, repeats: int) -> dict:
-    """Convert into every needed store, ``repeats`` interleaved rounds: (store, mode) -> row."""
-    from dlpack_io.tools.bench.stores import STORES, input_of
+    """Convert into every store of ``pairs``, ``repeats`` interleaved rounds: key -> row."""
     from dlpack_io.tools.synth import folder_bytes
 
     logs = os.path.join(out, "logs")
     raw_npy = os.path.join(out, "stores", "numpy-raw", "raw.npy")
     jpeg_bytes, rows = folder_bytes(src), {}
-    for r in range(repeats):
+    for _ in range(repeats):
         for store, mode in pairs:
             key = f"{store}-{mode}"
-            row = rows.setdefault(key, {"store": store, "writer": STORES[store][1], "mode": mode,
-                                        "seconds": [], "input": input_of(store, mode)})
-            need = STORES[store][2]
+            row = rows.setdefault(key, _convert_row(store, mode))
+            need = fam.BY_SECTION["convert"][store].needs
             if need and not peers.get(need, {}).get("ok"):
                 row["error"] = peers.get(need, {}).get("reason", "not installed")
-                continue
             if "error" in row:
                 continue
             try:
@@ -70,13 +74,13 @@ def convert_all(src, out, pairs, peers, repeats: int) -> dict:
 
 
 def _start(spec, stores, peers, out, timeout):
-    family = fam.BY_NAME[spec.family]
+    family = fam.BY_SECTION["loader"][spec.family]
     if family.needs and not peers.get(family.needs, {}).get("ok"):
         raise ChildError(peers.get(family.needs, {}).get("reason", "not installed"))
     store = stores.get(spec.store, {})
     if "warm" not in store:
         raise ChildError(f"no {spec.store} store: {store.get('error', 'not converted')}")
-    cmd = {"op": "load", "builder": family.builder, "store": os.path.join(out, "stores", spec.store),
+    cmd = {"op": "load", "family": spec.family, "store": os.path.join(out, "stores", spec.store),
            "mode": spec.mode, "workers": spec.workers, "batch_size": spec.batch_size, "seed": 0,
            "dtype": "torch.uint8" if family.device == "cpu" else "torch.float16"}
     child = Child(cmd, os.path.join(out, "logs", spec.name.replace(" ", "_") + ".log"))
@@ -141,37 +145,78 @@ def _summarise(rows) -> list:
     return rows
 
 
-def run_bench(src, out, *, quick=False, workers=(1, 2), batch_sizes=(10, 50, 100, 300, 500, 1000),
-              only=None, epochs=None, modes=("jpeg", "raw")) -> dict:
-    """The whole benchmark; returns the result dict and writes JSON, markdown and PNGs to out."""
+def run_bench(src, out, *, sections=("convert", "loader"), quick=False, workers=(1, 2),
+              batch_sizes=(10, 50, 100, 300, 500, 1000), only=None, epochs=None, rounds=None,
+              modes=("jpeg", "raw"), rtts=(0, 10, 20, 50)) -> dict:
+    """The sections asked for; returns the result dict and writes JSON, markdown and PNGs to out.
+
+    ``rounds``: interleaved rounds of the convert (default 3, 1 with ``quick``) and remote
+    (default 2, 1 with ``quick``) sections; ``epochs``: timed epochs of each loader spec."""
     from dlpack_io.tools.bench import environment, report
     from dlpack_io.tools.bench.peers import PACKAGES, peer_status
 
     started = time.time()
-    families = fam.select(only, gpu=not environment.gpu().startswith("none"))
+    unknown = [s for s in sections if s not in fam.BENCH_SECTIONS]
+    if unknown or not sections:
+        raise ValueError(f"--section: unknown section(s) {unknown or list(sections)}; "
+                         f"known: {', '.join(fam.BENCH_SECTIONS)}")
+    fam.check_only(only, sections)
+    if "remote" in sections:  # before hours of other sections: say now what is missing
+        from dlpack_io.tools.bench.remote import check_ready
+
+        check_ready()
     os.makedirs(os.path.join(out, "logs"), exist_ok=True)
     src = plan.subset_folder(src, out, plan.QUICK_IMAGES) if quick else src
     result = {"options": {"src": os.path.abspath(src), "quick": quick, "workers": list(workers),
-                          "batch_sizes": list(batch_sizes), "only": only, "modes": list(modes)},
-              "environment": environment.describe(), "families": {
-                  f.name: {"label": f.label, "same_work": f.same_work} for f in families}}
-    peers = {name: peer_status(name) for name in PACKAGES}
-    result["peers"] = peers
-    result["convert"] = convert_all(src, out, plan.stores_needed(families, modes), peers,
-                                    1 if quick else 3)
-    result["limits"] = _limits(src, out, result["convert"], quick)
-    epochs = epochs or (3 if quick else 5)
-    groups = plan.main_groups(families, modes, workers) + \
-        plan.batch_groups(families, modes, workers, batch_sizes, quick)
-    for i, group in enumerate(groups):
-        log.info("group %d/%d: %s", i + 1, len(groups), {k: v for k, v in group.items() if k != "specs"})
-        group["rows"] = run_group(group, result["convert"], peers, out, epochs, 300 if quick else 900)
-        group["specs"] = [s.name for s in group["specs"]]
-    result["groups"] = groups
+                          "batch_sizes": list(batch_sizes), "only": only, "modes": list(modes),
+                          "sections": list(sections), "rounds": rounds, "rtts": list(rtts)},
+              "environment": environment.describe(), "families": {}, "convert": {},
+              "groups": []}
+    result["peers"] = {name: peer_status(name) for name in PACKAGES}
+    if "convert" in sections or "loader" in sections:
+        _local(result, src, out, sections, epochs, rounds)
+    if "remote" in sections:
+        from dlpack_io.tools.bench import remote
+
+        result["remote"] = remote.run_section(
+            src, os.path.join(out, "remote"), rtts=list(rtts),
+            rounds=rounds or (1 if quick else 2), only=only, peers=result["peers"])
     result["environment"]["load_after"] = os.getloadavg()
     result["seconds"] = time.time() - started
     report.write_all(result, out)
     return result
+
+
+def _local(result, src, out, sections, epochs, rounds) -> None:
+    """The convert and loader sections (they share the stores) into ``result``."""
+    from dlpack_io.tools.bench import environment
+
+    opts, quick = result["options"], result["options"]["quick"]
+    loaders = []
+    if "loader" in sections:
+        loaders = fam.select("loader", opts["only"], gpu=not environment.gpu().startswith("none"))
+        if loaders and all(f.name != "serial" for f in loaders):
+            loaders.insert(0, fam.BY_SECTION["loader"]["serial"])  # every group's baseline
+    converts = []
+    if "convert" in sections:
+        converts = plan.convert_families(fam.select("convert", opts["only"]), quick)
+    result["families"] = {f.name: {"label": f.label, "same_work": f.same_work} for f in loaders}
+    pairs = plan.stores_needed(converts, loaders, opts["modes"])
+    repeats = (rounds or (1 if quick else 3)) if converts else 1
+    result["convert"] = convert_all(src, out, pairs, result["peers"], repeats)
+    if not loaders:
+        return
+    result["limits"] = _limits(src, out, result["convert"], quick)
+    epochs = epochs or (3 if quick else 5)
+    workers, modes = opts["workers"], opts["modes"]
+    groups = plan.main_groups(loaders, modes, workers) + \
+        plan.batch_groups(loaders, modes, workers, opts["batch_sizes"], quick)
+    for i, group in enumerate(groups):
+        log.info("group %d/%d: %s", i + 1, len(groups), {k: v for k, v in group.items() if k != "specs"})
+        group["rows"] = run_group(group, result["convert"], result["peers"], out, epochs,
+                                  300 if quick else 900)
+        group["specs"] = [s.name for s in group["specs"]]
+    result["groups"] = groups
 
 
 def _limits(src, out, stores, quick) -> dict:
@@ -180,6 +225,5 @@ def _limits(src, out, stores, quick) -> dict:
 
     inputs = scan_image_folder(src)
     paths = [os.path.join(inputs.root, p) for p in inputs.paths]
-    raw = os.path.join(out, "stores", "numpy-raw", "raw.npy")
-    return limits.measure(paths, raw if "numpy-raw" in stores and os.path.exists(raw) else None,
-                          quick)
+    made = {key: os.path.join(out, "stores", key) for key, row in stores.items() if "warm" in row}
+    return limits.measure(paths, made, quick)

@@ -1,4 +1,5 @@
-"""Per-sample readers of the simple stores (JPEG files, raw.npy, plain LMDB), opened lazily.
+"""Per-sample readers of the simple stores (JPEG files, raw.npy, one .npy per sample, plain
+LMDB, our record shards read record by record), opened lazily.
 
 Each is picklable before first use and opens its files once per process (never across a
 fork: lmdb refuses an environment inherited from the parent).
@@ -27,6 +28,32 @@ class FileSource:
         """(JPEG bytes, label) of sample i."""
         with open(self.paths[i], "rb") as f:
             return f.read(), self.labels[i]
+
+
+class NpyFileSource(FileSource):
+    """One .npy file per sample (stores.write_npy_files): payload = its HWC array."""
+
+    def get(self, i: int):
+        """(HWC uint8 array, label) of sample i."""
+        return np.load(self.paths[i]), self.labels[i]
+
+
+class RecordSource:
+    """Our record shards through ``Dataset.record``: payload = the stored record (JPEG bytes
+    or raw pixels), zero-copy; the data set opens its shards lazily in each process."""
+
+    def __init__(self, store: str):
+        from dlpack_io.reader import Dataset
+
+        self.dataset = Dataset(store)
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def get(self, i: int):
+        """(record payload, label) of sample i."""
+        payload, entry = self.dataset.record(i)
+        return payload, int(entry["label"])
 
 
 class NumpySource:

@@ -1,15 +1,17 @@
 """One folder of JPEGs converted into every contender's format, each by its own writer.
 
-Each writer is ``fn(inputs, out_dir, mode, raw_npy) -> dict`` (extra facts) and runs in its own
-process (see ``child``), which times it: the Convert table. Raw (256x256) stores of the peers
-are written from the decoded arrays of the ``numpy`` store (its own row times the decoding);
-ours decode in our packer, so their raw rows include decoding.
+Each writer is ``fn(inputs, out_dir, mode, raw_npy, **options) -> dict`` (extra facts), named
+by a convert family of the registry (families.py), and runs in its own process (see
+``child``), which times it: the Convert table. Raw (256x256) stores of the peers are written
+from the decoded arrays of the ``numpy`` store (its own row times the decoding); ours decode
+in our packer, so their raw rows include decoding.
 """
 from __future__ import annotations
 
 import json
 import os
 import struct
+import subprocess
 
 import numpy as np
 
@@ -136,43 +138,31 @@ def write_ffcv(inputs, out, mode, raw_npy) -> dict:
     return {}
 
 
-def write_tar(inputs, out, mode, raw_npy) -> dict:
-    """``tar cf`` of the folder (the lead's bench_convert contender)."""
-    from dlpack_io.tools.bench_convert import tar_folder
-
-    tar_folder(inputs.root, out)
+def write_npy_files(inputs, out, mode, raw_npy) -> dict:
+    """One ``NNNNNN.npy`` file of 256x256x3 pixels per sample, cut from the numpy store."""
+    raw = np.load(raw_npy, mmap_mode="r")
+    names = []
+    for i in range(len(inputs.labels)):
+        names.append(os.path.join(os.path.abspath(out), f"{i:06d}.npy"))
+        np.save(names[-1], np.asarray(raw[i]))
+    with open(os.path.join(out, "index.json"), "w") as f:
+        json.dump({"paths": names, "labels": list(map(int, inputs.labels))}, f)
     return {}
 
 
-def write_ours(fmt: str):
-    """Our packer (the lead's bench_convert contender) with all cores."""
-    def write(inputs, out, mode, raw_npy) -> dict:
-        from dlpack_io.tools.bench_convert import pack_ours
-
-        size = {"size": RAW_SIZE} if mode == "raw" else {}
-        pack_ours(inputs.root, out, format=fmt, mode=mode, workers=os.cpu_count(), **size)
-        return {}
-    return write
+def write_tar(inputs, out, mode, raw_npy) -> dict:
+    """``tar cf`` of the folder into ``out/all.tar``."""
+    subprocess.run(["tar", "cf", os.path.join(out, "all.tar"), "-C", str(inputs.root), "."],
+                   check=True)
+    return {}
 
 
-# name -> (writer, label, package it needs or None)
-STORES = {
-    "files": (write_files, "the JPEG folder itself", None),
-    "numpy": (write_numpy, "numpy .npy (PIL decode + resize, all cores)", None),
-    "tar": (write_tar, "tar cf", None),
-    "ours-record": (write_ours("record"), "ours: record shards (all cores)", None),
-    "ours-lmdb": (write_ours("lmdb"), "ours: LMDB shards (all cores)", None),
-    "lmdb": (write_lmdb, "plain LMDB (py-lmdb, one txn)", "lmdb"),
-    "webdataset": (write_webdataset, "webdataset ShardWriter", "webdataset"),
-    "streaming": (write_mds, "streaming MDSWriter", "streaming"),
-    "litdata": (write_litdata, "litdata optimize (all cores)", "litdata"),
-    "ffcv": (write_ffcv, "ffcv DatasetWriter (jpeg: re-encodes q90)", "ffcv"),
-}
-DECODES_ITSELF = ("numpy", "ours-record", "ours-lmdb", "tar", "files")
+def write_ours(inputs, out, mode, raw_npy, *, format="record", workers=None, **options) -> dict:
+    """Our packer (``dlpack_io.packer.convert``), 256 MB shards, all cores unless ``workers``;
+    ``options`` are convert()'s own (jpeg_restarts, validate)."""
+    from dlpack_io.packer import convert
 
-
-def input_of(store: str, mode: str) -> str:
-    """What a writer reads: the JPEG files, or (peers' raw stores) the numpy store's arrays."""
-    if mode == "jpeg" or store in DECODES_ITSELF:
-        return "JPEG files"
-    return "decoded 256x256 arrays"
+    size = {"size": RAW_SIZE} if mode == "raw" else {}
+    convert(inputs.root, out, overwrite=True, progress=False, shard_size="256MB", format=format,
+            mode=mode, workers=workers or os.cpu_count(), **size, **options)
+    return {}

@@ -1,9 +1,9 @@
 """What the untrusted-input checks cost (issue 16, issue 13): opening a large data set, and
 the per-batch shard identity check against the Loader's time per batch.
 
-    python tools/cost_of_checks.py open --root /tmp/big --samples 1300000 \
+    python -m dlpack_io.tools.bench.cost_of_checks open --root /tmp/big --samples 1300000 \
         [--before-python OTHER/python] [--repeats 5]
-    python tools/cost_of_checks.py batch --root /tmp/small [--repeats 5]
+    python -m dlpack_io.tools.bench.cost_of_checks batch --root /tmp/small [--repeats 5]
 
 ``open`` writes a data set of ``--samples`` ImageNet-like records (index, metadata and
 manifest real; the data sections are sparse holes, so it takes no disk) and times, in
@@ -49,7 +49,7 @@ def make_sparse_dataset(root: str, samples: int, seed: int = 0) -> dict:
                 "classes": [f"n{i:08d}" for i in range(1000)],
                 "class_counts": np.bincount(labels, minlength=1000).tolist(), "shards": shards,
                 "options": {}, "source": {"root": None, "list": None, "num_inputs": samples},
-                "rejects": [], "reencoded": {}, "created": {}}
+                "rejects": [], "reencoded": {}, "lossless": {}, "created": {}}
     manifest["checksum"] = fmt.manifest_checksum(manifest)
     with open(os.path.join(root, fmt.MANIFEST_NAME), "wb") as f:
         f.write(fmt.encode_meta(manifest))
@@ -64,7 +64,7 @@ def _write_shard(root, k, first, lengths, rng) -> dict:
     index["label"] = rng.integers(0, 1000, n)
     index["crc"] = rng.integers(0, 2**32, n, dtype=np.uint64)
     index["height"], index["width"] = rng.integers(200, 500, n), rng.integers(200, 500, n)
-    index["channels"], index["kind"] = 3, fmt.KIND_JPEG
+    index["channels"], index["kind"], index["orientation"] = 3, fmt.KIND_JPEG, 1
     meta = fmt.encode_meta({"shard": k, "first_sample": first,
                             "paths": [f"n{int(lab):08d}/img_{first + i:08d}.JPEG"
                                       for i, lab in enumerate(index["label"])]})

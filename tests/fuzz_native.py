@@ -8,7 +8,7 @@ SOF sizes and restart intervals rewritten), boxes, strides, offsets and sizes at
 past their limits, and a source buffer truncated under the read (SIGBUS guard). Every
 call must return or raise ValueError (MemoryError for a refused huge buffer).
 
-    python tools/fuzz_native.py --seconds 40 --module-dir BUILD_DIR [--seed 0]
+    python tests/fuzz_native.py --seconds 40 --module-dir BUILD_DIR [--seed 0]
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ and its response therefore pay ``delay_request + delay_response`` more than with
 
 Run it in its own process so its CPU cost can be measured apart from the loader's::
 
-    python -m dlpack_io.tools.latencyproxy --target 127.0.0.1:8333 --rtt-ms 20
+    python -m dlpack_io.tools.bench.latencyproxy --target 127.0.0.1:8333 --rtt-ms 20
     # prints "listening on 127.0.0.1:PORT", serves until SIGTERM
 
 or from Python: ``with LatencyProxy("127.0.0.1", 8333, rtt=0.02) as proxy: proxy.endpoint``.
@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 
-from dlpack_io.tools.seaweed import die_with_parent
+from dlpack_io.tools.bench.seaweed import die_with_parent
 
 _CHUNK = 256 * 1024
 
@@ -113,7 +113,7 @@ class LatencyProxy:
 
     def start(self) -> "LatencyProxy":
         """Start the child and return once it listens (its first output line says where)."""
-        cmd = [sys.executable, "-m", "dlpack_io.tools.latencyproxy",
+        cmd = [sys.executable, "-m", "dlpack_io.tools.bench.latencyproxy",
                "--target", f"{self.target[0]}:{self.target[1]}",
                "--delay-request-ms", str(self.delay_request * 1000),
                "--delay-response-ms", str(self.delay_response * 1000)]

@@ -1,10 +1,10 @@
 """Conversion benchmark: ``--engine ray`` against the local engine on the same CPUs.
 
-    unshare --net sh -c 'ip link set lo up && python -m dlpack_io.tools.bench_convert_ray'
+    unshare --net sh -c 'ip link set lo up && python -m dlpack_io.tools.bench.convert_ray'
         [--images 3000] [--cpus 2] [--repeats 5] [--shard-size 256MB] [--out bench-out]
 
 (``unshare --net``, as root, keeps every Ray process on loopback; without it Ray listens on
-and talks to the machine's network address.) Contenders, interleaved round by round from a
+and talks to the machine's network address.) Contenders (the registry's "ray" section, families.py), interleaved round by round from a
 warm page cache (files re-read, untimed, before each run), medians of the repeats:
 
 * ``local``: ``convert(..., workers=CPUS)``, the default engine.
@@ -31,115 +31,17 @@ import math
 import os
 import platform
 import shutil
-import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+from dlpack_io.tools.bench.rayhost import CPUGroup, HeadNode
 from dlpack_io.tools.pagecache import warm
 from dlpack_io.tools.synth import folder_bytes, make_image_folder
 
-HOST = "127.0.0.2"  # loopback; Ray rewrites 127.0.0.1 to the machine's network address
-
-
-class HeadNode:
-    """``ray start --head --block`` in its own session, on loopback, private temp dir; its
-    processes count their CPU in ``self.cpu`` (a CPUGroup)."""
-
-    def __init__(self, cpus: int):
-        self.cpu = CPUGroup("dlbench-head")
-        self.tmp = tempfile.mkdtemp(prefix="dlbench")
-        self.env = dict(os.environ, RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
-        with socket.socket() as s:
-            s.bind((HOST, 0))
-            port = s.getsockname()[1]
-        self.address = f"{HOST}:{port}"
-        self.log = Path(self.tmp, "head.log")
-        ray = str(Path(sys.executable).with_name("ray"))
-        with open(self.log, "wb") as out:
-            self.proc = subprocess.Popen(
-                [ray, "start", "--head", "--block", "--node-ip-address", HOST, "--port", str(port),
-                 "--num-cpus", str(cpus), "--include-dashboard=false", "--temp-dir", self.tmp,
-                 "--disable-usage-stats"], stdout=out, stderr=subprocess.STDOUT, env=self.env,
-                start_new_session=True, preexec_fn=lambda: self.cpu.add(os.getpid()))
-        deadline = time.monotonic() + 120
-        while "Ray runtime started" not in self.log.read_text(errors="replace"):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"ray start failed:\n{self.log.read_text(errors='replace')}")
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        """SIGTERM (Ray drains and stops its processes), SIGKILL what is left after 60 s."""
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        shutil.rmtree(self.tmp, ignore_errors=True)
-        self.cpu.remove()
-
-
-class CPUGroup:
-    """A cgroup that counts the CPU time of every process put in it and of their children,
-    exited ones included (cgroup v1 cpuacct, or v2). ``usage()`` is None where cgroups
-    cannot be made (not root): the CPU columns then read n/a."""
-
-    ROOTS = ("/sys/fs/cgroup/cpuacct", "/sys/fs/cgroup/unified", "/sys/fs/cgroup")
-
-    def __init__(self, name: str):
-        self.path = None
-        for root in self.ROOTS:
-            v1 = os.path.exists(os.path.join(root, "cpuacct.usage"))
-            v2 = os.path.exists(os.path.join(root, "cgroup.procs")) and not v1 \
-                and os.path.exists(os.path.join(root, "cgroup.controllers"))
-            if not (v1 or v2):
-                continue
-            path = os.path.join(root, f"{name}-{os.getpid()}")
-            try:
-                os.makedirs(path, exist_ok=True)
-            except OSError:
-                continue
-            self.path, self.root, self.v1 = path, root, v1
-            break
-
-    def add(self, pid: int) -> None:
-        """Count ``pid`` (and the processes it starts from now on) in this group."""
-        if self.path:
-            with open(os.path.join(self.path, "cgroup.procs"), "w") as f:
-                f.write(str(pid))
-
-    def usage(self):
-        """CPU seconds used in the group so far, or None."""
-        if not self.path:
-            return None
-        if self.v1:
-            with open(os.path.join(self.path, "cpuacct.usage")) as f:
-                return int(f.read()) / 1e9
-        with open(os.path.join(self.path, "cpu.stat")) as f:
-            return int(f.read().split("usage_usec")[1].split()[0]) / 1e6
-
-    def remove(self, *, move_self: bool = False) -> None:
-        """Delete the group once its processes are gone (``move_self``: this process
-        first goes back to the root group)."""
-        if not self.path:
-            return
-        if move_self:
-            with open(os.path.join(self.root, "cgroup.procs"), "w") as f:
-                f.write(str(os.getpid()))
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                os.rmdir(self.path)
-                return
-            except OSError:  # processes still leaving
-                time.sleep(0.1)
-
-
+RUNNING = "ray-running"  # the family whose head node runs before the clock
+RUNNING = "ray-running"  # the family whose head node is started before the clock
 SELF_CPU = None  # main(): a CPUGroup of this process and all it starts (workers, private Ray)
 
 
@@ -147,6 +49,18 @@ def _convert(src, dst, list_file=None, **options) -> dict:
     from dlpack_io.packer import convert
 
     return convert(src, dst, overwrite=True, progress=False, list_file=list_file, **options)
+
+
+def local_engine(src, dst, head, **options) -> dict:
+    """The default engine: ``convert(..., workers=CPUS)``."""
+    return _convert(src, dst, **options)
+
+
+def ray_engine(src, dst, head, *, running: bool, **options) -> dict:
+    """``--engine ray`` on the running head node, or (not ``running``) on a private cluster
+    that convert starts and stops itself."""
+    address = {"ray_address": head.address} if running else {}
+    return _convert(src, dst, engine="ray", **address, **options)
 
 
 def timed(fn, groups=()) -> dict:
@@ -186,23 +100,21 @@ def fixed_costs(cpus: int) -> dict:
 
 def measure(src, out, cpus: int, repeats: int, shard_size: str, subset=None,
             only=None) -> dict:
-    """Every contender (or those in ``only``) ``repeats`` times, interleaved; timings."""
+    """Every "ray" family (or those in ``only``) ``repeats`` times, interleaved; timings."""
+    from dlpack_io.tools.bench.families import build, select
+
     head = HeadNode(cpus)
     opts = dict(shard_size=shard_size, workers=cpus, list_file=subset)
-    runs = {"local": lambda d: _convert(src, d, **opts),
-            "ray, cluster running": lambda d: _convert(src, d, engine="ray",
-                                                       ray_address=head.address, **opts),
-            "ray, private cluster": lambda d: _convert(src, d, engine="ray", **opts)}
-    runs = {k: v for k, v in runs.items() if only is None or k in only}
-    times = {name: [] for name in runs}
+    runs = select("ray", only)
+    times = {f.name: [] for f in runs}
     try:
         for r in range(repeats):
-            for name, fn in runs.items():
+            for f in runs:
                 dst = os.path.join(out, "dst")
                 shutil.rmtree(dst, ignore_errors=True)
                 warm(src)
-                groups = (SELF_CPU, head.cpu) if name == "ray, cluster running" else (SELF_CPU,)
-                times[name].append(timed(lambda: fn(dst), groups))
+                groups = (SELF_CPU, head.cpu) if f.name == RUNNING else (SELF_CPU,)
+                times[f.name].append(timed(lambda: build(f, src, dst, head, **opts), groups))
                 shutil.rmtree(dst, ignore_errors=True)
             print(f"round {r + 1}/{repeats} done", flush=True)
     finally:
@@ -243,13 +155,15 @@ def _subset_list(src, count: int, path: Path) -> Path:
 
 def markdown(result: dict) -> str:
     """Tables for docs/benchmarks.md."""
+    from dlpack_io.tools.bench.families import BY_SECTION
+
     lines = ["| contender | images/s (wall) | vs local | pack-only images/s | vs local | "
              "CPU s, all processes | vs local (CPU) | median wall s |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in result["rows"].items():
         cpu = (f"{r['total_cpu_s']:.2f} | {r['cpu_vs_local']:.2f}x" if r["cpu_vs_local"]
                else "n/a | n/a")
-        lines.append(f"| {name} | {r['images_per_s']:,.0f} | {r['vs_local']:.2f}x | "
+        lines.append(f"| {BY_SECTION['ray'][name].label} | {r['images_per_s']:,.0f} | {r['vs_local']:.2f}x | "
                      f"{r['pack_images_per_s']:,.0f} | {r['pack_vs_local']:.2f}x | {cpu} | "
                      f"{r['wall_s']:.2f} |")
     for k, big in result.get("larger", {}).items():
@@ -263,7 +177,7 @@ def markdown(result: dict) -> str:
     m = d["marginal_images_per_s"]
     lines += ["", f"Marginal rate, start-up excluded (slope {d['small']} -> {d['images']} images): "
                   f"local {m['local']:,.0f} images/s, Ray (cluster running) "
-                  f"{m['ray, cluster running']:,.0f} images/s = {d['marginal_ray_vs_local']:.2f}x.",
+                  f"{m[RUNNING]:,.0f} images/s = {d['marginal_ray_vs_local']:.2f}x.",
               f"Driver CPU: {d['driver_per_image_us']:.0f} us per image, "
               f"{d['driver_per_shard_ms']:.1f} ms per shard, {d['driver_fixed_cpu_s']:.2f} s per run; "
               f"before any task: scan {d['scan_us']:.1f} us + stat {d['stat_us']:.1f} us per input "
@@ -277,7 +191,7 @@ def slopes(src, out, cpus: int, shard_size: str, images: int, rows: dict) -> dic
     Ray's threads in it included) per image and, against a run with 32x more shards, per shard."""
     from dlpack_io.packer.options import parse_size
 
-    running = "ray, cluster running"
+    running = RUNNING
     small = max(images // 10, 100)
     subset = _subset_list(src, small, Path(out) / "subset.csv")
     few = summarize(measure(src, out, cpus, 3, shard_size, subset=subset,
@@ -335,8 +249,8 @@ def larger_run(src, out, cpus: int, shard_size: str, times: int, images: int) ->
     listed = Path(out) / f"repeat{times}.csv"
     listed.write_text("\n".join(rows * times) + "\n")
     got = summarize(measure(src, out, cpus, 2, shard_size, subset=listed,
-                            only=("local", "ray, cluster running")), images * times)
-    ray = got["ray, cluster running"]
+                            only=("local", RUNNING)), images * times)
+    ray = got[RUNNING]
     return {"images": images * times, "local": got["local"], "ray": ray,
             "ray_vs_local": ray["vs_local"], "cpu_vs_local": ray["cpu_vs_local"]}
 
