@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 import pytest
+import torch
 
 from dlpack_io.reader import Dataset
 from dlpack_io.tools.bench import larger_than_ram as ltr
@@ -35,13 +36,54 @@ def test_cgroup_limit_is_anon_plus_cache_page_rounded():
     assert ltr.cgroup_limit(PAGE + 1, PAGE) == 3 * PAGE
 
 
-def test_parse_block():
-    assert ltr.parse_block("256x16") == (256, 16)
-    assert ltr.parse_block("64X4") == (64, 4)
-    with pytest.raises(argparse.ArgumentTypeError, match="expected SIZExWINDOW"):
-        ltr.parse_block("256")
-    with pytest.raises(argparse.ArgumentTypeError, match="must be >= 1"):
-        ltr.parse_block("0x4")
+def test_contenders_come_from_the_registry_with_global_always_in():
+    from dlpack_io.tools.bench import families
+
+    ram = families.BY_SECTION["ram"]
+    assert ltr.contenders() == ram and list(ram)[0] == "global"
+    assert list(ltr.contenders("block-256x4")) == ["global", "block-256x4"]
+    assert ltr.geometry(ram["global"]) == (256, 16)  # the Loader's defaults
+    assert ltr.geometry(ram["block-256x4"]) == (256, 4)
+    with pytest.raises(ValueError, match=r"unknown contender\(s\) \['nope'\]"):
+        ltr.contenders("global,nope")
+    with pytest.raises(SystemExit, match="unknown contender"):  # before any data is made
+        ltr.main(["--root", "/nonexistent/never-made", "--only", "block-9x9"])
+
+
+def _rand_read_flags(files) -> list:
+    """For each mapping of ``files`` in this process: whether VmFlags has rr (MADV_RANDOM)."""
+    names, out, current = {os.path.realpath(f) for f in files}, [], None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(maxsplit=5)
+            if "-" in head[0] and not head[0].endswith(":"):
+                current = len(head) == 6 and head[5].strip() in names
+            elif head[0] == "VmFlags:" and current:
+                out.append("rr" in line.split()[1:])
+    return out
+
+
+def test_ram_loader_builds_the_family_loader_and_advises_its_mappings(image_folder, tmp_path):
+    from dlpack_io.packer import convert
+    from dlpack_io.tools.bench import families
+
+    convert(image_folder, tmp_path / "ds", shard_size="20KB", progress=False)
+    files = ltr.shard_files(tmp_path / "ds")
+    ram = families.BY_SECTION["ram"]
+    block = families.build(ram["block-256x4"], tmp_path / "ds", "jpeg", 16, 4, 0)
+    o = block.options
+    assert (o.shuffle, o.block_size, o.block_window, o.batch_size) == ("block", 256, 4, 4)
+    assert _rand_read_flags(files) and not any(_rand_read_flags(files))  # mapped, default
+    plain = families.build(ram["global"], tmp_path / "ds", "jpeg", 16, 4, 0)
+    assert plain.options.shuffle == "global" and not any(_rand_read_flags(files))
+    seen = [(images.shape, images.dtype, idx) for images, _, idx in plain]
+    assert all(shape == (4, 3, 16, 16) and dtype == torch.uint8 for shape, dtype, _ in seen)
+    assert sorted(np.concatenate([i for *_, i in seen]).tolist()) == list(range(24))
+    assert len(files) > 1  # several shards, each mapped
+    families.build(ram["global-madv-random"], tmp_path / "ds", "jpeg", 16, 4, 0)
+    assert all(_rand_read_flags(files))  # every mapping of the shards in this process
+    with pytest.raises(ValueError, match=r"advice='sequential': expected one of"):
+        ltr.ram_loader(tmp_path / "ds", "jpeg", 16, 4, 0, shuffle="global", advice="sequential")
 
 
 def test_write_section_replaces_only_its_own_section(tmp_path):
@@ -102,16 +144,18 @@ def test_tiny_run_end_to_end(tmp_path):
     doc.write_text("# Benchmarks\n")
     res = ltr.main(["--root", str(tmp_path / "work"), "--images", "24", "--image-size", "60x80",
                     "--modes", "jpeg", "--crop", "32", "--batch", "8", "--rounds", "1",
-                    "--reference", "cold", "--method", "fadvise", "--cache-mb", "1", "--block", "4x2",
+                    "--reference", "cold", "--method", "fadvise", "--cache-mb", "1",
+                    "--only", "block-256x4",
                     "--json", str(tmp_path / "out.json"), "--write", str(doc)])
     assert json.loads((tmp_path / "out.json").read_text())["method"] == "fadvise"
     m = res["modes"]["jpeg"]
     ds = Dataset(tmp_path / "work/ds_jpeg")
-    assert m["num_samples"] == 24 and set(m["reference"]) == {"global", "block 4x2"}
-    assert set(m["runs"]) == {"global, limited", "block 4x2, limited", "global, cold",
-                              "block 4x2, cold"}
+    assert m["num_samples"] == 24 and set(m["reference"]) == {"global", "block-256x4"}
+    assert set(m["runs"]) == {"global, limited", "block-256x4, limited", "global, cold",
+                              "block-256x4, cold"}
+    assert m["labels"] == {"global": "global", "block-256x4": "block 256x4"}
     assert m["data_bytes"] == sum(f.stat().st_size for f in ltr.shard_files(tmp_path / "work/ds_jpeg"))
-    for label in ("global", "block 4x2"):
+    for label in ("global", "block-256x4"):
         (cold,) = m["runs"][f"{label}, cold"]
         assert cold["images"] == 24 and "cg_majfault" not in m["reference"][label]["cold"]
         assert m["reference"][label]["cold"]["median_rates"] == pytest.approx(24 / cold["seconds"])
@@ -126,10 +170,10 @@ def test_tiny_run_end_to_end(tmp_path):
         assert "cg_majfault" not in s  # no cgroup, no cgroup figures
     assert m["limited"]["global"]["vs_global"] == 1.0
     assert m["quality"]["global"]["class_mix"] == pytest.approx(1.0, abs=0.1)
-    assert m["quality"]["block 4x2"]["working_set"] == pytest.approx(8 * m["data_bytes"] / 24)
+    assert m["quality"]["block-256x4"]["working_set"] == pytest.approx(1024 * m["data_bytes"] / 24)
     text = doc.read_text()
     assert text.startswith("# Benchmarks\n\n" + ltr.SECTION)
-    assert "limited by **fadvise** to 1 MB" in text and "| block 4x2 | 1 MB |" in text
+    assert "limited by **fadvise** to 1 MB" in text and "| block 256x4 | 1 MB |" in text
     assert m["readahead_kb"] is None or m["readahead_kb"] > 0
     again = tmp_path / "again.md"
     ltr.main(["--render", str(tmp_path / "out.json"), "--write", str(again)])

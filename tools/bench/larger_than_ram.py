@@ -1,13 +1,19 @@
 """Data larger than RAM: ``shuffle="global"`` vs ``shuffle="block"`` with a small page cache.
 
     python -m dlpack_io.tools.bench.larger_than_ram --root bench-out/ram --images 10000 \\
-        --cache-mb 256 --rounds 3 --block 256x16 256x4 --advise-random --write docs/benchmarks.md
+        --cache-mb 256 --rounds 3 --write docs/benchmarks.md
+
+Contenders: the registry's "ram" section (tools/bench/families.py; ``--only`` picks some):
+global, block 256x16 (the Loader's defaults), block 256x4, and global with madvise(MADV_RANDOM)
+on the shard mappings (no kernel readahead), which the Loader does not do today. Each is built
+by :func:`ram_loader`.
 
 Data: ``--images`` ImageNet-like JPEGs (tools/synth.py), packed once in jpeg mode and in raw
-mode (``--raw-size``). Every epoch runs in a fresh child process: a Loader (batch 256, 2 thread
-workers, uint8 CPU output; jpeg: RandomResizedCrop + flip, raw: RandomCrop + flip) whose
-shards are mapped, then dropped from the page cache (madvise + posix_fadvise DONTNEED), so
-the epoch starts cold. The page cache is limited in one of two ways (``--method``):
+mode (``--raw-size``). Every epoch runs in a fresh child process: the contender's Loader
+(batch 256, 2 thread workers, uint8 CPU output; jpeg: RandomResizedCrop + flip, raw:
+RandomCrop + flip) whose shards are mapped, then dropped from the page cache (madvise +
+posix_fadvise DONTNEED), so the epoch starts cold. The page cache is limited in one of two
+ways (``--method``):
   * ``cgroup``: the child is moved into a new cgroup v1 memory cgroup (page cache is charged
     to the cgroup that reads it) whose limit a thread keeps at the anonymous memory charged
     to it (memory.stat ``rss``, polled every 20 ms) + ``--cache-mb``; OOM killer off (a task
@@ -19,8 +25,7 @@ Measured per epoch: images/s; read_bytes from /proc/self/io (the process and its
 workers) against the bytes of the records it delivered; with a cgroup, its major faults and
 the peak of its page cache. Each of ``--rounds`` rounds runs every contender limited and, as
 the reference, without a limit (cold and warm start), in an order rotated each round;
-medians, and the median of the per-round ratios to global. ``--advise-random`` adds global with madvise(MADV_RANDOM) on the shard
-mappings (no kernel readahead), which the Loader does not do today.
+medians, and the median of the per-round ratios to global.
 """
 from __future__ import annotations
 
@@ -37,6 +42,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+from dlpack_io.reader.order import DEFAULT_BLOCK_SIZE, DEFAULT_WINDOW
 
 log = logging.getLogger(__name__)
 MB = 1 << 20
@@ -227,16 +234,39 @@ def _dropper(files, budget: int, stop: threading.Event) -> None:
             last = now
 
 
-def _start_cache(dataset, files, advice: int, warm: bool) -> None:
-    """Map every shard (and advise the mappings), then drop every page: the epoch starts
-    cold, its index pages re-faulting as they would; or warm: every page cached."""
+ADVICE = {None: 0, "random": MADV_RANDOM}  # ram_loader's ``advice`` -> madvise() advice
+
+
+def ram_loader(path, mode: str, crop: int, batch_size: int, workers: int, *, shuffle: str,
+               block_size: int = DEFAULT_BLOCK_SIZE, block_window: int = DEFAULT_WINDOW,
+               advice: str | None = None,
+               seed: int = 0):
+    """The "ram" section's builder (families.py): a Loader over the data set at ``path``
+    (thread workers, uint8 CPU output, ``return_index=True``; jpeg: RandomResizedCrop(crop),
+    raw: RandomCrop(crop); + flip) whose shards are already mapped, with madvise ``advice``
+    (None: the kernel's default; "random": MADV_RANDOM, no readahead, which the Loader does
+    not do itself) on every shard mapping of this process."""
     import numpy as np
 
+    from dlpack_io.reader import Dataset, Loader, RandomCrop, RandomHorizontalFlip, RandomResizedCrop
+
+    if advice not in ADVICE:
+        raise ValueError(f"advice={advice!r}: expected one of {sorted(map(str, ADVICE))}")
+    resize = (RandomResizedCrop if mode == "jpeg" else RandomCrop)(crop)
+    loader = Loader(Dataset(path), batch_size=batch_size, shuffle=shuffle, seed=seed,
+                    block_size=block_size, block_window=block_window, num_workers=workers,
+                    transforms=[resize, RandomHorizontalFlip()], return_index=True)
+    loader.dataset.lookup(np.arange(len(loader.dataset)))  # maps every shard
+    if ADVICE[advice]:
+        advise_mappings(shard_files(path), ADVICE[advice])
+    return loader
+
+
+def _start_cache(files, warm: bool) -> None:
+    """Drop every page of the (mapped) shards: the epoch starts cold, its index pages
+    re-faulting as they would; or warm: every page cached."""
     from dlpack_io.tools.pagecache import warm as read_all
 
-    dataset.lookup(np.arange(len(dataset)))
-    if advice:
-        advise_mappings(files, advice)
     advise_mappings(files, MADV_DONTNEED)
     drop_cache(files)
     if warm:
@@ -244,19 +274,17 @@ def _start_cache(dataset, files, advice: int, warm: bool) -> None:
 
 
 def child(spec: dict) -> None:
-    """Build the Loader, say ready, wait for "go", read one epoch, reply with the figures."""
+    """Build the family's Loader, say ready, wait for "go", read one epoch, reply with the
+    figures."""
     import numpy as np
 
-    from dlpack_io.reader import Dataset, Loader, RandomCrop, RandomHorizontalFlip, RandomResizedCrop
+    from dlpack_io.tools.bench.families import BY_SECTION, build
 
-    crop = (RandomResizedCrop if spec["mode"] == "jpeg" else RandomCrop)(spec["crop"])
-    loader = Loader(Dataset(spec["path"]), batch_size=spec["batch"], shuffle=spec["shuffle"],
-                    block_size=spec["block"][0], block_window=spec["block"][1], seed=0,
-                    num_workers=spec["workers"], transforms=[crop, RandomHorizontalFlip()],
-                    return_index=True)
+    loader = build(BY_SECTION["ram"][spec["family"]], spec["path"], spec["mode"], spec["crop"],
+                   spec["batch"], spec["workers"])
     loader.set_epoch(spec["epoch"])
     files = shard_files(spec["path"])
-    _start_cache(loader.dataset, files, spec["advice"], spec["warm"])
+    _start_cache(files, spec["warm"])
     _send({"ready": True, "anon": _read_fields("/proc/self/status")["RssAnon"]})
     if sys.stdin.readline().strip() != "go":
         return
@@ -321,25 +349,20 @@ def run_epoch(spec: dict, *, method: str, cache_bytes: int | None, cgroup_root=N
             group.remove()
 
 
-def parse_block(text: str) -> tuple[int, int]:
-    """``"256x16"`` -> (block_size 256, block_window 16)."""
-    try:
-        size, window = (int(x) for x in text.lower().split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--block {text!r}: expected SIZExWINDOW, e.g. 256x16") from None
-    if size < 1 or window < 1:
-        raise argparse.ArgumentTypeError(f"--block {text!r}: size and window must be >= 1")
-    return size, window
+def contenders(only=None) -> dict:
+    """name -> Family of the registry's "ram" section (``only``: those names; "global", the
+    baseline of every ratio, is always in)."""
+    from dlpack_io.tools.bench import families
+
+    families.check_only(only, ["ram"])
+    chosen = {f.name: f for f in families.select("ram", only)}
+    return {"global": families.BY_SECTION["ram"]["global"], **chosen}
 
 
-def contenders(blocks, advise_random: bool = False) -> dict:
-    """label -> child options (shuffle, block geometry, madvise advice on the shards)."""
-    out = {"global": {"shuffle": "global", "block": [256, 16], "advice": 0}}
-    out.update({f"block {s}x{w}": {"shuffle": "block", "block": [s, w], "advice": 0}
-                for s, w in blocks})
-    if advise_random:
-        out["global, MADV_RANDOM"] = dict(out["global"], advice=MADV_RANDOM)
-    return out
+def geometry(family) -> tuple[int, int]:
+    """(block_size, block_window) the family's Loader uses (ram_loader's defaults)."""
+    return (family.options.get("block_size", DEFAULT_BLOCK_SIZE),
+            family.options.get("block_window", DEFAULT_WINDOW))
 
 
 def _summary(runs: list) -> dict:
@@ -368,7 +391,7 @@ def bench_mode(mode: str, path: Path, args, method: str) -> dict:
     """Rounds of limited and reference (no limit: cold, warm) epochs, rotated each round."""
     from dlpack_io.tools.order_report import order_report
 
-    table = contenders(args.block, args.advise_random)
+    table = contenders(args.only)
     manifest = json.loads((path / "manifest.json").read_text())
     data_bytes = sum(f.stat().st_size for f in shard_files(path))
     base = {"path": str(path), "mode": mode, "crop": args.crop, "batch": args.batch,
@@ -379,24 +402,25 @@ def bench_mode(mode: str, path: Path, args, method: str) -> dict:
         for label, state in jobs[rnd % len(jobs):] + jobs[:rnd % len(jobs)]:
             limited = state == "limited"
             runs[label, state].append(run_epoch(
-                dict(base, epoch=rnd + 1, **table[label]), method=method if limited else "none",
+                dict(base, epoch=rnd + 1, family=label), method=method if limited else "none",
                 cache_bytes=args.cache_mb * MB if limited else None,
                 cgroup_root=args.cgroup_root, warm=state == "warm"))
             log.info("%s %s %s round %d: %s", mode, label, state, rnd, runs[label, state][-1])
     res = {"data_bytes": data_bytes, "num_samples": manifest["num_samples"],
            "packing": {**manifest.get("lossless", {}), **manifest.get("reencoded", {})},
            "readahead_kb": readahead_kb(path), "quality": {},
+           "labels": {name: f.label for name, f in table.items()},
            "reference": {label: {state: _summary(runs[label, state]) for state in args.reference}
                          for label in table},
            "runs": {f"{label}, {state}": r for (label, state), r in runs.items()}}
     res["limited"] = {label: dict(_summary(runs[label, "limited"]), vs_global=statistics.median(
         (r["images"] / r["seconds"]) / (g["images"] / g["seconds"])
         for r, g in zip(runs[label, "limited"], runs["global", "limited"]))) for label in table}
-    for label, c in table.items():
-        size, window = c["block"]
-        q = order_report(path, shuffle=c["shuffle"], block_size=size, window=window,
-                         batch_size=args.batch)["quality"][c["shuffle"]]
-        res["quality"][label] = dict(q, working_set=size * window * data_bytes
+    for label, family in table.items():
+        (size, window), shuffle = geometry(family), family.options["shuffle"]
+        q = order_report(path, shuffle=shuffle, block_size=size, window=window,
+                         batch_size=args.batch)["quality"][shuffle]
+        res["quality"][label] = dict(q, shuffle=shuffle, working_set=size * window * data_bytes
                                      / max(1, manifest["num_samples"]))
     return res
 
@@ -442,6 +466,7 @@ def markdown(res: dict) -> str:
              f"**{res['method']}** to {res['cache_mb']} MB. {res['context']}", "",
              f"Data: {res['data']}.", "", HOW, ""]
     for mode, m in res["modes"].items():
+        show = m.get("labels", {})  # family name -> label (a saved run before: labels)
         lines += [f"### {mode} records: {m['num_samples']:,} samples, {m['data_bytes'] / MB:,.0f} "
                   f"MB ({m['data_bytes'] / (res['cache_mb'] * MB):.1f}x the cache), device "
                   f"read_ahead_kb {m['readahead_kb']}", "",
@@ -450,15 +475,17 @@ def markdown(res: dict) -> str:
                   "| shuffle | page cache | images/s (median) | GB read (median) | read / "
                   "records' bytes (median) | major faults | cache peak | rounds: images/s; "
                   "read / records' bytes |", "|---|---|---:|---:|---:|---:|---:|---|"]
-        lines += [_row(label, f"no limit, {state}", s)
-                  for label, ref in m["reference"].items() for state, s in ref.items()]
-        lines += [_row(label, f"{res['cache_mb']} MB", s) for label, s in m["limited"].items()]
+        lines += [_row(show.get(name, name), f"no limit, {state}", s)
+                  for name, ref in m["reference"].items() for state, s in ref.items()]
+        lines += [_row(show.get(name, name), f"{res['cache_mb']} MB", s)
+                  for name, s in m["limited"].items()]
         lines += ["", "| shuffle | images/s / global's, same round (median) | classes/batch "
                       "(perfect) | class mix | shards/batch (perfect) | shard mix | window "
                       "working set |", "|---|---:|---:|---:|---:|---:|---:|"]
-        for label, s in m["limited"].items():
-            q = m["quality"][label]
-            ws = f"{q['working_set'] / MB:,.0f} MB" if label.startswith("block") else ""
+        for name, s in m["limited"].items():
+            q, label = m["quality"][name], show.get(name, name)
+            block = q.get("shuffle", label.split()[0]) == "block"
+            ws = f"{q['working_set'] / MB:,.0f} MB" if block else ""
             lines.append(f"| {label} | {s['vs_global']:.2f} | {q['classes_per_batch']:.1f} "
                          f"({q['perfect_classes_per_batch']:.1f}) | {q['class_mix']:.2f} | "
                          f"{q['shards_per_batch']:.1f} ({q['perfect_shards_per_batch']:.1f}) | "
@@ -497,6 +524,12 @@ def prepare(root: Path, args) -> dict:
     return paths
 
 
+def _names() -> list:
+    from dlpack_io.tools.bench.families import BY_SECTION
+
+    return list(BY_SECTION["ram"])
+
+
 def _arguments(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add = p.add_argument
@@ -510,10 +543,9 @@ def _arguments(argv):
     add("--crop", type=int, default=224, help="output side (RandomResizedCrop / RandomCrop)")
     add("--batch", type=int, default=256)
     add("--workers", type=int, default=2, help="thread workers")
-    add("--block", type=parse_block, nargs="+", default=[(256, 16)],
-        help="block-shuffle geometries SIZExWINDOW to compare with global")
-    add("--advise-random", action="store_true",
-        help="also run global with madvise(MADV_RANDOM) on the shard mappings (no readahead)")
+    add("--only", help="comma-separated contenders of the registry's \"ram\" section "
+        "(tools/bench/families.py; default: all): " + ", ".join(_names())
+        + "; global, the baseline, always runs")
     add("--cache-mb", type=int, default=256, help="page cache allowed to the epoch")
     add("--method", choices=("auto", "cgroup", "fadvise"), default="auto")
     add("--cgroup-root", default="/sys/fs/cgroup/memory", help="cgroup v1 memory hierarchy")
@@ -535,6 +567,10 @@ def main(argv=None) -> dict:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.render:
         return _report(json.loads(args.render.read_text()), args)
+    try:
+        contenders(args.only)
+    except ValueError as exc:  # before any data is made
+        raise SystemExit(str(exc)) from None
     method = args.method
     if method == "auto":
         method = "cgroup" if cgroup_usable(args.cgroup_root) else "fadvise"
