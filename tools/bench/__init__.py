@@ -16,6 +16,7 @@ then ``report`` / ``charts`` write bench.json, bench.md and PNGs. Benchmarks wit
 command (``python -m dlpack_io.tools.bench.<name>``): ``remote_clients`` (which S3 client),
 ``convert_ray`` (+ ``rayhost``: the Ray engine against the local one), ``kernels`` (+
 ``kernels_cases``: the Triton kernels on a GPU), ``fidelity`` (read-time cost of original
-JPEG bytes; photo-like data), ``cost_of_checks`` (cost of the untrusted-input checks).
+JPEG bytes; photo-like data), ``cost_of_checks`` (cost of the untrusted-input checks),
+``larger_than_ram`` (global vs block shuffle under a page cache smaller than the data).
 ``seaweed`` and ``latencyproxy`` also serve the tests.
 """

@@ -14,12 +14,15 @@ loader     ``f(store, mode, batch_size, workers, seed, **options) -> epoch(n)`` 
 remote     ``f(endpoint, out, cache, rank, world_size, **options) -> (loader, dataset)``
 s3-client  ``f(env, endpoint, ranges, inflight, **options) -> run()`` fetching ``ranges``
 ray        ``f(src, dst, head, **options) -> dict`` (convert()'s result)
+ram        ``f(path, mode, crop, batch_size, workers, **options) -> Loader`` (its shards
+           mapped; larger_than_ram)
 =========  ==========================================================================
 
 ``reads[mode]`` is the store a family reads in that mode: another convert family's name
 ("numpy": its decoded arrays), or "src" (the JPEG folder itself); a mode not in ``reads``
 is not supported. ``dlpack bench`` runs the convert, loader and remote sections;
-``s3-client`` (remote_clients) and ``ray`` (convert_ray) have their own commands.
+``s3-client`` (remote_clients), ``ray`` (convert_ray) and ``ram`` (larger_than_ram) have
+their own commands.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ import importlib
 from dataclasses import dataclass, field
 
 _B = "dlpack_io.tools.bench."
-SECTIONS = ("convert", "loader", "remote", "s3-client", "ray")
+SECTIONS = ("convert", "loader", "remote", "s3-client", "ray", "ram")
 BENCH_SECTIONS = ("convert", "loader", "remote")   # what `dlpack bench --section` runs
 
 
@@ -152,6 +155,17 @@ FAMILIES += [
            {"jpeg": "src"}, "ray", options={"running": True}),
     Family("ray-private", "ray, private cluster", _B + "convert_ray:ray_engine",
            {"jpeg": "src"}, "ray", options={"running": False}),
+    # ---- ram: our Loader's epochs under a page cache smaller than the data (larger_than_ram) ----
+    # (labels as in docs/benchmarks.md; block 256x16 is the Loader's default geometry)
+    Family("global", "global", _B + "larger_than_ram:ram_loader", OURS, "ram",
+           options={"shuffle": "global"}),
+    Family("block-256x16", "block 256x16", _B + "larger_than_ram:ram_loader",
+           OURS, "ram", options={"shuffle": "block", "block_size": 256, "block_window": 16}),
+    Family("block-256x4", "block 256x4", _B + "larger_than_ram:ram_loader", OURS, "ram",
+           options={"shuffle": "block", "block_size": 256, "block_window": 4}),
+    Family("global-madv-random", "global, MADV_RANDOM",
+           _B + "larger_than_ram:ram_loader", OURS, "ram",
+           options={"shuffle": "global", "advice": "random"}),
 ]
 BY_SECTION = {s: {f.name: f for f in FAMILIES if f.section == s} for s in SECTIONS}
 QUICK_CONVERT = ("files", "numpy", "tar", "ours-record", "ours-lmdb", "lmdb", "webdataset",
