@@ -128,7 +128,11 @@ class RecordShard(_Shard):
             self._check_crc("index", header.index_crc, index_bytes)
             index = fmt.index_from_buffer(index_bytes, header.num_records, self.path)
             self._check_index(index, data_offset=header.data_offset, data_end=header.index_offset)
-            mm = mmap.mmap(fd, st.st_size, access=mmap.ACCESS_READ)
+            try:
+                mm = mmap.mmap(fd, st.st_size, access=mmap.ACCESS_READ)
+            except ValueError:  # the file shrank between the fstat above and the map
+                raise ShardChangedError(self.path, f"{st.st_size} bytes when opened, "
+                                                   f"{os.fstat(fd).st_size} now") from None
         finally:
             os.close(fd)
         self._header, self._mm, self._view, self._index = header, mm, memoryview(mm), index

@@ -60,6 +60,28 @@ def test_truncation_in_place_is_named(raw_copy):
     ds.check_unchanged([0, 2])  # the others are fine
 
 
+def test_truncation_between_the_checks_and_the_map_is_named(raw_copy, monkeypatch):
+    """The race a process worker hit under load: the shard shrinks after its header and
+    index were read and checked, just before it is mapped (was: ValueError "mmap length is
+    greater than file size", naming nothing)."""
+    from dlpack_io.reader import shard as shard_module
+
+    ds = Dataset(raw_copy)
+    path = ds.shards[1].path
+    size = os.path.getsize(path)
+    real_mmap = shard_module.mmap.mmap
+
+    def truncate_then_map(fd, length, **kwargs):
+        if os.readlink(f"/proc/self/fd/{fd}") == str(path):
+            os.truncate(path, size - 1)  # another process cuts the file right now
+        return real_mmap(fd, length, **kwargs)
+    monkeypatch.setattr(shard_module.mmap, "mmap", truncate_then_map)
+    with pytest.raises(ShardChangedError, match=f"{path}: changed on disk while this process "
+                                                f"was reading it \\({size} bytes when opened, "
+                                                f"{size - 1} now\\)"):
+        _open_all(ds)
+
+
 def test_rewrite_in_place_with_the_same_size_is_named(raw_copy):
     ds = Dataset(raw_copy)
     _open_all(ds)
