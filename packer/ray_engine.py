@@ -19,6 +19,7 @@ journal in the bucket, as packer/upload.py does for the local engine).
 """
 from __future__ import annotations
 
+import faulthandler
 import logging
 import math
 import os
@@ -313,6 +314,7 @@ class connection:  # noqa: N801  (used like a function: ``with connection(...) a
         check_reachable(address)
         self.address, self.options = address, options
         self.connected_here = False
+        self.faulthandler_was_on = faulthandler.is_enabled()
 
     def __enter__(self):
         ray = self.ray
@@ -350,3 +352,9 @@ class connection:  # noqa: N801  (used like a function: ``with connection(...) a
     def __exit__(self, *exc_info) -> None:
         if self.connected_here:
             self.ray.shutdown()  # a private cluster stops; a shared one only loses this driver
+            if self.faulthandler_was_on:
+                # ray.init replaced the SIGSEGV handler and shutdown left none: give the
+                # caller's faulthandler back, or a later crash would say nothing (enable()
+                # alone does nothing while faulthandler believes it is still installed)
+                faulthandler.disable()
+                faulthandler.enable()

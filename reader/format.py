@@ -246,11 +246,34 @@ def encode_meta(meta: dict) -> bytes:
     return json.dumps(meta, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
 
+MAX_JSON_DEPTH = 32  # our manifests and shard metadata nest 3 deep
+_JSON_STRING_RE = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # unrolled: fast
+_BRACKET_STEP = np.zeros(256, dtype=np.int8)
+_BRACKET_STEP[[ord("["), ord("{")]], _BRACKET_STEP[[ord("]"), ord("}")]] = 1, -1
+
+
+def json_depth(data: bytes) -> int:
+    """How deep the brackets of JSON text ``data`` nest, strings left out (no recursion)."""
+    if data.count(b"[") + data.count(b"{") <= MAX_JSON_DEPTH:
+        return 0  # cannot nest deeper than that: the common small case costs nothing
+    bare = np.frombuffer(_JSON_STRING_RE.sub(b'""', data), dtype=np.uint8)
+    return int(np.cumsum(_BRACKET_STEP[bare], dtype=np.int64).max(initial=0))
+
+
 def decode_json(data, where: str) -> dict:
-    """Parse UTF-8 JSON that must be an object, raising FormatError naming ``where``."""
+    """Parse UTF-8 JSON that must be an object, raising FormatError naming ``where``.
+
+    The nesting depth is checked before parsing: Python's parser recurses once per level
+    and, where something raised the interpreter's recursion limit, a hostile file nested
+    100,000 deep overflows the C stack (a segfault, not a RecursionError)."""
+    data = bytes(data)
+    depth = json_depth(data)
+    if depth > MAX_JSON_DEPTH:
+        raise FormatError(f"{where}: JSON nested too deeply to parse ({depth} levels, at most "
+                          f"{MAX_JSON_DEPTH}): not a dlpack file")
     try:
-        value = json.loads(bytes(data).decode("utf-8"))
-    except RecursionError:  # hostile nesting depth: a clean error, not a parser crash
+        value = json.loads(data.decode("utf-8"))
+    except RecursionError:  # cannot happen below MAX_JSON_DEPTH; kept as a last guard
         raise FormatError(f"{where}: JSON nested too deeply to parse: not a dlpack file") from None
     except ValueError as exc:  # bad UTF-8 or JSON, or an integer beyond Python's digit limit
         raise FormatError(f"{where}: not valid UTF-8 JSON ({exc})") from None

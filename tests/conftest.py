@@ -11,6 +11,24 @@ import pytest
 from dlpack_io.tools.synth import make_image_folder, photo_like
 
 
+@pytest.fixture(autouse=True)
+def _faulthandler_stays_armed(request):
+    """A Ray driver in this process replaces the SIGSEGV handler, and ray.shutdown()
+    leaves none: a later crash would then kill the suite without a word. Re-arm
+    pytest's faulthandler (on its own copy of stderr) after every test."""
+    yield
+    import faulthandler
+
+    try:
+        from _pytest.faulthandler import fault_handler_stderr_fd_key
+    except ImportError:  # another pytest: keep its own arrangement
+        return
+    fd = request.config.stash.get(fault_handler_stderr_fd_key, None)
+    if fd is not None:
+        faulthandler.disable()  # enable() does nothing while it thinks it is installed
+        faulthandler.enable(file=fd, all_threads=True)
+
+
 @pytest.fixture(scope="session")
 def image_folder(tmp_path_factory) -> Path:
     """24 small RGB JPEGs in 3 class folders (sizes vary around 48x64)."""

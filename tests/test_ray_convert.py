@@ -327,3 +327,28 @@ def test_a_task_that_keeps_dying_is_a_clear_error(cluster):
             _result(ray, ref, "encoding a.jpg .. b.jpg")
     finally:
         ray.shutdown()
+
+
+def _sigsegv_handler() -> int:
+    """Address of the process's SIGSEGV handler (0: the default, death without a word)."""
+    import ctypes
+
+    class Sigaction(ctypes.Structure):
+        _fields_ = [("handler", ctypes.c_void_p), ("mask", ctypes.c_ulong * 16),
+                    ("flags", ctypes.c_int), ("restorer", ctypes.c_void_p)]
+    action = Sigaction()
+    assert ctypes.CDLL(None).sigaction(signal.SIGSEGV, None, ctypes.byref(action)) == 0
+    return action.handler or 0
+
+
+def test_the_callers_faulthandler_survives_a_ray_conversion(cluster, source, tmp_path):
+    """ray.init replaces the SIGSEGV handler and ray.shutdown leaves the default: a caller
+    whose faulthandler was on gets it back (was: a later crash killed it without a word)."""
+    import faulthandler
+
+    faulthandler.enable()
+    armed = _sigsegv_handler()
+    assert armed != 0
+    convert(source, tmp_path / "ds", shard_size=SHARD, progress=False, engine="ray",
+            ray_address=cluster.address)
+    assert _sigsegv_handler() == armed
