@@ -89,6 +89,20 @@ static int install_sigbus_handler(void) {
     return sigaction(SIGBUS, &sa, &bus_previous);
 }
 
+/* Someone may have replaced our handler since import (Ray's driver installs its own crash
+   handler at ray.init and leaves the default after ray.shutdown; faulthandler.enable puts
+   its own in front): put ours back in front before every guarded read, or a truncated
+   shard would kill the process. Called with the GIL held, so Python threads do this one at
+   a time; the handler found becomes the one a fault that is not ours goes to. */
+static void keep_sigbus_handler(void) {
+    struct sigaction cur;
+    if (sigaction(SIGBUS, NULL, &cur) != 0)
+        return;
+    if ((cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == on_sigbus)
+        return;
+    install_sigbus_handler();
+}
+
 /* Raise MappedFileError for a fault at `addr` while reading the `len`-byte buffer `src`. */
 static PyObject *bus_error(const char *what, const void *src, Py_ssize_t len, const char *addr) {
     const char *base = (const char *)src;
@@ -668,6 +682,7 @@ static PyObject *py_decode_region(PyObject *self, PyObject *args) {
         PyBuffer_Release(&out);
         return PyErr_NoMemory();
     }
+    keep_sigbus_handler();
     Py_BEGIN_ALLOW_THREADS
     /* decode a private copy: libjpeg never reads (possibly mapped) caller memory */
     fault = copy_guarded(copy, (const unsigned char *)src.buf, (size_t)src.len);
@@ -705,6 +720,7 @@ static PyObject *py_header(PyObject *self, PyObject *args) {
         PyBuffer_Release(&src);
         return PyErr_NoMemory();
     }
+    keep_sigbus_handler();
     fault = copy_guarded(copy, (const unsigned char *)src.buf, (size_t)src.len);
     if (fault != NULL) {
         bus_error("header", src.buf, src.len, fault);
@@ -874,6 +890,7 @@ static PyObject *py_to_chw(PyObject *self, PyObject *args) {
                             "fit a %zd-byte source or a %zd-byte destination at %zd",
                             h, w, ps, offset, row_stride, src.len, dst.len, dst_offset);
     }
+    keep_sigbus_handler();
     Py_BEGIN_ALLOW_THREADS
     g.addr = NULL;
     if (sigsetjmp(g.env, 1) == 0) {
@@ -924,6 +941,7 @@ static PyObject *py_gather(PyObject *self, PyObject *args) {
             goto fail;
         }
     }
+    keep_sigbus_handler();
     Py_BEGIN_ALLOW_THREADS
     g.addr = NULL;
     if (sigsetjmp(g.env, 1) == 0) {
@@ -982,6 +1000,7 @@ static PyObject *py_crop_chw(PyObject *self, PyObject *args) {
             goto fail;
         }
     }
+    keep_sigbus_handler();
     Py_BEGIN_ALLOW_THREADS
     g.addr = NULL;
     if (sigsetjmp(g.env, 1) == 0) {

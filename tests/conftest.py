@@ -11,6 +11,17 @@ import pytest
 from dlpack_io.tools.synth import make_image_folder, photo_like
 
 
+def pytest_configure(config):
+    """Ctrl-C is KeyboardInterrupt here and in every child, as in a terminal, however the
+    suite was started: a background job of a non-interactive shell (``cmd &``) starts with
+    SIGINT ignored, Python then installs no handler, and children inherit the ignoring, so
+    the Ctrl-C tests would see their SIGINT vanish. A handled signal is reset to the
+    default at exec, so children install Python's handler again."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 @pytest.fixture(autouse=True)
 def _faulthandler_stays_armed(request):
     """A Ray driver in this process replaces the SIGSEGV handler, and ray.shutdown()

@@ -82,6 +82,30 @@ def test_truncation_between_the_checks_and_the_map_is_named(raw_copy, monkeypatc
         _open_all(ds)
 
 
+AFTER_ANOTHER_HANDLER = textwrap.dedent("""
+    import os, signal, sys
+    from dlpack_io.reader import Dataset
+    ds = Dataset(sys.argv[1])
+    ds[0]                                       # the extension is loaded, its guard set
+    signal.signal(signal.SIGBUS, signal.SIG_DFL)  # as ray.init + ray.shutdown leave it
+    os.truncate(ds.shards[0].path, 4096)
+    try:
+        ds[1]
+    except Exception as exc:
+        print("RAISED", exc)
+""")
+
+
+@pytest.mark.skipif(not jpegdecode.have_extension(), reason="the SIGBUS guard is in the C extension")
+def test_the_guard_survives_another_library_replacing_the_sigbus_handler(raw_copy):
+    """Ray's driver replaces the SIGBUS handler at ray.init and leaves the default after
+    ray.shutdown: a later truncated shard killed the process (exit 135) instead of raising."""
+    done = subprocess.run([sys.executable, "-c", AFTER_ANOTHER_HANDLER, str(raw_copy)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"died ({done.returncode}): {done.stderr[-2000:]}"
+    assert done.stdout.startswith("RAISED") and "bus error reading" in done.stdout, done.stdout
+
+
 def test_rewrite_in_place_with_the_same_size_is_named(raw_copy):
     ds = Dataset(raw_copy)
     _open_all(ds)
