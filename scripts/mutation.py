@@ -49,7 +49,8 @@ MODULES = {
                                               "tests/test_fuzz_format.py"]),
     "shard": (["reader/shard.py"], ["tests/test_format_checks.py", "tests/test_shard_changes.py",
                                     "tests/test_verify.py", "tests/test_lmdb_structure.py"]),
-    "journal": (["packer/journal.py"], ["tests/test_resume_options.py", "tests/test_convert.py"]),
+    "journal": (["packer/journal.py"], ["tests/test_journal.py", "tests/test_resume_options.py",
+                                        "tests/test_convert.py"]),
     "spec": (["reader/batchplan.py", "reader/transforms.py", "reader/geometry.py"],
              ["tests/test_spec.py", "tests/test_transforms.py", "tests/test_loader_api.py"]),
     "kernels": (["kernels/reference.py", "kernels/_epilogue.py"],
@@ -303,7 +304,9 @@ def run_module(name: str, mutants: list, jobs: int, timeout: float, log) -> None
         raise SystemExit(f"{name}: the tests fail without any mutant:\n{tail}")
     log(f"{name}: tests pass unmutated in {took:.0f} s; {len(mutants)} mutants, "
         f"{len(tests)} test files")
-    deadline = max(60.0, 3 * took) if timeout <= 0 else timeout
+    # parallel copies and a shared machine slow every run down: a deadline near the quiet
+    # time would count slow survivors as "killed (timeout)"
+    deadline = max(120.0, 4 * jobs * took) if timeout <= 0 else timeout
     free = list(copies)
 
     def one(m: Mutant) -> Mutant:
@@ -341,6 +344,13 @@ def summarise(results: dict) -> str:
     return "\n".join(lines)
 
 
+def _not_killed(path: str, name: str) -> set:
+    """(file, mutated line) of module ``name``'s mutants not killed in an earlier run."""
+    with open(path) as f:
+        earlier = json.load(f).get(name, [])
+    return {(m["file"], m["after"]) for m in earlier if not m["outcome"].startswith("killed")}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("modules", nargs="*", help=f"modules to mutate: {', '.join(MODULES)} "
@@ -349,10 +359,14 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=17, help="seed of the sample")
     p.add_argument("--jobs", type=int, default=1, help="mutants tested in parallel")
     p.add_argument("--timeout", type=float, default=0,
-                   help="seconds per mutant (default: 3x the unmutated run, at least 60)")
+                   help="seconds per mutant (default: 4 x jobs x the unmutated run, at "
+                        "least 120)")
     p.add_argument("--list", action="store_true", help="list the sampled mutants, run nothing")
     p.add_argument("--only", help="run only mutants whose description contains this text")
     p.add_argument("--json", help="write every mutant's outcome to this file")
+    p.add_argument("--rerun", metavar="JSON",
+                   help="run only the mutants that survived (or were equivalent) in this "
+                        "earlier --json file, e.g. after adding tests")
     args = p.parse_args(argv)
     names = args.modules or list(MODULES)
     unknown = sorted(set(names) - set(MODULES))
@@ -366,6 +380,8 @@ def main(argv=None) -> int:
         picked.sort(key=lambda m: (m.file, m.line, m.kind, m.after))
         if args.only:
             picked = [m for m in picked if args.only in m.key]
+        if args.rerun:
+            picked = [m for m in picked if (m.file, m.after) in _not_killed(args.rerun, name)]
         if args.list:
             print(f"{name}: {len(picked)} of {len(every)} mutants")
             for m in picked:
