@@ -280,6 +280,27 @@ def test_transform_arguments_are_checked(make, match):
         make()
 
 
+def test_random_resized_crop_never_gives_an_empty_box():
+    """An extreme aspect range rounds every try's height to 0: like torchvision, no such try
+    is taken; the central fallback (1 x 10 here) is."""
+    boxes = RandomResizedCrop(4, scale=(0.01, 0.01), ratio=(9.0, 9.0)).boxes(
+        np.full(5, 10), np.full(5, 10), 0, 0, np.arange(5))
+    assert boxes.tolist() == [[4, 0, 1, 10]] * 5
+
+
+def test_transforms_are_immutable_values():
+    """A compiled spec keeps the transform objects: changing one afterwards must fail, not
+    silently disagree with what was compiled."""
+    import dataclasses
+
+    for t in (Resize(8), RandomResizedCrop(8), RandomCrop(8), CenterCrop(8),
+              RandomHorizontalFlip(), RandomVerticalFlip(), ColorJitter(0.1), Normalize()):
+        field = dataclasses.fields(t)[0].name
+        with pytest.raises(dataclasses.FrozenInstanceError, match=field):
+            setattr(t, field, getattr(t, field))
+        assert {t: 1}[t] == 1  # a value: hashable
+
+
 def test_one_pixel_is_a_valid_size():
     """The smallest size each transform accepts, on both sides (0 is refused above)."""
     assert RandomCrop((1, 3)).size == (1, 3) and CenterCrop((3, 1)).size == (3, 1)
