@@ -479,6 +479,20 @@ def test_lmdb_shard_that_is_not_a_regular_file(tmp_path):
         LmdbShard(str(path)).payload(0)
 
 
+def test_lmdb_path_replaced_by_a_directory_is_refused_while_its_old_file_is_open(copy):
+    """This process keeps the old file's environment open; a new shard object on the same
+    path still looks at what the path is now."""
+    ds = copy("lmdb")
+    path = ds / "shard-00000.lmdb"
+    old = LmdbShard(str(path))
+    first = bytes(old.payload(0))
+    os.rename(path, ds / "moved.lmdb")
+    path.mkdir()
+    with pytest.raises(fmt.FormatError, match=rf"{path}: a directory, not a regular file"):
+        LmdbShard(str(path)).payload(0)
+    assert bytes(old.payload(0)) == first  # the open one keeps reading what it opened
+
+
 def _lmdb_case(copy, edit):
     ds = copy("lmdb")
     reseal_lmdb(ds, 1, edit)
