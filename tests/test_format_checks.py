@@ -378,6 +378,34 @@ def test_manifest_count_differs_from_the_shard(copy):
                              (str(ds / "shard-00001.rec"), "holds 5 records, the manifest says 4")]
 
 
+def _descriptors_on(path) -> int:
+    """How many of this process's file descriptors are open on ``path``."""
+    real, n = os.path.realpath(path), 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}") == real
+        except OSError:  # the listing's own descriptor, already closed
+            pass
+    return n
+
+
+def test_record_shards_leave_no_descriptor_open(copy):
+    """A reader opens thousands of shards over a run: the header-only count, the open and a
+    refused open each close their file (the map keeps only its own descriptor)."""
+    ds = copy("raw")
+    good, bad = str(ds / "shard-00000.rec"), str(ds / "shard-00001.rec")
+    assert RecordShard(good).record_count() == 5 and _descriptors_on(good) == 0
+    shard = RecordShard(good)
+    assert len(shard.payload(0)) > 0 and _descriptors_on(good) == 1  # the map's
+    assert shard.record_count() == 5 and _descriptors_on(good) == 1
+    del shard
+    assert _descriptors_on(good) == 0
+    reseal_header(ds, 1, magic=b"DLPKSHRX")
+    with pytest.raises(fmt.FormatError, match=r"magic is b'DLPKSHRX'"):
+        RecordShard(bad).payload(0)
+    assert _descriptors_on(bad) == 0
+
+
 # ---- LMDB shards (shard.py LmdbShard, lmdbcheck) --------------------------------------------
 def test_lmdb_shard_swapped_for_another_valid_one(copy):
     """The issue's survivor: swapping two intact LMDB shards went unnoticed once the
@@ -404,6 +432,65 @@ def test_lmdb_shard_from_another_data_set(copy, packed, tmp_path):
     ds = copy("lmdb")
     shutil.copy(other / "shard-00001.lmdb", ds / "shard-00001.lmdb")
     _refused(ds, r"shard-00001.lmdb: shard checksum 0x[0-9a-f]{8} differs from the manifest's")
+
+
+def _read_in_child(shard, i, conn):
+    try:
+        conn.send(("ok", bytes(shard.payload(i))))
+    except Exception as exc:  # the verdict goes back to the parent, which asserts on it
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+def test_lmdb_shard_opened_by_the_parent_reads_in_a_forked_child(packed):
+    """A forked worker inherits the parent's open environment, which lmdb will not open
+    twice in one process: the child closes its inherited copy and opens its own, and the
+    parent's keeps working."""
+    import multiprocessing as mp
+
+    path = str(packed / "lmdb" / "shard-00001.lmdb")
+    shard = LmdbShard(path)
+    first = bytes(shard.payload(0))
+    ctx = mp.get_context("fork")
+    for i in (len(shard) - 1, 0):  # twice: a second child inherits the same stale entry
+        parent_end, child_end = ctx.Pipe()
+        child = ctx.Process(target=_read_in_child, args=(shard, i, child_end))
+        child.start()
+        assert parent_end.poll(120), "the child neither answered nor failed"
+        assert parent_end.recv() == ("ok", bytes(shard.payload(i)))
+        child.join(120)
+        assert child.exitcode == 0
+    assert bytes(shard.payload(0)) == first
+
+
+def test_lmdb_payload_is_zero_copy(packed):
+    """Records come back as read-only views of the map, never as copies."""
+    shard = LmdbShard(str(packed / "lmdb" / "shard-00000.lmdb"))
+    view = shard.payload(0)
+    assert isinstance(view, memoryview) and view.readonly
+    assert len(view) == int(shard.index["length"][0])
+
+
+def test_lmdb_shard_that_is_not_a_regular_file(tmp_path):
+    """Opened on its own (not through Dataset, which counts records first), an LMDB shard
+    path that is a directory is named before lmdb sees it."""
+    path = tmp_path / "shard-00000.lmdb"
+    path.mkdir()
+    with pytest.raises(fmt.FormatError, match=rf"{path}: a directory, not a regular file"):
+        LmdbShard(str(path)).payload(0)
+
+
+def test_lmdb_path_replaced_by_a_directory_is_refused_while_its_old_file_is_open(copy):
+    """This process keeps the old file's environment open; a new shard object on the same
+    path still looks at what the path is now."""
+    ds = copy("lmdb")
+    path = ds / "shard-00000.lmdb"
+    old = LmdbShard(str(path))
+    first = bytes(old.payload(0))
+    os.rename(path, ds / "moved.lmdb")
+    path.mkdir()
+    with pytest.raises(fmt.FormatError, match=rf"{path}: a directory, not a regular file"):
+        LmdbShard(str(path)).payload(0)
+    assert bytes(old.payload(0)) == first  # the open one keeps reading what it opened
 
 
 def _lmdb_case(copy, edit):

@@ -320,3 +320,32 @@ def test_order_as_permutations_equals_order_codes():
     with pytest.raises(ValueError, match=r"order must have shape \(24,\) \(codes\) or "
                                          r"\(24, 4\)"):
         reference.epilogue(chw, out_dtype=torch.float32, order=perms[:, :3], **factors)
+
+
+# --- the contrast-mean pass (_epilogue.contrast_means) ----------------------------------
+
+def test_contrast_statistics_pass_runs_only_for_contrast_without_a_given_mean():
+    """The statistics pass reads every pixel once more: it runs only when contrast is on and
+    the caller gave no means; its partial sums (tile order) become per-sample means."""
+    from dlpack_io.kernels._colour import BRIGHTNESS, CONTRAST
+    from dlpack_io.kernels._epilogue import Epilogue, contrast_means
+
+    launched = []
+
+    def run_stats(partials):  # what the kernel's statistics mode stores: one sum per tile
+        launched.append(partials.numel())
+        partials.copy_(torch.arange(1.0, partials.numel() + 1))
+
+    one = torch.ones(3)
+    kw = dict(n=2, tiles=3, pixels=4, channels=3, run_stats=run_stats)
+    assert contrast_means(Epilogue(torch.float32, one, one, ops=0), **kw) is None
+    assert contrast_means(Epilogue(torch.float32, one, one, ops=BRIGHTNESS), **kw) is None
+    given = torch.tensor([0.25, 0.5])
+    assert contrast_means(Epilogue(torch.float32, one, one, CONTRAST, given), **kw) is given
+    assert launched == []
+    means = contrast_means(Epilogue(torch.float32, one, one, ops=CONTRAST | BRIGHTNESS), **kw)
+    assert launched == [6] and means.tolist() == [(1 + 2 + 3) / 4, (4 + 5 + 6) / 4]
+    grey = contrast_means(Epilogue(torch.float32, one, one, ops=CONTRAST), **dict(kw, channels=1))
+    assert grey.tolist() == [6 / 4, 15 / 4]  # one channel: over pixels x channels = 4
+    two = contrast_means(Epilogue(torch.float32, one, one, ops=CONTRAST), **dict(kw, channels=2))
+    assert two.tolist() == [6 / 8, 15 / 8]

@@ -150,3 +150,18 @@ def test_ragged_reference_matches_dense():
                                     offsets=torch.tensor([7 + 90, 7]),
                                     heights=torch.tensor([6, 6]), widths=torch.tensor([5, 5]))
     torch.testing.assert_close(ragged, dense, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("h,w", [(6, 1), (1, 5), (1, 1)])
+def test_ragged_one_pixel_wide_or_high_images_are_read(h, w):
+    """A 1-pixel side is a valid record (only 0 is refused): ragged reads it as dense does."""
+    images = random_images(2, h, w, 3, seed=h * 7 + w)
+    boxes = torch.tensor([[0, 0, h, w], [0, 0, h, w]])
+    dense = reference.resized_crop(images, boxes, (3, 2), True, False, out_dtype=torch.float32)
+    flat = torch.cat([torch.zeros(5, dtype=torch.uint8), images[0].flatten(),
+                      images[1].flatten()])
+    ragged = reference.resized_crop(flat, boxes, (3, 2), True, False, out_dtype=torch.float32,
+                                    offsets=torch.tensor([5, 5 + h * w * 3]),
+                                    heights=torch.tensor([h, h]), widths=torch.tensor([w, w]))
+    torch.testing.assert_close(ragged, dense, rtol=0, atol=0)
+    assert not torch.equal(ragged[0], ragged[1])  # two different images, not byte 0 twice

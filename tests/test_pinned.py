@@ -47,6 +47,9 @@ def test_uniforms_of_a_subset_and_of_more_draws_are_the_same_numbers():
     """Draw j of sample i does not depend on the other samples or on how many draws."""
     one = rng.uniforms(7, 3, rng.STREAM_CROP, [5], 2)
     assert one.tolist() == [PINNED_UNIFORMS[rng.STREAM_CROP][1][:2]]
+    default = rng.uniforms(7, 3, rng.STREAM_CROP, [5, 0])  # count defaults to one draw
+    assert default.tolist() == [[PINNED_UNIFORMS[rng.STREAM_CROP][1][0]],
+                                [PINNED_UNIFORMS[rng.STREAM_CROP][0][0]]]
     many = rng.uniforms(7, 3, rng.STREAM_CROP, [2**40, 0], 40)
     assert many[:, :3].tolist() == [PINNED_UNIFORMS[rng.STREAM_CROP][2],
                                     PINNED_UNIFORMS[rng.STREAM_CROP][0]]

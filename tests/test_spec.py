@@ -186,6 +186,9 @@ def test_full_image_boxes_need_one_size():
                                              r"8x6: add e.g. RandomResizedCrop\(224\)") as info:
         full_image_boxes(np.array([8, 8, 8]), np.array([6, 6, 7]), np.array([4, 5, 9]))
     assert info.value.sample == 9
+    with pytest.raises(TransformError, match=r"this one is 9x6 and sample 4 is 8x6") as info:
+        full_image_boxes(np.array([8, 9, 8]), np.array([6, 6, 6]), np.array([4, 5, 9]))
+    assert info.value.sample == 5  # the first that differs from the first sample
     p = compile_spec([]).draw(0, 0, np.array([4, 5]), np.array([8, 8]), np.array([6, 6]))
     assert (p.out_size, p.resize, p.jitter) == ((8, 6), False, None)
 
@@ -195,6 +198,8 @@ def test_full_image_boxes_need_one_size():
     ([RandomHorizontalFlip(), RandomCrop(8)], r"got \[RandomHorizontalFlip, RandomCrop\]"),
     ([Normalize(), ColorJitter(0.1)], r"got \[Normalize, ColorJitter\]"),
     ([RandomCrop(8), CenterCrop(8)], r"got \[RandomCrop, CenterCrop\]"),
+    ([RandomHorizontalFlip(), CenterCrop(8)], r"got \[RandomHorizontalFlip, CenterCrop\]"),
+    ([ColorJitter(0.1), CenterCrop(8)], r"got \[ColorJitter, CenterCrop\]"),
     ([ColorJitter(0.1), ColorJitter(0.2)], r"got \[ColorJitter, ColorJitter\]"),
     ([RandomCrop(8), Resize(8)], r"got \[RandomCrop, Resize\]"),
     ([Resize(32), RandomResizedCrop(24)], r"got \[Resize, RandomResizedCrop\] \(RandomResizedCrop "
@@ -273,6 +278,35 @@ def test_compiled_defaults():
 def test_transform_arguments_are_checked(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+def test_random_resized_crop_never_gives_an_empty_box():
+    """An extreme aspect range rounds every try's height to 0: like torchvision, no such try
+    is taken; the central fallback (1 x 10 here) is."""
+    boxes = RandomResizedCrop(4, scale=(0.01, 0.01), ratio=(9.0, 9.0)).boxes(
+        np.full(5, 10), np.full(5, 10), 0, 0, np.arange(5))
+    assert boxes.tolist() == [[4, 0, 1, 10]] * 5
+
+
+def test_transforms_are_immutable_values():
+    """A compiled spec keeps the transform objects: changing one afterwards must fail, not
+    silently disagree with what was compiled."""
+    import dataclasses
+
+    for t in (Resize(8), RandomResizedCrop(8), RandomCrop(8), CenterCrop(8),
+              RandomHorizontalFlip(), RandomVerticalFlip(), ColorJitter(0.1), Normalize()):
+        field = dataclasses.fields(t)[0].name
+        with pytest.raises(dataclasses.FrozenInstanceError, match=field):
+            setattr(t, field, getattr(t, field))
+        assert {t: 1}[t] == 1  # a value: hashable
+
+
+def test_one_pixel_is_a_valid_size():
+    """The smallest size each transform accepts, on both sides (0 is refused above)."""
+    assert RandomCrop((1, 3)).size == (1, 3) and CenterCrop((3, 1)).size == (3, 1)
+    assert RandomResizedCrop(1).size == (1, 1) and Resize((1, 2)).size == (1, 2)
+    boxes = CenterCrop((1, 1)).boxes(np.array([3]), np.array([5]), 0, 0, np.array([0]))
+    assert boxes.tolist() == [[1, 2, 1, 1]]
 
 
 def test_transform_arguments_are_normalised():
