@@ -269,8 +269,8 @@ def decode_json(data, where: str) -> dict:
     data = bytes(data)
     depth = json_depth(data)
     if depth > MAX_JSON_DEPTH:
-        raise FormatError(f"{where}: JSON nested too deeply to parse ({depth} levels, at most "
-                          f"{MAX_JSON_DEPTH}): not a dlpack file")
+        raise FormatError(f"{where}: JSON nested too deeply to parse: not a dlpack file "
+                          f"({depth} levels, at most {MAX_JSON_DEPTH})")
     try:
         value = json.loads(data.decode("utf-8"))
     except RecursionError:  # cannot happen below MAX_JSON_DEPTH; kept as a last guard

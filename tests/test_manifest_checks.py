@@ -318,3 +318,17 @@ def test_verify_of_a_damaged_manifest_is_damaged_not_missing(manifest, tmp_path)
     report = verify(ds, progress=False)
     assert report.exit_code == 1 and not report.not_a_dataset
     assert report.problems[0]["where"] == os.path.join(ds, fmt.MANIFEST_NAME)
+
+
+def test_json_depth_counts_brackets_outside_strings_only():
+    """The depth check runs before the parser (which, with a raised recursion limit, would
+    overflow the C stack on hostile nesting): brackets inside strings, escaped quotes
+    included, do not count; 32 levels parse, 33 are refused naming the depth."""
+    inside = '"' + '[[[[{{{{\\"[[[[' * 20 + '"'
+    assert fmt.json_depth(('{"a": ' + inside + ', "b": [[1]]}').encode()) == 3
+    assert fmt.decode_json(('{"p": ' + inside + '}').encode(), "m")["p"].startswith("[[[[{{{{")
+    nested = lambda n: ('{"a": ' + "[" * (n - 1) + "]" * (n - 1) + "}").encode()  # noqa: E731
+    assert fmt.decode_json(nested(32), "m") == {"a": eval("[" * 31 + "]" * 31)}
+    with pytest.raises(fmt.FormatError, match=r"m: JSON nested too deeply to parse: not a "
+                                              r"dlpack file \(33 levels, at most 32\)"):
+        fmt.decode_json(nested(33), "m")
