@@ -98,7 +98,6 @@ def convert_stopped_at(stop: str, cli_args, *, deadline: float = 300.0):
     """Run ``dlpack convert *cli_args`` until it reaches ``stop`` (see STOPPING_CONVERT),
     SIGKILL it there and return the pids of its child processes at that moment. Fails if
     the conversion ends without reaching the point; ``deadline`` only guards against a hang."""
-    import signal
     import subprocess
     import sys
     import time
@@ -148,3 +147,23 @@ def wait_until(condition, *, deadline: float = 60.0, what: str = "the condition"
         if time.monotonic() > end:
             raise AssertionError(f"{what} did not happen within {deadline} s")
         time.sleep(0.02)
+
+
+def shared_memory_of(pids) -> list:
+    """/dev/shm files that processes ``pids`` map or hold open: a leak can only be one of
+    those (other programs' /dev/shm entries on a shared machine are not ours to judge)."""
+    found = []
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                found += [line.split(None, 5)[-1].strip() for line in f if "/dev/shm/" in line]
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if target.startswith("/dev/shm/"):
+                    found.append(target)
+        except FileNotFoundError:  # the process has gone: it holds nothing
+            continue
+    return sorted(set(found))

@@ -15,7 +15,7 @@ import pytest
 from dlpack_io.reader import (Dataset, Loader, RandomCrop, RandomResizedCrop, SampleError,
                               WorkerError)
 
-from helpers import gone, wait_until
+from helpers import gone, shared_memory_of, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -45,26 +45,6 @@ def corrupt(packed, tmp_path):
 
 
 pytestmark = pytest.mark.usefixtures("hang_deadline")
-
-
-def shared_memory_of(pids) -> list:
-    """/dev/shm files that processes ``pids`` map or hold open: a leak can only be one of
-    those (other programs' /dev/shm entries on a shared machine are not ours to judge)."""
-    found = []
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/maps") as f:
-                found += [line.split(None, 5)[-1].strip() for line in f if "/dev/shm/" in line]
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                try:
-                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                except OSError:
-                    continue
-                if target.startswith("/dev/shm/"):
-                    found.append(target)
-        except FileNotFoundError:  # the process has gone: it holds nothing
-            continue
-    return sorted(set(found))
 
 
 def _loader_threads():

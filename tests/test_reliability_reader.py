@@ -14,14 +14,13 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
 
 from dlpack_io.reader import Dataset, Loader, RandomCrop, RandomResizedCrop, SampleError, WorkerError
 
-from helpers import wait_until
+from helpers import shared_memory_of, wait_until
 
 N = 64
 BAD = (5, 36, 37)  # in storage order: 36 and 37 share a batch of 8, and fill a batch of 2
@@ -258,26 +257,6 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _shm(pids) -> list:
-    """/dev/shm files that processes ``pids`` map or hold open (ours are anonymous: none).
-    Only our processes are looked at: other programs on a shared machine create and remove
-    /dev/shm entries at any time (torch, MosaicML Streaming, other test runs)."""
-    found = []
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/maps") as f:
-                found += [line.split(None, 5)[-1].strip() for line in f if "/dev/shm/" in line]
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                try:
-                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
-                except OSError:
-                    continue
-                found += [target] if target.startswith("/dev/shm/") else []
-        except FileNotFoundError:
-            continue
-    return sorted(set(found))
-
-
 def _torch_shm_named_after(pids) -> list:
     """/dev/shm entries torch names after a process (``torch_<pid>_...``) of ``pids``: what
     a process that died without cleaning up would leave behind."""
@@ -302,7 +281,7 @@ def test_sigint_to_a_training_process(packed, tmp_path, kind, target):
     """Ctrl-C at a terminal signals the whole process group; `kill -INT` only the trainer."""
     proc, workers = _start_trainer(packed, tmp_path, kind)
     assert len(workers) == (2 if kind == "process" else 0)
-    assert _shm([proc.pid, *workers]) == []  # the batch slots are anonymous mappings
+    assert shared_memory_of([proc.pid, *workers]) == []  # the batch slots are anonymous mappings
     if target == "trainer":
         proc.send_signal(signal.SIGINT)
     else:
@@ -323,7 +302,7 @@ def test_sigkill_of_the_trainer_takes_its_workers_along(packed, tmp_path):
     workers; their anonymous shared memory goes with them."""
     proc, workers = _start_trainer(packed, tmp_path, "process")
     assert len(workers) == 2 and all(_alive(p) for p in workers)
-    assert _shm([proc.pid, *workers]) == []
+    assert shared_memory_of([proc.pid, *workers]) == []
     proc.send_signal(signal.SIGKILL)
     proc.wait(120)
     wait_until(lambda: not any(_alive(p) for p in workers), what="the workers' exit")
