@@ -17,6 +17,7 @@ import asyncio
 import dataclasses
 import os
 import random
+import re
 import time
 from dataclasses import dataclass
 
@@ -60,6 +61,13 @@ class Policy:
         return random.uniform(0, min(self.max_backoff, self.backoff * 2 ** (attempt - 1)))
 
 
+# An HTTP 403 or the S3 error codes of refused credentials, as words: a bare "403" also
+# occurs in a duration ("in 371.403µs"), which once made a refused connection look like
+# refused credentials (no retries, the wrong advice).
+_REFUSED_RE = re.compile(r"\b403 Forbidden\b|\bstatus(?: code)?:? ?403\b|\bForbidden\b|"
+                         r"\bInvalidAccessKeyId\b|\bSignatureDoesNotMatch\b|\bAccessDenied\b")
+
+
 def _classify(exc: BaseException) -> tuple[bool, str]:
     """(transient?, what to check) for an exception raised by a request."""
     import obstore.exceptions as ox
@@ -72,9 +80,7 @@ def _classify(exc: BaseException) -> tuple[bool, str]:
                        "AWS_PROFILE or storage_options) and that they may use this bucket")
     if isinstance(exc, ox.PreconditionError):
         return False, "The object was replaced since this data set was opened: open it again"
-    text = str(exc)
-    if "403" in text or "Forbidden" in text or "InvalidAccessKeyId" in text or \
-            "SignatureDoesNotMatch" in text:
+    if _REFUSED_RE.search(str(exc)):
         return False, "Check the credentials and that they may use this bucket"
     return True, "Check that the endpoint (AWS_ENDPOINT_URL) is reachable and the server is up"
 

@@ -157,3 +157,18 @@ def test_missing_extra_gives_the_install_hint(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_obstore)
     with pytest.raises(ImportError, match=r"pip install 'dlpack-io\[s3\]'"):
         Store(f"s3://{BUCKET}/x")
+
+
+def test_a_refused_connection_is_transient_whatever_its_timing_says():
+    """obstore's message for a refused connection carries its duration: "in 371.403µs"
+    once read as HTTP 403, so the request was not retried and the advice named the
+    credentials instead of the endpoint."""
+    from dlpack_io.reader.storage import _classify
+
+    refused = RuntimeError("Generic S3 error: Error performing GET http://127.0.0.1:48907/b/x in "
+                           "371.403µs - HTTP error: error sending request")
+    assert _classify(refused) == (True, "Check that the endpoint (AWS_ENDPOINT_URL) is reachable "
+                                        "and the server is up")
+    for text in ("Client error with status 403 Forbidden: <Error><Code>AccessDenied</Code>",
+                 "<Code>SignatureDoesNotMatch</Code>", "<Code>InvalidAccessKeyId</Code>"):
+        assert _classify(RuntimeError(text))[0] is False, text
