@@ -104,7 +104,9 @@ def gather_vs_memcpy(raw_path, rounds: int = 3) -> dict:
     ctx, scratch = BuildContext(ds, spec), Scratch()
     order = np.random.default_rng(0).permutation(len(ds))
     batches = [order[i:i + 256] for i in range(0, max(1, len(order) - 255), 256)]
-    buf = np.ones(256 * per_image, np.uint8)  # pre-faulted, like a reused pinned slot
+    # pre-faulted, like a reused pinned slot; sized as the Loader sizes its slots: the
+    # pixels, then one 64-byte record per sample (GatherJob.slot_bytes)
+    buf = np.ones(256 * (per_image + 64) + 64, np.uint8)
 
     def gather(b):
         return gather_batch(ctx, plan_batch(spec, ds, b, seed=0, epoch=0), 0, buf, scratch)
