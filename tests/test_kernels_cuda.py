@@ -12,6 +12,8 @@ plain crops, else +-1 on at most 2 % of the pixels; float32 1e-5, float16 2**-9,
 bfloat16 2**-6 after normalisation. Skipped without CUDA.
 """
 import pytest
+
+from helpers import compiled_variants  # noqa: E402
 import torch
 
 from dlpack_io.kernels import (crop_flip_permute, crop_flip_permute_packed, records as R,
@@ -348,18 +350,6 @@ def _records_for(geo, boxes) -> torch.Tensor:
 
 
 # ---- compiled variants -----------------------------------------------------------------------
-def _variants(kernel) -> int:
-    """Compiled variants a Triton kernel holds (every device)."""
-    fn = kernel.jitted() if hasattr(kernel, "jitted") else kernel
-    caches = getattr(fn, "device_caches", None)
-    if caches is not None:  # triton 3.x: device -> (kernel cache, ...)
-        return sum(len(v[0]) for v in caches.values())
-    cache = getattr(fn, "cache", None)
-    if isinstance(cache, dict):  # triton 2.x: device -> {key: kernel}
-        return sum(len(v) for v in cache.values())
-    import triton
-
-    pytest.skip(f"triton {triton.__version__} keeps compiled kernels where this cannot count")
 
 
 def test_batch_geometry_never_recompiles():
@@ -386,6 +376,6 @@ def test_batch_geometry_never_recompiles():
         images = torch.zeros((n, h, w, 3), dtype=torch.uint8, device="cuda")
         zero = torch.zeros(n, dtype=torch.int32, device="cuda")
         crop_flip_permute(images, zero, zero, 30, 41, False, False, out_dtype=torch.bfloat16)
-        counts.append((_variants(resize._resized_crop_aa_kernel),
-                       _variants(crop._crop_flip_permute_kernel)))
+        counts.append((compiled_variants(resize._resized_crop_aa_kernel),
+                       compiled_variants(crop._crop_flip_permute_kernel)))
     assert counts[-1] == counts[0], counts

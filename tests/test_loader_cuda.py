@@ -31,7 +31,7 @@ from dlpack_io.reader import (CenterCrop, ColorJitter, Dataset, Loader, Normaliz
                               RandomHorizontalFlip, RandomResizedCrop, RandomVerticalFlip,
                               Resize)
 
-from helpers import pack_jpeg_and_raw
+from helpers import compiled_variants, pack_jpeg_and_raw
 
 HAVE_CUDA = torch.cuda.is_available()
 cuda = pytest.mark.skipif(not HAVE_CUDA, reason="needs a CUDA GPU (docs/gpu.md)")
@@ -524,18 +524,6 @@ def test_process_slots_are_the_documented_size_and_kept(packed):
 
 
 # ---- compiled kernel variants ---------------------------------------------------------------
-def _variants(kernel) -> int:
-    """Compiled variants a Triton kernel holds (every device)."""
-    fn = kernel.jitted() if hasattr(kernel, "jitted") else kernel
-    caches = getattr(fn, "device_caches", None)
-    if caches is not None:  # triton 3.x: device -> (kernel cache, ...)
-        return sum(len(v[0]) for v in caches.values())
-    cache = getattr(fn, "cache", None)
-    if isinstance(cache, dict):  # triton 2.x: device -> {key: kernel}
-        return sum(len(v) for v in cache.values())
-    import triton
-
-    pytest.skip(f"triton {triton.__version__} keeps compiled kernels where this cannot count")
 
 
 @cuda
@@ -551,14 +539,14 @@ def test_compiled_variants_stay_bounded_as_batch_geometry_changes(packed):
                     **_base(transforms=[RandomResizedCrop(24), *FLIPS, Normalize()],
                             batch_size=7))
     next(iter(loader))  # jit the kernel (a variant this file's other tests do not use)
-    before = _variants(resize._resized_crop_aa_kernel)
+    before = compiled_variants(resize._resized_crop_aa_kernel)
     sizes = set()
     for epoch in range(3):
         loader.set_epoch(epoch)
         for x, _, _ in loader:
             sizes.add(x.shape[0])
     assert len(sizes) > 1
-    assert _variants(resize._resized_crop_aa_kernel) - before <= 1
+    assert compiled_variants(resize._resized_crop_aa_kernel) - before <= 1
     loader.close()
 
 
