@@ -19,13 +19,16 @@ def raw(tmp_path_factory):
                              shard_size="40KB")["raw"]
 
 
-def _torchrun(nproc: int, *args) -> None:
+def _torchrun(nproc: int, raw, out: Path, *args) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={nproc}", str(SCRIPT), *map(str, args)]
+           f"--nproc_per_node={nproc}", str(SCRIPT), str(raw), str(out), *map(str, args)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=TORCHRUN_DEADLINE,
                           env=env)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    if done.returncode != 0:  # each rank's stages and, if it crashed, its threads' stacks
+        logs = "".join(f"--- rank {r}: {log.read_text()}" for r in range(nproc)
+                       if (log := Path(f"{out}.{r}.log")).exists())
+        pytest.fail(done.stdout[-3000:] + done.stderr[-3000:] + logs)
 
 
 def _records(out: Path, nproc: int) -> list:
