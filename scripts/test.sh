@@ -5,4 +5,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
-python -m pytest -q "$@"
+python -X faulthandler -m pytest -q "$@"  # -X: a crash even after the last test prints the stacks

@@ -182,3 +182,63 @@ def compiled_variants(kernel) -> int:
     import triton
 
     pytest.skip(f"triton {triton.__version__} keeps compiled kernels where this cannot count")
+
+
+CHILD_DEADLINE = 600.0  # a hang guard only: a child test waits on a Ray cluster
+
+
+def in_forked_child(test):
+    """Run ``test`` (a test function; pytest still injects its fixtures) in a forked child
+    process and report its outcome here: pass, the failure's traceback, or a skip.
+
+    For tests that start a Ray driver in this process (``convert(engine="ray")``,
+    ``ray.init``). Ray does not support another ray.init after ray.shutdown in one process
+    (ray-project/ray#31145: background state of the first session is left behind), and the
+    suite's process, after ten such sessions, once died with SIGSEGV while exiting, every
+    test passed. A forked child holds one session and ends with os._exit (multiprocessing's
+    way), so no Ray state reaches the suite's process or its interpreter teardown. That a
+    driver exits cleanly on its own is tested too: the CLI tests run ``dlpack convert
+    --engine ray`` as a process of its own and check its exit code.
+
+    Not for a test that talks to S3: a fork copies only the calling thread, and the S3
+    client's runtime threads started by earlier tests are not there (the child hangs).
+    Such a test runs its driver with subprocess instead (tests/test_ray_s3.py)."""
+    import functools
+    import multiprocessing
+    import traceback
+
+    import pytest
+
+    def child(send, args, kwargs):
+        try:
+            test(*args, **kwargs)
+            send.send(("passed", ""))
+        except pytest.skip.Exception as e:
+            send.send(("skipped", str(e)))
+        except BaseException:  # noqa: BLE001 - every failure goes back to the parent
+            send.send(("failed", traceback.format_exc()))
+
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        ctx = multiprocessing.get_context("fork")
+        receive, send = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=child, args=(send, args, kwargs), name=test.__name__)
+        proc.start()
+        send.close()  # the child holds the only writer: EOF when it dies
+        try:
+            if not receive.poll(CHILD_DEADLINE):  # the event: the child's report
+                proc.kill()
+                pytest.fail(f"{test.__name__} reported nothing within {CHILD_DEADLINE:.0f} s")
+            outcome, text = receive.recv()
+        except EOFError:
+            proc.join()
+            pytest.fail(f"{test.__name__}'s process died (exit code {proc.exitcode}) "
+                        "before reporting", pytrace=False)
+        finally:
+            proc.join(CHILD_DEADLINE)
+        if outcome == "skipped":
+            pytest.skip(text)
+        if outcome == "failed":
+            pytest.fail(text, pytrace=False)
+
+    return run

@@ -23,7 +23,7 @@ from dlpack_io.packer.journal import JOURNAL_NAME, DstLock  # noqa: E402
 from dlpack_io.packer.pipeline import ConversionError  # noqa: E402
 from dlpack_io.tools.synth import make_image_folder  # noqa: E402
 
-from helpers import dataset_fingerprint  # noqa: E402
+from helpers import dataset_fingerprint, in_forked_child  # noqa: E402
 from raycluster import module_cluster, session_pids  # noqa: E402
 
 SHARD = "60KB"
@@ -76,6 +76,7 @@ def _assert_finished_cleanly(dst):
 
 
 @pytest.mark.parametrize("data_format", ["record", "lmdb"])
+@in_forked_child
 def test_two_node_cluster_is_byte_identical_to_local(cluster, source, reference, tmp_path,
                                                      data_format, caplog):
     caplog.set_level("INFO", logger="dlpack_io.packer.ray_engine")
@@ -95,6 +96,7 @@ def test_two_node_cluster_is_byte_identical_to_local(cluster, source, reference,
     _assert_finished_cleanly(dst)
 
 
+@in_forked_child
 def test_odd_inputs_are_rejected_and_reencoded_as_local(cluster, odd_folder, tmp_path):
     root, files = odd_folder
     local = convert(root, tmp_path / "local", workers=0, progress=False)
@@ -110,6 +112,7 @@ def test_odd_inputs_are_rejected_and_reencoded_as_local(cluster, odd_folder, tmp
     assert dataset_fingerprint(tmp_path / "ray") == dataset_fingerprint(tmp_path / "local")
 
 
+@in_forked_child
 def test_on_error_fail_stops_with_the_local_message(cluster, odd_folder, tmp_path):
     root, _ = odd_folder
     messages = []
@@ -123,6 +126,7 @@ def test_on_error_fail_stops_with_the_local_message(cluster, odd_folder, tmp_pat
     assert messages[0] == messages[1] and "c/not_an_image.JPG" in messages[0]
 
 
+@in_forked_child
 def test_dst_rules_are_the_local_ones(cluster, source, tmp_path):
     dst = tmp_path / "ds"
     dst.mkdir()
@@ -283,6 +287,7 @@ def small_tmpfs(tmp_path):
     subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
+@in_forked_child
 def test_disk_full_in_a_shard_task_then_resume_is_identical(cluster, source, reference,
                                                             small_tmpfs):
     """A shard task meets a full disk: the local engine's message, no temp file left,
@@ -299,6 +304,7 @@ def test_disk_full_in_a_shard_task_then_resume_is_identical(cluster, source, ref
     assert dataset_fingerprint(dst) == dataset_fingerprint(reference["record"])
 
 
+@in_forked_child
 def test_unreachable_address_fails_fast_and_touches_nothing(image_folder, tmp_path):
     from raycluster import HOST, free_ports
 
@@ -313,6 +319,7 @@ def test_unreachable_address_fails_fast_and_touches_nothing(image_folder, tmp_pa
                 progress=False)
 
 
+@in_forked_child
 def test_a_task_that_keeps_dying_is_a_clear_error(cluster):
     """What the driver says when Ray gives up on a task whose worker dies every time."""
     import ray
@@ -341,6 +348,7 @@ def _sigsegv_handler() -> int:
     return action.handler or 0
 
 
+@in_forked_child
 def test_the_callers_faulthandler_survives_a_ray_conversion(cluster, source, tmp_path):
     """ray.init replaces the SIGSEGV handler and ray.shutdown leaves the default: a caller
     whose faulthandler was on gets it back (was: a later crash killed it without a word)."""
