@@ -70,10 +70,15 @@ def _discard_if_empty(dst: str, created: bool, state) -> None:
         return
     clear_outputs(dst)
     if created:
-        try:
-            os.rmdir(dst)  # only if empty: the lock file is gone, nothing else is ours
-        except OSError:
-            pass
+        _remove_if_empty(dst)
+
+
+def _remove_if_empty(dst: str) -> None:
+    """Remove the folder ``dst`` if nothing is in it (the lock file must be gone)."""
+    try:
+        os.rmdir(dst)
+    except OSError:
+        pass
 
 
 def convert(src, dst, *, list_file=None, resume: bool = False, overwrite: bool = False,
@@ -122,6 +127,12 @@ def convert(src, dst, *, list_file=None, resume: bool = False, overwrite: bool =
             _prepare_dst(dst, resume, overwrite)
             return _convert_locked(src, dst, inputs, stats, plan, opts, pack, lock, created,
                                    engine, provenance)
+    except BaseException:
+        # e.g. Ray could not connect: a folder this run created goes if nothing is in it
+        lock.release(remove=True)
+        if created:
+            _remove_if_empty(dst)
+        raise
     finally:
         lock.release(remove=True)
 

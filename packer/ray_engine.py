@@ -311,6 +311,9 @@ class connection:  # noqa: N801  (used like a function: ``with connection(...) a
 
     def __init__(self, address, options):
         self.ray = import_ray()
+        if self.ray.is_initialized() and address not in (None, "auto"):
+            raise ConversionError(f"this process is already connected to a Ray cluster; "
+                                  f"leave out --ray-address {address} or disconnect")
         check_reachable(address)
         self.address, self.options = address, options
         self.connected_here = False
@@ -318,11 +321,7 @@ class connection:  # noqa: N801  (used like a function: ``with connection(...) a
 
     def __enter__(self):
         ray = self.ray
-        if ray.is_initialized():  # the caller's own connection: use it, leave it open
-            if self.address not in (None, "auto"):
-                raise ConversionError(f"this process is already connected to a Ray cluster; "
-                                      f"leave out --ray-address {self.address} or disconnect")
-        else:
+        if not ray.is_initialized():  # else the caller's own connection: use it, leave it open
             self._init()
         try:
             cpus = int(ray.cluster_resources().get("CPU", 0))

@@ -258,3 +258,28 @@ def test_packer_convert_stays_the_function_after_the_module_is_imported():
     from dlpack_io.packer import convert as again
 
     assert getattr(again, "__module__", "") == "dlpack_io.packer"
+
+
+@pytest.mark.parametrize("existed", [False, True])
+def test_an_engine_that_cannot_start_leaves_dst_as_it_was(image_folder, tmp_path, monkeypatch,
+                                                          existed):
+    """The engine starts (Ray connects) after DST is created and locked: when it cannot,
+    a folder this run created goes, and a folder that was there stays, without our lock."""
+    import contextlib
+
+    from dlpack_io.packer import conversion
+
+    @contextlib.contextmanager
+    def cannot_connect(*args):
+        raise ConversionError("cannot connect to the Ray cluster at 127.0.0.2:1")
+        yield
+
+    monkeypatch.setattr(conversion, "engine_context", cannot_connect)
+    dst = tmp_path / "ds"
+    if existed:
+        dst.mkdir()
+    with pytest.raises(ConversionError, match="cannot connect to the Ray cluster"):
+        convert(image_folder, dst, progress=False)
+    assert dst.exists() == existed
+    if existed:
+        assert os.listdir(dst) == []

@@ -336,6 +336,31 @@ def test_a_task_that_keeps_dying_is_a_clear_error(cluster):
         ray.shutdown()
 
 
+
+@in_forked_child
+def test_conversions_use_the_callers_own_connection_and_leave_it_open(cluster, source,
+                                                                      reference, tmp_path):
+    """Several conversions from one Python process: connect once with ray.init, and each
+    convert(engine="ray") runs on that connection and leaves it open (Ray does not support
+    ray.init again after ray.shutdown in one process: docs/scale.md)."""
+    import ray
+
+    ray.init(address=cluster.address, log_to_driver=False, logging_level="WARNING")
+    try:
+        node = ray.get_runtime_context().get_node_id()
+        for name in ("first", "second"):
+            convert(source, tmp_path / name, shard_size=SHARD, progress=False, engine="ray")
+            assert ray.is_initialized() and ray.get_runtime_context().get_node_id() == node
+            assert dataset_fingerprint(tmp_path / name) == dataset_fingerprint(
+                reference["record"])
+        with pytest.raises(ConversionError, match=r"already connected to a Ray cluster; "
+                                                  r"leave out --ray-address"):
+            convert(source, tmp_path / "third", progress=False, engine="ray",
+                    ray_address=cluster.address)
+        assert ray.is_initialized() and not (tmp_path / "third").exists()
+    finally:
+        ray.shutdown()
+
 def _sigsegv_handler() -> int:
     """Address of the process's SIGSEGV handler (0: the default, death without a word)."""
     import ctypes
