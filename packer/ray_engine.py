@@ -277,6 +277,16 @@ def probe_nodes(ray, url: str, storage_options: dict | None) -> None:
             ) from None
 
 
+def remove_probes(store) -> None:
+    """Delete every probe object under the store's prefix, whichever run left it. A probe
+    deletes its object itself, but a PUT attempt that timed out and was retried can still
+    land on a loaded server after that delete (the load series of 2026-11-24 found one in a
+    finished data set), and a run killed mid-probe leaves one: the run that uploads the
+    manifest sweeps them."""
+    for name in store.list(ray_tasks.PROBE_PREFIX):
+        store.delete(name)
+
+
 def _keep_completed(planner: _RayPlanner) -> None:
     """After a failure, journal the shards already written before it (as the local engine
     has them), then cancel the rest."""

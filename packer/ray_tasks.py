@@ -19,6 +19,8 @@ import numpy as np
 
 from dlpack_io.packer.encode import EncodedRecord, encode_path
 from dlpack_io.packer.writers import open_writer, partial_name
+
+PROBE_PREFIX = ".dlpack-probe-"  # name of the objects probe_store writes and deletes
 from dlpack_io.reader import format as fmt
 
 
@@ -78,7 +80,7 @@ def probe_store(url: str, storage_options: dict | None) -> str:
     from dlpack_io.reader.storage import Store
 
     store = Store(url, storage_options=storage_options)
-    name = f".dlpack-probe-{socket.gethostname()}-{os.getpid()}"
+    name = f"{PROBE_PREFIX}{socket.gethostname()}-{os.getpid()}"
     store.put(name, b"dlpack: can this node write here?")
     store.delete(name)
     return socket.gethostname()

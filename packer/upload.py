@@ -190,5 +190,7 @@ def _convert_staged(store: Store, stage: str, inputs, opts, provenance: bool, pa
     store.put(fmt.REJECTS_NAME, finalize.rejects_tsv(state.rejects))
     store.put(fmt.MANIFEST_NAME, fmt.encode_meta(manifest))  # last: now it is a data set
     store.delete(journal.JOURNAL_NAME)
+    if ray:
+        ray_engine.remove_probes(store)
     return dict(packing.summary(store.url, manifest, state, inputs, progress, resumed_from),
                 engine=engine)
