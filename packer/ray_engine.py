@@ -283,8 +283,9 @@ def remove_probes(store) -> None:
     land on a loaded server after that delete (the load series of 2026-11-24 found one in a
     finished data set), and a run killed mid-probe leaves one: the run that uploads the
     manifest sweeps them."""
-    for name in store.list(ray_tasks.PROBE_PREFIX):
-        store.delete(name)
+    for name in store.list():  # (S3 lists by folder: filter the names here)
+        if name.startswith(ray_tasks.PROBE_PREFIX):
+            store.delete(name)
 
 
 def _keep_completed(planner: _RayPlanner) -> None:
