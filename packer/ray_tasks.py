@@ -19,9 +19,9 @@ import numpy as np
 
 from dlpack_io.packer.encode import EncodedRecord, encode_path
 from dlpack_io.packer.writers import open_writer, partial_name
+from dlpack_io.reader import format as fmt
 
 PROBE_PREFIX = ".dlpack-probe-"  # name of the objects probe_store writes and deletes
-from dlpack_io.reader import format as fmt
 
 
 def encode_segment(items: list, options: dict) -> tuple[list, np.ndarray]:
