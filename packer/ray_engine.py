@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 INSTALL = "pip install 'dlpack-io[ray]'"
 MAX_RETRIES = 3       # attempts after a worker or node dies mid-task (Ray re-runs it)
 ASSEMBLY_CPUS = 0.5   # shard writing is mostly I/O: let it overlap encoding
+SETTLE_SECONDS = 300  # the longest a stopped conversion waits for its submitted tasks
 
 
 def import_ray():
@@ -121,17 +122,29 @@ class _RayPlanner(Packer):
             self.commit_next()
 
     def abort(self) -> None:
-        """Cancel the shards still being written; their tasks delete their temp files."""
-        _cancel(self.ray, [p[0] for p in self.pending])
+        """Let the shards still being written finish, unjournaled (``--resume`` redoes
+        them), so that no task of this conversion writes to DST after it returns."""
+        _settle(self.ray, [p[0] for p in self.pending], "shard writes")
         self.pending.clear()
 
 
-def _cancel(ray, refs: list) -> None:
-    """Cancel tasks (a running one gets KeyboardInterrupt and cleans up); wait up to 30 s."""
-    for ref in refs:
-        ray.cancel(ref)
-    if refs:
-        ray.wait(refs, num_returns=len(refs), timeout=30)
+def _settle(ray, refs: list, what: str) -> None:
+    """Wait for tasks the conversion no longer needs instead of cancelling them.
+
+    ``ray.cancel`` racing with a task that is just finishing aborts the driver inside Ray
+    (RAY_CHECK "Tried to complete task that was not pending", ray-project/ray#54846): the
+    load series of 2026-11-24 saw it once, in an ``--on-error fail`` conversion. The wait is
+    short, a few tasks' time: at most 2 encode segments per CPU and one shard write per CPU
+    are ever in flight. A second Ctrl-C leaves at once; a private cluster's shutdown then
+    stops them."""
+    if not refs:
+        return
+    log.info("stopping: waiting for %d %s already submitted to finish", len(refs), what)
+    _, running = ray.wait(refs, num_returns=len(refs), timeout=SETTLE_SECONDS,
+                          fetch_local=False)
+    if running:
+        log.warning("%d %s still running after %d s: left to the cluster", len(running),
+                    what, SETTLE_SECONDS)
 
 
 def _result(ray, ref, doing: str):
@@ -183,7 +196,7 @@ def _segments(ray, files, options, cpus: int, size: int):
             span = f"{files[start][0]} .. {files[min(start + size, len(files)) - 1][0]}"
             yield start, _result(ray, meta, f"encoding {span}"), blob
     finally:  # stopped early (an error, Ctrl-C): no encode task outlives the conversion
-        _cancel(ray, [q[1] for q in queued])
+        _settle(ray, [q[1] for q in queued], "encode tasks")
 
 
 class _Items:
@@ -290,7 +303,7 @@ def remove_probes(store) -> None:
 
 def _keep_completed(planner: _RayPlanner) -> None:
     """After a failure, journal the shards already written before it (as the local engine
-    has them), then cancel the rest."""
+    has them), then let the rest finish unjournaled."""
     try:
         planner.drain()
     except ConversionError as exc:

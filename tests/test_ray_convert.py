@@ -127,6 +127,49 @@ def test_on_error_fail_stops_with_the_local_message(cluster, odd_folder, tmp_pat
 
 
 @in_forked_child
+def test_a_stopped_conversion_lets_its_tasks_finish_instead_of_cancelling(
+        cluster, source, reference, tmp_path):
+    """ray.cancel racing with a task that is just finishing aborts the driver inside Ray
+    (ray-project/ray#54846, seen once in the load series): a conversion stopped by
+    --on-error fail or by Ctrl-C waits for the tasks it submitted and cancels none, nothing
+    of it runs once convert() has returned, and --resume finishes byte-identical."""
+    import ray
+
+    from dlpack_io.packer import ray_engine
+
+    cancelled, submitted = [], []
+    ray.cancel = lambda ref, **kwargs: cancelled.append(ref)  # this forked child's Ray only
+    # the caller's own connection: its tasks would outlive convert() if it left them running
+    ray.init(address=cluster.address, log_to_driver=False, logging_level="WARNING")
+    kwargs = dict(shard_size=SHARD, progress=False, engine="ray")
+    # unshuffled, class_01/broken.jpg comes early: encode segments are still queued behind it
+    with pytest.raises(ConversionError, match="--on-error fail stops at the first bad input"):
+        convert(source, tmp_path / "fail", on_error="fail", shuffle=False, **kwargs)
+
+    poll = ray_engine._RayPlanner.poll
+
+    def poll_then_ctrl_c(planner):
+        poll(planner)
+        if planner.state.shards and planner.pending:  # a shard journaled, more being written
+            submitted.extend(p[0] for p in planner.pending)
+            raise KeyboardInterrupt
+
+    ray_engine._RayPlanner.poll = poll_then_ctrl_c
+    dst = tmp_path / "ctrl-c"
+    with pytest.raises(KeyboardInterrupt):
+        convert(source, dst, **kwargs)
+    ray_engine._RayPlanner.poll = poll
+    assert submitted and cancelled == []
+    _, running = ray.wait(submitted, num_returns=len(submitted), timeout=0, fetch_local=False)
+    assert running == []
+    assert not [n for n in os.listdir(dst) if n.endswith(".partial")]
+    assert 0 < len(_journaled(dst)) < len([n for n in os.listdir(dst) if n.startswith("shard-")])
+    result = convert(source, dst, resume=True, **kwargs)
+    assert result["resumed_from"] > 0
+    assert _sha256s(dst) == _sha256s(reference["record"])
+
+
+@in_forked_child
 def test_dst_rules_are_the_local_ones(cluster, source, tmp_path):
     dst = tmp_path / "ds"
     dst.mkdir()
