@@ -63,18 +63,19 @@ def _retry_advice(dst: str, kept: int) -> str:
     return f"nothing was left in {dst}: after fixing this, run the same command again"
 
 
-def _discard_if_empty(dst: str, created: bool, state) -> None:
+def _discard_if_empty(dst: str, state) -> None:
     """After a failed run that completed no shard, remove every file it wrote (journal,
-    partial shards) and the folder it created, so the same command can simply run again."""
+    partial shards), so the same command can simply run again (convert() then removes the
+    folder if this run created it)."""
     if state is None or state.shards:  # state None: the journal there is not this run's
         return
     clear_outputs(dst)
-    if created:
-        _remove_if_empty(dst)
 
 
 def _remove_if_empty(dst: str) -> None:
-    """Remove the folder ``dst`` if nothing is in it (the lock file must be gone)."""
+    """Remove the folder ``dst`` if nothing is in it: a failed run that kept no shard (or
+    whose engine could not start) leaves no empty folder of its own behind; a finished
+    data set is never empty."""
     try:
         os.rmdir(dst)
     except OSError:
@@ -121,24 +122,18 @@ def convert(src, dst, *, list_file=None, resume: bool = False, overwrite: bool =
         if resume and os.path.exists(os.path.join(dst, fmt.MANIFEST_NAME)) \
                 and journal.read_journal(dst)[0] is None:
             log.info("%s is already complete; nothing to resume", dst)
-            lock.release(remove=True)
             return {"dst": dst, "already_complete": True}
         with engine_ as pack:  # Ray connects here, after the lock and before DST changes
             _prepare_dst(dst, resume, overwrite)
-            return _convert_locked(src, dst, inputs, stats, plan, opts, pack, lock, created,
-                                   engine, provenance)
-    except BaseException:
-        # e.g. Ray could not connect: a folder this run created goes if nothing is in it
-        lock.release(remove=True)
+            return _convert_locked(src, dst, inputs, stats, plan, opts, pack, engine,
+                                   provenance)
+    finally:
+        lock.release(remove=True)  # first: the lock file must go for the folder to go
         if created:
             _remove_if_empty(dst)
-        raise
-    finally:
-        lock.release(remove=True)
 
 
-def _convert_locked(src, dst, inputs, stats, plan, opts, pack, lock, created, engine,
-                    provenance) -> dict:
+def _convert_locked(src, dst, inputs, stats, plan, opts, pack, engine, provenance) -> dict:
     """Take over what a resumed run kept, pack the rest, write the manifest; on failure
     leave nothing behind when no shard was completed, and name the one retry command."""
     state = None
@@ -148,13 +143,11 @@ def _convert_locked(src, dst, inputs, stats, plan, opts, pack, lock, created, en
         progress = pack(dst, inputs, stats, opts, state, journal.Journal(dst))
         manifest = _finish(src, dst, inputs, opts, state, progress, engine, provenance)
     except ConversionError as exc:
-        lock.release(remove=True)  # first: the lock file must go for the folder to go
-        _discard_if_empty(dst, created, state)
+        _discard_if_empty(dst, state)
         raise ConversionError(f"{exc}; {_retry_advice(dst, len(state.shards) if state else 0)}") \
             from exc.__cause__
     except BaseException:
-        lock.release(remove=True)
-        _discard_if_empty(dst, created, state)
+        _discard_if_empty(dst, state)
         raise
     return dict(summary(dst, manifest, state, inputs, progress, resumed_from), engine=engine)
 
