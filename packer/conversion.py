@@ -22,7 +22,7 @@ from dlpack_io.packer.packing import (State, final_manifest, plan_inputs, prepar
                                       summary)
 from dlpack_io.packer.pipeline import ConversionError
 from dlpack_io.reader import format as fmt
-from dlpack_io.reader.urls import is_remote
+from dlpack_io.reader.remote.urls import is_remote
 
 log = logging.getLogger(__name__)
 

@@ -58,7 +58,7 @@ def _lmdb_meta_crc(path: str):
     its structure is damaged (checked before liblmdb reads it)."""
     import lmdb
 
-    from dlpack_io.reader.lmdbcheck import check_lmdb
+    from dlpack_io.reader.format.lmdbcheck import check_lmdb
 
     check_lmdb(path)
     try:

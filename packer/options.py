@@ -5,7 +5,7 @@ import os
 from dataclasses import asdict, dataclass, fields
 
 from dlpack_io.reader.format import DEFAULT_MAX_PIXELS, FORMATS, MODES
-from dlpack_io.reader.units import parse_size  # noqa: F401  (packer.options.parse_size)
+from dlpack_io.reader.format.units import parse_size  # noqa: F401  (packer.options.parse_size)
 
 ON_ERROR = ("skip", "fail")
 NON_JPEG = ("raw", "jpeg", "reject")  # as packer.encode.NON_JPEG

@@ -61,7 +61,7 @@ def assemble_shard(dst, data_format: str, shard_number: int, first_sample: int,
         return _write_shard(dst, data_format, shard_number, first_sample, shard_size, items,
                             payloads)
     from dlpack_io.packer.remoteshard import upload_shard
-    from dlpack_io.reader.storage import Store
+    from dlpack_io.reader.remote.storage import Store
 
     url, storage_options = upload
     staging = tempfile.mkdtemp(prefix="dlpack-ray-shard-")
@@ -77,7 +77,7 @@ def assemble_shard(dst, data_format: str, shard_number: int, first_sample: int,
 def probe_store(url: str, storage_options: dict | None) -> str:
     """Write and delete a small object under ``url`` from this node; returns the node's
     host name. Raises StorageError when this node cannot write there."""
-    from dlpack_io.reader.storage import Store
+    from dlpack_io.reader.remote.storage import Store
 
     store = Store(url, storage_options=storage_options)
     name = f"{PROBE_PREFIX}{socket.gethostname()}-{os.getpid()}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 from dlpack_io.reader import format as fmt
-from dlpack_io.reader.storage import StorageError, Store
+from dlpack_io.reader.remote.storage import StorageError, Store
 
 
 def upload_shard(store: Store, staging: str, entry: dict) -> None:

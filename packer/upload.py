@@ -24,7 +24,7 @@ from dlpack_io.packer.engines import engine_context
 from dlpack_io.packer.pipeline import ConversionError
 from dlpack_io.packer.remoteshard import remote_shard_ok, upload_shard
 from dlpack_io.reader import format as fmt
-from dlpack_io.reader.storage import StorageError, Store
+from dlpack_io.reader.remote.storage import StorageError, Store
 
 log = logging.getLogger(__name__)
 _OURS_PREFIXES = ("shard-", fmt.MANIFEST_NAME, fmt.REJECTS_NAME, journal.JOURNAL_NAME)

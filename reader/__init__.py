@@ -9,18 +9,18 @@ use, so the packer's worker processes, which import ``dlpack_io.reader.format``,
 for torch.
 """
 from dlpack_io.reader.dataset import Dataset
-from dlpack_io.reader.errors import LoaderError, LoaderTimeout, SampleError, WorkerError
+from dlpack_io.reader.batch.errors import LoaderError, LoaderTimeout, SampleError, WorkerError
 from dlpack_io.reader.format import FormatError
-from dlpack_io.reader.transforms import (CenterCrop, ColorJitter, Normalize, RandomCrop,
-                                         RandomHorizontalFlip, RandomResizedCrop,
-                                         RandomVerticalFlip, Resize)
+from dlpack_io.reader.batch.transforms import (CenterCrop, ColorJitter, Normalize, RandomCrop,
+                                               RandomHorizontalFlip, RandomResizedCrop,
+                                               RandomVerticalFlip, Resize)
 
 __all__ = ["Dataset", "Loader", "LoaderOptions", "FormatError", "LoaderError", "LoaderTimeout",
            "SampleError", "WorkerError", "Resize", "RandomResizedCrop", "RandomCrop",
            "CenterCrop", "RandomHorizontalFlip", "RandomVerticalFlip", "ColorJitter",
            "Normalize"]
 
-_LAZY = {"Loader": "dlpack_io.reader.loader", "LoaderOptions": "dlpack_io.reader.options"}
+_LAZY = {"Loader": "dlpack_io.reader.batch.loader", "LoaderOptions": "dlpack_io.reader.batch.options"}
 
 
 def __getattr__(name: str):

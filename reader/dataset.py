@@ -9,7 +9,7 @@ from dlpack_io.reader import format as fmt
 from dlpack_io.reader.decode import decode_record
 from dlpack_io.reader.manifest import load_manifest
 from dlpack_io.reader.shard import guarded_array, open_shard
-from dlpack_io.reader.urls import is_remote
+from dlpack_io.reader.remote.urls import is_remote
 
 
 class Dataset:
@@ -35,8 +35,8 @@ class Dataset:
             raise ValueError(f"max_pixels {max_pixels!r}: expected a positive integer")
         self.max_pixels = max_pixels
         self._remote = None
-        if is_remote(self.path):  # s3://: see reader/remote.py and docs/remote.md
-            from dlpack_io.reader.remote import open_remote
+        if is_remote(self.path):  # s3://: see reader/remote/source.py and docs/remote.md
+            from dlpack_io.reader.remote.source import open_remote
 
             self._remote = open_remote(self.path, cache_dir=cache_dir, cache_limit=cache_limit,
                                        storage_options=storage_options, fetch_mode=fetch_mode,

@@ -2,7 +2,7 @@
 
 Shards open lazily, once per process (a forked worker re-opens its own): an LMDB
 environment must never cross a fork, and lazily opened mmaps cost nothing until read.
-Every structural check happens at open (reader/indexcheck.py), on a private copy of the
+Every structural check happens at open (reader/format/indexcheck.py), on a private copy of the
 header and index read with ``pread``, so ``payload(i)`` is a bare slice and nothing a
 later change of the file does can make an index entry point elsewhere. What was mapped
 is remembered (device, inode, size, mtime): ``check_unchanged()`` says when the file
@@ -17,8 +17,8 @@ import os
 import numpy as np
 
 from dlpack_io.reader import format as fmt
-from dlpack_io.reader.indexcheck import check_index
-from dlpack_io.reader.lmdbcheck import check_lmdb
+from dlpack_io.reader.format.indexcheck import check_index
+from dlpack_io.reader.format.lmdbcheck import check_lmdb
 from dlpack_io.reader.safeio import (ShardChangedError, check_regular, guarded_array,  # noqa: F401
                                      guarded_copy, identity, open_regular, pread_all)
 

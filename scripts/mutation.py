@@ -39,19 +39,19 @@ PACKAGES = {"packer": "packer", "reader": "reader", "kernels": "kernels", "tools
 
 # module name -> (source files, the test files that exercise them)
 MODULES = {
-    "order": (["reader/order.py"], ["tests/test_pinned.py", "tests/test_order.py",
+    "order": (["reader/batch/order.py"], ["tests/test_pinned.py", "tests/test_order.py",
                                     "tests/test_ranks.py"]),
-    "rng": (["reader/rng.py"], ["tests/test_pinned.py", "tests/test_transforms.py"]),
+    "rng": (["reader/batch/rng.py"], ["tests/test_pinned.py", "tests/test_transforms.py"]),
     "format": (["reader/format.py"], ["tests/test_format.py", "tests/test_format_checks.py",
                                       "tests/test_manifest_checks.py", "tests/test_fuzz_format.py",
                                       "tests/test_verify.py"]),
-    "indexcheck": (["reader/indexcheck.py"], ["tests/test_format_checks.py",
+    "indexcheck": (["reader/format/indexcheck.py"], ["tests/test_format_checks.py",
                                               "tests/test_fuzz_format.py"]),
     "shard": (["reader/shard.py"], ["tests/test_format_checks.py", "tests/test_shard_changes.py",
                                     "tests/test_verify.py", "tests/test_lmdb_structure.py"]),
     "journal": (["packer/journal.py"], ["tests/test_journal.py", "tests/test_resume_options.py",
                                         "tests/test_convert.py"]),
-    "spec": (["reader/batchplan.py", "reader/transforms.py", "reader/geometry.py"],
+    "spec": (["reader/batch/plan.py", "reader/batch/transforms.py", "reader/batch/geometry.py"],
              ["tests/test_spec.py", "tests/test_transforms.py", "tests/test_loader_api.py"]),
     "kernels": (["kernels/reference.py", "kernels/_epilogue.py"],
                 ["tests/test_kernels_reference.py", "tests/test_kernels_validation.py",
@@ -65,7 +65,7 @@ EQUIVALENT: dict = {
     ('reader/shard.py', 'check_regular(self.path)', 'pass'):
         "every LmdbShard open reaches _lmdb_keys, whose check_lmdb opens the path with "
         "open_regular and refuses a non-regular file with the same message",
-    ('reader/order.py',
+    ('reader/batch/order.py',
      'if len(sizes) < batches and len(sizes) and (sizes[-1] > 1):',
      'if len(sizes) < batches and len(sizes) and (sizes[-1] >= 1):'):
         'a last batch of 1 split into 1 + 0 gives the same boundaries as padding it with an empty batch',
@@ -327,7 +327,7 @@ def run_tests(copy: str, tests: list, timeout: float) -> tuple[str, float, str]:
 
 def _check_imports_copy(copy: str) -> None:
     env = dict(os.environ, PYTHONPATH=os.path.join(copy, "pkgroot"))
-    got = subprocess.run([sys.executable, "-c", "import dlpack_io.reader.order as m; print(m.__file__)"],
+    got = subprocess.run([sys.executable, "-c", "import dlpack_io.reader.batch.order as m; print(m.__file__)"],
                          env=env, capture_output=True, text=True, check=True).stdout.strip()
     if not got.startswith(copy):
         raise SystemExit(f"the copy is not what dlpack_io imports ({got}); is the project "

@@ -1,6 +1,6 @@
 """A crafted or broken LMDB shard never crashes the process (issue 13 item 6).
 
-liblmdb trusts its pages; reader/lmdbcheck.py walks them first. Every case opens the
+liblmdb trusts its pages; reader/format/lmdbcheck.py walks them first. Every case opens the
 shard and reads every record in a forked child: its exit status is the verdict (0: a
 clean FormatError or a correct read; anything else: a crash, an abort or a hang).
 """
@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dlpack_io.reader import format as fmt
-from dlpack_io.reader import lmdbcheck
+from dlpack_io.reader.format import lmdbcheck
 from dlpack_io.reader.shard import LmdbShard
 
 EXAMPLES = int(os.environ.get("DLPACK_FUZZ_EXAMPLES", "150"))

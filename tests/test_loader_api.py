@@ -11,7 +11,7 @@ import torch
 from dlpack_io.reader import (CenterCrop, ColorJitter, Dataset, Loader, LoaderTimeout,
                               Normalize, RandomCrop, RandomHorizontalFlip, RandomResizedCrop,
                               RandomVerticalFlip, Resize, SampleError)
-from dlpack_io.reader.batchplan import compile_spec
+from dlpack_io.reader.batch.plan import compile_spec
 
 from helpers import pack_jpeg_and_raw
 
@@ -338,7 +338,7 @@ def test_timeout_names_the_batch_and_the_sample(packed, kind, hang_deadline):
 def test_a_share_smaller_than_one_batch_warns(packed, caplog):
     loader = Loader(Dataset(packed["raw"]), batch_size=32, rank=0, world_size=2,
                     drop_last=True, transforms=[RandomCrop(20)])
-    with caplog.at_level(logging.WARNING, logger="dlpack_io.reader.loader"):
+    with caplog.at_level(logging.WARNING, logger="dlpack_io.reader.batch.loader"):
         assert list(loader) == [] and len(loader) == 0
     assert "fewer than one batch of 32 with drop_last=True" in caplog.text
 
@@ -346,7 +346,7 @@ def test_a_share_smaller_than_one_batch_warns(packed, caplog):
 def test_cuda_without_triton_asks_for_it_or_an_explicit_fallback(monkeypatch):
     import importlib.util
 
-    from dlpack_io.reader.options import use_device_transforms
+    from dlpack_io.reader.batch.options import use_device_transforms
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",

@@ -458,7 +458,7 @@ def _pow2(n: int) -> int:
 def _slot_bound(loader, ds) -> int:
     """docs/loader.md: one slot holds batch_size x the largest stored image + the records,
     allocated 1.25x when it grows (thread workers)."""
-    from dlpack_io.reader.jobs import largest_image
+    from dlpack_io.reader.batch.jobs import largest_image
 
     h, w = largest_image(ds)
     return (loader.options.batch_size * (h * w * 3 + 64) + 8) * 5 // 4
@@ -506,7 +506,7 @@ def test_ragged_thread_slots_stay_within_the_documented_bound(packed):
 
 
 def test_process_slots_are_the_documented_size_and_kept(packed):
-    from dlpack_io.reader.jobs import largest_image
+    from dlpack_io.reader.batch.jobs import largest_image
 
     ds = Dataset(packed["jpeg"])
     loader = Loader(ds, device_transforms=True, worker_kind="process", prefetch=2,

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dlpack_io.reader import order, rng
+from dlpack_io.reader.batch import order, rng
 
 
 def _all_batches(n, world, batch, drop_last, workers, shuffle="global", sizes=None, epoch=0):

@@ -2,7 +2,7 @@
 
 The docs promise the same floats and the same order on every machine and numpy version for
 the same (seed, epoch, ...): these tests hold a handful of numbers each, computed once with
-reader/rng.py and reader/order.py and written here as literals. A change to the hash, the
+reader/batch/rng.py and reader/batch/order.py and written here as literals. A change to the hash, the
 stream ids, the generator seeding, the block cutting or the rank split fails here first.
 If such a change is ever intended, it breaks every saved resume state and every recorded
 experiment: bump the docs, then recompute these numbers on purpose.
@@ -10,7 +10,7 @@ experiment: bump the docs, then recompute these numbers on purpose.
 import numpy as np
 import pytest
 
-from dlpack_io.reader import order, rng
+from dlpack_io.reader.batch import order, rng
 
 # rng.uniforms(seed=7, epoch=3, stream, indices=[0, 5, 2**40], count=3), row per sample,
 # exact float64 values (repr round-trips), one block per stream.

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from dlpack_io.reader import Dataset, Loader, RandomCrop
-from dlpack_io.reader import order as order_mod
-from dlpack_io.reader import resume
+from dlpack_io.reader.batch import order as order_mod
+from dlpack_io.reader.batch import resume
 
 from helpers import pack_jpeg_and_raw
 
@@ -58,7 +58,7 @@ def test_rank_and_world_size_come_from_torchrun_env(raw, monkeypatch, caplog):
     mine = np.concatenate([i for _, _, i in loader])
     assert np.array_equal(mine, loader.indices())
     monkeypatch.setenv("RANK", "0")  # e.g. the process group came up with another layout
-    with caplog.at_level(logging.WARNING, logger="dlpack_io.reader.loader"):
+    with caplog.at_level(logging.WARNING, logger="dlpack_io.reader.batch.loader"):
         other = np.concatenate([i for _, _, i in loader])
     assert "rank/world_size changed from 1/2" in caplog.text
     assert not set(other) & set(mine) and len(other) + len(mine) == 50

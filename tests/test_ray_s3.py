@@ -22,7 +22,7 @@ pytest.importorskip("obstore")
 from dlpack_io.packer import convert  # noqa: E402
 from dlpack_io.packer.journal import JOURNAL_NAME  # noqa: E402
 from dlpack_io.reader import format as fmt  # noqa: E402
-from dlpack_io.reader.storage import Store  # noqa: E402
+from dlpack_io.reader.remote.storage import Store  # noqa: E402
 from dlpack_io.tools.bench.seaweed import ACCESS_KEY, SECRET_KEY  # noqa: E402
 from dlpack_io.tools.synth import make_image_folder  # noqa: E402
 

@@ -91,7 +91,7 @@ def test_skip_leaves_out_exactly_the_bad_samples(corrupt_jpeg, workers, caplog):
     path, bad = corrupt_jpeg
     loader = Loader(Dataset(path), batch_size=8, transforms=[RandomResizedCrop(24)], shuffle="global",
                     drop_last=False, return_index=True, on_error="skip", **workers)
-    with caplog.at_level(logging.WARNING, logger="dlpack_io.reader.skips"):
+    with caplog.at_level(logging.WARNING, logger="dlpack_io.reader.batch.skips"):
         batches = [(images.shape[0], labels.shape[0], idx.copy()) for images, labels, idx in loader]
     seen = np.concatenate([idx for _, _, idx in batches])
     assert all(a == b == len(idx) for a, b, idx in batches)  # shorter batch, consistent parts

@@ -12,7 +12,7 @@ import pytest
 from dlpack_io.packer import convert
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.dataset import Dataset
-from dlpack_io.reader.storage import StorageError, Store
+from dlpack_io.reader.remote.storage import StorageError, Store
 from dlpack_io.tools.synth import make_image_folder
 
 BUCKET = "dlpack-test"
@@ -116,7 +116,7 @@ def test_a_cache_limit_too_small_for_one_batch_is_refused(s3_env, packed):
 
 
 def test_a_changed_record_in_the_bucket_is_an_error_not_wrong_pixels(s3_env, packed, tmp_path):
-    from dlpack_io.reader.storage import ObjectChangedError
+    from dlpack_io.reader.remote.storage import ObjectChangedError
 
     url = f"s3://{BUCKET}/dataset/corrupt"
     store = Store(url)
@@ -268,7 +268,7 @@ def test_two_data_sets_share_the_shard_pool_without_pulling_pinned_shards(s3_env
     assert again.stats["requests"] == 0          # reused the verified pool, nothing fetched
     pool = os.path.join(first._remote.cache.root, "shards")
     assert all(os.stat(os.path.join(pool, n)).st_nlink == 3 for n in os.listdir(pool))
-    from dlpack_io.reader.shardfetch import trim_pool
+    from dlpack_io.reader.remote.shardfetch import trim_pool
 
     trim_pool(first._remote.cache, 0)             # nothing may go: every shard is pinned
     assert len(os.listdir(pool)) == len(first.shards)
@@ -304,7 +304,7 @@ def _crafted_copy(local: str, tmp_path, damage) -> str:
 ])
 def test_a_crafted_remote_data_set_is_refused_like_a_local_one(s3_env, packed, tmp_path, field,
                                                                 value, match):
-    """The open-path checks of untrusted data sets (reader/indexcheck.py) apply to shards
+    """The open-path checks of untrusted data sets (reader/format/indexcheck.py) apply to shards
     fetched from a bucket too: damage behind resealed checksums is refused at open."""
     from dlpack_io.reader.format import FormatError
 

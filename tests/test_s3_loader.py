@@ -9,7 +9,7 @@ import torch
 
 from dlpack_io.reader import Loader, RandomHorizontalFlip, RandomResizedCrop
 from dlpack_io.reader.dataset import Dataset
-from dlpack_io.reader.storage import Store
+from dlpack_io.reader.remote.storage import Store
 from dlpack_io.tools.synth import make_image_folder
 
 URL = "s3://dlpack-test/loader/base"

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dlpack_io.reader.fetchplan import auto_mode, check_limit, coalesce, make_plan
+from dlpack_io.reader.remote.fetchplan import auto_mode, check_limit, coalesce, make_plan
 
 
 def test_coalesce_merges_close_neighbours_and_respects_the_size_cap():

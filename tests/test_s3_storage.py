@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from dlpack_io.reader import s3client
-from dlpack_io.reader.storage import ObjectChangedError, Policy, StorageError, Store
-from dlpack_io.reader.urls import is_remote, parse_url
+from dlpack_io.reader.remote import s3client
+from dlpack_io.reader.remote.storage import ObjectChangedError, Policy, StorageError, Store
+from dlpack_io.reader.remote.urls import is_remote, parse_url
 
 BUCKET = "dlpack-test"
 
@@ -163,7 +163,7 @@ def test_a_refused_connection_is_transient_whatever_its_timing_says():
     """obstore's message for a refused connection carries its duration: "in 371.403µs"
     once read as HTTP 403, so the request was not retried and the advice named the
     credentials instead of the endpoint."""
-    from dlpack_io.reader.storage import _classify
+    from dlpack_io.reader.remote.storage import _classify
 
     refused = RuntimeError("Generic S3 error: Error performing GET http://127.0.0.1:48907/b/x in "
                            "371.403µs - HTTP error: error sending request")

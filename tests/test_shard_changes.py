@@ -176,7 +176,7 @@ CHILD = textwrap.dedent('''
     import os, sys
     from dlpack_io.reader import Dataset, Loader, RandomCrop, RandomResizedCrop
     from dlpack_io.reader.format import FormatError
-    from dlpack_io.reader.errors import LoaderError
+    from dlpack_io.reader.batch.errors import LoaderError
     path, mode, kind = sys.argv[1:4]
     crop = RandomCrop(24) if mode == "raw" else RandomResizedCrop(24)
     ds = Dataset(path)
@@ -220,9 +220,9 @@ def test_truncated_under_a_running_loader(packed, tmp_path, mode, kind):
 def test_a_changed_shard_is_not_skipped_like_a_bad_sample(packed):
     """on_error="skip" leaves bad samples out; a shard truncated or rewritten under the reader
     is no bad sample (every later read of it fails too): it is raised, not skipped."""
-    from dlpack_io.reader.batchplan import compile_spec
-    from dlpack_io.reader.errors import SampleError
-    from dlpack_io.reader.hostbuild import BuildContext, skip_or_raise
+    from dlpack_io.reader.batch.plan import compile_spec
+    from dlpack_io.reader.batch.errors import SampleError
+    from dlpack_io.reader.batch.host import BuildContext, skip_or_raise
     from dlpack_io.reader.safeio import ShardChangedError
 
     ctx = BuildContext(Dataset(packed["raw"]), compile_spec([]), skip=True)

@@ -1,4 +1,4 @@
-"""The transform spec (reader/batchplan.py, transforms.py, geometry.py): pinned parameters
+"""The transform spec (reader/batch/plan.py, transforms.py, geometry.py): pinned parameters
 and every validation message.
 
 The parameters a sample gets (its crop box, flips, colour-jitter factors and their order)
@@ -12,10 +12,10 @@ import torch
 
 from dlpack_io.reader import (CenterCrop, ColorJitter, Normalize, RandomCrop,
                               RandomHorizontalFlip, RandomResizedCrop, RandomVerticalFlip, Resize)
-from dlpack_io.reader.batchplan import (NEUTRAL_JITTER, compile_spec, draw_jitter,
-                                        full_image_boxes)
-from dlpack_io.reader.geometry import ResizeThenCrop, decode_windows, round_boxes
-from dlpack_io.reader.transforms import TransformError
+from dlpack_io.reader.batch.plan import (NEUTRAL_JITTER, compile_spec, draw_jitter,
+                                         full_image_boxes)
+from dlpack_io.reader.batch.geometry import ResizeThenCrop, decode_windows, round_boxes
+from dlpack_io.reader.batch.transforms import TransformError
 
 IDX = np.array([3, 17, 1000, 42])
 HS, WS = np.array([100, 64, 300, 40]), np.array([80, 200, 300, 400])
@@ -81,7 +81,7 @@ def test_jitter_factors_lie_in_their_ranges_and_disabled_ops_are_neutral():
 
 
 def test_flip_probabilities_are_thresholds_on_the_flip_streams():
-    from dlpack_io.reader import rng
+    from dlpack_io.reader.batch import rng
 
     idx = np.arange(2000)
     spec = compile_spec([RandomCrop(4), RandomHorizontalFlip(0.3), RandomVerticalFlip(0.6)])

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 
 from dlpack_io.reader import (CenterCrop, Dataset, Normalize, RandomCrop, RandomHorizontalFlip,
                               RandomResizedCrop, RandomVerticalFlip, rng)
-from dlpack_io.reader.batchplan import compile_spec
-from dlpack_io.reader.transforms import TransformError
+from dlpack_io.reader.batch.plan import compile_spec
+from dlpack_io.reader.batch.transforms import TransformError
 
 
 def sample_params(crop, flip_h, flip_v, seed, epoch, indices, heights, widths):

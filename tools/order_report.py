@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from dlpack_io.reader import order as order_mod
+from dlpack_io.reader.batch import order as order_mod
 
 SHUFFLES = ("global", "block", None)
 

@@ -13,7 +13,7 @@ import tempfile
 import numpy as np
 
 from dlpack_io.reader import format as fmt
-from dlpack_io.reader.storage import StorageError, Store, run_sync
+from dlpack_io.reader.remote.storage import StorageError, Store, run_sync
 
 
 async def download(store: Store, name: str, size: int, path: str, *, parts: int = 8,

@@ -2,11 +2,11 @@
 
 Checks, in order: the manifest (schema and its own checksum), then each shard: a regular
 file of the size the manifest says, header/metadata checksums and the header CRC recorded
-in the manifest, index checksum, every index entry (reader/indexcheck.py: records in
+in the manifest, index checksum, every index entry (reader/format/indexcheck.py: records in
 order, disjoint and covering the data section, sizes within the pixel limit, labels in
 range), record count, every record's CRC, zero padding, class counts; with
 ``decode=True`` each image is also decoded and its size checked. LMDB shards have their
-B-tree checked (reader/lmdbcheck.py) before liblmdb opens them. Every record is copied
+B-tree checked (reader/format/lmdbcheck.py) before liblmdb opens them. Every record is copied
 out of the map by the native guarded copy before it is checked, so a shard truncated
 while verify runs is reported, not a crash. Returns data; the CLI prints it.
 """
@@ -146,7 +146,7 @@ def verify(dataset, *, decode: bool = False, progress: bool = True,
     """Check a data set folder; return a VerifyReport (``report.ok`` when intact,
     ``report.not_a_dataset`` when the folder has no manifest at all)."""
     from dlpack_io.packer.progress import Progress
-    from dlpack_io.reader.urls import is_remote
+    from dlpack_io.reader.remote.urls import is_remote
 
     if is_remote(dataset):  # s3://: each shard streamed down and checked the same way
         from dlpack_io.tools.remoteverify import verify_remote

@@ -62,7 +62,7 @@ def no_staging():
     """Within this block Loaders deliver as before staging existed: batch k+1 is taken from
     the workers early, but its copy is issued only when it is due (patches the Loader's
     private ``_stage`` helper; fails loudly if that helper has gone)."""
-    from dlpack_io.reader import loader as loader_mod
+    from dlpack_io.reader.batch import loader as loader_mod
 
     real = loader_mod._stage
 

@@ -43,7 +43,7 @@ import threading
 import time
 from pathlib import Path
 
-from dlpack_io.reader.order import DEFAULT_BLOCK_SIZE, DEFAULT_WINDOW
+from dlpack_io.reader.batch.order import DEFAULT_BLOCK_SIZE, DEFAULT_WINDOW
 
 log = logging.getLogger(__name__)
 MB = 1 << 20

@@ -96,8 +96,8 @@ def gather_vs_memcpy(raw_path, rounds: int = 3) -> dict:
     """Single-core memcpy GB/s vs one thread gathering random batches of whole raw records
     into a reused buffer (plan + gather: a device-path worker's CPU share), medians."""
     from dlpack_io.reader import Dataset
-    from dlpack_io.reader.batchplan import compile_spec, plan_batch
-    from dlpack_io.reader.hostbuild import BuildContext, Scratch, gather_batch
+    from dlpack_io.reader.batch.plan import compile_spec, plan_batch
+    from dlpack_io.reader.batch.host import BuildContext, Scratch, gather_batch
 
     ds = Dataset(raw_path)
     spec, per_image = compile_spec([]), ds.record(0)[0].nbytes
@@ -128,8 +128,8 @@ def decode_breakdown(jpeg_path, count: int = 300, rounds: int = 5) -> dict:
     import torch
 
     from dlpack_io.reader import Dataset, RandomHorizontalFlip, RandomResizedCrop, jpegdecode
-    from dlpack_io.reader.batchplan import compile_spec, plan_batch
-    from dlpack_io.reader.hostbuild import BuildContext, Scratch, fill_range
+    from dlpack_io.reader.batch.plan import compile_spec, plan_batch
+    from dlpack_io.reader.batch.host import BuildContext, Scratch, fill_range
 
     ds = Dataset(jpeg_path)
     idx = np.arange(min(count, len(ds)))

@@ -90,7 +90,7 @@ def upload(src: str, out: str, mds: bool) -> dict:
     from concurrent.futures import ThreadPoolExecutor
 
     from dlpack_io.packer.scan import scan_image_folder
-    from dlpack_io.reader.storage import Store
+    from dlpack_io.reader.remote.storage import Store
 
     inputs = scan_image_folder(src)
     files_store, ours = Store(f"s3://{BUCKET}/files"), Store(f"s3://{BUCKET}/ours")

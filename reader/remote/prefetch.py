@@ -6,7 +6,7 @@
     prefetch.release(k)   # batch k delivered: what no later batch needs may be evicted
     prefetch.close()      # stop; idempotent (also when the handle is garbage collected)
 
-The work is done by reader/planner.py in the process that opened the data set.
+The work is done by reader/remote/planner.py in the process that opened the data set.
 """
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ import weakref
 
 import numpy as np
 
-from dlpack_io.reader import fetchplan
+from dlpack_io.reader.remote import fetchplan
 
 
 def start(source, batches, *, mode=None) -> "Prefetch":
     """Plan ``batches`` for RemoteSource ``source`` and start fetching (see the module doc)."""
-    from dlpack_io.reader.planner import Planner
+    from dlpack_io.reader.remote.planner import Planner
 
     if not source.session.owner or source.store._pid not in (None, os.getpid()):
         raise RuntimeError(f"{source.url}: start_prefetch must be called in the process that "

@@ -20,18 +20,18 @@ import logging
 
 import numpy as np
 
-from dlpack_io.reader import order as order_mod
-from dlpack_io.reader import resume
-from dlpack_io.reader.batchplan import compile_spec
-from dlpack_io.reader.buffers import BufferPool
-from dlpack_io.reader.devicefinish import DeviceFinisher, HostFinisher
-from dlpack_io.reader.hostbuild import BuildContext
-from dlpack_io.reader.jobs import FinishedJob, GatherJob
-from dlpack_io.reader.options import (LoaderOptions, resolve_device, unwrap_subset,
-                                      use_device_transforms)
-from dlpack_io.reader.procrunner import ProcessRunner
-from dlpack_io.reader.runners import SerialRunner, ThreadRunner
-from dlpack_io.reader.skips import SkipAccount
+from dlpack_io.reader.batch import order as order_mod
+from dlpack_io.reader.batch import resume
+from dlpack_io.reader.batch.plan import compile_spec
+from dlpack_io.reader.batch.buffers import BufferPool
+from dlpack_io.reader.batch.device import DeviceFinisher, HostFinisher
+from dlpack_io.reader.batch.host import BuildContext
+from dlpack_io.reader.batch.jobs import FinishedJob, GatherJob
+from dlpack_io.reader.batch.options import (LoaderOptions, resolve_device, unwrap_subset,
+                                            use_device_transforms)
+from dlpack_io.reader.batch.processes import ProcessRunner
+from dlpack_io.reader.batch.runners import SerialRunner, ThreadRunner
+from dlpack_io.reader.batch.skips import SkipAccount
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def _stage(runner, finisher, ticket):
 
 class Loader:
     """Batches of ``dataset`` as ``(images, labels)`` (``(images, labels, indices)`` with
-    ``return_index=True``). Options: :class:`dlpack_io.reader.options.LoaderOptions`
+    ``return_index=True``). Options: :class:`dlpack_io.reader.batch.options.LoaderOptions`
     (keyword-only), or ``options=LoaderOptions(...)``; docs/loader.md describes each."""
 
     def __init__(self, dataset, *, options: LoaderOptions | None = None, **kwargs):

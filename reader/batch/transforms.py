@@ -4,7 +4,7 @@
                 ColorJitter(brightness=0.4, contrast=0.4, saturation=0.4),
                 Normalize(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))]
 
-The objects here only *describe* a transform; :func:`dlpack_io.reader.batchplan.compile_spec`
+The objects here only *describe* a transform; :func:`dlpack_io.reader.batch.plan.compile_spec`
 checks the list once and turns it into a ``TransformSpec`` whose random parameters are
 drawn per batch as a pure function of (seed, epoch, sample index). The pixels are then made
 in one pass: a crop or resized crop with flips (C/PIL on the host, or one Triton kernel on the
@@ -24,8 +24,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dlpack_io.reader.geometry import (CenterCrop, RandomCrop, RandomResizedCrop, Resize,
-                                       ResizeThenCrop, TransformError)
+from dlpack_io.reader.batch.geometry import (CenterCrop, RandomCrop, RandomResizedCrop, Resize,
+                                             ResizeThenCrop, TransformError)
 
 __all__ = ["Resize", "RandomResizedCrop", "RandomCrop", "CenterCrop", "RandomHorizontalFlip",
            "RandomVerticalFlip", "ColorJitter", "Normalize", "ResizeThenCrop", "TransformError",

@@ -31,8 +31,8 @@ import numpy as np
 
 import time
 
-from dlpack_io.reader.errors import LoaderTimeout, SampleError, WorkerError
-from dlpack_io.reader.runners import describe_busy
+from dlpack_io.reader.batch.errors import LoaderTimeout, SampleError, WorkerError
+from dlpack_io.reader.batch.runners import describe_busy
 
 log = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1

@@ -15,13 +15,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from dlpack_io.reader import rng
-from dlpack_io.reader.errors import SampleError
-from dlpack_io.reader.skips import skipped_from
-from dlpack_io.reader.transforms import (
-    CROPS, PUBLIC, CenterCrop, ColorJitter, Normalize, RandomCrop, RandomHorizontalFlip,
-    RandomResizedCrop, RandomVerticalFlip, Resize, ResizeThenCrop, TransformError)
-from dlpack_io.reader.geometry import decode_windows
+from dlpack_io.reader.batch import rng
+from dlpack_io.reader.batch.errors import SampleError
+from dlpack_io.reader.batch.skips import skipped_from
+from dlpack_io.reader.batch.transforms import (
+                                               CROPS, PUBLIC, CenterCrop, ColorJitter, Normalize, RandomCrop, RandomHorizontalFlip,
+                                               RandomResizedCrop, RandomVerticalFlip, Resize, ResizeThenCrop, TransformError)
+from dlpack_io.reader.batch.geometry import decode_windows
 
 ORDER_HELP = ("transforms must come in this order: [Resize] [RandomResizedCrop | RandomCrop | "
               "CenterCrop], then RandomHorizontalFlip / RandomVerticalFlip / ColorJitter in any "

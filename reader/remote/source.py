@@ -19,10 +19,10 @@ import weakref
 
 import numpy as np
 
-from dlpack_io.reader import cache as cache_mod
+from dlpack_io.reader.remote import cache as cache_mod
 from dlpack_io.reader import format as fmt
-from dlpack_io.reader.indexcheck import check_index
-from dlpack_io.reader.storage import Policy, StorageError, Store, run_sync
+from dlpack_io.reader.format.indexcheck import check_index
+from dlpack_io.reader.remote.storage import Policy, StorageError, Store, run_sync
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ class RemoteSource:
 
     def start_prefetch(self, dataset, batches, *, mode=None):
         """A running Prefetch of ``batches``; closes the one started before (one per data set)."""
-        from dlpack_io.reader.prefetch import start
+        from dlpack_io.reader.remote.prefetch import start
 
         return start(self, batches, mode=mode)
 
@@ -139,7 +139,7 @@ def open_remote(url: str, *, cache_dir=None, cache_limit=None, storage_options=N
                 max_pixels: int = fmt.DEFAULT_MAX_PIXELS) -> RemoteSource:
     """The RemoteSource behind ``Dataset(url, ...)``; ``attach`` (from attach_state) opens
     the owner's cache session read-only in a spawned worker."""
-    from dlpack_io.reader.fetchplan import MODES
+    from dlpack_io.reader.remote.fetchplan import MODES
 
     if fetch_mode not in (None,) + MODES:
         raise ValueError(f"fetch_mode {fetch_mode!r}: expected None (automatic) or one of {MODES}")
@@ -152,7 +152,7 @@ def open_remote(url: str, *, cache_dir=None, cache_limit=None, storage_options=N
 
 
 def _parse_limit(limit, cache_dir: str) -> int:
-    from dlpack_io.reader.units import parse_size
+    from dlpack_io.reader.format.units import parse_size
 
     if limit is None:
         return cache_mod.default_limit(cache_dir)

@@ -25,10 +25,10 @@ from dlpack_io.kernels.records import (FLIP_H, FLIP_V, IDENTITY_ORDER, JITTER_OP
                                        RECORD_PLACEMENT, host_records)
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader import jpegdecode
-from dlpack_io.reader.batchplan import NEUTRAL_JITTER, BatchPlan, TransformSpec, sample_error
+from dlpack_io.reader.batch.plan import NEUTRAL_JITTER, BatchPlan, TransformSpec, sample_error
 from dlpack_io.reader.decode import decode_record
 from dlpack_io.reader.safeio import ShardChangedError, guarded_array
-from dlpack_io.reader.skips import check_record_crc, skipped_from
+from dlpack_io.reader.batch.skips import check_record_crc, skipped_from
 
 
 @dataclass(frozen=True)

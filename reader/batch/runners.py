@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from dlpack_io.reader.errors import LoaderTimeout
+from dlpack_io.reader.batch.errors import LoaderTimeout
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from dlpack_io.reader import order as order_mod
+from dlpack_io.reader.batch import order as order_mod
 
 STATE_VERSION = 2
 # Settings that decide the epoch order itself: a state can only continue the same order.

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dlpack_io.reader import order as order_mod
-from dlpack_io.reader.skips import check_on_error
+from dlpack_io.reader.batch import order as order_mod
+from dlpack_io.reader.batch.skips import check_on_error
 
 log = logging.getLogger(__name__)
 WORKER_KINDS = ("thread", "process")

@@ -3,7 +3,7 @@
 torchvision's RandomResizedCrop, RandomCrop, CenterCrop and Resize (plus the fused
 Resize-then-crop), as box samplers: each returns (top, left, height, width) boxes for a
 batch of image sizes, a pure function of (seed, epoch, sample index). The public names are
-re-exported by :mod:`dlpack_io.reader.transforms`.
+re-exported by :mod:`dlpack_io.reader.batch.transforms`.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dlpack_io.reader import rng
+from dlpack_io.reader.batch import rng
 
 _ATTEMPTS = 10
 

@@ -21,8 +21,8 @@ import re
 import time
 from dataclasses import dataclass
 
-from dlpack_io.reader import s3client
-from dlpack_io.reader.urls import parse_url
+from dlpack_io.reader.remote import s3client
+from dlpack_io.reader.remote.urls import parse_url
 
 class StorageError(OSError):
     """A request to object storage failed; the message names URL, key, range and a fix."""

@@ -20,17 +20,17 @@ import time
 
 import numpy as np
 
-from dlpack_io.reader import cache as cache_mod
+from dlpack_io.reader.remote import cache as cache_mod
 from dlpack_io.reader import format as fmt
-from dlpack_io.reader.fetchplan import coalesce
-from dlpack_io.reader.storage import StorageError
+from dlpack_io.reader.remote.fetchplan import coalesce
+from dlpack_io.reader.remote.storage import StorageError
 
 log = logging.getLogger(__name__)
 ABSENT, REQUESTED, PRESENT = 0, 1, 2
 
 
 class Planner:
-    """The state and thread behind a Prefetch handle (reader/prefetch.py)."""
+    """The state and thread behind a Prefetch handle (reader/remote/prefetch.py)."""
 
     def __init__(self, source, plan, shards, *, max_inflight: int, gap: int, max_request: int):
         self.source, self.plan, self.shards = source, plan, shards
@@ -159,7 +159,7 @@ class Planner:
         self._mark_present(samples)
 
     async def _fetch_shard(self, k: int) -> None:
-        from dlpack_io.reader.shardfetch import fetch_shard
+        from dlpack_io.reader.remote.shardfetch import fetch_shard
 
         shard = self.shards[k]
         fetched = await fetch_shard(self.store, shard, self.source.cache, self.session,

@@ -21,11 +21,11 @@ from typing import Callable
 
 import numpy as np
 
-from dlpack_io.reader.batchplan import plan_batch
-from dlpack_io.reader.buffers import BufferPool, SlotPool
-from dlpack_io.reader.hostbuild import (BuildContext, GatherMeta, Scratch, epilogue_rows,
-                                        fill_range, gather_batch, gather_bytes, split_ranges)
-from dlpack_io.reader.skips import keep_mask
+from dlpack_io.reader.batch.plan import plan_batch
+from dlpack_io.reader.batch.buffers import BufferPool, SlotPool
+from dlpack_io.reader.batch.host import (BuildContext, GatherMeta, Scratch, epilogue_rows,
+                                         fill_range, gather_batch, gather_bytes, split_ranges)
+from dlpack_io.reader.batch.skips import keep_mask
 
 
 def _noop() -> None:
