@@ -5,7 +5,7 @@ its channels, held as one ``[BLOCK_H, BLOCK_W]`` float32 tile per channel. Row q
 (source rows, vertical weights) are ``[BLOCK_H, 1]`` and column quantities
 ``[1, BLOCK_W]``, so index maths and filter weights are computed once per row / column, not
 per pixel, and every tile shares one register layout (no layout conversion in the tap
-loops; tests/test_kernels_compile.py checks the sm_90 TTGIR). Each channel plane of the NCHW
+loops; tests/kernels/test_kernels_compile.py checks the sm_90 TTGIR). Each channel plane of the NCHW
 output is written as BLOCK_W-long contiguous runs. The grid is one flat axis of
 N * tiles_per_sample programs (no 65535 limit on the batch).
 """

@@ -1,4 +1,4 @@
-"""A real DDP training script, run by tests/test_ddp.py under ``torchrun`` (gloo, CPU).
+"""A real DDP training script, run by tests/batch/test_ddp.py under ``torchrun`` (gloo, CPU).
 
     torchrun --nproc_per_node=N tests/ddp_train.py DATASET OUT.json [--steps K] [--resume STATE]
 
@@ -30,7 +30,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     args = parser.parse_args()
     # Each rank notes its stages, and the Python stacks of all its threads if it crashes,
-    # in OUT.RANK.log: tests/test_ddp.py shows them when a rank fails.
+    # in OUT.RANK.log: tests/batch/test_ddp.py shows them when a rank fails.
     log = open(f"{args.out}.{os.environ['RANK']}.log", "w", buffering=1)
     faulthandler.enable(file=log, all_threads=True)
     loader = Loader(Dataset(args.dataset), batch_size=args.batch_size, num_workers=1,

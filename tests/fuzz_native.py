@@ -1,7 +1,7 @@
 """Time-bounded mutation fuzz of every entry point of the native extension ``_jpeg``.
 
 Meant to run against a sanitizer build (AddressSanitizer + UndefinedBehaviorSanitizer,
-see ``tests/test_native_sanitizers.py``, which builds one and runs this): any out-of-bounds
+see ``tests/reader/test_native_sanitizers.py``, which builds one and runs this): any out-of-bounds
 access or undefined behaviour then aborts the process with a report. Each entry point gets
 hostile arguments: mutated JPEGs (bit flips, truncations, spliced and overwritten bytes,
 SOF sizes and restart intervals rewritten), boxes, strides, offsets and sizes at and far

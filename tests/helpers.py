@@ -202,7 +202,7 @@ def in_forked_child(test):
 
     Not for a test that talks to S3: a fork copies only the calling thread, and the S3
     client's runtime threads started by earlier tests are not there (the child hangs).
-    Such a test runs its driver with subprocess instead (tests/test_ray_s3.py)."""
+    Such a test runs its driver with subprocess instead (tests/packer/test_ray_s3.py)."""
     import functools
     import multiprocessing
     import traceback

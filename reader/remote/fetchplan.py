@@ -1,7 +1,7 @@
 """Pure planning for the prefetcher: what each batch needs, how to coalesce byte ranges,
 when each item may be evicted, and whether ``cache_limit`` can hold one batch.
 
-No I/O here, so every rule is tested on its own (tests/test_s3_plan.py).
+No I/O here, so every rule is tested on its own (tests/remote/test_s3_plan.py).
 """
 from __future__ import annotations
 

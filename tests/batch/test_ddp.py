@@ -9,7 +9,7 @@ import pytest
 
 from helpers import pack_jpeg_and_raw
 
-SCRIPT = Path(__file__).with_name("ddp_train.py")
+SCRIPT = Path(__file__).parent.parent / "ddp_train.py"
 TORCHRUN_DEADLINE = 240  # a hang guard only: a rank waiting forever in all-reduce
 
 

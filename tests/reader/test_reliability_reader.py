@@ -2,7 +2,7 @@
 reader processes on the same shards, Ctrl-C and a killed trainer, and resume after an
 interrupted epoch. Results feed docs/reliability.md.
 
-Already covered in tests/test_loader_failures.py (not repeated here): a corrupt JPEG with
+Already covered in tests/batch/test_loader_failures.py (not repeated here): a corrupt JPEG with
 on_error="raise" for thread/process workers x host/device transforms, a worker process
 killed mid-epoch, break / exception / in-process SIGINT with process workers.
 """
@@ -121,7 +121,7 @@ def test_skip_is_deterministic_across_worker_kinds(corrupt_jpeg):
 
 
 def test_raise_policy_stops_at_the_bad_record_serially(corrupt_jpeg):
-    """(Threads/processes x host/device: tests/test_loader_failures.py.)"""
+    """(Threads/processes x host/device: tests/batch/test_loader_failures.py.)"""
     path, bad = corrupt_jpeg
     loader = Loader(Dataset(path), batch_size=8, transforms=[RandomResizedCrop(24)], shuffle=None,
                     num_workers=0)

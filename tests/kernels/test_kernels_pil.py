@@ -5,7 +5,7 @@ plain bilinear (``antialias=False``) drifts away from it as boxes shrink more, w
 ``antialias=True`` stays within rounding of it. Run as a script to print the table in
 docs/kernels.md::
 
-    python tests/test_kernels_pil.py [n_images]
+    python tests/kernels/test_kernels_pil.py [n_images]
 
 Images are photo-like (smooth colour fields, shapes, lines, blur, sensor noise), 500x375,
 saved and reloaded as JPEG quality 90, like the decoded JPEGs the reader produces.

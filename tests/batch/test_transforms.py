@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from dlpack_io.reader import (CenterCrop, Dataset, Normalize, RandomCrop, RandomHorizontalFlip,
-                              RandomResizedCrop, RandomVerticalFlip, rng)
+                              RandomResizedCrop, RandomVerticalFlip)
+from dlpack_io.reader.batch import rng
 from dlpack_io.reader.batch.plan import compile_spec
 from dlpack_io.reader.batch.transforms import TransformError
 

@@ -14,7 +14,7 @@ the generated code has the shape the design relies on:
 It covers the colour-jitter variants (each op, all four, the contrast statistics pass).
 The compile runs in a subprocess without TRITON_INTERPRET (kernels are jitted once per
 process, interpreted or compiled). Skipped when triton or its NVIDIA backend (bundled
-ptxas) is not installed. ``python tests/test_kernels_compile.py --facts`` prints the
+ptxas) is not installed. ``python tests/kernels/test_kernels_compile.py --facts`` prints the
 per-variant facts (the before/after table in docs/kernels.md).
 """
 
