@@ -6,7 +6,7 @@ For sample ``n``, output pixel ``(y, x)`` of channel ``c`` is::
     sx = left[n] + (width  - 1 - x if flip_h[n] else x)
     out[n, c, y, x] = epilogue(images[n, sy, sx, c])
 
-(see ``_epilogue.py`` for jitter/normalise/cast). uint8 output without jitter is an exact
+(see ``epilogue.py`` for jitter/normalise/cast). uint8 output without jitter is an exact
 copy of the pixels.
 """
 
@@ -15,13 +15,11 @@ from __future__ import annotations
 import torch
 
 from dlpack_io.kernels import reference
-from dlpack_io.kernels._args import Batch, check_crop, check_crop_packed
-from dlpack_io.kernels._colour_tl import epilogue
-from dlpack_io.kernels._epilogue import contrast_means, kernel_args
-from dlpack_io.kernels._sampling import clamp, load_box
-from dlpack_io.kernels._tiling import (
-    BLOCK_H, BLOCK_W, NUM_WARPS, device_guard, tile_coords, tile_grid)
-from dlpack_io.kernels._triton import LAUNCH_OPTIONS, lazy_jit, use_triton
+from dlpack_io.kernels.args import Batch, check_crop, check_crop_packed
+from dlpack_io.kernels.colour import epilogue
+from dlpack_io.kernels.launch import (
+    BLOCK_H, BLOCK_W, LAUNCH_OPTIONS, NUM_WARPS, clamp, contrast_means, device_guard,
+    kernel_args, lazy_jit, load_box, tile_coords, tile_grid, use_triton)
 
 tl = None  # bound to triton.language by lazy_jit on first launch
 

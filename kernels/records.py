@@ -52,8 +52,11 @@ FLIP_H, FLIP_V = 1, 2
 WORD = {name: RECORD_DTYPE.fields[name][1] // 4 for name in RECORD_DTYPE.names}
 #: torchvision's ColorJitter op ids (``fn_idx``): 0 brightness, 1 contrast, 2 saturation, 3 hue.
 JITTER_OPS = ("brightness", "contrast", "saturation", "hue")
+NEUTRAL_FACTORS = (1.0, 1.0, 1.0, 0.0)  # per JITTER_OPS: the factor that leaves pixels as they are
 #: brightness, contrast, saturation, hue: torchvision's own order, the default.
 IDENTITY_ORDER = 0 | 1 << 2 | 2 << 4 | 3 << 6
+#: Bit offset of step k's op id in an order code (2 bits per step).
+ORDER_SHIFTS = (0, 2, 4, 6)
 
 
 def encode_order(perms) -> torch.Tensor:
@@ -66,13 +69,13 @@ def encode_order(perms) -> torch.Tensor:
     if perms.numel() and not bool((perms.sort(1).values == torch.arange(4)).all()):
         raise ValueError("encode_order: every row must be a permutation of 0, 1, 2, 3 "
                          "(0 brightness, 1 contrast, 2 saturation, 3 hue)")
-    shifts = torch.tensor([0, 2, 4, 6])
+    shifts = torch.tensor(ORDER_SHIFTS)
     return (perms.long() << shifts).sum(1).to(torch.int32)
 
 
 def decode_order(codes: torch.Tensor) -> torch.Tensor:
     """``(N,)`` order codes -> ``(N, 4)`` int64 op ids, step by step."""
-    return (codes.long()[:, None] >> torch.tensor([0, 2, 4, 6], device=codes.device)) & 3
+    return (codes.long()[:, None] >> torch.tensor(ORDER_SHIFTS, device=codes.device)) & 3
 
 
 def valid_order(codes: torch.Tensor) -> torch.Tensor:

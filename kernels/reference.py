@@ -15,11 +15,10 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from dlpack_io.kernels._args import Batch, check_crop, check_crop_packed, check_resize, \
-    check_resize_packed
-from dlpack_io.kernels._colour import finish
-from dlpack_io.kernels._epilogue import jitter_tensors, make_epilogue, check_jitter_values
-from dlpack_io.kernels._validate import DeferredChecks, check_tensor, fail
+from dlpack_io.kernels.args import (
+    Batch, check_crop, check_crop_packed, check_resize, check_resize_packed)
+from dlpack_io.kernels.checks import INT32_MAX, DeferredChecks, check_tensor, fail
+from dlpack_io.kernels.epilogue import check_jitter_values, finish, jitter_tensors, make_epilogue
 from dlpack_io.kernels.records import FLIP_H, FLIP_V
 
 
@@ -172,7 +171,7 @@ def _sample(a: Batch, i: int) -> torch.Tensor:
         return a.images[i]
     off, h, w = int(a.column("offset")[i]), int(a.column("height")[i]), int(a.column("width")[i])
     size = h * w * a.channels
-    if h < 1 or w < 1 or off < 0 or size > 2**31 - 1 or off + size > a.images.numel():
+    if h < 1 or w < 1 or off < 0 or size > INT32_MAX or off + size > a.images.numel():
         off, h, w, size = 0, 1, 1, a.channels
     return a.images[off:off + size].view(h, w, a.channels)
 

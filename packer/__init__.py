@@ -2,7 +2,7 @@
 
 ``convert(src, dst, **options)`` is what ``dlpack convert`` calls.
 """
-__version__ = "0.2.0"
+from dlpack_io.packer.version import __version__  # noqa: F401 - the package's version
 
 
 def convert(src, dst, **options):

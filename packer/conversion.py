@@ -15,11 +15,10 @@ import numpy as np
 
 from dlpack_io.packer import finalize, journal
 from dlpack_io.packer.dstfiles import (check_src_dst, clear_outputs, existing_entries,
-                                       verify_kept_shard)
+                                       not_empty_error, verify_kept_shard)
 from dlpack_io.packer.engines import engine_context
 from dlpack_io.packer.options import PackOptions
-from dlpack_io.packer.packing import (State, final_manifest, plan_inputs, prepare_inputs,
-                                      summary)
+from dlpack_io.packer.packing import State, plan_inputs, prepare_inputs
 from dlpack_io.packer.pipeline import ConversionError
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.remote.urls import is_remote
@@ -32,9 +31,7 @@ def _prepare_dst(dst: str, resume: bool, overwrite: bool) -> None:
     if entries and overwrite:
         clear_outputs(dst)
     elif entries and not resume:
-        raise ConversionError(f"{dst} is not empty ({', '.join(sorted(entries)[:3])}...); pass "
-                              f"--resume to finish an interrupted conversion or --overwrite "
-                              f"to replace what is there")
+        raise not_empty_error(dst, entries)
 
 
 def _resume_state(dst: str, plan: dict, num_classes: int) -> State:
@@ -149,13 +146,14 @@ def _convert_locked(src, dst, inputs, stats, plan, opts, pack, engine, provenanc
     except BaseException:
         _discard_if_empty(dst, state)
         raise
-    return dict(summary(dst, manifest, state, inputs, progress, resumed_from), engine=engine)
+    return dict(finalize.summary(dst, manifest, state, inputs, progress, resumed_from),
+                engine=engine)
 
 
 def _finish(src, dst, inputs, opts: PackOptions, state: State, progress, engine: str,
             provenance: bool) -> dict:
     """Write rejects.tsv and, last, the manifest; drop the journal. Returns the manifest."""
-    manifest = final_manifest(src, inputs, opts, state, progress, engine, provenance)
+    manifest = finalize.final_manifest(src, inputs, opts, state, progress, engine, provenance)
     try:
         finalize.write_dataset_files(dst, manifest, state.rejects)
     except OSError as exc:

@@ -8,11 +8,31 @@ from __future__ import annotations
 import os
 import re
 
-from dlpack_io.packer.journal import JOURNAL_NAME, LOCK_NAME
+from dlpack_io.packer.finalize import TMP_INFIX
+from dlpack_io.packer.journal import JOURNAL_NAME, JOURNAL_TMP_NAME, LOCK_NAME
+from dlpack_io.packer.pipeline import ConversionError
+from dlpack_io.packer.writers import PARTIAL_SUFFIX
 from dlpack_io.reader import format as fmt
 
-_OURS = re.compile(r"^(\.?shard-\d{5,}\.(rec|lmdb)(\.partial)?|manifest\.json(\.tmp-\d+)?|"
-                   r"rejects\.tsv(\.tmp-\d+)?|" + re.escape(JOURNAL_NAME) + r"(\.tmp)?)$")
+
+def _either(*names: str) -> str:
+    return "(" + "|".join(re.escape(n) for n in names) + ")"
+
+
+# Built from the names' owners (format, writers, finalize, journal) so that a renamed file
+# can never be left out of what a cleanup may delete. ("shard-NNNNN" is fmt.shard_name's.)
+_OURS = re.compile(rf"^(\.?shard-\d{{5,}}{_either(*fmt.SHARD_SUFFIX.values())}"
+                   rf"({re.escape(PARTIAL_SUFFIX)})?"
+                   rf"|{_either(fmt.MANIFEST_NAME, fmt.REJECTS_NAME)}({re.escape(TMP_INFIX)}\d+)?"
+                   rf"|{_either(JOURNAL_NAME, JOURNAL_TMP_NAME)})$")
+
+
+def not_empty_error(where: str, names) -> ConversionError:
+    """The refusal to convert into a non-empty destination (a folder or an s3:// prefix)
+    without --resume or --overwrite, naming a few of the ``names`` found there."""
+    return ConversionError(f"{where} is not empty ({', '.join(sorted(names)[:3])}...); pass "
+                           f"--resume to finish an interrupted conversion or --overwrite "
+                           f"to replace what is there")
 
 
 def existing_entries(dst) -> list[str]:
@@ -82,8 +102,6 @@ def check_src_dst(src, dst) -> None:
     Packing into the source tree makes the next conversion of SRC find the data set as an
     extra class; packing over the source lets --overwrite delete what it reads.
     """
-    from dlpack_io.packer.pipeline import ConversionError
-
     s, d = os.path.realpath(src), os.path.realpath(dst)
     if d == s:
         why = "DST is the source folder itself"

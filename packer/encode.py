@@ -29,96 +29,25 @@ import dataclasses
 import io
 import os
 import stat
-import warnings
-from dataclasses import dataclass
 
 import numpy as np
 
-from dlpack_io.packer.native import native
-from dlpack_io.reader.format import (COLOUR_CMYK, COLOUR_GRAY, COLOUR_YCC, DEFAULT_MAX_PIXELS,
-                                     KIND_JPEG, KIND_RAW, crc32)
+from dlpack_io.packer.options import PackOptions
+from dlpack_io.packer.pilimage import (draft_for, exif_orientation, full_decode, open_image,
+                                       resize, upright_rgb)
+from dlpack_io.packer.records import EncodedRecord, RejectedInput
+from dlpack_io.reader.format import (COLOUR_CMYK, COLOUR_GRAY, COLOUR_YCC, KIND_JPEG, KIND_RAW,
+                                     crc32)
+from dlpack_io.reader.format.native import native_jpeg
 
-NON_JPEG = ("raw", "jpeg", "reject")
+# PIL mode of a JPEG -> the stored colour the reader converts from; other modes re-encode.
 _COLOURS = {"RGB": COLOUR_YCC, "L": COLOUR_GRAY, "CMYK": COLOUR_CMYK}
-
-
-PIL_MISSING = ("no PIL provider is installed (dlpack needs one to read images): "
-               "pip install 'dlpack-io[pillow]', or pillow-simd for faster resizing")
-
-
-def require_pil() -> None:
-    """Raise RuntimeError with the one-line fix when no PIL provider can be imported.
-
-    Called before any work starts (``convert`` checks before scanning the folder)."""
-    try:
-        import PIL  # noqa: F401
-    except ImportError:
-        raise RuntimeError(PIL_MISSING) from None
-
-
-class RejectedInput(Exception):
-    """An input file that cannot become a record; the message says why."""
-
-
-@dataclass(frozen=True)
-class EncodedRecord:
-    """One record ready for a shard writer."""
-
-    payload: bytes
-    height: int                   # upright size
-    width: int
-    kind: int
-    reencoded: str | None = None  # why the pixels were decoded and re-encoded (lossy)
-    source_bytes: int = 0         # size of the input file, for MB/s figures
-    crc: int = 0                  # CRC-32 of the payload, computed in the worker
-    lossless: str | None = None   # lossless transform applied instead of the original bytes
-    orientation: int = 1          # EXIF orientation the reader applies (jpeg records)
-    colour: int = COLOUR_YCC      # format.COLOUR_* of a JPEG record's stored pixels
-
-    @property
-    def is_passthrough(self) -> bool:
-        """True when the payload is the input file's bytes, untouched."""
-        return self.kind == KIND_JPEG and self.reencoded is None and self.lossless is None
-
-
-def _open(data: bytes, max_pixels: int):
-    """PIL image of ``data`` (header only), rejected beyond ``max_pixels``."""
-    from PIL import Image, UnidentifiedImageError
-
-    if not data:
-        raise RejectedInput("empty file (0 bytes)")
-    try:
-        with warnings.catch_warnings():  # our own limit below replaces Pillow's warning
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            limit, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None
-            try:
-                img = Image.open(io.BytesIO(data))
-            finally:
-                Image.MAX_IMAGE_PIXELS = limit
-    except UnidentifiedImageError:
-        raise RejectedInput("not an image PIL can identify") from None
-    except Exception as exc:  # PIL raises many types on a damaged header
-        raise RejectedInput(f"cannot read the image header: {exc}") from None
-    w, h = img.size
-    if w * h > max_pixels:
-        raise RejectedInput(f"{w} x {h} = {w * h} pixels is more than --max-pixels "
-                            f"{max_pixels} (decompression bomb guard); raise --max-pixels "
-                            f"to pack it")
-    return img
-
-
-def _full_decode(img) -> None:
-    """Decode every pixel; raises on truncated or corrupt data."""
-    try:
-        img.load()
-    except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError...
-        raise RejectedInput(f"cannot decode {img.format or 'image'}: {exc}") from None
 
 
 def _reader_decode_error(data: bytes, height: int, width: int) -> str | None:
     """Entropy-decode every coefficient with the reader's own decoder (C extension, at 1/8
     scale: the IDCT is nearly free); the error text, or None when it decodes."""
-    jpeg = native()
+    jpeg = native_jpeg()
     if jpeg is None:
         return None
     out = np.empty((height // 8 + 2) * (width // 8 + 2) * 3, dtype=np.uint8)
@@ -129,55 +58,6 @@ def _reader_decode_error(data: bytes, height: int, width: int) -> str | None:
     return None
 
 
-def _orientation(img) -> int:
-    try:
-        value = int(img.getexif().get(0x0112, 1) or 1)
-    except Exception:  # malformed EXIF blocks are common; Pillow then leaves it as it is
-        return 1
-    return value if 1 <= value <= 8 else 1  # exif_transpose ignores other values too
-
-
-def _upright_rgb(img):
-    from PIL import ImageOps
-
-    _full_decode(img)
-    img = ImageOps.exif_transpose(img)
-    if img.mode != "RGB":
-        img = img.convert("RGB")
-    return img
-
-
-def _target_size(w: int, h: int, size: int | None, max_side: int | None) -> tuple[int, int]:
-    """Size to resize to before any center crop: shorter side = size, or longer <= max_side."""
-    if size is not None:
-        scale = size / min(w, h)
-    elif max_side is not None and max(w, h) > max_side:
-        scale = max_side / max(w, h)
-    else:
-        return w, h
-    return max(1, round(w * scale)), max(1, round(h * scale))
-
-
-def _resize(img, size: int | None, max_side: int | None):
-    from PIL import Image
-
-    w, h = img.size
-    tw, th = _target_size(w, h, size, max_side)
-    if (tw, th) != (w, h):
-        img = img.resize((tw, th), Image.BILINEAR)
-    if size is not None:
-        left, top = (tw - size) // 2, (th - size) // 2
-        img = img.crop((left, top, left + size, top + size))
-    return img
-
-
-def _draft_for(img, size, max_side) -> None:
-    """Let libjpeg decode at 1/2, 1/4 or 1/8 scale when the target is that much smaller."""
-    if img.format == "JPEG" and (size or max_side):
-        tw, th = _target_size(*img.size, size, max_side)
-        img.draft("RGB", (tw, th))
-
-
 RESTARTS_ADDED = "restart markers added (lossless)"
 
 
@@ -185,7 +65,7 @@ def _add_restarts(data: bytes) -> bytes | None:
     """``data`` rewritten with a restart marker per MCU, or None to keep it (progressive,
     not 3-component, or already so); RejectedInput when it does not decode."""
     try:
-        return native().add_restarts(data)
+        return native_jpeg().add_restarts(data)
     except ValueError as exc:
         raise RejectedInput(f"cannot decode JPEG: {exc}") from None
 
@@ -201,20 +81,20 @@ def _keep_jpeg(data: bytes, img, orientation: int, validate: bool, restarts: boo
         rewritten = _add_restarts(data)
         if rewritten is not None:
             return EncodedRecord(rewritten, lossless=RESTARTS_ADDED, **keep)
-    if validate and native() is not None:
+    if validate and native_jpeg() is not None:
         if _reader_decode_error(data, height, width) is not None:
-            _full_decode(img)  # rejects what PIL cannot decode either
+            full_decode(img)  # rejects what PIL cannot decode either
             return None
     elif validate:  # PIL is the reader's decoder: entropy-decode all, IDCT at 1/8 scale
         img.draft("RGB", (1, 1))
-        _full_decode(img)
+        full_decode(img)
     return EncodedRecord(data, **keep)
 
 
 def _reencode_jpeg(img, why: str, max_side, quality: int, restarts: bool) -> EncodedRecord:
     """Decode, turn upright, convert to RGB, resize as asked, encode at ``quality``."""
-    _draft_for(img, None, max_side)
-    img = _resize(_upright_rgb(img), None, max_side)
+    draft_for(img, None, max_side)
+    img = resize(upright_rgb(img), None, max_side)
     out = io.BytesIO()
     img.save(out, format="JPEG", quality=quality)
     payload = out.getvalue()
@@ -229,8 +109,8 @@ def _non_jpeg(img, *, mode, size, max_side, quality, non_jpeg) -> EncodedRecord:
     kind = img.format or "unknown"
     if non_jpeg == "reject":
         raise RejectedInput(f"{kind} image, not a JPEG (--non-jpeg reject)")
-    upright = _upright_rgb(img)
-    pixels = _resize(upright, size, max_side)
+    upright = upright_rgb(img)
+    pixels = resize(upright, size, max_side)
     resized = pixels.size != upright.size
     if mode == "raw":
         return EncodedRecord(pixels.tobytes(), pixels.size[1], pixels.size[0], KIND_RAW)
@@ -246,11 +126,15 @@ def _non_jpeg(img, *, mode, size, max_side, quality, non_jpeg) -> EncodedRecord:
                          f"{kind} image re-encoded as JPEG (--non-jpeg jpeg)")
 
 
-def encode_file(data: bytes, *, mode: str, size=None, max_side=None, quality=95,
-                validate=True, restarts=False, non_jpeg="raw",
-                max_pixels=DEFAULT_MAX_PIXELS) -> EncodedRecord:
-    """Encode the bytes of one input file as a record; raise RejectedInput if impossible."""
-    img = _open(data, max_pixels)
+def encode_file(data: bytes, *, mode: str, size=None, max_side=None,
+                quality=PackOptions.quality, validate=PackOptions.validate, restarts=False,
+                non_jpeg=PackOptions.non_jpeg,
+                max_pixels=PackOptions.max_pixels) -> EncodedRecord:
+    """Encode the bytes of one input file as a record; raise RejectedInput if impossible.
+
+    The defaults are PackOptions' (one set of defaults), except ``restarts``, which
+    PackOptions turns on only where the C extension is there (its ``jpeg_restarts``)."""
+    img = open_image(data, max_pixels)
     if img.format != "JPEG":
         return _non_jpeg(img, mode=mode, size=size, max_side=max_side, quality=quality,
                          non_jpeg=non_jpeg)
@@ -260,13 +144,13 @@ def encode_file(data: bytes, *, mode: str, size=None, max_side=None, quality=95,
         elif img.mode not in _COLOURS:
             why = f"{img.mode} JPEG"
         else:
-            record = _keep_jpeg(data, img, _orientation(img), validate, restarts)
+            record = _keep_jpeg(data, img, exif_orientation(img), validate, restarts)
             if record is not None:
                 return record
             why = "JPEG that PIL decodes but the reader's decoder cannot"
         return _reencode_jpeg(img, why, max_side, quality, restarts)
-    _draft_for(img, size, max_side)
-    img = _resize(_upright_rgb(img), size, max_side)
+    draft_for(img, size, max_side)
+    img = resize(upright_rgb(img), size, max_side)
     return EncodedRecord(img.tobytes(), img.size[1], img.size[0], KIND_RAW)
 
 

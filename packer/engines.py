@@ -19,7 +19,7 @@ def engine_context(engine: str, ray_address, opts: PackOptions):
                              "machine's cores)")
         return contextlib.nullcontext(pack_local)
     if engine == "ray":
-        from dlpack_io.packer import ray_engine
+        from dlpack_io.packer import ray_cluster  # loaded only for --engine ray
 
-        return ray_engine.connection(ray_address, opts)
+        return ray_cluster.connection(ray_address, opts)
     raise ValueError(f"engine {engine!r}: expected one of {ENGINES}")

@@ -1,18 +1,23 @@
-"""The last step of a conversion: rejects file, then the manifest, atomically."""
+"""The last step of a conversion: the manifest (built from the packing state), the rejects
+file, then the manifest file, atomically; and the summary ``convert`` returns."""
 from __future__ import annotations
 
 import datetime
 import os
 import platform
+from collections import Counter
 
 from dlpack_io.packer.nofollow import create_new
+from dlpack_io.packer.pipeline import ConversionError
 from dlpack_io.packer.writers import fsync_dir
 from dlpack_io.reader import format as fmt
+
+TMP_INFIX = ".tmp-"  # atomic_write's temp file: PATH.tmp-PID (pid: two writers never collide)
 
 
 def atomic_write(path, data: bytes) -> None:
     """Write ``data`` to ``path`` via temp file, fsync and rename: all or nothing."""
-    tmp = f"{path}.tmp-{os.getpid()}"
+    tmp = f"{path}{TMP_INFIX}{os.getpid()}"
     try:
         with open(create_new(tmp), "wb") as f:
             f.write(data)
@@ -54,7 +59,7 @@ def build_manifest(inputs, options, shards: list, rejects: list, reencoded: dict
     out what identifies the machine that packed it: the host name and the absolute paths
     of the source folder and list file (null instead).
     """
-    from dlpack_io.packer import __version__
+    from dlpack_io.packer.version import __version__
 
     manifest = {
         "kind": fmt.MANIFEST_KIND, "version": fmt.FORMAT_VERSION,
@@ -84,3 +89,31 @@ def write_dataset_files(dst, manifest: dict, rejects: list) -> None:
     """Write rejects.tsv, then manifest.json last: the manifest's arrival completes DST."""
     atomic_write(os.path.join(dst, fmt.REJECTS_NAME), rejects_tsv(rejects))
     atomic_write(os.path.join(dst, fmt.MANIFEST_NAME), fmt.encode_meta(manifest))
+
+
+def final_manifest(src, inputs, opts, state, progress, engine: str, provenance: bool) -> dict:
+    """The finished data set's manifest from the packing ``state`` (packing.State) and
+    ``opts`` (PackOptions); ConversionError (naming ``src`` and the most common reasons)
+    when not one input could be packed."""
+    if not state.shards:
+        reasons = Counter(r for _, r in state.rejects).most_common(3)
+        raise ConversionError(f"{src}: none of the {len(inputs.paths)} inputs could be "
+                              f"packed; most common reasons: "
+                              + "; ".join(f"{why} ({n}x)" for why, n in reasons))
+    return build_manifest(inputs, opts, state.shards, state.rejects, state.reencoded,
+                          state.class_counts.tolist(), progress.elapsed, state.lossless,
+                          provenance=provenance, engine=engine)
+
+
+def summary(dst, manifest, state, inputs, progress, resumed_from) -> dict:
+    """What ``convert`` returns (and ``dlpack convert`` prints): counts, rates, and what
+    the scan found along the way."""
+    empty = [c for c, n in zip(manifest["classes"], manifest["class_counts"]) if n == 0]
+    return {"dst": dst, "num_samples": manifest["num_samples"], "num_shards": len(state.shards),
+            "num_bytes": manifest["num_bytes"], "rejects": len(state.rejects),
+            "reencoded": dict(state.reencoded), "lossless": dict(state.lossless),
+            "ignored": dict(inputs.ignored or {}), "resumed_from": resumed_from,
+            "seconds": progress.elapsed, "images_per_s": progress.images_per_s,
+            "mb_per_s": progress.mb_per_s, "empty_classes": empty,
+            "via_links": inputs.via_links, "outside_src": inputs.outside_src,
+            "repeated_dirs": inputs.repeated_dirs}

@@ -17,6 +17,7 @@ import os
 from dlpack_io.packer.nofollow import create_new, open_nofollow
 
 JOURNAL_NAME = ".dlpack-convert.journal"
+JOURNAL_TMP_NAME = JOURNAL_NAME + ".tmp"  # a fresh journal is written here, then renamed
 LOCK_NAME = ".dlpack-convert.lock"
 
 
@@ -157,7 +158,7 @@ class Journal:
         self.path = os.path.join(dst, JOURNAL_NAME)
         self.shards = list(shards or [])
         if plan is not None:  # fresh start: rewrite the file with the plan and kept shards
-            tmp = self.path + ".tmp"
+            tmp = os.path.join(dst, JOURNAL_TMP_NAME)
             with open(create_new(tmp), "w", encoding="utf-8") as f:
                 for entry in [plan] + self.shards:
                     f.write(json.dumps(entry, sort_keys=True) + "\n")

@@ -5,10 +5,12 @@ import os
 from dataclasses import asdict, dataclass, fields
 
 from dlpack_io.reader.format import DEFAULT_MAX_PIXELS, FORMATS, MODES
+from dlpack_io.reader.format.native import native_jpeg
 from dlpack_io.reader.format.units import parse_size  # noqa: F401  (packer.options.parse_size)
 
+# The choices of the options below; their one home (encode.py implements them).
 ON_ERROR = ("skip", "fail")
-NON_JPEG = ("raw", "jpeg", "reject")  # as packer.encode.NON_JPEG
+NON_JPEG = ("raw", "jpeg", "reject")
 
 
 @dataclass(frozen=True)
@@ -16,8 +18,8 @@ class PackOptions:
     """Everything that decides the bytes of a packed data set (plus how to run).
 
     Fields that change output: format, mode, size, max_side, quality, shard_size, seed,
-    shuffle, validate, jpeg_restarts, non_jpeg, max_pixels. Fields that only change how the work runs: workers, on_error,
-    progress. Output never depends on ``workers``.
+    shuffle, validate, jpeg_restarts, non_jpeg, max_pixels. Fields that only change how the
+    work runs: workers, on_error, progress. Output never depends on ``workers``.
     """
 
     format: str = "record"
@@ -63,17 +65,13 @@ class PackOptions:
         if self.shard_size < 1:
             raise ValueError(f"shard_size {self.shard_size}: expected a positive byte count")
         if self.jpeg_restarts is None:
-            from dlpack_io.packer.native import native
-
-            object.__setattr__(self, "jpeg_restarts", self.mode == "jpeg" and native() is not None)
+            object.__setattr__(self, "jpeg_restarts",
+                               self.mode == "jpeg" and native_jpeg() is not None)
         if self.jpeg_restarts and self.mode != "jpeg":
             raise ValueError("--restart-markers rewrites JPEG records; it needs --mode jpeg")
-        if self.jpeg_restarts:
-            from dlpack_io.packer.native import native
-
-            if native() is None:
-                raise ValueError("--restart-markers needs the C extension dlpack_io.reader._jpeg "
-                                 "(libjpeg-turbo headers at install time)")
+        if self.jpeg_restarts and native_jpeg() is None:
+            raise ValueError("--restart-markers needs the reader's C extension _jpeg "
+                             "(libjpeg-turbo headers at install time)")
         if self.workers < 0:
             raise ValueError(f"workers {self.workers}: expected 0 (all cores) or more")
 

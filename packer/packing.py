@@ -1,6 +1,7 @@
 """What both engines share: the packing order, the state of a conversion, the Packer that
 cuts encoded inputs into shards (one rule, packer/cutting.py) and journals them, the local
-engine's loop (``pack_local``), the inputs' scan and plan, and the final manifest.
+engine's loop (``pack_local``), and the inputs' scan and plan (the manifest and summary at
+the end are finalize.py's).
 
 The local engine (``pack_local``: worker processes on this machine) and the Ray engine
 (ray_engine.py) both drive a Packer, which is why their outputs are byte-identical;
@@ -16,15 +17,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dlpack_io.packer import finalize, journal
+from dlpack_io.packer import journal
 from dlpack_io.packer.cutting import ShardCutter
-from dlpack_io.packer.encode import require_pil
-from dlpack_io.packer.options import PackOptions, parse_size
+from dlpack_io.packer.options import PackOptions
+from dlpack_io.packer.pilimage import require_pil
 from dlpack_io.packer.pipeline import ConversionError, encode_in_order
 from dlpack_io.packer.progress import Progress
 from dlpack_io.packer.scan import read_list, scan_image_folder, stat_inputs
 from dlpack_io.packer.writers import open_writer
 from dlpack_io.reader import format as fmt
+from dlpack_io.reader.format.units import parse_size
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +44,7 @@ class State:
 
     @property
     def next_sample(self) -> int:
+        """Global index of the next sample packed: the samples of the shards done."""
         return sum(s["num_samples"] for s in self.shards)
 
     def take_over(self, entry: dict) -> None:
@@ -76,6 +79,7 @@ class Packer:
         self.since = State(class_counts=np.zeros(len(inputs.classes), dtype=np.int64))
 
     def reject(self, rel: str, reason: str) -> None:
+        """Record an input that cannot be packed (or stop, with ``--on-error fail``)."""
         if self.options.on_error == "fail":
             raise ConversionError(f"{os.path.join(self.inputs.root, rel)}: {reason} "
                                   f"(--on-error fail stops at the first bad input)")
@@ -83,6 +87,8 @@ class Packer:
         self.since.rejects.append((rel, reason))
 
     def add(self, rel: str, label: int, record, position: int) -> None:
+        """Write one EncodedRecord (input ``position`` in packing order) into the open
+        shard, first finishing the shard before it when the cut rule says so."""
         if self.cutter.starts_new_shard(len(record.payload)):
             self.finish_shard(position)
         if self.writer is None:
@@ -102,6 +108,7 @@ class Packer:
             self.since.lossless[lossless] += 1
 
     def finish_shard(self, end_input: int) -> None:
+        """Publish the open shard and journal it; ``end_input`` is where a resume goes on."""
         entry = self.writer.finish()
         self.writer = None
         self.commit(entry, end_input, self.take_since())
@@ -129,11 +136,13 @@ class Packer:
         return self.writer is not None
 
     def close(self, end_input: int) -> None:
+        """After the last input: finish the open shard, keep the trailing rejects."""
         if self.has_open_shard():
             self.finish_shard(end_input)
         self.state.rejects += self.since.rejects  # trailing rejects after the last record
 
     def abort(self) -> None:
+        """Drop the unfinished shard (its temp file); finished shards stay journaled."""
         if self.writer is not None:
             self.writer.abort()
             self.writer = None
@@ -152,18 +161,34 @@ def _fetch_passthrough(record, path: str):
 
 
 def encode_options(options: PackOptions) -> dict:
+    """The keyword arguments of encode.encode_file that ``options`` stand for (plain data:
+    they travel to worker processes and Ray tasks)."""
     return {"mode": options.mode, "size": options.size, "max_side": options.max_side,
             "quality": options.quality, "validate": options.validate,
             "restarts": options.jpeg_restarts, "non_jpeg": options.non_jpeg,
             "max_pixels": options.max_pixels}
 
 
+def input_item(inputs, stats, i: int) -> tuple:
+    """The encode item of input ``i``: (absolute path, size, mtime_ns) as scanned, what
+    encode.encode_path reads and checks (both engines build their items here)."""
+    return (os.path.join(inputs.root, inputs.paths[i]), *stats[i])
+
+
+def conversion_progress(dst, total: int, options: PackOptions, done: int) -> Progress:
+    """The progress display of a conversion into ``dst``, ``done`` of ``total`` inputs
+    already packed by an interrupted run (the same for both engines)."""
+    return Progress(total, f"convert {os.path.basename(dst)}", enabled=options.progress,
+                    initial=done)
+
+
 def pack_local(dst, inputs, stats, options: PackOptions, state: State, journal_) -> Progress:
+    """The local engine: encode in worker processes on this machine (pipeline.py), in
+    packing order from ``state.position``, and cut and journal shards with a Packer."""
     order = packing_order(len(inputs.paths), options)
     todo = order[state.position:]
-    files = [(os.path.join(inputs.root, inputs.paths[i]), *stats[i]) for i in todo]
-    progress = Progress(len(order), f"convert {os.path.basename(dst)}",
-                        enabled=options.progress, initial=state.position)
+    files = [input_item(inputs, stats, i) for i in todo]
+    progress = conversion_progress(dst, len(order), options, state.position)
     packer = Packer(dst, inputs, options, state, journal_)
     try:
         results = encode_in_order(files, encode_options(options), options.num_workers)
@@ -204,18 +229,6 @@ def _scan(src, list_file, labels: bool):
     return inputs
 
 
-def summary(dst, manifest, state, inputs, progress, resumed_from) -> dict:
-    empty = [c for c, n in zip(manifest["classes"], manifest["class_counts"]) if n == 0]
-    return {"dst": dst, "num_samples": manifest["num_samples"], "num_shards": len(state.shards),
-            "num_bytes": manifest["num_bytes"], "rejects": len(state.rejects),
-            "reencoded": dict(state.reencoded), "lossless": dict(state.lossless),
-            "ignored": dict(inputs.ignored or {}), "resumed_from": resumed_from,
-            "seconds": progress.elapsed, "images_per_s": progress.images_per_s,
-            "mb_per_s": progress.mb_per_s, "empty_classes": empty,
-            "via_links": inputs.via_links, "outside_src": inputs.outside_src,
-            "repeated_dirs": inputs.repeated_dirs}
-
-
 def _check_inputs_exist(inputs, stats) -> None:
     """Fail before writing anything when not one input can be found (a wrong SRC)."""
     if stats and all(size < 0 for size, _ in stats):
@@ -240,17 +253,3 @@ def plan_inputs(inputs, opts: PackOptions):
     stats = stat_inputs(inputs)
     _check_inputs_exist(inputs, stats)
     return stats, journal.plan_line(inputs, stats, opts.output_options(), fmt.FORMAT_VERSION)
-
-
-def final_manifest(src, inputs, opts: PackOptions, state: State, progress, engine: str,
-                   provenance: bool) -> dict:
-    """The finished data set's manifest; ConversionError (naming ``src`` and the most
-    common reasons) when not one input could be packed."""
-    if not state.shards:
-        reasons = Counter(r for _, r in state.rejects).most_common(3)
-        raise ConversionError(f"{src}: none of the {len(inputs.paths)} inputs could be "
-                              f"packed; most common reasons: "
-                              + "; ".join(f"{why} ({n}x)" for why, n in reasons))
-    return finalize.build_manifest(inputs, opts, state.shards, state.rejects, state.reencoded,
-                                   state.class_counts.tolist(), progress.elapsed,
-                                   state.lossless, provenance=provenance, engine=engine)

@@ -5,163 +5,38 @@ process) therefore works in two phases, streamed:
 
 1. ``encode_segment`` tasks encode fixed ranges of inputs (segments) in packing order; the
    payloads stay in Ray's object store, only sizes and outcomes come back to the driver.
-2. The driver feeds those outcomes, in order, through the local engine's ``Packer``:
-   the same reject handling and the same ShardCutter rule decide where each shard ends.
-   Each planned shard becomes an ``assemble_shard`` task that writes it with the local
-   writer (temp file, fsync, rename). Finished shards are journaled in shard order, and
-   the driver writes the manifest last, exactly as the local engine does.
+2. The driver feeds those outcomes, in order, through the local engine's ``Packer``
+   (ray_planner.py): the same reject handling and the same ShardCutter rule decide where
+   each shard ends. Each planned shard becomes an ``assemble_shard`` task that writes it
+   with the local writer (temp file, fsync, rename). Finished shards are journaled in
+   shard order, and the driver writes the manifest last, exactly as the local engine does.
 
 So the bytes do not depend on the engine, the cluster, segment sizes or task timing, and a
 killed driver resumes from the journal like a local run. SRC must be a path every node
 sees (a shared file system); DST too, or an ``s3://`` URL: each assembly task then uploads
 its shard from a temporary folder of its own node (``upload``; the driver keeps the
 journal in the bucket, as packer/upload.py does for the local engine).
+
+This module is the driver's loop; ray_cluster.py connects to the cluster and binds
+``pack`` to it, ray_results.py turns task failures into ConversionError, ray_tasks.py
+holds what the tasks run.
 """
 from __future__ import annotations
 
-import faulthandler
+import contextlib
 import logging
 import math
-import os
-import socket
 from collections import deque
-from typing import NamedTuple
 
 from dlpack_io.packer import ray_tasks
-from dlpack_io.packer.packing import Packer, encode_options, packing_order
+from dlpack_io.packer.packing import (conversion_progress, encode_options, input_item,
+                                      packing_order)
 from dlpack_io.packer.pipeline import ConversionError
 from dlpack_io.packer.progress import Progress
+from dlpack_io.packer.ray_planner import PlannedRecord, RayPlanner
+from dlpack_io.packer.ray_results import MAX_RETRIES, settle_tasks, task_result
 
 log = logging.getLogger(__name__)
-
-INSTALL = "pip install 'dlpack-io[ray]'"
-MAX_RETRIES = 3       # attempts after a worker or node dies mid-task (Ray re-runs it)
-ASSEMBLY_CPUS = 0.5   # shard writing is mostly I/O: let it overlap encoding
-SETTLE_SECONDS = 300  # the longest a stopped conversion waits for its submitted tasks
-
-
-def import_ray():
-    """The ``ray`` module, or ConversionError saying how to install it."""
-    try:
-        import ray
-    except ImportError as exc:
-        raise ConversionError(f"--engine ray needs Ray, which is not installed ({exc}); "
-                              f"install it with: {INSTALL}") from None
-    return ray
-
-
-class _Planned(NamedTuple):
-    """An encoded record as the driver knows it: where its payload is, and its facts."""
-
-    blob: object  # ObjectRef of the segment's payload array
-    offset: int
-    length: int
-    crc: int
-    height: int
-    width: int
-    kind: int
-    orientation: int
-    colour: int
-    reencoded: str | None
-    lossless: str | None
-    source_bytes: int
-
-
-class _RayPlanner(Packer):
-    """The local packer with shard writing replaced by assembly tasks; shards are
-    journaled in order as their tasks finish, at most ``max_pending`` in flight."""
-
-    def __init__(self, dst, inputs, options, state, journal_, *, ray, max_pending: int,
-                 upload=None):
-        super().__init__(dst, inputs, options, state, journal_)
-        self.ray, self.max_pending, self.upload = ray, max_pending, upload
-        self.assemble = ray.remote(ray_tasks.assemble_shard).options(
-            num_cpus=ASSEMBLY_CPUS, max_retries=MAX_RETRIES)
-        self.items, self.blobs = [], {}
-        self.pending: deque = deque()  # (task ref, shard number, end_input, since)
-        self.planned_shards, self.planned_samples = len(state.shards), state.next_sample
-
-    def add(self, rel: str, label: int, record: _Planned, position: int) -> None:
-        if self.cutter.starts_new_shard(record.length):
-            self.finish_shard(position)
-        slot = self.blobs.setdefault(record.blob, len(self.blobs))
-        self.items.append((slot, record.offset, record.length, label, rel, record.crc,
-                           record.height, record.width, record.kind, record.orientation,
-                           record.colour))
-        self.count(label, record.reencoded, record.lossless)
-
-    def has_open_shard(self) -> bool:
-        return bool(self.items)
-
-    def finish_shard(self, end_input: int) -> None:
-        o = self.options
-        ref = self.assemble.remote(self.dst, o.format, self.planned_shards, self.planned_samples,
-                                   o.shard_size, self.items, *self.blobs, upload=self.upload)
-        self.pending.append((ref, self.planned_shards, end_input, self.take_since()))
-        self.planned_shards += 1
-        self.planned_samples += len(self.items)
-        self.items, self.blobs = [], {}
-        while len(self.pending) > self.max_pending:
-            self.commit_next()
-
-    def commit_next(self) -> None:
-        """Wait for the oldest assembly, then journal its shard."""
-        ref, number, end_input, since = self.pending[0]
-        entry = _result(self.ray, ref, f"{self.dst}: cannot write shard {number}")
-        self.pending.popleft()
-        self.commit(entry, end_input, since)
-
-    def poll(self) -> None:
-        """Journal the shards whose tasks are done, in order, without waiting."""
-        while self.pending and self.ray.wait([self.pending[0][0]], timeout=0)[0]:
-            self.commit_next()
-
-    def drain(self) -> None:
-        """Wait for every planned shard and journal it."""
-        while self.pending:
-            self.commit_next()
-
-    def abort(self) -> None:
-        """Let the shards still being written finish, unjournaled (``--resume`` redoes
-        them), so that no task of this conversion writes to DST after it returns."""
-        _settle(self.ray, [p[0] for p in self.pending], "shard writes")
-        self.pending.clear()
-
-
-def _settle(ray, refs: list, what: str) -> None:
-    """Wait for tasks the conversion no longer needs instead of cancelling them.
-
-    ``ray.cancel`` racing with a task that is just finishing aborts the driver inside Ray
-    (RAY_CHECK "Tried to complete task that was not pending", ray-project/ray#54846): the
-    load series of 2026-11-24 saw it once, in an ``--on-error fail`` conversion. The wait is
-    short, a few tasks' time: at most 2 encode segments per CPU and one shard write per CPU
-    are ever in flight. A second Ctrl-C leaves at once; a private cluster's shutdown then
-    stops them."""
-    if not refs:
-        return
-    log.info("stopping: waiting for %d %s already submitted to finish", len(refs), what)
-    _, running = ray.wait(refs, num_returns=len(refs), timeout=SETTLE_SECONDS,
-                          fetch_local=False)
-    if running:
-        log.warning("%d %s still running after %d s: left to the cluster", len(running),
-                    what, SETTLE_SECONDS)
-
-
-def _result(ray, ref, doing: str):
-    """``ray.get(ref)`` with Ray's failures turned into ConversionError naming the work."""
-    try:
-        return ray.get(ref)
-    except ray.exceptions.RayTaskError as exc:  # the task raised: OSError, MemoryError...
-        cause = exc.cause if getattr(exc, "cause", None) is not None else exc
-        fix = "fix the cause (free disk space?) and " if isinstance(cause, OSError) else ""
-        raise ConversionError(f"{doing} ({type(cause).__name__}: {cause}); completed shards "
-                              f"are kept: {fix}run again with --resume") from None
-    except ray.exceptions.RayError as exc:  # a worker or node died, again after the retries
-        first_line = str(exc).strip().split("\n", 1)[0][:200]
-        raise ConversionError(f"{doing}: Ray gave up after {MAX_RETRIES} retries "
-                              f"({type(exc).__name__}: {first_line}); a worker or node was "
-                              f"killed, ran out of memory or crashed in the image decoder; "
-                              f"completed shards are kept, run again with --resume") from None
 
 
 def segment_size(inputs: int, cpus: int, shard_size: int, mean_bytes: float) -> int:
@@ -194,9 +69,9 @@ def _segments(ray, files, options, cpus: int, size: int):
                 return
             start, meta, blob = queued.popleft()
             span = f"{files[start][0]} .. {files[min(start + size, len(files)) - 1][0]}"
-            yield start, _result(ray, meta, f"encoding {span}"), blob
+            yield start, task_result(ray, meta, f"encoding {span}"), blob
     finally:  # stopped early (an error, Ctrl-C): no encode task outlives the conversion
-        _settle(ray, [q[1] for q in queued], "encode tasks")
+        settle_tasks(ray, [q[1] for q in queued], "encode tasks")
 
 
 class _Items:
@@ -211,11 +86,24 @@ class _Items:
 
     def __getitem__(self, key):
         if isinstance(key, slice):
-            return [self._item(i) for i in self.todo[key]]
-        return self._item(self.todo[key])
+            return [input_item(self.inputs, self.stats, i) for i in self.todo[key]]
+        return input_item(self.inputs, self.stats, self.todo[key])
 
-    def _item(self, i) -> tuple:
-        return (os.path.join(self.inputs.root, self.inputs.paths[i]), *self.stats[i])
+
+def _feed(planner: RayPlanner, inputs, todo, base: int, segments, progress: Progress) -> None:
+    """Hand every encode outcome to the planner in packing order (``base``: the position
+    of ``todo[0]``), journaling finished shards between segments."""
+    for start, outcomes, blob in segments:
+        for k, outcome in enumerate(outcomes):
+            i = todo[start + k]
+            if outcome[0] != "ok":
+                planner.reject(inputs.paths[i], outcome[1])
+                progress.update(1)
+                continue
+            record = PlannedRecord(blob, *outcome[1:])
+            planner.add(inputs.paths[i], inputs.labels[i], record, base + start + k)
+            progress.update(1, record.source_bytes)
+        planner.poll()
 
 
 def pack(dst, inputs, stats, options, state, journal_, *, ray, cpus: int,
@@ -223,161 +111,34 @@ def pack(dst, inputs, stats, options, state, journal_, *, ray, cpus: int,
     """The Ray engine's counterpart of packing.pack_local: same arguments, same effect on
     ``state`` and the journal, same Progress. ``upload``: ``(url, storage_options)`` of
     an s3:// DST, which the tasks write to directly (``dst`` is then the driver's staging
-    folder, unused; probe_nodes has checked that every node can write there)."""
+    folder, unused; ray_cluster.probe_nodes has checked that every node can write there)."""
     order = packing_order(len(inputs.paths), options)
-    todo = order[state.position:]
-    files = _Items(inputs, stats, todo)
+    base = state.position
+    todo = order[base:]
     mean_bytes = sum(stats[i][0] for i in todo) / max(len(todo), 1)
     size = segment_size(len(todo), cpus, options.shard_size, mean_bytes)
-    base = state.position
-    progress = Progress(len(order), f"convert {os.path.basename(dst)}",
-                        enabled=options.progress, initial=base)
-    planner = _RayPlanner(dst, inputs, options, state, journal_, ray=ray,
-                          max_pending=max(2, cpus), upload=upload)
+    progress = conversion_progress(dst, len(order), options, base)
+    planner = RayPlanner(dst, inputs, options, state, journal_, ray=ray,
+                         max_pending=max(2, cpus), upload=upload)
     try:
-        for start, outcomes, blob in _segments(ray, files, options, cpus, size):
-            for k, outcome in enumerate(outcomes):
-                i = todo[start + k]
-                if outcome[0] != "ok":
-                    planner.reject(inputs.paths[i], outcome[1])
-                    progress.update(1)
-                    continue
-                record = _Planned(blob, *outcome[1:])
-                planner.add(inputs.paths[i], inputs.labels[i], record, base + start + k)
-                progress.update(1, record.source_bytes)
-            planner.poll()
+        # closed on the way out, before the handlers below: the queued encode tasks settle
+        # first (a traceback would otherwise keep the generator, and them, alive)
+        with contextlib.closing(_segments(ray, _Items(inputs, stats, todo), options, cpus,
+                                          size)) as segments:
+            _feed(planner, inputs, todo, base, segments, progress)
         planner.close(len(order))
         planner.drain()
     except ConversionError:
-        _keep_completed(planner)
+        planner.keep_completed()
         raise
     except OSError as exc:  # the journal, in the driver
         planner.abort()
         raise ConversionError(f"{dst}: cannot write shard ({exc}); completed shards are kept: "
-                              f"fix the cause (free disk space?) and run again with --resume") from exc
+                              f"fix the cause (free disk space?) and run again with "
+                              f"--resume") from exc
     except BaseException:
         planner.abort()
         raise
     finally:
         progress.close()
     return progress
-
-
-def probe_nodes(ray, url: str, storage_options: dict | None) -> None:
-    """Fail before any work, naming the node, when a node of the cluster cannot write to
-    ``url``: its tasks will upload shards there. Credentials are not sent over the cluster
-    (only the explicit ``storage_options`` are): each node uses its own AWS_* variables,
-    shared files or instance role, like any S3 client running there."""
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    probe = ray.remote(ray_tasks.probe_store)
-    nodes = [n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU")]
-    refs = {n["NodeManagerAddress"]: probe.options(
-        num_cpus=0, max_retries=0,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
-    ).remote(url, storage_options) for n in nodes}
-    for address, ref in refs.items():
-        try:
-            ray.get(ref)
-        except ray.exceptions.RayError as exc:
-            cause = getattr(exc, "cause", None) or exc
-            first_line = str(cause).strip().split("\n", 1)[0][:300]
-            raise ConversionError(
-                f"the Ray node at {address} cannot write to {url} ({type(cause).__name__}: "
-                f"{first_line}); the tasks upload the shards themselves, and credentials are "
-                f"not sent over the cluster: give every node its AWS_* variables (or "
-                f"~/.aws files, or an instance role) or pass storage_options explicitly"
-            ) from None
-
-
-def remove_probes(store) -> None:
-    """Delete every probe object under the store's prefix, whichever run left it. A probe
-    deletes its object itself, but a PUT attempt that timed out and was retried can still
-    land on a loaded server after that delete (the load series of 2026-11-24 found one in a
-    finished data set), and a run killed mid-probe leaves one: the run that uploads the
-    manifest sweeps them."""
-    for name in store.list():  # (S3 lists by folder: filter the names here)
-        if name.startswith(ray_tasks.PROBE_PREFIX):
-            store.delete(name)
-
-
-def _keep_completed(planner: _RayPlanner) -> None:
-    """After a failure, journal the shards already written before it (as the local engine
-    has them), then let the rest finish unjournaled."""
-    try:
-        planner.drain()
-    except ConversionError as exc:
-        log.debug("after the first failure: %s", exc)
-    finally:
-        planner.abort()
-
-
-def check_reachable(address) -> None:
-    """Fail in seconds, naming the address, when nothing listens at a HOST:PORT address:
-    Ray itself retries for minutes. ('auto', ray:// and no address are Ray's to resolve.)"""
-    if not address or address == "auto" or "://" in address:
-        return
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise ConversionError(f"--ray-address {address!r}: expected HOST:PORT (the --port of "
-                              f"`ray start --head`), 'auto' or ray://HOST:PORT")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
-    except OSError as exc:
-        raise ConversionError(f"cannot reach the Ray cluster at {address} "
-                              f"({exc.strerror or exc}); start it with `ray start --head "
-                              f"--port {port}` or fix --ray-address") from None
-
-
-class connection:  # noqa: N801  (used like a function: ``with connection(...) as pack``)
-    """Connect to the cluster at ``address`` (None: start a private one on this machine
-    with ``options.workers`` CPUs); entering yields a ``pack`` bound to it."""
-
-    def __init__(self, address, options):
-        self.ray = import_ray()
-        if self.ray.is_initialized() and address not in (None, "auto"):
-            raise ConversionError(f"this process is already connected to a Ray cluster; "
-                                  f"leave out --ray-address {address} or disconnect")
-        check_reachable(address)
-        self.address, self.options = address, options
-        self.connected_here = False
-        self.faulthandler_was_on = faulthandler.is_enabled()
-
-    def __enter__(self):
-        ray = self.ray
-        if not ray.is_initialized():  # else the caller's own connection: use it, leave it open
-            self._init()
-        try:
-            cpus = int(ray.cluster_resources().get("CPU", 0))
-            if cpus < 1:
-                raise ConversionError("the Ray cluster has no CPUs to run tasks on; add a node "
-                                      "with `ray start --address ... --num-cpus N`")
-        except BaseException:
-            self.__exit__()
-            raise
-        cpus = min(cpus, self.options.workers or cpus)
-        log.info("Ray %s: %d nodes, %d CPUs used", ray.__version__, len(ray.nodes()), cpus)
-        return lambda *args, **kwargs: pack(*args, ray=ray, cpus=cpus, **kwargs)
-
-    def _init(self) -> None:
-        kwargs = {"log_to_driver": False, "logging_level": logging.WARNING}
-        if self.address is None and not os.environ.get("RAY_ADDRESS"):
-            # A private cluster on this machine, gone with this process; no dashboard.
-            kwargs.update(num_cpus=self.options.num_workers, include_dashboard=False)
-        try:
-            self.ray.init(address=self.address, **kwargs)
-        except (ConnectionError, ValueError, RuntimeError) as exc:
-            raise ConversionError(f"cannot connect to the Ray cluster at {self.address}: "
-                                  f"{exc}; start it with `ray start --head` or fix "
-                                  f"--ray-address") from None
-        self.connected_here = True
-
-    def __exit__(self, *exc_info) -> None:
-        if self.connected_here:
-            self.ray.shutdown()  # a private cluster stops; a shared one only loses this driver
-            if self.faulthandler_was_on:
-                # ray.init replaced the SIGSEGV handler and shutdown left none: give the
-                # caller's faulthandler back, or a later crash would say nothing (enable()
-                # alone does nothing while faulthandler believes it is still installed)
-                faulthandler.disable()
-                faulthandler.enable()

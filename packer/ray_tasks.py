@@ -17,7 +17,8 @@ import tempfile
 
 import numpy as np
 
-from dlpack_io.packer.encode import EncodedRecord, encode_path
+from dlpack_io.packer.encode import encode_path
+from dlpack_io.packer.records import EncodedRecord
 from dlpack_io.packer.writers import open_writer, partial_name
 from dlpack_io.reader import format as fmt
 

@@ -8,7 +8,8 @@ recorded in the journal, which lives in the bucket (``prefix/.dlpack-convert.jou
 rewritten whole after every shard) so ``--resume`` works from any machine. The manifest is
 uploaded last and the journal deleted after it: until then no reader sees a data set.
 With ``engine="ray"`` the Ray engine's shard tasks upload their shards themselves (see
-packer/ray_engine.py) and this module keeps the rest: the journal, resume, the manifest.
+packer/ray_engine.py and ray_tasks.py) and this module keeps the rest: the journal, resume,
+the manifest.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import tempfile
 import threading
 
 from dlpack_io.packer import finalize, journal, packing
+from dlpack_io.packer.dstfiles import not_empty_error
 from dlpack_io.packer.engines import engine_context
 from dlpack_io.packer.pipeline import ConversionError
 from dlpack_io.packer.remoteshard import remote_shard_ok, upload_shard
@@ -111,9 +113,7 @@ def prepare_remote(store: Store, *, resume: bool, overwrite: bool) -> str | None
             store.delete(name)
         return None
     if not resume:
-        raise ConversionError(f"{store.url} is not empty ({', '.join(sorted(found)[:3])}...); "
-                              f"pass --resume to finish an interrupted conversion or "
-                              f"--overwrite to replace what is there")
+        raise not_empty_error(store.url, found)
     if fmt.MANIFEST_NAME in found and journal.JOURNAL_NAME not in found:
         return "complete"
     return None
@@ -175,9 +175,9 @@ def _convert_staged(store: Store, stage: str, inputs, opts, provenance: bool, pa
     ray = engine == "ray"
     extra = {"upload": (store.url, store.explicit_options)} if ray else {}
     if ray:  # before the journal: a node that cannot write leaves the bucket as it was
-        from dlpack_io.packer import ray_engine
+        from dlpack_io.packer import ray_cluster
 
-        ray_engine.probe_nodes(ray_engine.import_ray(), *extra["upload"])
+        ray_cluster.probe_nodes(ray_cluster.import_ray(), *extra["upload"])
     journal_ = RemoteJournal(store, stage, plan, kept, uploaded=ray)
     try:
         progress = pack(stage, inputs, stats, opts, state, journal_, **extra)
@@ -185,12 +185,12 @@ def _convert_staged(store: Store, stage: str, inputs, opts, provenance: bool, pa
     except BaseException:
         journal_.abort()
         raise
-    manifest = packing.final_manifest(inputs.root, inputs, opts, state, progress, engine,
-                                         provenance)
+    manifest = finalize.final_manifest(inputs.root, inputs, opts, state, progress, engine,
+                                       provenance)
     store.put(fmt.REJECTS_NAME, finalize.rejects_tsv(state.rejects))
     store.put(fmt.MANIFEST_NAME, fmt.encode_meta(manifest))  # last: now it is a data set
     store.delete(journal.JOURNAL_NAME)
     if ray:
-        ray_engine.remove_probes(store)
-    return dict(packing.summary(store.url, manifest, state, inputs, progress, resumed_from),
+        ray_cluster.remove_probes(store)
+    return dict(finalize.summary(store.url, manifest, state, inputs, progress, resumed_from),
                 engine=engine)

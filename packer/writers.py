@@ -13,10 +13,12 @@ import numpy as np
 from dlpack_io.packer.nofollow import create_new
 from dlpack_io.reader import format as fmt
 
+PARTIAL_SUFFIX = ".partial"  # (after a leading dot) a shard still being written
+
 
 def partial_name(name: str) -> str:
     """Temporary file name of a shard while it is being written."""
-    return f".{name}.partial"
+    return f".{name}{PARTIAL_SUFFIX}"
 
 
 def fsync_dir(path) -> None:

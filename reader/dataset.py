@@ -63,6 +63,11 @@ class Dataset:
                                       f"says {entry['num_samples']}: the data set is damaged "
                                       f"or its files are mixed up")
 
+    @property
+    def is_remote(self) -> bool:
+        """True for a data set read from object storage (s3://...), False on local disk."""
+        return self._remote is not None
+
     def check_unchanged(self, shard_ids=None) -> None:
         """Raise ShardChangedError (a FormatError) naming the shard if any of ``shard_ids``
         (default: all) changed on disk since this process mapped it. Two system calls per

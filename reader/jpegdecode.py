@@ -22,19 +22,19 @@ from __future__ import annotations
 import io
 import logging
 import math
-import os
 
 import numpy as np
 
+from dlpack_io.reader.format.native import native_jpeg
+
 log = logging.getLogger(__name__)
 
-try:
-    if os.environ.get("DLPACK_IO_NO_JPEG_EXT") == "1":  # force the PIL path (tests, debugging)
-        raise ImportError("disabled by DLPACK_IO_NO_JPEG_EXT=1")
-    from dlpack_io.reader import _jpeg
-except ImportError as _exc:  # the optional extension did not build
-    _jpeg = None
-    log.debug("dlpack_io.reader._jpeg unavailable (%s): decoding JPEGs with PIL", _exc)
+# Looked up once: the decoders below branch on it per record. DLPACK_IO_NO_JPEG_EXT=1 (the
+# rule lives in format/native.py, shared with the packer) forces the PIL path.
+_jpeg = native_jpeg()
+if _jpeg is None:
+    log.debug("dlpack_io.reader._jpeg unavailable (not built, or DLPACK_IO_NO_JPEG_EXT=1): "
+              "decoding JPEGs with PIL")
 
 SCALES = (1, 2, 4, 8)  # numerators over 8 with SIMD IDCTs in libjpeg-turbo
 
@@ -240,60 +240,3 @@ def decode_resized(payload, box, out_size, scratch: np.ndarray, reduce: bool = T
     n = choose_scale(int(target[2]), int(target[3]), *out_size) if reduce else 8
     region = decode_region(payload, box, n, scratch, pixel_size=4, orientation=orientation)
     return resize_region(region, region.box(target), out_size, within_box=exact_box is None)
-
-
-def to_chw(src, offset: int, row_stride: int, h: int, w: int, dst: np.ndarray,
-           dst_offset: int, flip_h: bool, flip_v: bool, pixel_size: int = 3) -> None:
-    """Copy the (h, w) block of RGB (``pixel_size`` 3) or RGBX (4) pixels at byte
-    ``offset`` of the contiguous buffer ``src`` (rows ``row_stride`` bytes apart) into the
-    contiguous uint8 array ``dst`` at byte ``dst_offset`` as three (h, w) planes, flipped
-    as asked."""
-    if _jpeg is not None:
-        _jpeg.to_chw(src, offset, row_stride, h, w, dst, dst_offset, bool(flip_h),
-                     bool(flip_v), pixel_size)
-        return
-    flat = np.frombuffer(src, dtype=np.uint8)
-    if min(h, w, offset) < 0 or row_stride < pixel_size * w or \
-            offset + (h - 1) * row_stride + pixel_size * w > flat.size:
-        raise ValueError(f"to_chw: a {h}x{w}x{pixel_size} block at offset {offset} (row "
-                         f"stride {row_stride}) does not fit in a {flat.size}-byte buffer")
-    block = np.lib.stride_tricks.as_strided(flat[offset:], (h, w, 3), (row_stride, pixel_size, 1),
-                                            writeable=False)
-    view = block[::-1] if flip_v else block
-    view = view[:, ::-1] if flip_h else view
-    out = dst.reshape(-1)[dst_offset:dst_offset + 3 * h * w].reshape(3, h, w)
-    out[...] = view.transpose(2, 0, 1)
-
-
-def to_chw_array(pixels: np.ndarray, dst: np.ndarray, dst_offset: int, flip_h, flip_v) -> None:
-    """:func:`to_chw` of a whole C-contiguous (h, w, 3 or 4) array."""
-    h, w, ps = pixels.shape
-    to_chw(pixels, 0, w * ps, h, w, dst, dst_offset, flip_h, flip_v, ps)
-
-
-def gather(src, src_offsets, lengths, dst: np.ndarray, dst_offsets) -> None:
-    """Copy byte ranges ``src[src_offsets[i]:+lengths[i]]`` to ``dst[dst_offsets[i]:]``
-    (one C call without the GIL; a numpy loop without the extension)."""
-    so = np.ascontiguousarray(src_offsets, dtype=np.int64)
-    ln = np.ascontiguousarray(lengths, dtype=np.int64)
-    do = np.ascontiguousarray(dst_offsets, dtype=np.int64)
-    if _jpeg is not None:
-        _jpeg.gather(src, so, ln, dst, do)
-        return
-    flat = np.frombuffer(src, dtype=np.uint8)
-    out = dst.reshape(-1)
-    for a, n, b in zip(so.tolist(), ln.tolist(), do.tolist()):
-        if a < 0 or b < 0 or a + n > flat.size or b + n > out.size:
-            raise ValueError(f"gather: {n} bytes from {a} to {b} do not fit")
-        out[b:b + n] = flat[a:a + n]
-
-
-def crop_chw(src, params: np.ndarray, h: int, w: int, dst: np.ndarray) -> None:
-    """:func:`to_chw` for many (h, w) RGB blocks of one buffer: ``params`` rows are
-    (src_offset, row_stride, flip_h, flip_v, dst_offset); one C call without the GIL."""
-    p = np.ascontiguousarray(params, dtype=np.int64)
-    if _jpeg is not None:
-        _jpeg.crop_chw(src, p, h, w, dst)
-        return
-    for off, stride, fh, fv, dst_off in p.tolist():
-        to_chw(src, off, stride, h, w, dst, dst_off, fh, fv)

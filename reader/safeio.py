@@ -15,6 +15,7 @@ import stat
 import numpy as np
 
 from dlpack_io.reader import format as fmt
+from dlpack_io.reader import pixelcopy
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
           (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
@@ -112,13 +113,9 @@ _ZERO = np.zeros(1, dtype=np.int64)
 def guarded_array(view) -> np.ndarray:
     """A writable uint8 copy of ``view``, made by the native code that turns a SIGBUS
     (the mapped file truncated under the read) into MappedFileError, a ValueError."""
-    from dlpack_io.reader import jpegdecode
-
     out = np.empty(len(view), dtype=np.uint8)
-    if jpegdecode._jpeg is None or not len(view):
-        out[:] = np.frombuffer(view, dtype=np.uint8)
-    else:
-        jpegdecode._jpeg.gather(view, _ZERO, np.array([len(view)], dtype=np.int64), out, _ZERO)
+    if len(view):
+        pixelcopy.gather(view, _ZERO, np.array([len(view)], dtype=np.int64), out, _ZERO)
     return out
 
 

@@ -7,8 +7,9 @@
 #
 # SRC (default bench-out/jpegs-3000) is generated when missing: 3000 ImageNet-like JPEGs.
 # Sections: convert,loader (default) and remote; `dlpack bench --help` lists the contenders.
-# The other benchmarks of tools/bench/ run with this venv's python too, e.g.
-# .venv-bench/bin/python -m dlpack_io.tools.bench.remote_clients (docs/benchmarks.md).
+# The standalone benchmarks of benchmarks/ (not in the wheel) run with this venv's python too,
+# from the repository root, e.g. .venv-bench/bin/python -m benchmarks.remote_clients
+# (docs/benchmarks.md).
 #
 # Why a separate venv: mosaicml-streaming caps numpy<2.2 and both it and litdata list torchvision
 # (no CPU build here; pip would pull a CUDA torch). So: torch pinned first, pillow-simd built from

@@ -42,7 +42,7 @@ MODULES = {
     "order": (["reader/batch/order.py"], ["tests/batch/test_pinned.py", "tests/batch/test_order.py",
                                     "tests/batch/test_ranks.py"]),
     "rng": (["reader/batch/rng.py"], ["tests/batch/test_pinned.py", "tests/batch/test_transforms.py"]),
-    "format": (["reader/format.py"], ["tests/reader/test_format.py", "tests/reader/test_format_checks.py",
+    "format": (["reader/format/spec.py", "reader/format/schema.py"], ["tests/reader/test_format.py", "tests/reader/test_format_checks.py",
                                       "tests/reader/test_manifest_checks.py", "tests/reader/test_fuzz_format.py",
                                       "tests/tools/test_verify.py"]),
     "indexcheck": (["reader/format/indexcheck.py"], ["tests/reader/test_format_checks.py",
@@ -53,7 +53,7 @@ MODULES = {
                                         "tests/packer/test_convert.py"]),
     "spec": (["reader/batch/plan.py", "reader/batch/transforms.py", "reader/batch/geometry.py"],
              ["tests/reader/test_spec.py", "tests/batch/test_transforms.py", "tests/batch/test_loader_api.py"]),
-    "kernels": (["kernels/reference.py", "kernels/_epilogue.py"],
+    "kernels": (["kernels/reference.py", "kernels/epilogue.py"],
                 ["tests/kernels/test_kernels_reference.py", "tests/kernels/test_kernels_validation.py",
                  "tests/kernels/test_kernels_jitter.py",
                  "tests/kernels/test_kernels_records.py::test_packed_errors"]),
@@ -69,11 +69,11 @@ EQUIVALENT: dict = {
      'if len(sizes) < batches and len(sizes) and (sizes[-1] > 1):',
      'if len(sizes) < batches and len(sizes) and (sizes[-1] >= 1):'):
         'a last batch of 1 split into 1 + 0 gives the same boundaries as padding it with an empty batch',
-    ('reader/format.py',
+    ('reader/format/spec.py',
      'body = HEADER_STRUCT.pack(*fields, 0)[:-4]',
      'body = HEADER_STRUCT.pack(*fields, 1)[:-4]'):
         'the packed placeholder CRC is the last 4 bytes, cut off by [:-4]',
-    ('reader/format.py',
+    ('reader/format/schema.py',
      "if not isinstance(source.get('num_inputs', 0), int) or any((not isinstance(source.get(k), (str, type(None))) for k in ('root', 'list'))):",
      "if not isinstance(source.get('num_inputs', 1), int) or any((not isinstance(source.get(k), (str, type(None))) for k in ('root', 'list'))):"):
         'the default is only tested for being an int; 0 and 1 both are',

@@ -22,6 +22,16 @@ step "building the wheel"
   || { tail -30 "$WORK/build.log"; echo "wheel_check: python -m build failed" >&2; exit 1; }
 WHEEL=$(ls "$WORK"/dist/dlpack_io-*.whl)
 step "built $(basename "$WHEEL")"
+# the product only: dlpack_io/ and its metadata; the standalone benchmarks (benchmarks/)
+# stay in the repository
+"$PY" - "$WHEEL" <<'PY' || exit 1
+import sys, zipfile
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+bad = [n for n in names if not n.startswith(("dlpack_io/", "dlpack_io-"))]
+if bad:
+    sys.exit(f"wheel_check: the wheel holds files outside the product: {bad[:10]}")
+print(f"wheel_check: {len(names)} files, all under dlpack_io/")
+PY
 
 "$PY" -m venv "$WORK/venv"
 V="$WORK/venv/bin"
@@ -48,6 +58,9 @@ quiet "$V/pip" install -q "$WHEEL[pillow,torch]"
 "$V/dlpack" convert jpegs packed --shard-size 4MB --quiet
 "$V/dlpack" inspect packed | head -12
 "$V/dlpack" verify packed --quiet
+"$V/dlpack" bench --help > "$WORK/bench-help.txt"   # what `dlpack bench` needs is in the wheel
+grep -q "Benchmark on the JPEG folder SRC" "$WORK/bench-help.txt" \
+  || { echo "wheel_check: dlpack bench --help failed from the wheel" >&2; exit 1; }
 "$V/python" -m dlpack_io.tools.demo packed --batch-size 32 | tee "$WORK/epoch.txt"
 grep -q "^epoch: 200 images" "$WORK/epoch.txt" \
   || { echo "wheel_check: the Loader epoch did not read all 200 images" >&2; exit 1; }

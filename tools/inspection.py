@@ -42,9 +42,9 @@ def summary(path, *, max_pixels: int = fmt.DEFAULT_MAX_PIXELS) -> dict:
     widths = np.concatenate([ix["width"] for ix in indices]) if indices else np.zeros(0)
     lengths = np.concatenate([ix["length"] for ix in indices]) if indices else np.zeros(0)
     return {
-        "path": ds.path if ds._remote else os.path.abspath(path), "format": m["format"], "version": m["version"],
-        "mode": m["mode"], "num_samples": m["num_samples"], "num_shards": len(m["shards"]),
-        "num_bytes": m["num_bytes"],
+        "path": ds.path if ds.is_remote else os.path.abspath(path), "format": m["format"],
+        "version": m["version"], "mode": m["mode"], "num_samples": m["num_samples"],
+        "num_shards": len(m["shards"]), "num_bytes": m["num_bytes"],
         "record_bytes": {"mean": float(lengths.mean()) if lengths.size else 0.0,
                          "max": int(lengths.max()) if lengths.size else 0},
         "image_size": _size_stats(heights, widths),

@@ -1,7 +1,7 @@
 """``dlpack verify s3://bucket/prefix``: the local checks, on each shard streamed down once.
 
 Each shard is downloaded (parallel range requests) into a temporary folder, checked with
-exactly the code that checks a local data set (verification._check_shard), and deleted
+exactly the code that checks a local data set (shardcheck.check_shard), and deleted
 before the next, so the local disk needs room for one shard. Problems name the URL.
 """
 from __future__ import annotations
@@ -14,6 +14,7 @@ import numpy as np
 
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.remote.storage import StorageError, Store, run_sync
+from dlpack_io.tools.shardcheck import VerifyReport, check_class_counts, check_shard
 
 
 async def download(store: Store, name: str, size: int, path: str, *, parts: int = 8,
@@ -54,11 +55,10 @@ def _read_manifest(store: Store, manifest_url: str, report) -> dict | None:
 
 def verify_remote(url: str, *, decode: bool = False, progress: bool = True,
                   max_pixels: int = fmt.DEFAULT_MAX_PIXELS):
-    """Verify the data set at ``url``; returns a verification.VerifyReport."""
+    """Verify the data set at ``url``; returns a shardcheck.VerifyReport."""
     from dlpack_io.packer.progress import Progress
-    from dlpack_io.tools import verification as v
 
-    report = v.VerifyReport(url)
+    report = VerifyReport(url)
     manifest_url = f"{url.rstrip('/')}/{fmt.MANIFEST_NAME}"
     try:
         store = Store(url)
@@ -80,13 +80,13 @@ def verify_remote(url: str, *, decode: bool = False, progress: bool = True,
                     counts += shard_counts
     finally:
         bar.close()
-    v.check_class_counts(manifest, counts, manifest_url, report)
+    check_class_counts(manifest, counts, manifest_url, report)
     return report
 
 
 def _check_remote_shard(store, tmp, entry, manifest, decode, report, bar, max_pixels):
-    from dlpack_io.tools import verification as v
-
+    """Download one shard into ``tmp``, check it as a local one, delete it; its label counts
+    or None (as check_shard)."""
     name = fmt.check_shard_name(entry["name"], "manifest")
     where = store.where(name)
     try:
@@ -104,7 +104,7 @@ def _check_remote_shard(store, tmp, entry, manifest, decode, report, bar, max_pi
         return None
     first = len(report.problems)
     try:
-        return v._check_shard(tmp, entry, manifest, decode, report, bar, max_pixels)
+        return check_shard(tmp, entry, manifest, decode, report, bar, max_pixels)
     finally:
         for problem in report.problems[first:]:  # name the object, not the temporary copy
             problem["where"] = problem["where"].replace(os.path.join(tmp, name), where)

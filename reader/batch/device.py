@@ -20,8 +20,6 @@ import collections
 
 import numpy as np
 
-JITTER_OPS = ("brightness", "contrast", "saturation", "hue")  # = kernels.records.JITTER_OPS
-
 
 def run_kernel(meta, data, spec, *, validate: bool):
     """The fused kernel over a gathered batch ``data`` (the copied buffer on its device:
@@ -37,7 +35,7 @@ def run_kernel(meta, data, spec, *, validate: bool):
         return empty, torch.empty(0, dtype=torch.int64, device=data.device)
     recs = records.records_view(data, meta.records_offset, n)
     kw = dict(out_dtype=spec.dtype, validate=validate,
-              jitter=tuple(name for name, r in zip(JITTER_OPS, spec.jitter.ranges)
+              jitter=tuple(name for name, r in zip(records.JITTER_OPS, spec.jitter.ranges)
                            if r is not None) if spec.jitter is not None else ())
     if spec.normalize is not None:
         kw["mean"], kw["std"] = spec.normalize.mean, spec.normalize.std

@@ -21,10 +21,11 @@ from typing import Callable
 
 import numpy as np
 
-from dlpack_io.reader.batch.plan import plan_batch
 from dlpack_io.reader.batch.buffers import BufferPool, SlotPool
-from dlpack_io.reader.batch.host import (BuildContext, GatherMeta, Scratch, epilogue_rows,
-                                         fill_range, gather_batch, gather_bytes, split_ranges)
+from dlpack_io.reader.batch.build import BuildContext, Scratch, split_ranges
+from dlpack_io.reader.batch.gather import GatherMeta, gather_batch, gather_bytes
+from dlpack_io.reader.batch.host import epilogue_rows, fill_range
+from dlpack_io.reader.batch.plan import plan_batch
 from dlpack_io.reader.batch.skips import keep_mask
 
 

@@ -11,51 +11,76 @@
 What a batch holds is a pure function of (seed, epoch, rank, world_size, batch_size,
 drop_last, indices) -- see order.py and resume.py -- and its random transforms a pure
 function of (seed, epoch, sample index): never of num_workers or worker kind. One batch
-goes plan (batchplan.py) -> host pixels (hostbuild.py, in the runners' workers) -> finish
-(devicefinish.py). docs/loader.md has the details.
+goes plan (plan.py) -> host pixels (host.py or gather.py, in the workers of engine.py) -> finish
+(device.py). docs/loader.md has the details.
 """
 from __future__ import annotations
 
 import logging
+from dataclasses import fields
 
 import numpy as np
 
 from dlpack_io.reader.batch import order as order_mod
 from dlpack_io.reader.batch import resume
-from dlpack_io.reader.batch.plan import compile_spec
-from dlpack_io.reader.batch.buffers import BufferPool
-from dlpack_io.reader.batch.device import DeviceFinisher, HostFinisher
-from dlpack_io.reader.batch.host import BuildContext
-from dlpack_io.reader.batch.jobs import FinishedJob, GatherJob
+from dlpack_io.reader.batch.engine import deliver, make_engine
 from dlpack_io.reader.batch.options import (LoaderOptions, resolve_device, unwrap_subset,
                                             use_device_transforms)
-from dlpack_io.reader.batch.processes import ProcessRunner
-from dlpack_io.reader.batch.runners import SerialRunner, ThreadRunner
+from dlpack_io.reader.batch.plan import compile_spec
 from dlpack_io.reader.batch.skips import SkipAccount
 
 log = logging.getLogger(__name__)
 
 
-def _stage(runner, finisher, ticket):
-    """Take a built batch early and start its copy to the device, so that the copy overlaps
-    the training step on the batch before it; a failure is returned, raised when it is due."""
-    try:
-        hb = runner.get(ticket)
-    except Exception as exc:  # noqa: BLE001 - delivered in order, one batch later
-        return exc
-    finisher.stage(hb)
-    return hb
+_D = LoaderOptions  # the defaults live in LoaderOptions alone; the signature reads them
 
 
 class Loader:
-    """Batches of ``dataset`` as ``(images, labels)`` (``(images, labels, indices)`` with
-    ``return_index=True``). Options: :class:`dlpack_io.reader.batch.options.LoaderOptions`
-    (keyword-only), or ``options=LoaderOptions(...)``; docs/loader.md describes each."""
+    """Shuffled, transformed batches of ``dataset`` (a Dataset, or a torch Subset of one) as
+    ``(images, labels)`` tensors, ``(images, labels, indices)`` with ``return_index=True``.
 
-    def __init__(self, dataset, *, options: LoaderOptions | None = None, **kwargs):
-        if options is not None and kwargs:
+    Every option is keyword-only (docs/loader.md, "Options", has the long form):
+
+    batch_size: samples per batch.
+    shuffle: "global"/True (a full permutation), "block" (shard-local, for data sets
+        larger than RAM), False/None/"none" (storage order).
+    seed: seeds the order and the random transforms.
+    num_workers: worker threads or processes; 0 builds batches in the calling thread.
+    drop_last: as torch's DataLoader: True drops each rank's short last batch.
+    transforms: the fused transforms (RandomResizedCrop, ..., Normalize), in order.
+    sample_transform: your fn(HWC uint8 ndarray) -> HWC uint8 ndarray, run in the workers
+        before ``transforms``.
+    dtype: torch.uint8 (default) or float16/bfloat16/float32 (float32 with Normalize).
+    device: where batches are delivered; "cuda" means cuda:LOCAL_RANK under torchrun.
+    indices: read only these global sample indices (a split).
+    rank, world_size: this process's share; None: torch.distributed's, else torchrun's.
+    prefetch: batches in flight; None: 2 x num_workers (at least 2).
+    worker_kind: "thread" or "process".
+    timeout: seconds to wait for one batch before LoaderTimeout; None waits.
+    on_error: "raise" a SampleError for an unreadable sample, or "skip" it.
+    return_index: also yield each batch's global sample indices.
+    device_transforms: None: on the GPU for CUDA, else on the host; False: on the host.
+    reduced_decode: decode JPEGs at a reduced DCT scale where a resize allows it.
+    block_size, block_window: the geometry of shuffle="block".
+    options: a LoaderOptions holding all of the above instead (not both).
+    """
+
+    def __init__(self, dataset, *, batch_size: int = _D.batch_size, shuffle=_D.shuffle,
+                 seed: int = _D.seed, num_workers: int = _D.num_workers,
+                 drop_last: bool = _D.drop_last, transforms=_D.transforms,
+                 sample_transform=_D.sample_transform, dtype=_D.dtype, device=_D.device,
+                 indices=_D.indices, rank: int | None = _D.rank,
+                 world_size: int | None = _D.world_size, prefetch: int | None = _D.prefetch,
+                 worker_kind: str = _D.worker_kind, timeout: float | None = _D.timeout,
+                 on_error: str = _D.on_error, return_index: bool = _D.return_index,
+                 device_transforms: bool | None = _D.device_transforms,
+                 reduced_decode: bool = _D.reduced_decode, block_size: int = _D.block_size,
+                 block_window: int = _D.block_window, options: LoaderOptions | None = None):
+        args = locals()
+        given = {f.name: args[f.name] for f in fields(LoaderOptions)}
+        if options is not None and any(v is not getattr(_D, k) for k, v in given.items()):
             raise TypeError("pass either options=LoaderOptions(...) or keyword options, not both")
-        self.options = opts = options if options is not None else LoaderOptions(**kwargs)
+        self.options = opts = options if options is not None else LoaderOptions(**given)
         self.dataset, self.subset = unwrap_subset(dataset, opts.indices)
         self.spec = compile_spec(opts.transforms, dtype=opts.dtype,
                                  reduced_decode=opts.reduced_decode)
@@ -68,7 +93,7 @@ class Loader:
         self.epoch = 0
         self._restored = None          # (epoch, segments) from load_state_dict
         self._cursor = None            # (epoch, segments before this run, world, batch, total)
-        self._engine = None            # (job, runner, finisher), kept across epochs
+        self._engine = None            # engine.Engine (job, workers, finisher), kept across epochs
         self._tickets = 0              # batches ever submitted (the runners' batch ids)
 
     # ---- sizes and order -------------------------------------------------------------
@@ -178,42 +203,19 @@ class Loader:
                         self.rank, self.world_size, total)
         return part, bounds, base, min(start, total)
 
-    def _make_engine(self):
-        o = self.options
-        ctx = BuildContext(self.dataset, self.spec, o.seed, o.on_error == "skip",
-                           bool(self.dataset.verify_checksums), o.sample_transform)
-        cuda = self.device.type == "cuda"
-        if self.device_transforms:
-            job = GatherJob(ctx, o.in_flight + 2, pin=cuda)
-            finisher = DeviceFinisher(self.spec, self.device)
-        else:
-            job = FinishedJob(ctx, BufferPool(2 * o.in_flight + 4, pin_memory=cuda),
-                              o.num_workers)
-            finisher = HostFinisher(self.device)
-        if o.num_workers == 0:
-            runner = SerialRunner(job)
-        elif o.worker_kind == "process":
-            runner = ProcessRunner(job, o.num_workers, job.slot_bytes(o.batch_size),
-                                   o.in_flight + 1, timeout=o.timeout, describe=self.dataset.where)
-            if self.device_transforms:
-                finisher.pin(runner.slot_buffers())  # slots are read by the device copy
-        else:
-            runner = ThreadRunner(job, o.num_workers, timeout=o.timeout,
-                                  describe=self.dataset.where)
-        return job, runner, finisher
-
     def _run(self, epoch: int):
         part, bounds, base, start = self._plan_epoch(epoch)
         self._cursor = (epoch, base, self.world_size, start, len(bounds) - 1)
         self.skipped.start_epoch(epoch)
         batches = [part[bounds[k]:bounds[k + 1]] for k in range(len(bounds) - 1)]
         if self._engine is None:
-            self._engine = self._make_engine()
-        job, runner, finisher = self._engine
+            o = self.options
+            self._engine = make_engine(o, self.dataset, self.spec, self.device,
+                                       self.device_transforms)
         prefetch = self.dataset.start_prefetch(batches[start:])
         clean = False
         try:
-            yield from self._deliver(batches, start, runner, finisher, prefetch, epoch)
+            yield from self._deliver(batches, start, prefetch, epoch)
             clean = True
             self.skipped.report()
         finally:
@@ -222,54 +224,21 @@ class Loader:
             if not clean:  # abandoned mid-epoch (break, exception): drop the workers
                 self._close_engine()
 
-    def _deliver(self, batches, start, runner, finisher, prefetch, epoch):
-        o, total = self.options, len(batches)
-        ticket0, self._tickets = self._tickets, self._tickets + total
-        # Remote data: thread workers read records as the prefetcher lands them (they wait
-        # per record in this process); worker processes only read the local cache, so a
-        # batch goes to them once its records are all there (the next one due: waited for;
-        # later ones: only when already complete, so the first batch is not held up).
-        gated = prefetch is not None and isinstance(runner, ProcessRunner)
-        submitted, staged = start, None
-        for k in range(start, total):
-            finisher.reclaim()
-            while submitted < min(total, k + o.in_flight):
-                if not runner.can_submit():
-                    if submitted > k:
-                        break  # batch k is on its way; the rest waits for free slots
-                    finisher.reclaim(block=True)  # slots held by finished device copies
-                if gated and submitted > k and not prefetch.ready(submitted - start):
-                    break
-                if gated:
-                    prefetch.wait(submitted - start)
-                runner.submit(ticket0 + submitted, batches[submitted], epoch)
-                submitted += 1
-            if prefetch is not None:
-                prefetch.wait(k - start)  # the batch due next: the prefetcher may overcommit
-            if staged is None and not runner.ready(ticket0 + k):
-                finisher.reclaim(block=True)  # a worker may be waiting for a held buffer
-            hb = staged if staged is not None else runner.get(ticket0 + k)
-            if isinstance(hb, BaseException):  # batch k failed while it was being staged
-                raise hb
-            staged = None
-            if k + 1 < submitted and runner.ready(ticket0 + k + 1):
-                staged = _stage(runner, finisher, ticket0 + k + 1)
-            images, labels = finisher.finish(hb)
-            if prefetch is not None:
-                prefetch.release(k - start)
+    def _deliver(self, batches, start, prefetch, epoch):
+        ticket0, self._tickets = self._tickets, self._tickets + len(batches)
+        for k, hb, images, labels in deliver(self._engine, batches, start, ticket0, prefetch,
+                                             epoch, self.options.in_flight):
             self.skipped.add(hb.skipped)
-            self._cursor = self._cursor[:3] + (k + 1, total)
+            self._cursor = self._cursor[:3] + (k + 1, len(batches))
             if not len(hb.indices) and len(batches[k]):  # on_error="skip" left nothing
                 continue
-            yield (images, labels, hb.indices) if o.return_index else (images, labels)
+            yield (images, labels, hb.indices) if self.options.return_index else (images, labels)
 
     # ---- resources ---------------------------------------------------------------------
     def _close_engine(self) -> None:
         engine, self._engine = self._engine, None
         if engine is not None:
-            job, runner, finisher = engine
-            finisher.close()  # copies in flight finish before their slots go away
-            runner.close()
+            engine.close()
 
     def close(self) -> None:
         """Stop the workers and free the buffers (the Loader can still iterate again)."""
@@ -289,7 +258,7 @@ class Loader:
 
     def worker_pids(self) -> list[int]:
         """Process ids of the running worker processes (empty for threads)."""
-        return [] if self._engine is None else list(self._engine[1].pids)
+        return [] if self._engine is None else list(self._engine.runner.pids)
 
     def __repr__(self) -> str:
         o = self.options

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from dlpack_io.kernels.records import NEUTRAL_FACTORS
 from dlpack_io.reader.batch import rng
 from dlpack_io.reader.batch.errors import SampleError
 from dlpack_io.reader.batch.skips import skipped_from
@@ -27,7 +28,6 @@ ORDER_HELP = ("transforms must come in this order: [Resize] [RandomResizedCrop |
               "CenterCrop], then RandomHorizontalFlip / RandomVerticalFlip / ColorJitter in any "
               "order (each at most once), then Normalize last; Resize cannot precede "
               "RandomResizedCrop, and Resize(int) needs a crop after it")
-NEUTRAL_JITTER = (1.0, 1.0, 1.0, 0.0)  # brightness, contrast, saturation, hue factors
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,7 @@ def draw_jitter(jitter: ColorJitter | None, seed: int, epoch: int, indices):
         return None, None
     u = rng.uniforms(seed, epoch, rng.STREAM_JITTER, indices, 8)
     factors = np.empty((len(u), 4), dtype=np.float32)
-    for j, (rng_range, neutral) in enumerate(zip(jitter.ranges, NEUTRAL_JITTER)):
+    for j, (rng_range, neutral) in enumerate(zip(jitter.ranges, NEUTRAL_FACTORS)):
         if rng_range is None:
             factors[:, j] = neutral
         else:

@@ -99,3 +99,24 @@ def coalesce(offsets: np.ndarray, lengths: np.ndarray, *, gap: int, max_bytes: i
             out.append((int(offsets[first]), int(ends[i - 1]), np.arange(first, i)))
             first = i
     return out
+
+
+def range_requests(items: np.ndarray, positions, lookup, *, gap: int, max_bytes: int) -> list:
+    """Coalesced range requests ``("range", shard, start, end, samples, records, entries)``
+    for the records ``items`` (global sample numbers), given their ``lookup`` (shard
+    numbers, record numbers, index entries) and their ``positions`` in the batch: the
+    requests holding the records needed earliest first, so decoding can start while the
+    rest arrive."""
+    shard_ids, local, entries = lookup
+    out = []
+    for k in np.unique(shard_ids):
+        sel = np.flatnonzero(shard_ids == k)
+        sel = sel[np.argsort(entries["offset"][sel], kind="stable")]
+        for start, end, pos in coalesce(entries["offset"][sel], entries["length"][sel],
+                                        gap=gap, max_bytes=max_bytes):
+            p = sel[pos]
+            out.append((int(positions[p].min()),
+                        ("range", int(k), start, end, items[p], local[p], entries[p])))
+    out.sort(key=lambda r: r[0])
+    return [r for _, r in out]
+

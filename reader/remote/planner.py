@@ -22,7 +22,7 @@ import numpy as np
 
 from dlpack_io.reader.remote import cache as cache_mod
 from dlpack_io.reader import format as fmt
-from dlpack_io.reader.remote.fetchplan import coalesce
+from dlpack_io.reader.remote.fetchplan import range_requests
 from dlpack_io.reader.remote.storage import StorageError
 
 log = logging.getLogger(__name__)
@@ -109,22 +109,11 @@ class Planner:
                         f"{self.held + nbytes:,}")
 
     def _requests(self, items: np.ndarray, positions) -> list:
-        """Coalesced range requests for ``items``, the ones holding the records needed
-        earliest in the batch first (so decoding can start while the rest arrive)."""
+        """The requests that fetch ``items`` (whole shards, or coalesced record ranges)."""
         if self.plan.mode == "shards":
             return [("shard", int(s)) for s in items]
-        shard_ids, local, entries = self.source.dataset_lookup(items)
-        out = []
-        for k in np.unique(shard_ids):
-            sel = np.flatnonzero(shard_ids == k)
-            sel = sel[np.argsort(entries["offset"][sel], kind="stable")]
-            for start, end, pos in coalesce(entries["offset"][sel], entries["length"][sel],
-                                            gap=self.gap, max_bytes=self.max_request):
-                p = sel[pos]
-                out.append((int(positions[p].min()),
-                            ("range", int(k), start, end, items[p], local[p], entries[p])))
-        out.sort(key=lambda r: r[0])
-        return [r for _, r in out]
+        return range_requests(items, positions, self.source.dataset_lookup(items),
+                              gap=self.gap, max_bytes=self.max_request)
 
     async def _fetch(self, request, sem) -> None:
         try:

@@ -22,10 +22,10 @@ def start(source, batches, *, mode=None) -> "Prefetch":
     """Plan ``batches`` for RemoteSource ``source`` and start fetching (see the module doc)."""
     from dlpack_io.reader.remote.planner import Planner
 
-    if not source.session.owner or source.store._pid not in (None, os.getpid()):
+    if not source.session.owner or source.store.owner_pid not in (None, os.getpid()):
         raise RuntimeError(f"{source.url}: start_prefetch must be called in the process that "
-                           f"opened the data set (pid {source.store._pid}), not a worker")
-    active = source._active() if source._active else None
+                           f"opened the data set (pid {source.store.owner_pid}), not a worker")
+    active = source.active_prefetch()
     if active is not None:
         active.close()
     batches = [np.asarray(b, dtype=np.int64) for b in batches]
@@ -34,14 +34,13 @@ def start(source, batches, *, mode=None) -> "Prefetch":
         if b.size and (b.min() < 0 or b.max() >= n):
             raise IndexError(f"{source.url}: a batch holds sample {int(b.max())}, the data set "
                              f"has {n}")
-    shard_of = lambda s: np.searchsorted(source._starts, s, side="right") - 1  # noqa: E731
     sizes = [e["bytes"] for e in source.manifest["shards"]]
-    mode = mode or source.fetch_mode or fetchplan.auto_mode(batches, shard_of, sizes,
+    mode = mode or source.fetch_mode or fetchplan.auto_mode(batches, source.shard_of, sizes,
                                                             source.cache_limit)
-    plan = fetchplan.make_plan(mode, batches, shard_of, source.lengths, sizes)
+    plan = fetchplan.make_plan(mode, batches, source.shard_of, source.lengths, sizes)
     fetchplan.check_limit(plan, source.cache_limit, source.url)
     handle = Prefetch(Planner(source, plan, source.shards, **source.fetch_options))
-    source._active = weakref.ref(handle)
+    source.set_active_prefetch(handle)
     return handle
 
 
@@ -72,6 +71,11 @@ class Prefetch:
         fetch error if there was one). Lets a loader keep submitting ready batches while
         waiting only for the one it must deliver next."""
         return self._planner.ready(k)
+
+    def wait_record(self, shard: int, sample: int) -> bool:
+        """For a record read outside the batch order: True once the planner has it in the
+        cache (waiting while it is in flight), False when no planned batch holds it."""
+        return self._planner.wait_record(shard, sample)
 
     def release(self, k: int) -> None:
         """Batch ``k`` was delivered: evict what no later batch needs."""

@@ -3,12 +3,7 @@
 ``RemoteSource(url, ...)`` fetches the manifest (one GET; the cache key follows from it),
 then the header page and index + metadata of every record shard (two range requests per
 shard, all shards at once, cached in the cache directory), and opens a cache session.
-``RemoteShard`` offers what the Loader uses of a local shard (``index``, ``header``,
-``meta()``, ``payload(j)``, ``path``): ``payload`` reads the record from the session (put
-there by the prefetch planner), checks its CRC-32 against the index and only then returns
-it. In the process that opened the data set, a record not in the cache is fetched on demand
-(one range request); in any other process (Loader workers) that is an error: only the main
-process talks to the network (see s3client: the client is not fork-safe).
+Its shards are :class:`~dlpack_io.reader.remote.remote_shard.RemoteShard` objects.
 """
 from __future__ import annotations
 
@@ -21,8 +16,8 @@ import numpy as np
 
 from dlpack_io.reader.remote import cache as cache_mod
 from dlpack_io.reader import format as fmt
-from dlpack_io.reader.format.indexcheck import check_index
-from dlpack_io.reader.remote.storage import Policy, StorageError, Store, run_sync
+from dlpack_io.reader.remote.remote_shard import RemoteShard
+from dlpack_io.reader.remote.storage import Policy, Store, run_sync
 
 log = logging.getLogger(__name__)
 
@@ -93,20 +88,37 @@ class RemoteSource:
 
     def close(self) -> None:
         """Stop any prefetch and remove this session's cached records; idempotent."""
-        active = self._active() if self._active else None
+        active = self.active_prefetch()
         if active is not None:
             active.close()
         self._finalizer()
 
+    # ---- the running prefetch (one per data set) -----------------------------------------
+    def active_prefetch(self):
+        """The Prefetch started last and still alive, or None."""
+        return self._active() if self._active else None
+
+    def set_active_prefetch(self, handle) -> None:
+        """Remember ``handle`` (weakly: dropping it stops its planner) as the running one."""
+        self._active = weakref.ref(handle)
+
     # ---- lookups for the planner (the index tables are loaded) ---------------------------
+    def shard_of(self, samples):
+        """Shard number(s) of global sample number(s) ``samples``."""
+        return np.searchsorted(self._starts, samples, side="right") - 1
+
+    def first_sample(self, k: int) -> int:
+        """Global number of shard ``k``'s first sample."""
+        return int(self._starts[k])
+
     def locate(self, sample: int) -> tuple[int, int]:
         """(shard number, record number) of global sample ``sample``."""
-        k = int(np.searchsorted(self._starts, sample, side="right")) - 1
-        return k, sample - int(self._starts[k])
+        k = int(self.shard_of(sample))
+        return k, sample - self.first_sample(k)
 
     def dataset_lookup(self, samples: np.ndarray):
         """(shard numbers, record numbers, index entries) of ``samples``."""
-        shard_ids = np.searchsorted(self._starts, samples, side="right") - 1
+        shard_ids = self.shard_of(samples)
         local = samples - self._starts[shard_ids]
         entries = np.empty(samples.shape, dtype=fmt.INDEX_DTYPE)
         for k in np.unique(shard_ids):
@@ -164,146 +176,3 @@ def _parse_limit(limit, cache_dir: str) -> int:
     if value < 1:
         raise ValueError(f"cache_limit {limit!r}: expected a positive size such as '20GB'")
     return value
-
-
-class RemoteShard:
-    """One record shard of a remote data set (see the module docstring)."""
-
-    def __init__(self, source: RemoteSource, number: int, entry: dict):
-        self.source, self.number, self.entry = source, number, entry
-        self.name = fmt.check_shard_name(entry["name"], source.url)
-        self.path = f"{source.url}/{self.name}"
-        self.size, self.expected_crc = entry["bytes"], entry["crc"]
-        self._index = self._header = self._meta_bytes = None
-        self.etag = None  # seen when the index was fetched; later reads require the same
-
-    # -- index ------------------------------------------------------------------------------
-    def _parse(self, page: bytes, tail: bytes, where: str) -> None:
-        """Validate header page + (index, metadata) bytes; keep them. Raises FormatError."""
-        header = fmt.unpack_header(page, self.size, where)
-        if header.header_crc != self.expected_crc:
-            raise fmt.FormatError(f"{where}: shard checksum {header.header_crc:#010x} differs "
-                                  f"from the manifest's {self.expected_crc:#010x}: the object "
-                                  f"was replaced or damaged")
-        index_bytes, meta = tail[:header.index_size], tail[header.index_size:]
-        if len(meta) != header.meta_size or fmt.crc32(index_bytes) != header.index_crc \
-                or fmt.crc32(meta) != header.meta_crc:
-            raise fmt.FormatError(f"{where}: index or metadata checksum mismatch: damaged shard")
-        index = fmt.index_from_buffer(index_bytes, header.num_records, where)
-        check_index(index, where, data_offset=header.data_offset, data_end=header.index_offset,
-                    num_classes=len(self.source.manifest["classes"]),
-                    max_pixels=self.source.max_pixels)  # the same checks as a local shard
-        self._header, self._index, self._meta_bytes = header, index, meta
-
-    def load_cached_index(self) -> bool:
-        """Use the cached header + index if present and intact; False if it must be fetched."""
-        data = cache_mod.read_file(self.source.cache.index_path(self.name))
-        if data is None:
-            return False
-        try:
-            self._parse(data[:fmt.HEADER_SIZE], data[fmt.HEADER_SIZE:], self.path)
-        except fmt.FormatError as exc:
-            if self.source.session.owner:
-                log.warning("cached index of %s is damaged (%s); fetching it again", self.path, exc)
-                return False
-            raise
-        return True
-
-    async def fetch_index(self) -> None:
-        """Two range requests: the header page, then index + metadata; cache them."""
-        store = self.source.store
-        if self.size < fmt.HEADER_SIZE:
-            raise fmt.FormatError(f"{self.path}: the manifest says {self.size} bytes, shorter "
-                                  f"than a {fmt.HEADER_SIZE}-byte header page")
-        page, self.etag = await store.aget_range(self.name, 0, fmt.HEADER_SIZE, with_etag=True)
-        page = bytes(page)
-        header = fmt.unpack_header(page, self.size, self.path)
-        tail = bytes(await store.aget_range(self.name, header.index_offset, self.size,
-                                            etag=self.etag))
-        self._parse(page, tail, self.path)
-        cache_mod.publish(self.source.cache.index_path(self.name), page + tail)
-
-    @property
-    def index(self) -> np.ndarray:
-        """The shard's index table (INDEX_DTYPE entries)."""
-        if self._index is None and not self.load_cached_index():
-            run_sync(self.fetch_index())
-        return self._index
-
-    @property
-    def header(self) -> fmt.ShardHeader:
-        """The parsed, validated header page."""
-        self.index  # noqa: B018 - loads header and index together
-        return self._header
-
-    def __len__(self) -> int:
-        return len(self.index)
-
-    def record_count(self) -> int:
-        """Records in the shard, from its (fetched, verified) header and index."""
-        return len(self.index)
-
-    def check_unchanged(self) -> None:
-        """Nothing to check: records come from immutable, verified cache files (published
-        by rename) and are returned as copies; a changed object is caught by its ETag."""
-        return None
-
-    def meta(self) -> dict:
-        """The shard's metadata JSON (checked against the header's CRC when loaded)."""
-        self.index  # noqa: B018
-        return fmt.decode_json(self._meta_bytes, f"{self.path} metadata")
-
-    # -- records ----------------------------------------------------------------------------
-    def file_view(self):
-        """None: records are separate verified files, not one mapped shard (the Loader then
-        reads record by record)."""
-        return None
-
-    def payload(self, j: int) -> bytes:
-        """Verified bytes of record ``j``: from this session's cache, else (main process
-        only) fetched now. Raises FormatError when the bytes fail their checksum."""
-        entry = self.index[j]
-        offset, length = int(entry["offset"]), int(entry["length"])
-        session = self.source.session
-        data = cache_mod.read_file(session.record_path(self.number, j))
-        if data is None:
-            data = _pread(session.pin_path(self.name), offset, length)
-        if data is None and self._planned(j):  # the prefetcher brings it: don't fetch twice
-            data = cache_mod.read_file(session.record_path(self.number, j)) or \
-                _pread(session.pin_path(self.name), offset, length)
-        if data is None:
-            data = self._fetch_now(j, offset, length)
-        if len(data) != length or fmt.crc32(data) != int(entry["crc"]):
-            raise fmt.FormatError(f"{self.path} record {j} (bytes {offset}-{offset + length - 1}): "
-                                  f"checksum mismatch in the downloaded bytes: the object in "
-                                  f"the bucket is damaged or was replaced")
-        return data
-
-    def _planned(self, j: int) -> bool:
-        active = self.source._active() if self.source._active else None
-        if active is None or self.source.store._pid != os.getpid():
-            return False
-        return active._planner.wait_record(self.number, int(self.source._starts[self.number]) + j)
-
-    def _fetch_now(self, j: int, offset: int, length: int) -> bytes:
-        if self.source.store._pid not in (None, os.getpid()) or not self.source.session.owner:
-            raise StorageError(
-                f"{self.path} record {j}: not in the local cache {self.source.session.dir}, and "
-                f"this process (pid {os.getpid()}) may not fetch it (only the process that "
-                f"opened the data set talks to the network); call dataset.start_prefetch(...) "
-                f"and wait for the batch first (the Loader does this)")
-        return self.source.store.get_range(self.name, offset, offset + length, etag=self.etag)
-
-    def __getstate__(self):
-        raise TypeError("RemoteShard is pickled as part of its Dataset, not on its own")
-
-
-def _pread(path: str, offset: int, length: int) -> bytes | None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return None
-    try:
-        return os.pread(fd, length, offset)
-    finally:
-        os.close(fd)

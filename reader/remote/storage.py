@@ -99,6 +99,12 @@ class Store:
         self.policy = dataclasses.replace(policy or Policy(), **tuned)
         self._store, self._pid = None, None
 
+    @property
+    def owner_pid(self) -> int | None:
+        """The process whose client this is (None before the first request): only that one
+        may talk to the network (the client is not fork-safe)."""
+        return self._pid
+
     def _client(self):
         if self._store is None:
             self._store = s3client.open_store(self.bucket, self.options,

@@ -356,3 +356,32 @@ def test_cuda_without_triton_asks_for_it_or_an_explicit_fallback(monkeypatch):
         use_device_transforms(None, cuda)
     assert use_device_transforms(False, cuda) is False  # the explicit host fallback
     assert use_device_transforms(None, torch.device("cpu")) is False
+
+
+# ---- the signature: every option visible to help(), IDEs and inspect -----------------------
+def test_signature_lists_every_option_keyword_only_with_its_default():
+    """Loader's signature is LoaderOptions' fields, each keyword-only with the same default,
+    and the class docstring names each one (help(Loader) documents them)."""
+    import dataclasses
+    import inspect
+
+    from dlpack_io.reader import LoaderOptions
+
+    params = inspect.signature(Loader).parameters
+    option_fields = dataclasses.fields(LoaderOptions)
+    assert list(params) == ["dataset"] + [f.name for f in option_fields] + ["options"]
+    doc = inspect.getdoc(Loader)
+    for f in option_fields:
+        assert params[f.name].kind is inspect.Parameter.KEYWORD_ONLY, f.name
+        assert params[f.name].default == f.default, f.name
+        assert f.name in doc, f"help(Loader) does not describe {f.name}"
+
+
+def test_options_object_or_keywords_but_not_both(packed):
+    from dlpack_io.reader import LoaderOptions
+
+    ds = Dataset(packed["raw"])
+    assert Loader(ds, options=LoaderOptions(batch_size=3, seed=5)).options.batch_size == 3
+    assert Loader(ds, batch_size=3, seed=5).options == LoaderOptions(batch_size=3, seed=5)
+    with pytest.raises(TypeError, match="not both"):
+        Loader(ds, options=LoaderOptions(batch_size=3), batch_size=4)

@@ -208,7 +208,7 @@ def test_skip_on_cuda_matches_the_cpu_twin(packed, kind):
 # ---- staging: batch k+1's copy starts before batch k is yielded -----------------------------
 def _wait_built(loader, ticket, deadline=60.0):
     """Hang guard: wait (on the runner's own readiness) until batch ``ticket`` is built."""
-    runner = loader._engine[1]
+    runner = loader._engine.runner
     end = time.monotonic() + deadline
     while not runner.ready(ticket):
         assert time.monotonic() < end, f"batch {ticket} not built within {deadline} s"
@@ -217,7 +217,7 @@ def _wait_built(loader, ticket, deadline=60.0):
 
 def _spy_stage(loader, log):
     """Record (in order) every batch the finisher is asked to stage, by its indices."""
-    finisher = loader._engine[2]
+    finisher = loader._engine.finisher
     real = finisher.stage
 
     def stage(hb):
@@ -234,7 +234,7 @@ def test_next_batch_is_staged_before_this_one_is_yielded(packed, device, staging
     ``no_staging()`` it starts only when k+1 is due. On CUDA the profiler shows k + 2 (k + 1)
     host->device copies issued before step k begins, copy k+1 running on the GPU before
     step k's work ends (it overlaps the step)."""
-    from dlpack_io.tools.bench.gpu_step import no_staging
+    from benchmarks.gpu_step.steps import no_staging
 
     ds = Dataset(packed["raw"])
     loader = Loader(ds, device=device, device_transforms=True,
@@ -408,7 +408,7 @@ def test_process_slots_are_pinned_while_the_loader_lives(packed):
                     **_base(transforms=[RandomResizedCrop(24)]))
     it = iter(loader)
     next(it)
-    slots = [torch.frombuffer(b, dtype=torch.uint8) for b in loader._engine[1].slot_buffers()]
+    slots = [torch.frombuffer(b, dtype=torch.uint8) for b in loader._engine.runner.slot_buffers()]
     assert slots and all(s.is_pinned() for s in slots)  # cudaHostRegister'ed
     for _ in it:
         pass
@@ -473,7 +473,7 @@ def test_thread_pools_are_kept_across_epochs_and_bounded(packed, device):
     host = _host_stats if cuda_ and "num_host_alloc" in _host_stats() else None
     before = host()["allocated_bytes.current"] if host else 0
     list(loader)
-    engine, pool = loader._engine, loader._engine[0].slots
+    engine, pool = loader._engine, loader._engine.job.slots
     slots = [(i, t.data_ptr()) for i, t in enumerate(pool._tensors) if t is not None]
     allocs = host()["num_host_alloc"] if host else 0
     segments = torch.cuda.memory_stats()["segment.all.allocated"] if cuda_ else 0
@@ -500,7 +500,7 @@ def test_ragged_thread_slots_stay_within_the_documented_bound(packed):
     for epoch in range(3):
         loader.set_epoch(epoch)
         list(loader)
-    pool = loader._engine[0].slots
+    pool = loader._engine.job.slots
     assert 0 < pool.nbytes() <= (2 + 2) * _slot_bound(loader, ds)
     loader.close()
 
@@ -512,13 +512,13 @@ def test_process_slots_are_the_documented_size_and_kept(packed):
     loader = Loader(ds, device_transforms=True, worker_kind="process", prefetch=2,
                     **_base(transforms=[RandomResizedCrop(24)]))
     list(loader)
-    runner, pids = loader._engine[1], loader.worker_pids()
+    runner, pids = loader._engine.runner, loader.worker_pids()
     buffers = runner.slot_buffers()
     h, w = largest_image(ds)
     assert [len(b) for b in buffers] == [8 * (h * w * 3 + 64) + 64] * (2 + 1)
     loader.set_epoch(1)
     list(loader)
-    assert loader._engine[1] is runner and loader.worker_pids() == pids
+    assert loader._engine.runner is runner and loader.worker_pids() == pids
     assert all(a is b for a, b in zip(runner.slot_buffers(), buffers))
     loader.close()
 
@@ -550,10 +550,10 @@ def test_compiled_variants_stay_bounded_as_batch_geometry_changes(packed):
     loader.close()
 
 
-# ---- the step benchmark (tools/bench/gpu_step.py) ---------------------------------------------
+# ---- the step benchmark (benchmarks/gpu_step) ------------------------------------------------
 def test_step_benchmark_runs_end_to_end_on_the_cpu(tmp_path, capsys):
     """The GPU session's step benchmark, tiny on the CPU: its logic, not its timings."""
-    from dlpack_io.tools.bench import gpu_step
+    from benchmarks.gpu_step import main as gpu_step
 
     out = tmp_path / "step.json"
     assert gpu_step.main(["--cpu-smoke", "--work-dir", str(tmp_path / "data"),

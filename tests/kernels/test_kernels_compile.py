@@ -138,17 +138,17 @@ def _compile_all():
     import triton
     from triton.backends.compiler import GPUTarget
 
-    from dlpack_io.kernels import _tiling, crop, resize
+    from dlpack_io.kernels import crop, launch, resize
     kernels = {"crop": crop._crop_flip_permute_kernel, "resize": resize._resized_crop_kernel,
                "resize_aa": resize._resized_crop_aa_kernel}
     results = []
     for name, out_type, consts in VARIANTS:
         fn = kernels[name].jitted()
-        consts = dict(consts, BLOCK_H=_tiling.BLOCK_H, BLOCK_W=_tiling.BLOCK_W)
+        consts = dict(consts, BLOCK_H=launch.BLOCK_H, BLOCK_W=launch.BLOCK_W)
         sig, attrs = _signature(fn, out_type, consts)
         src = triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs)
         out = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                             options={"num_warps": _tiling.NUM_WARPS, "enable_fp_fusion": False})
+                             options={"num_warps": launch.NUM_WARPS, "enable_fp_fusion": False})
         results.append(dict(facts(out.asm["ttgir"], out.asm["ptx"]), kernel=name,
                             variant=f"{name}-{out_type}-{consts}"))
     specialised = {n: [p.name for p in k.jitted().params if p.do_not_specialize]

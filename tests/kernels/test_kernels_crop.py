@@ -38,7 +38,7 @@ def _check(out, ref, dtype):
 
 
 def test_kernel_path_is_used():
-    from dlpack_io.kernels._triton import use_triton
+    from dlpack_io.kernels.launch import use_triton
     assert os.environ["TRITON_INTERPRET"] == "1" and use_triton(torch.device("cpu"))
 
 

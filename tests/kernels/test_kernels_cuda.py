@@ -19,8 +19,9 @@ import torch
 from dlpack_io.kernels import (crop_flip_permute, crop_flip_permute_packed, records as R,
                                reference, resized_crop, resized_crop_packed)
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(),
-                                reason="needs a CUDA GPU (docs/gpu.md)")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(),
+                                 reason="needs a CUDA GPU (docs/gpu.md)")]
 
 MEAN, STD = (0.485, 0.456, 0.406, 0.5), (0.229, 0.224, 0.225, 0.25)
 ATOL = {torch.float32: 1e-5, torch.float16: 2**-9, torch.bfloat16: 2**-6}

@@ -322,13 +322,14 @@ def test_order_as_permutations_equals_order_codes():
         reference.epilogue(chw, out_dtype=torch.float32, order=perms[:, :3], **factors)
 
 
-# --- the contrast-mean pass (_epilogue.contrast_means) ----------------------------------
+# --- the contrast-mean pass (launch.contrast_means) -------------------------------------
 
 def test_contrast_statistics_pass_runs_only_for_contrast_without_a_given_mean():
     """The statistics pass reads every pixel once more: it runs only when contrast is on and
     the caller gave no means; its partial sums (tile order) become per-sample means."""
-    from dlpack_io.kernels._colour import BRIGHTNESS, CONTRAST
-    from dlpack_io.kernels._epilogue import Epilogue, contrast_means
+    from dlpack_io.kernels.colour import BRIGHTNESS, CONTRAST
+    from dlpack_io.kernels.epilogue import Epilogue
+    from dlpack_io.kernels.launch import contrast_means
 
     launched = []
 

@@ -79,7 +79,7 @@ def _assert_finished_cleanly(dst):
 @in_forked_child
 def test_two_node_cluster_is_byte_identical_to_local(cluster, source, reference, tmp_path,
                                                      data_format, caplog):
-    caplog.set_level("INFO", logger="dlpack_io.packer.ray_engine")
+    caplog.set_level("INFO", logger="dlpack_io.packer.ray_cluster")
     dst = tmp_path / "ds"
     result = convert(source, dst, format=data_format, shard_size=SHARD, progress=False,
                      engine="ray", ray_address=cluster.address)
@@ -135,7 +135,7 @@ def test_a_stopped_conversion_lets_its_tasks_finish_instead_of_cancelling(
     of it runs once convert() has returned, and --resume finishes byte-identical."""
     import ray
 
-    from dlpack_io.packer import ray_engine
+    from dlpack_io.packer import ray_planner
 
     cancelled, submitted = [], []
     ray.cancel = lambda ref, **kwargs: cancelled.append(ref)  # this forked child's Ray only
@@ -146,7 +146,7 @@ def test_a_stopped_conversion_lets_its_tasks_finish_instead_of_cancelling(
     with pytest.raises(ConversionError, match="--on-error fail stops at the first bad input"):
         convert(source, tmp_path / "fail", on_error="fail", shuffle=False, **kwargs)
 
-    poll = ray_engine._RayPlanner.poll
+    poll = ray_planner.RayPlanner.poll
 
     def poll_then_ctrl_c(planner):
         poll(planner)
@@ -154,11 +154,11 @@ def test_a_stopped_conversion_lets_its_tasks_finish_instead_of_cancelling(
             submitted.extend(p[0] for p in planner.pending)
             raise KeyboardInterrupt
 
-    ray_engine._RayPlanner.poll = poll_then_ctrl_c
+    ray_planner.RayPlanner.poll = poll_then_ctrl_c
     dst = tmp_path / "ctrl-c"
     with pytest.raises(KeyboardInterrupt):
         convert(source, dst, **kwargs)
-    ray_engine._RayPlanner.poll = poll
+    ray_planner.RayPlanner.poll = poll
     assert submitted and cancelled == []
     _, running = ray.wait(submitted, num_returns=len(submitted), timeout=0, fetch_local=False)
     assert running == []
@@ -367,14 +367,14 @@ def test_a_task_that_keeps_dying_is_a_clear_error(cluster):
     """What the driver says when Ray gives up on a task whose worker dies every time."""
     import ray
 
-    from dlpack_io.packer.ray_engine import _result
+    from dlpack_io.packer.ray_results import task_result
 
     ray.init(address=cluster.address, log_to_driver=False, logging_level="WARNING")
     try:
         ref = ray.remote(max_retries=1)(lambda: os._exit(1)).remote()
         with pytest.raises(ConversionError, match=r"encoding a\.jpg \.\. b\.jpg: Ray gave up "
                                                   r"after 3 retries \(\w+Error.*--resume"):
-            _result(ray, ref, "encoding a.jpg .. b.jpg")
+            task_result(ray, ref, "encoding a.jpg .. b.jpg")
     finally:
         ray.shutdown()
 

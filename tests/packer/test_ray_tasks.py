@@ -37,7 +37,7 @@ def test_cutter_accounts_exactly_like_the_writer(tmp_path, data_format):
     rng = np.random.default_rng(0)
     cutter = ShardCutter(data_format, 10**9)
     writer = open_writer(data_format, tmp_path, 0, 0, 10**9)
-    from dlpack_io.packer.encode import EncodedRecord
+    from dlpack_io.packer.records import EncodedRecord
 
     for n in rng.integers(1, 5000, size=50):
         cutter.starts_new_shard(int(n))

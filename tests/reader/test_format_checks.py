@@ -9,7 +9,6 @@ indexcheck.py, shard.py, manifest.py, lmdbcheck.py and tools/verification.py to 
 import json
 import os
 import shutil
-import struct
 
 import numpy as np
 import pytest
@@ -17,7 +16,6 @@ import pytest
 from dlpack_io.reader import Dataset
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.format.indexcheck import check_index
-from dlpack_io.reader.manifest import NotADatasetError, load_manifest as read_manifest
 from dlpack_io.reader.shard import LmdbShard, RecordShard
 from dlpack_io.tools.verification import verify
 

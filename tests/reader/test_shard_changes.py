@@ -222,7 +222,7 @@ def test_a_changed_shard_is_not_skipped_like_a_bad_sample(packed):
     is no bad sample (every later read of it fails too): it is raised, not skipped."""
     from dlpack_io.reader.batch.plan import compile_spec
     from dlpack_io.reader.batch.errors import SampleError
-    from dlpack_io.reader.batch.host import BuildContext, skip_or_raise
+    from dlpack_io.reader.batch.build import BuildContext, skip_or_raise
     from dlpack_io.reader.safeio import ShardChangedError
 
     ctx = BuildContext(Dataset(packed["raw"]), compile_spec([]), skip=True)

@@ -12,7 +12,7 @@ import torch
 
 from dlpack_io.reader import (CenterCrop, ColorJitter, Normalize, RandomCrop,
                               RandomHorizontalFlip, RandomResizedCrop, RandomVerticalFlip, Resize)
-from dlpack_io.reader.batch.plan import (NEUTRAL_JITTER, compile_spec, draw_jitter,
+from dlpack_io.reader.batch.plan import (NEUTRAL_FACTORS, compile_spec, draw_jitter,
                                          full_image_boxes)
 from dlpack_io.reader.batch.geometry import ResizeThenCrop, decode_windows, round_boxes
 from dlpack_io.reader.batch.transforms import TransformError
@@ -76,7 +76,7 @@ def test_jitter_factors_lie_in_their_ranges_and_disabled_ops_are_neutral():
     assert np.array_equal(np.sort(order, axis=1), np.tile(np.arange(4), (3000, 1)))
     firsts = np.bincount(order[:, 0], minlength=4) / 3000  # each op comes first 1/4 of the time
     assert np.all(np.abs(firsts - 0.25) < 0.04), firsts
-    assert NEUTRAL_JITTER == (1.0, 1.0, 1.0, 0.0)
+    assert NEUTRAL_FACTORS == (1.0, 1.0, 1.0, 0.0)
     assert draw_jitter(None, 1, 0, idx) == (None, None)
 
 

@@ -1,8 +1,7 @@
-"""tools/bench/larger_than_ram.py: its parsers and limit arithmetic, page eviction of a
-mapped file, and one tiny end-to-end run (the fadvise method: no cgroup is created here)."""
+"""benchmarks/larger_than_ram: its parsers and limit arithmetic, page eviction of a mapped
+file, and one tiny end-to-end run (the fadvise method: no cgroup is created here)."""
 from __future__ import annotations
 
-import argparse
 import ctypes
 import json
 import mmap
@@ -12,42 +11,42 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.larger_than_ram import cache, cgroup, loader, main, measure, report
 from dlpack_io.reader import Dataset
-from dlpack_io.tools.bench import larger_than_ram as ltr
 
 PAGE = mmap.PAGESIZE
 
 
 def test_parse_fields_reads_proc_io_memory_stat_and_status():
     io = "rchar: 5000\nwchar: 10\nread_bytes: 4096\nwrite_bytes: 0\ncancelled_write_bytes: 0\n"
-    assert ltr.parse_fields(io) == {"rchar": 5000, "wchar": 10, "read_bytes": 4096,
+    assert cache.parse_fields(io) == {"rchar": 5000, "wchar": 10, "read_bytes": 4096,
                                     "write_bytes": 0, "cancelled_write_bytes": 0}
     stat = "cache 1048576\nrss 2097152\npgmajfault 17\ntotal_cache 1048576\n"
-    assert ltr.parse_fields(stat)["pgmajfault"] == 17
-    assert ltr.parse_fields(stat)["cache"] == 1 << 20
+    assert cache.parse_fields(stat)["pgmajfault"] == 17
+    assert cache.parse_fields(stat)["cache"] == 1 << 20
     status = "Name:\tpython\nRssAnon:\t   1200 kB\nRssFile:\t     8 kB\nThreads:\t3\n"
-    assert ltr.parse_fields(status) == {"RssAnon": 1200 * 1024, "RssFile": 8192, "Threads": 3}
+    assert cache.parse_fields(status) == {"RssAnon": 1200 * 1024, "RssFile": 8192, "Threads": 3}
 
 
 def test_cgroup_limit_is_anon_plus_cache_page_rounded():
-    mb = ltr.MB
-    assert ltr.cgroup_limit(300 * mb, 256 * mb) == 556 * mb
-    assert ltr.cgroup_limit(1, 0) == PAGE
-    assert ltr.cgroup_limit(PAGE + 1, PAGE) == 3 * PAGE
+    mb = cache.MB
+    assert cgroup.cgroup_limit(300 * mb, 256 * mb) == 556 * mb
+    assert cgroup.cgroup_limit(1, 0) == PAGE
+    assert cgroup.cgroup_limit(PAGE + 1, PAGE) == 3 * PAGE
 
 
 def test_contenders_come_from_the_registry_with_global_always_in():
     from dlpack_io.tools.bench import families
 
     ram = families.BY_SECTION["ram"]
-    assert ltr.contenders() == ram and list(ram)[0] == "global"
-    assert list(ltr.contenders("block-256x4")) == ["global", "block-256x4"]
-    assert ltr.geometry(ram["global"]) == (256, 16)  # the Loader's defaults
-    assert ltr.geometry(ram["block-256x4"]) == (256, 4)
+    assert measure.contenders() == ram and list(ram)[0] == "global"
+    assert list(measure.contenders("block-256x4")) == ["global", "block-256x4"]
+    assert loader.geometry(ram["global"]) == (256, 16)  # the Loader's defaults
+    assert loader.geometry(ram["block-256x4"]) == (256, 4)
     with pytest.raises(ValueError, match=r"unknown contender\(s\) \['nope'\]"):
-        ltr.contenders("global,nope")
+        measure.contenders("global,nope")
     with pytest.raises(SystemExit, match="unknown contender"):  # before any data is made
-        ltr.main(["--root", "/nonexistent/never-made", "--only", "block-9x9"])
+        main.main(["--root", "/nonexistent/never-made", "--only", "block-9x9"])
 
 
 def _rand_read_flags(files) -> list:
@@ -68,7 +67,7 @@ def test_ram_loader_builds_the_family_loader_and_advises_its_mappings(image_fold
     from dlpack_io.tools.bench import families
 
     convert(image_folder, tmp_path / "ds", shard_size="20KB", progress=False)
-    files = ltr.shard_files(tmp_path / "ds")
+    files = cache.shard_files(tmp_path / "ds")
     ram = families.BY_SECTION["ram"]
     block = families.build(ram["block-256x4"], tmp_path / "ds", "jpeg", 16, 4, 0)
     o = block.options
@@ -83,17 +82,17 @@ def test_ram_loader_builds_the_family_loader_and_advises_its_mappings(image_fold
     families.build(ram["global-madv-random"], tmp_path / "ds", "jpeg", 16, 4, 0)
     assert all(_rand_read_flags(files))  # every mapping of the shards in this process
     with pytest.raises(ValueError, match=r"advice='sequential': expected one of"):
-        ltr.ram_loader(tmp_path / "ds", "jpeg", 16, 4, 0, shuffle="global", advice="sequential")
+        loader.ram_loader(tmp_path / "ds", "jpeg", 16, 4, 0, shuffle="global", advice="sequential")
 
 
 def test_write_section_replaces_only_its_own_section(tmp_path):
     doc = tmp_path / "bench.md"
     doc.write_text("# Benchmarks\n\n## Loader\n\nkeep me\n")
-    ltr.write_section(doc, ltr.SECTION + "\n\nfirst\n")
-    assert doc.read_text() == f"# Benchmarks\n\n## Loader\n\nkeep me\n\n{ltr.SECTION}\n\nfirst\n"
+    report.write_section(doc, report.SECTION + "\n\nfirst\n")
+    assert doc.read_text() == f"# Benchmarks\n\n## Loader\n\nkeep me\n\n{report.SECTION}\n\nfirst\n"
     doc.write_text(doc.read_text() + "\n## Later\n\nalso kept\n")
-    ltr.write_section(doc, ltr.SECTION + "\n\nsecond\n")
-    assert doc.read_text() == (f"# Benchmarks\n\n## Loader\n\nkeep me\n\n{ltr.SECTION}\n\n"
+    report.write_section(doc, report.SECTION + "\n\nsecond\n")
+    assert doc.read_text() == (f"# Benchmarks\n\n## Loader\n\nkeep me\n\n{report.SECTION}\n\n"
                                f"second\n\n## Later\n\nalso kept\n")
 
 
@@ -128,10 +127,10 @@ def test_unmap_and_drop_evict_pages_this_process_has_mapped(tmp_path):
     try:
         ctypes.string_at(addr, size)  # fault every page in
         assert _resident_pages(addr, size) == 64
-        ltr.drop_cache([path])  # fadvise alone leaves mapped pages alone
+        cache.drop_cache([path])  # fadvise alone leaves mapped pages alone
         assert _resident_pages(addr, size) > 0
-        ltr.advise_mappings([path], ltr.MADV_DONTNEED)
-        ltr.drop_cache([path])
+        cache.advise_mappings([path], cache.MADV_DONTNEED)
+        cache.drop_cache([path])
         assert _resident_pages(addr, size) == 0
         assert ctypes.string_at(addr, size) == path.read_bytes()  # re-faults from the file
     finally:
@@ -142,7 +141,7 @@ def test_unmap_and_drop_evict_pages_this_process_has_mapped(tmp_path):
 def test_tiny_run_end_to_end(tmp_path):
     doc = tmp_path / "benchmarks.md"
     doc.write_text("# Benchmarks\n")
-    res = ltr.main(["--root", str(tmp_path / "work"), "--images", "24", "--image-size", "60x80",
+    res = main.main(["--root", str(tmp_path / "work"), "--images", "24", "--image-size", "60x80",
                     "--modes", "jpeg", "--crop", "32", "--batch", "8", "--rounds", "1",
                     "--reference", "cold", "--method", "fadvise", "--cache-mb", "1",
                     "--only", "block-256x4",
@@ -154,7 +153,7 @@ def test_tiny_run_end_to_end(tmp_path):
     assert set(m["runs"]) == {"global, limited", "block-256x4, limited", "global, cold",
                               "block-256x4, cold"}
     assert m["labels"] == {"global": "global", "block-256x4": "block 256x4"}
-    assert m["data_bytes"] == sum(f.stat().st_size for f in ltr.shard_files(tmp_path / "work/ds_jpeg"))
+    assert m["data_bytes"] == sum(f.stat().st_size for f in cache.shard_files(tmp_path / "work/ds_jpeg"))
     for label in ("global", "block-256x4"):
         (cold,) = m["runs"][f"{label}, cold"]
         assert cold["images"] == 24 and "cg_majfault" not in m["reference"][label]["cold"]
@@ -172,9 +171,9 @@ def test_tiny_run_end_to_end(tmp_path):
     assert m["quality"]["global"]["class_mix"] == pytest.approx(1.0, abs=0.1)
     assert m["quality"]["block-256x4"]["working_set"] == pytest.approx(1024 * m["data_bytes"] / 24)
     text = doc.read_text()
-    assert text.startswith("# Benchmarks\n\n" + ltr.SECTION)
+    assert text.startswith("# Benchmarks\n\n" + report.SECTION)
     assert "limited by **fadvise** to 1 MB" in text and "| block 256x4 | 1 MB |" in text
     assert m["readahead_kb"] is None or m["readahead_kb"] > 0
     again = tmp_path / "again.md"
-    ltr.main(["--render", str(tmp_path / "out.json"), "--write", str(again)])
+    main.main(["--render", str(tmp_path / "out.json"), "--write", str(again)])
     assert again.read_text() == text  # a saved run renders to the same section

@@ -1,18 +1,22 @@
-"""tools/bench/kernels.py runs end to end (tiny, CPU, Triton interpreter) and fails clearly
+"""benchmarks/kernels runs end to end (tiny, CPU, Triton interpreter) and fails clearly
 without a GPU, so the one-command H100 run in a later session does not trip on its logic;
 its model of the JPEG loader's batch (regions decoded at reduced scale) is checked here, and
-the GPU checklist's command name (``python -m dlpack_io.tools.bench_kernels``) still runs it."""
+the GPU checklist's command (``python -m benchmarks.kernels``, from the repository root)
+runs it."""
 
 import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from dlpack_io.tools.bench import kernels as bench_kernels
-from dlpack_io.tools.bench import kernels_cases
+from benchmarks.kernels import cases as kernels_cases
+from benchmarks.kernels import main as bench_kernels
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository root: where benchmarks/ is found
 
 
 def test_cpu_smoke_writes_table_and_json(tmp_path, monkeypatch, capsys):
@@ -70,8 +74,8 @@ def test_without_cuda_exits_with_a_clear_message(tmp_path, capsys):
     assert not (tmp_path / "x.json").exists()
 
 
-def test_checklist_command_name_runs_the_same_benchmark():
-    done = subprocess.run([sys.executable, "-m", "dlpack_io.tools.bench_kernels", "--help"],
-                          capture_output=True, text=True, timeout=120)
+def test_checklist_command_runs_the_benchmark():
+    done = subprocess.run([sys.executable, "-m", "benchmarks.kernels", "--help"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert "Benchmark the fused Triton kernels" in done.stdout and "--cpu-smoke" in done.stdout

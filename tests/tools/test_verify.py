@@ -70,7 +70,7 @@ SECTION_PROBLEM = {
     "header_padding": ("{path}", rf"{{path}}: header padding \(bytes {fmt.HEADER_STRUCT.size}..4095\) "
                                  r"is not zero"),
     "index_label": ("{path}", rf"{{path}}: index checksum mismatch \(stored {HEX}, computed {HEX}\)"),
-    "index_offset": ("{path}", rf"{{path}}: index checksum mismatch"),
+    "index_offset": ("{path}", r"{path}: index checksum mismatch"),
     "data_first": ("{path} record 0", r"record checksum mismatch: damaged data"),
     "data_last": ("{path} record {last}", r"record checksum mismatch: damaged data"),
     "padding": ("{path} record {gap}", r"padding bytes \d+..\d+ after the record are not \d+ zeros"),
@@ -272,11 +272,11 @@ def test_shard_truncated_while_verify_reads_it(record_copy, monkeypatch, when):
     metadata at the end of the file faults first; after the metadata was read, every
     record does (the guarded copy turns each SIGBUS into an error)."""
     from dlpack_io.reader import jpegdecode
-    from dlpack_io.tools import verification
+    from dlpack_io.tools import shardcheck
 
     if not jpegdecode.have_extension():
         pytest.skip("the SIGBUS guard is in the C extension")
-    real_open = verification.open_shard
+    real_open = shardcheck.open_shard
     path = str(record_copy / "shard-00001.rec")
 
     def open_then_truncate(dataset, entry, *args, **kw):
@@ -296,7 +296,7 @@ def test_shard_truncated_while_verify_reads_it(record_copy, monkeypatch, when):
             shard.meta = meta_then_truncate
         return shard
 
-    monkeypatch.setattr(verification, "open_shard", open_then_truncate)
+    monkeypatch.setattr(shardcheck, "open_shard", open_then_truncate)
     problems = _problem_list(record_copy)
     if when == "after-open":
         assert [w for w, _ in problems] == [path]

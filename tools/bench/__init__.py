@@ -1,4 +1,4 @@
-"""Every benchmark of dlpack, in one package; every contender in one registry (``families``).
+"""``dlpack bench``: the contests of contenders; every contender in one registry (``families``).
 
 ``dlpack bench SRC --section convert,loader,remote`` (:func:`runner.run_bench`) runs the
 sections that compare contenders on SRC's JPEGs:
@@ -12,11 +12,15 @@ sections that compare contenders on SRC's JPEGs:
 - remote: ``remote`` (SeaweedFS + ``latencyproxy``, first epoch from S3), ``contenders_remote``,
   ``remote_report``;
 
-then ``report`` / ``charts`` write bench.json, bench.md and PNGs. Benchmarks with their own
-command (``python -m dlpack_io.tools.bench.<name>``): ``remote_clients`` (which S3 client),
-``convert_ray`` (+ ``rayhost``: the Ray engine against the local one), ``kernels`` (+
-``kernels_cases``: the Triton kernels on a GPU), ``fidelity`` (read-time cost of original
-JPEG bytes; photo-like data), ``cost_of_checks`` (cost of the untrusted-input checks),
+then ``report`` / ``charts`` write bench.json, bench.md and PNGs. This package holds exactly
+what ``dlpack bench`` runs, and the command imports it only when it runs (tools/cli_bench.py).
+The benchmarks with their own command are not part of the product: they live in the
+repository's ``benchmarks/`` folder (``python -m benchmarks.<name>`` from the repository
+root; not in the wheel): ``remote_clients`` (which S3 client), ``convert_ray`` (the Ray
+engine against the local one), ``kernels`` (the Triton kernels on a GPU), ``gpu_step``
+(exposed data time per training step), ``fidelity`` (read-time cost of original JPEG bytes;
+photo-like data), ``cost_of_checks`` (cost of the untrusted-input checks),
 ``larger_than_ram`` (global vs block shuffle under a page cache smaller than the data).
-``seaweed`` and ``latencyproxy`` also serve the tests.
+Their contenders are still named in ``families`` (the one registry). ``seaweed`` and
+``latencyproxy`` also serve the tests and ``benchmarks.remote_clients``.
 """

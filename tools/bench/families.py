@@ -20,16 +20,19 @@ ram        ``f(path, mode, crop, batch_size, workers, **options) -> Loader`` (it
 
 ``reads[mode]`` is the store a family reads in that mode: another convert family's name
 ("numpy": its decoded arrays), or "src" (the JPEG folder itself); a mode not in ``reads``
-is not supported. ``dlpack bench`` runs the convert, loader and remote sections;
-``s3-client`` (remote_clients), ``ray`` (convert_ray) and ``ram`` (larger_than_ram) have
-their own commands.
+is not supported. ``dlpack bench`` runs the convert, loader and remote sections, whose
+builders live in this package; ``s3-client`` (``python -m benchmarks.remote_clients``),
+``ray`` (``benchmarks.convert_ray``) and ``ram`` (``benchmarks.larger_than_ram``) are run by
+the standalone benchmarks of the repository's ``benchmarks/`` folder (not in the wheel), so
+their builders name modules there, imported only by those benchmarks.
 """
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
 
-_B = "dlpack_io.tools.bench."
+_B = "dlpack_io.tools.bench."   # builders of the sections `dlpack bench` runs (in the wheel)
+_S = "benchmarks."               # builders of the standalone benchmarks (repository only)
 SECTIONS = ("convert", "loader", "remote", "s3-client", "ray", "ram")
 BENCH_SECTIONS = ("convert", "loader", "remote")   # what `dlpack bench --section` runs
 
@@ -145,26 +148,26 @@ FAMILIES += [
     Family("ours-local", "ours on local disk (page cache dropped)", _B + "contenders_remote:local",
            {"jpeg": "ours"}, "remote"),
     # ---- s3-client: many ~100 KB range GETs in flight (remote_clients) ----
-    Family("boto3+threads", "boto3, one client, a thread pool", _B + "remote_clients:boto3_fetch",
+    Family("boto3+threads", "boto3, one client, a thread pool", _S + "remote_clients:boto3_fetch",
            {}, "s3-client", needs="boto3"),
     Family("obstore", "obstore, get_range_async under a semaphore",
-           _B + "remote_clients:obstore_fetch", {}, "s3-client", needs="obstore"),
+           _S + "remote_clients:obstore_fetch", {}, "s3-client", needs="obstore"),
     # ---- ray: convert --engine ray against the local engine (convert_ray) ----
-    Family("local", "local", _B + "convert_ray:local_engine", {"jpeg": "src"}, "ray"),
-    Family("ray-running", "ray, cluster running", _B + "convert_ray:ray_engine",
+    Family("local", "local", _S + "convert_ray.engines:local_engine", {"jpeg": "src"}, "ray"),
+    Family("ray-running", "ray, cluster running", _S + "convert_ray.engines:ray_engine",
            {"jpeg": "src"}, "ray", options={"running": True}),
-    Family("ray-private", "ray, private cluster", _B + "convert_ray:ray_engine",
+    Family("ray-private", "ray, private cluster", _S + "convert_ray.engines:ray_engine",
            {"jpeg": "src"}, "ray", options={"running": False}),
     # ---- ram: our Loader's epochs under a page cache smaller than the data (larger_than_ram) ----
     # (labels as in docs/benchmarks.md; block 256x16 is the Loader's default geometry)
-    Family("global", "global", _B + "larger_than_ram:ram_loader", OURS, "ram",
+    Family("global", "global", _S + "larger_than_ram.loader:ram_loader", OURS, "ram",
            options={"shuffle": "global"}),
-    Family("block-256x16", "block 256x16", _B + "larger_than_ram:ram_loader",
+    Family("block-256x16", "block 256x16", _S + "larger_than_ram.loader:ram_loader",
            OURS, "ram", options={"shuffle": "block", "block_size": 256, "block_window": 16}),
-    Family("block-256x4", "block 256x4", _B + "larger_than_ram:ram_loader", OURS, "ram",
+    Family("block-256x4", "block 256x4", _S + "larger_than_ram.loader:ram_loader", OURS, "ram",
            options={"shuffle": "block", "block_size": 256, "block_window": 4}),
     Family("global-madv-random", "global, MADV_RANDOM",
-           _B + "larger_than_ram:ram_loader", OURS, "ram",
+           _S + "larger_than_ram.loader:ram_loader", OURS, "ram",
            options={"shuffle": "global", "advice": "random"}),
 ]
 BY_SECTION = {s: {f.name: f for f in FAMILIES if f.section == s} for s in SECTIONS}

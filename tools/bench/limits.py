@@ -97,7 +97,8 @@ def gather_vs_memcpy(raw_path, rounds: int = 3) -> dict:
     into a reused buffer (plan + gather: a device-path worker's CPU share), medians."""
     from dlpack_io.reader import Dataset
     from dlpack_io.reader.batch.plan import compile_spec, plan_batch
-    from dlpack_io.reader.batch.host import BuildContext, Scratch, gather_batch
+    from dlpack_io.reader.batch.build import BuildContext, Scratch
+    from dlpack_io.reader.batch.gather import gather_batch
 
     ds = Dataset(raw_path)
     spec, per_image = compile_spec([]), ds.record(0)[0].nbytes
@@ -129,7 +130,8 @@ def decode_breakdown(jpeg_path, count: int = 300, rounds: int = 5) -> dict:
 
     from dlpack_io.reader import Dataset, RandomHorizontalFlip, RandomResizedCrop, jpegdecode
     from dlpack_io.reader.batch.plan import compile_spec, plan_batch
-    from dlpack_io.reader.batch.host import BuildContext, Scratch, fill_range
+    from dlpack_io.reader.batch.build import BuildContext, Scratch
+    from dlpack_io.reader.batch.host import fill_range
 
     ds = Dataset(jpeg_path)
     idx = np.arange(min(count, len(ds)))

@@ -1,0 +1,33 @@
+"""The standalone benchmarks of dlpack: not part of the product, not in the wheel.
+
+Run them from the repository root (this folder is not installed; ``python -m`` finds it in
+the current directory), with the project installed in the same environment::
+
+    python -m benchmarks.larger_than_ram    global vs block shuffle, page cache < data
+    python -m benchmarks.convert_ray        --engine ray against the local engine
+    python -m benchmarks.kernels            the Triton kernels on a GPU (--cpu-smoke: none)
+    python -m benchmarks.gpu_step           exposed data time per training step on a GPU
+    python -m benchmarks.remote_clients     which S3 client the prefetch planner should use
+    python -m benchmarks.cost_of_checks     what the untrusted-input checks cost
+    python -m benchmarks.fidelity           read-time cost of original JPEG bytes; photo data
+
+``dlpack bench`` (the contests of contenders: convert, loader, remote) is part of the
+product and lives in ``dlpack_io.tools.bench``; every contender of every benchmark, these
+included, is named in its registry (``tools/bench/families.py``). docs/benchmarks.md holds
+the results and the commands that produced them.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent  # the repository root, where `benchmarks` is found
+
+
+def child_env() -> dict:
+    """``os.environ`` with the repository root first on PYTHONPATH: a benchmark's child
+    process (``python -m benchmarks....``) then finds this folder whatever its working
+    directory, as the parent did."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    return env

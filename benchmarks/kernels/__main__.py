@@ -1,0 +1,6 @@
+"""``python -m benchmarks.kernels``."""
+import sys
+
+from benchmarks.kernels.main import main
+
+sys.exit(main())

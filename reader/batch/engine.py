@@ -1,0 +1,107 @@
+"""The machinery behind one Loader: a build job, the workers that run it and the finisher
+that puts batches on their device (an :class:`Engine`, kept across epochs), and the delivery
+loop that keeps batches in flight and yields them in order.
+
+The loop keeps ``in_flight`` batches submitted, gates batches of a remote data set on the
+prefetcher where workers cannot fetch (processes), and starts the next batch's device copy
+before the current batch is yielded, so that the copy overlaps the training step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dlpack_io.reader.batch.buffers import BufferPool
+from dlpack_io.reader.batch.build import BuildContext
+from dlpack_io.reader.batch.device import DeviceFinisher, HostFinisher
+from dlpack_io.reader.batch.jobs import FinishedJob, GatherJob
+from dlpack_io.reader.batch.processes import ProcessRunner
+from dlpack_io.reader.batch.runners import SerialRunner, ThreadRunner
+
+
+@dataclass
+class Engine:
+    """A Loader's job, runner (workers) and finisher."""
+
+    job: object
+    runner: object
+    finisher: object
+
+    def close(self) -> None:
+        """Stop the workers; copies in flight finish before their slots go away."""
+        self.finisher.close()
+        self.runner.close()
+
+
+def make_engine(o, dataset, spec, device, device_transforms: bool) -> Engine:
+    """The Engine for LoaderOptions ``o`` reading ``dataset`` with compiled ``spec``."""
+    ctx = BuildContext(dataset, spec, o.seed, o.on_error == "skip",
+                       bool(dataset.verify_checksums), o.sample_transform)
+    cuda = device.type == "cuda"
+    if device_transforms:
+        job = GatherJob(ctx, o.in_flight + 2, pin=cuda)
+        finisher = DeviceFinisher(spec, device)
+    else:
+        job = FinishedJob(ctx, BufferPool(2 * o.in_flight + 4, pin_memory=cuda), o.num_workers)
+        finisher = HostFinisher(device)
+    if o.num_workers == 0:
+        runner = SerialRunner(job)
+    elif o.worker_kind == "process":
+        runner = ProcessRunner(job, o.num_workers, job.slot_bytes(o.batch_size),
+                               o.in_flight + 1, timeout=o.timeout, describe=dataset.where)
+        if device_transforms:
+            finisher.pin(runner.slot_buffers())  # slots are read by the device copy
+    else:
+        runner = ThreadRunner(job, o.num_workers, timeout=o.timeout, describe=dataset.where)
+    return Engine(job, runner, finisher)
+
+
+def stage_next(runner, finisher, ticket):
+    """Take a built batch early and start its copy to the device, so that the copy overlaps
+    the training step on the batch before it; a failure is returned, raised when it is due."""
+    try:
+        hb = runner.get(ticket)
+    except Exception as exc:  # noqa: BLE001 - delivered in order, one batch later
+        return exc
+    finisher.stage(hb)
+    return hb
+
+
+def deliver(engine: Engine, batches, start: int, ticket0: int, prefetch, epoch: int,
+            in_flight: int):
+    """Run ``batches[start:]`` (runner tickets from ``ticket0 + start``) and yield
+    ``(k, built batch, images, labels)`` in order; ``prefetch`` (or None) is the remote
+    data set's prefetch of ``batches[start:]``."""
+    runner, finisher, total = engine.runner, engine.finisher, len(batches)
+    # Remote data: thread workers read records as the prefetcher lands them (they wait
+    # per record in this process); worker processes only read the local cache, so a
+    # batch goes to them once its records are all there (the next one due: waited for;
+    # later ones: only when already complete, so the first batch is not held up).
+    gated = prefetch is not None and isinstance(runner, ProcessRunner)
+    submitted, staged = start, None
+    for k in range(start, total):
+        finisher.reclaim()
+        while submitted < min(total, k + in_flight):
+            if not runner.can_submit():
+                if submitted > k:
+                    break  # batch k is on its way; the rest waits for free slots
+                finisher.reclaim(block=True)  # slots held by finished device copies
+            if gated and submitted > k and not prefetch.ready(submitted - start):
+                break
+            if gated:
+                prefetch.wait(submitted - start)
+            runner.submit(ticket0 + submitted, batches[submitted], epoch)
+            submitted += 1
+        if prefetch is not None:
+            prefetch.wait(k - start)  # the batch due next: the prefetcher may overcommit
+        if staged is None and not runner.ready(ticket0 + k):
+            finisher.reclaim(block=True)  # a worker may be waiting for a held buffer
+        hb = staged if staged is not None else runner.get(ticket0 + k)
+        if isinstance(hb, BaseException):  # batch k failed while it was being staged
+            raise hb
+        staged = None
+        if k + 1 < submitted and runner.ready(ticket0 + k + 1):
+            staged = stage_next(runner, finisher, ticket0 + k + 1)
+        images, labels = finisher.finish(hb)
+        if prefetch is not None:
+            prefetch.release(k - start)
+        yield k, hb, images, labels

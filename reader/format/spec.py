@@ -1,0 +1,219 @@
+"""The byte layout of a shard: magic, version, header page, index entries, record offsets,
+kinds and colours, and the limits every number read from disk is held to. Imported through
+:mod:`dlpack_io.reader.format`, which documents the whole layout."""
+from __future__ import annotations
+
+import re
+import struct
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+
+MAGIC = b"DLPKSHRD"
+FORMAT_VERSION = 2     # 2: index entries carry orientation + colour (was "reserved" in 1)
+HEADER_SIZE = 4096
+RECORD_ALIGN = 64
+MANIFEST_NAME = "manifest.json"
+REJECTS_NAME = "rejects.tsv"
+MANIFEST_KIND = "dlpack-dataset"
+
+FORMATS = ("record", "lmdb")
+MODES = ("jpeg", "raw")
+SHARD_SUFFIX = {"record": ".rec", "lmdb": ".lmdb"}
+SHARD_NAME_RE = re.compile(r"^shard-\d{5,}\.(rec|lmdb)$")
+
+# Record kinds stored in INDEX_DTYPE["kind"].
+KIND_JPEG = 0   # payload is a complete JPEG file (baseline or progressive, any colour)
+KIND_RAW = 1    # payload is height*width*channels uint8 pixels, HWC, row-major
+
+# INDEX_DTYPE["colour"]: how a JPEG record's pixels are stored (all decode to RGB; raw: 0).
+COLOUR_YCC = 0    # 3 components: YCbCr (or RGB by Adobe marker): decoded as is
+COLOUR_GRAY = 1   # 1 component: grey replicated to R = G = B
+COLOUR_CMYK = 2   # 4 components (CMYK or YCCK, Adobe-inverted): Pillow's CMYK -> RGB
+COLOURS = (COLOUR_YCC, COLOUR_GRAY, COLOUR_CMYK)
+
+# magic, version, header_size, num_records, data_offset, data_size, index_offset,
+# index_size, meta_offset, meta_size, record_align, index_entry_size, index_crc,
+# meta_crc, header_crc (CRC of the preceding bytes of this struct).
+HEADER_STRUCT = struct.Struct("<8sIIQQQQQQQIIIII")
+
+INDEX_DTYPE = np.dtype([
+    ("offset", "<u8"),    # byte offset of the record from the start of the shard file
+    ("length", "<u4"),    # payload length in bytes
+    ("label", "<i4"),     # class index into manifest["classes"]
+    ("crc", "<u4"),       # CRC-32 of the payload
+    ("height", "<u4"),    # image height in pixels (after any packing transform)
+    ("width", "<u4"),     # image width in pixels
+    ("channels", "u1"),   # 3 (every record decodes to RGB)
+    ("kind", "u1"),       # KIND_JPEG or KIND_RAW
+    ("orientation", "u1"),  # EXIF orientation 1..8 the reader applies (1: upright; raw: 1)
+    ("colour", "u1"),     # COLOUR_* of a JPEG record's stored pixels (raw: 0)
+])
+INDEX_ENTRY_SIZE = INDEX_DTYPE.itemsize  # 32
+
+# LMDB shards: one single-file environment per shard; record i under key LMDB_RECORD_KEY(i)
+# (8-byte big-endian, so lexicographic key order is index order); index table bytes and
+# metadata JSON under fixed keys. LMDB has no header page: the metadata JSON carries
+# magic, version, counts and the index CRC instead.
+LMDB_INDEX_KEY = b"__index__"
+LMDB_META_KEY = b"__meta__"
+
+# Limits a reader applies to data it did not make (docs/FORMAT.md, "Limits"). Every record
+# is checked against them when its shard is opened, before anything is sized from it.
+MAX_SIDE = 65535                  # largest height or width: the JPEG format's own maximum
+DEFAULT_MAX_PIXELS = 89_478_485   # height x width; Pillow's decompression-bomb warning level,
+#                                   also the default of `dlpack convert --max-pixels`
+MAX_MANIFEST_BYTES = 256 * 2**20  # a manifest is read whole; larger ones are refused
+MAX_JSON_INT = 2**63 - 1          # counts, sizes and offsets in JSON must fit in int64
+
+
+def version_error(where: str, version) -> str:
+    """The message for a data set of another format version: what to do about it."""
+    if isinstance(version, int) and version < FORMAT_VERSION:
+        return (f"{where}: format version {version}, this dlpack reads version "
+                f"{FORMAT_VERSION} (version 2 added EXIF orientation and colour to the index); "
+                f"re-pack it with this dlpack: dlpack convert SRC DST --overwrite")
+    return (f"{where}: format version {version}, this dlpack reads version {FORMAT_VERSION}; "
+            f"upgrade dlpack (pip install -U dlpack-io) to read it")
+
+
+class FormatError(Exception):
+    """A file of the data set is not what this format version says it must be.
+
+    The message names the file, what was found and what was expected.
+    """
+
+
+def crc32(data) -> int:
+    """CRC-32 (zlib polynomial) of a bytes-like object, as an unsigned int."""
+    return zlib.crc32(data) & 0xFFFFFFFF
+
+
+def align_up(value: int, alignment: int = RECORD_ALIGN) -> int:
+    """Smallest multiple of ``alignment`` that is >= ``value``."""
+    return (value + alignment - 1) // alignment * alignment
+
+
+def shard_name(shard_number: int, fmt: str) -> str:
+    """File name of shard ``shard_number`` for format ``fmt`` (``record`` or ``lmdb``)."""
+    return f"shard-{shard_number:05d}{SHARD_SUFFIX[fmt]}"
+
+
+def lmdb_record_key(index: int) -> bytes:
+    """LMDB key of record ``index`` within its shard."""
+    return struct.pack(">Q", index)
+
+
+@dataclass(frozen=True)
+class ShardHeader:
+    """Parsed header page of a record shard."""
+
+    num_records: int
+    data_offset: int
+    data_size: int
+    index_offset: int
+    index_size: int
+    meta_offset: int
+    meta_size: int
+    index_crc: int
+    meta_crc: int
+    header_crc: int
+
+
+def pack_header(num_records, data_size, meta_size, index_crc, meta_crc) -> tuple[bytes, ShardHeader]:
+    """Build the 4096-byte header page for a shard with the given section sizes.
+
+    Sections follow each other: header, data (``data_size`` bytes, already padded to
+    RECORD_ALIGN), index, metadata.
+    """
+    data_offset = HEADER_SIZE
+    index_offset = data_offset + data_size
+    index_size = num_records * INDEX_ENTRY_SIZE
+    meta_offset = index_offset + index_size
+    fields = (MAGIC, FORMAT_VERSION, HEADER_SIZE, num_records, data_offset, data_size,
+              index_offset, index_size, meta_offset, meta_size, RECORD_ALIGN,
+              INDEX_ENTRY_SIZE, index_crc, meta_crc)
+    body = HEADER_STRUCT.pack(*fields, 0)[:-4]
+    header_crc = crc32(body)
+    page = (body + struct.pack("<I", header_crc)).ljust(HEADER_SIZE, b"\0")
+    header = ShardHeader(num_records, data_offset, data_size, index_offset, index_size,
+                         meta_offset, meta_size, index_crc, meta_crc, header_crc)
+    return page, header
+
+
+def unpack_header(page, file_size: int, where: str) -> ShardHeader:
+    """Parse and validate a header page read from a shard of ``file_size`` bytes.
+
+    Raises FormatError naming ``where`` on a wrong magic, version, checksum or any
+    section that does not lie inside the file in the order the spec requires.
+    """
+    if len(page) < HEADER_SIZE or file_size < HEADER_SIZE:
+        raise FormatError(f"{where}: file is {file_size} bytes, shorter than the "
+                          f"{HEADER_SIZE}-byte header page; the shard is truncated")
+    (magic, version, header_size, n, data_off, data_size, index_off, index_size, meta_off,
+     meta_size, align, entry_size, index_crc, meta_crc, header_crc) = HEADER_STRUCT.unpack_from(page)
+    if magic != MAGIC:
+        raise FormatError(f"{where}: magic is {magic!r}, expected {MAGIC!r}: not a dlpack record shard")
+    actual_crc = crc32(bytes(page[:HEADER_STRUCT.size - 4]))
+    if actual_crc != header_crc:
+        raise FormatError(f"{where}: header checksum mismatch (stored {header_crc:#010x}, "
+                          f"computed {actual_crc:#010x}): the header page is damaged")
+    if bytes(page[HEADER_STRUCT.size:HEADER_SIZE]).count(0) != HEADER_SIZE - HEADER_STRUCT.size:
+        raise FormatError(f"{where}: header padding (bytes {HEADER_STRUCT.size}.."
+                          f"{HEADER_SIZE - 1}) is not zero: the header page is damaged")
+    if version != FORMAT_VERSION:
+        raise FormatError(version_error(where, version))
+    layout = (("header_size", header_size, HEADER_SIZE), ("data_offset", data_off, HEADER_SIZE),
+              ("index_offset", index_off, data_off + data_size),
+              ("index_size", index_size, n * INDEX_ENTRY_SIZE),
+              ("meta_offset", meta_off, index_off + index_size), ("record_align", align, RECORD_ALIGN),
+              ("index_entry_size", entry_size, INDEX_ENTRY_SIZE),
+              ("end of the metadata", meta_off + meta_size, file_size))
+    for name, found, expected in layout:
+        if found != expected:
+            raise FormatError(f"{where}: header says {name} = {found}, the layout requires "
+                              f"{expected} (file size {file_size}); the shard is truncated or damaged")
+    return ShardHeader(n, data_off, data_size, index_off, index_size, meta_off, meta_size,
+                       index_crc, meta_crc, header_crc)
+
+
+def index_from_buffer(buffer, num_records: int, where: str) -> np.ndarray:
+    """Zero-copy view of an index table (``num_records`` entries) over ``buffer``."""
+    if len(buffer) != num_records * INDEX_ENTRY_SIZE:
+        raise FormatError(f"{where}: index table is {len(buffer)} bytes, expected "
+                          f"{num_records} x {INDEX_ENTRY_SIZE}")
+    return np.frombuffer(buffer, dtype=INDEX_DTYPE, count=num_records)
+
+
+def record_offsets(lengths: np.ndarray, data_offset: int = HEADER_SIZE) -> tuple[np.ndarray, int]:
+    """Where the records of a record shard must start, and where its data section ends.
+
+    Records are stored back to back in index order, each padded with zeros to the next
+    multiple of RECORD_ALIGN: offset[0] = data_offset, offset[i+1] = align_up(offset[i] +
+    length[i]), data end = align_up(end of the last record). Exact for any u32 lengths
+    (uint64 arithmetic; a u64 sum of 2^32 entries of < 2^33 bytes cannot wrap).
+    """
+    padded = (lengths.astype(np.uint64) + np.uint64(RECORD_ALIGN - 1)) // np.uint64(RECORD_ALIGN) \
+        * np.uint64(RECORD_ALIGN)
+    ends = np.cumsum(padded, dtype=np.uint64) + np.uint64(data_offset)
+    starts = np.empty_like(ends)
+    if len(ends):
+        starts[0] = data_offset
+        starts[1:] = ends[:-1]
+    return starts, int(ends[-1]) if len(ends) else data_offset
+
+
+def check_index_fields(index: np.ndarray, where: str) -> None:
+    """Raise FormatError unless every entry's kind, orientation and colour are known."""
+    jpeg = index["kind"] == KIND_JPEG
+    bad = np.flatnonzero(~jpeg & (index["kind"] != KIND_RAW)
+                         | (index["orientation"] < 1) | (index["orientation"] > 8)
+                         | (~jpeg & (index["orientation"] != 1))
+                         | (index["colour"] > max(COLOURS)) | (~jpeg & (index["colour"] != 0)))
+    if bad.size:
+        i = int(bad[0])
+        raise FormatError(f"{where}: record {i} has kind {int(index['kind'][i])}, orientation "
+                          f"{int(index['orientation'][i])}, colour {int(index['colour'][i])}; "
+                          f"expected kind 0 (JPEG, orientation 1..8, colour 0..2) or 1 (raw, "
+                          f"orientation 1, colour 0)")

@@ -1,0 +1,136 @@
+"""``dlpack convert SRC DST``: the click command over ``dlpack_io.packer.conversion.convert``
+and the summary it prints."""
+from __future__ import annotations
+
+import click
+
+from dlpack_io.tools.cli_common import echo_json, fail
+
+
+@click.command()
+@click.argument("src", type=click.Path(exists=True, file_okay=False))
+@click.argument("dst", type=click.Path(file_okay=False))
+@click.option("--list", "list_file", type=click.Path(exists=True, dir_okay=False),
+              help="CSV/TSV of 'path,label' rows (paths relative to SRC) instead of class "
+                   "sub-folders. Labels are class names or integers.")
+@click.option("--format", "data_format", type=click.Choice(["record", "lmdb"]), default="record",
+              show_default=True, help="Our mmap-friendly record shards, or sharded LMDB.")
+@click.option("--mode", type=click.Choice(["jpeg", "raw"]), default="jpeg", show_default=True,
+              help="jpeg: keep the original JPEG bytes; raw: store decoded RGB uint8 pixels.")
+@click.option("--size", type=int, help="raw mode: resize the shorter side to SIZE and "
+              "center-crop SIZE x SIZE, so batches are dense arrays.")
+@click.option("--max-side", type=int, help="Bound the longer side to MAX_SIDE pixels, keeping "
+              "the aspect ratio (jpeg mode re-encodes such images at --quality).")
+@click.option("--quality", type=int, default=95, show_default=True,
+              help="JPEG quality for images that must be re-encoded.")
+@click.option("--shard-size", default="256MB", show_default=True,
+              help="Target bytes of record data per shard (e.g. 64MB, 1GiB).")
+@click.option("--workers", type=int, default=0, show_default=True,
+              help="Worker processes; 0 = all cores. With --engine ray: CPUs of the private "
+                   "cluster, or at most this many CPUs of --ray-address's. Output never "
+                   "depends on it.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed of the shuffle of samples across shards.")
+@click.option("--shuffle/--no-shuffle", default=True, show_default=True,
+              help="Shuffle sample order across shards (recommended for block shuffling).")
+@click.option("--validate/--no-validate", default=True, show_default=True,
+              help="Decode every input before packing it; bad files become rejects.")
+@click.option("--restart-markers/--no-restart-markers", default=None,
+              help="jpeg mode, on by default: rewrite each baseline colour JPEG losslessly "
+                   "with a restart marker after every MCU (same pixels; every header byte "
+                   "and every Huffman code kept except the first DC code of each MCU; "
+                   "~5-8% larger files), so the reader Huffman-decodes only the part of the "
+                   "image a crop needs. Costs no more than the validation it replaces. "
+                   "--no-restart-markers stores every JPEG's original bytes untouched. "
+                   "Progressive, grayscale and CMYK files are always kept as they are.")
+@click.option("--non-jpeg", type=click.Choice(["raw", "jpeg", "reject"]), default="raw",
+              show_default=True,
+              help="Images that are not JPEGs by content (PNG, WebP, BMP, TIFF, GIF, also "
+                   "when named .jpg): raw = store their upright RGB pixels losslessly as raw "
+                   "records (larger), jpeg = re-encode at --quality (lossy), reject = skip "
+                   "them (listed in rejects.tsv). Counted in the summary either way. JPEGs "
+                   "(grayscale, CMYK, EXIF-rotated included) always keep their bytes. Files "
+                   "whose suffix is not an image suffix are ignored and counted.")
+@click.option("--max-pixels", type=int, default=None,
+              help="Reject images of more than this many pixels (width x height) before "
+                   "decoding them, naming the size in rejects.tsv (a decompression-bomb "
+                   "guard). Default 89478485, where Pillow starts warning of a bomb.")
+@click.option("--on-error", type=click.Choice(["skip", "fail"]), default="skip", show_default=True,
+              help="skip: list bad inputs in rejects.tsv and go on; fail: stop at the first.")
+@click.option("--no-labels", is_flag=True,
+              help="SRC is a folder of images without class sub-folders (self-supervised, "
+                   "retrieval): every image under SRC, at any depth, is packed with label -1 "
+                   "and the data set has no classes.")
+@click.option("--no-provenance", is_flag=True,
+              help="Leave the host name and the absolute paths of SRC and the --list file out "
+                   "of the manifest (for a data set meant for sharing). Relative file paths "
+                   "inside SRC are kept: they name the samples.")
+@click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="local: worker processes on this machine. ray: tasks on a Ray cluster "
+                   "(pip install 'dlpack-io[ray]'); same bytes as local, resumable. SRC must be a "
+                   "path every node sees (shared file system); DST too, or s3://... (each "
+                   "node then uploads its shards with its own AWS credentials).")
+@click.option("--ray-address", metavar="ADDRESS",
+              help="With --engine ray: the cluster to use (HOST:PORT of `ray start --head`, or "
+                   "'auto' for the one running here). Default: $RAY_ADDRESS, else a private "
+                   "cluster on this machine with --workers CPUs.")
+@click.option("--resume", is_flag=True, help="Finish an interrupted conversion into DST.")
+@click.option("--staging", type=click.Path(file_okay=False),
+              help="DST s3://...: local folder for shards waiting to be uploaded (default: the "
+                   "system temp folder; needs room for about two shards).")
+@click.option("--overwrite", is_flag=True, help="Replace a data set already in DST.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def convert(src, dst, list_file, data_format, mode, size, max_side, quality, shard_size,
+            workers, seed, shuffle, validate, restart_markers, non_jpeg, max_pixels, on_error,
+            no_labels, no_provenance, engine, ray_address, resume, staging, overwrite, quiet,
+            as_json):
+    """Pack the images under SRC (class sub-folders, --list, or --no-labels) into shards in
+    DST. DST must lie outside SRC. Symlinks in SRC are followed (each real folder once) and
+    counted in the summary.
+
+    DST may be s3://bucket/prefix (needs pip install 'dlpack-io[s3]'; credentials and endpoint
+    from the AWS_* variables or ~/.aws): each shard is uploaded as it is finished, the
+    manifest last, and the journal kept in the bucket so --resume works from any machine.
+    """
+    from dlpack_io.packer.conversion import convert as run
+    from dlpack_io.packer.pipeline import ConversionError
+
+    try:
+        result = run(src, dst, list_file=list_file, resume=resume, overwrite=overwrite,
+                     labels=not no_labels, provenance=not no_provenance,
+                     format=data_format, mode=mode, size=size, max_side=max_side,
+                     quality=quality, shard_size=shard_size, workers=workers, seed=seed,
+                     shuffle=shuffle, validate=validate, jpeg_restarts=restart_markers,
+                     non_jpeg=non_jpeg,
+                     **({"max_pixels": max_pixels} if max_pixels is not None else {}),
+                     on_error=on_error, progress=not quiet, engine=engine,
+                     ray_address=ray_address, **({"staging": staging} if staging else {}))
+    except (ConversionError, ValueError, RuntimeError, FileNotFoundError, ImportError) as exc:
+        fail(str(exc))
+    if as_json:
+        return echo_json(result)
+    if result.get("already_complete"):
+        return click.echo(f"{result['dst']} is already complete; nothing to resume")
+    echo_summary(result)
+
+
+def echo_summary(result: dict) -> None:
+    """Print what a conversion did: rates, what became of the inputs, links, empty classes."""
+    from dlpack_io.tools import render
+    from dlpack_io.tools.render import human_bytes, plural
+
+    click.echo(f"packed {plural(result['num_samples'], 'image')} into "
+               f"{plural(result['num_shards'], 'shard')} ({human_bytes(result['num_bytes'])}) in "
+               f"{result['seconds']:.1f} s: {result['images_per_s']:.0f} images/s, "
+               f"{result['mb_per_s']:.1f} MB/s read"
+               + (f" (resumed at input {result['resumed_from']})" if result["resumed_from"] else ""))
+    click.echo(render.convert_counts(result))
+    if result["via_links"] or result["repeated_dirs"]:
+        click.echo(f"symlinks: {plural(result['via_links'], 'input')} reached through a link, "
+                   f"{result['outside_src']} of them outside SRC; "
+                   f"{plural(result['repeated_dirs'], 'folder')} reached again (a loop or an "
+                   f"alias) and skipped")
+    if result["empty_classes"]:
+        click.echo(f"WARNING: {plural(len(result['empty_classes']), 'class', 'classes')} with "
+                   f"no packed image: {', '.join(result['empty_classes'][:10])}", err=True)

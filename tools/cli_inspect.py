@@ -1,0 +1,67 @@
+"""``dlpack inspect DST``: the click command over the functions of ``inspection`` and
+``order_report`` (they return data; this prints it, as text or JSON)."""
+from __future__ import annotations
+
+import click
+
+from dlpack_io.tools.cli_common import DATASET, echo_json, fail
+
+
+@click.command()
+@click.argument("dst", type=DATASET)
+@click.option("--shard", type=int, help="Show shard number K and its first records.")
+@click.option("--index", "sample", type=int, help="Show everything about sample I (negative: "
+              "counted from the end, -1 is the last).")
+@click.option("--grid", type=click.Path(dir_okay=False),
+              help="Write a contact sheet of sample images with their labels to FILE (.png "
+                   "is added when FILE has no extension).")
+@click.option("--grid-count", type=int, default=48, show_default=True, help="Images on the sheet.")
+@click.option("--order", is_flag=True, help="Show what a rank's epoch reads and how well its "
+              "batches mix shards and classes (global vs block shuffle vs none).")
+@click.option("--shuffle", type=click.Choice(["global", "block", "none"]), default="global",
+              show_default=True, help="With --order: the Loader's shuffle mode.")
+@click.option("--epoch", type=int, default=0, show_default=True, help="With --order: the epoch.")
+@click.option("--world-size", type=int, default=1, show_default=True,
+              help="With --order: number of ranks.")
+@click.option("--rank", type=int, default=0, show_default=True, help="With --order: this rank.")
+@click.option("--batch-size", type=int, default=256, show_default=True,
+              help="With --order: the Loader's batch size.")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Seed for picking sheet images, or the Loader's seed with --order.")
+@click.option("--max-pixels", type=int, default=None,
+              help="Refuse records larger than this many pixels (height x width); default "
+                   "89478485, the default of convert --max-pixels.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def inspect(dst, shard, sample, grid, grid_count, order, shuffle, epoch, world_size, rank,
+            batch_size, seed, max_pixels, as_json):
+    """Summarise the packed data set in DST, a folder or s3://bucket/prefix (or one shard,
+    one sample, a contact sheet, or the sample order a Loader will read)."""
+    from dlpack_io.reader.format import DEFAULT_MAX_PIXELS, FormatError
+    from dlpack_io.tools import inspection, render
+
+    limit = {"max_pixels": max_pixels or DEFAULT_MAX_PIXELS}
+    try:
+        if order:
+            from dlpack_io.tools.order_report import format_order_report, order_report
+
+            data = order_report(dst, seed=seed, epoch=epoch, world_size=world_size, rank=rank,
+                                batch_size=batch_size, shuffle=None if shuffle == "none" else shuffle)
+            text = format_order_report(data)
+        elif grid:
+            data = inspection.contact_sheet(dst, grid, count=grid_count, seed=seed, **limit)
+            text = f"wrote {data['path']} ({data['width']}x{data['height']}, " \
+                   f"{render.plural(len(data['samples']), 'image')})"
+        elif shard is not None:
+            data = inspection.shard_detail(dst, shard, **limit)
+            text = render.shard_text(data)
+        elif sample is not None:
+            data = inspection.record_detail(dst, sample, **limit)
+            text = render.record_text(data)
+        else:
+            data = inspection.summary(dst, **limit)
+            text = render.summary_text(data)
+    except (FormatError, FileNotFoundError, IndexError, ValueError, ImportError, OSError) as exc:
+        fail(str(exc))
+    if as_json:
+        return echo_json(data)
+    click.echo(text)
