@@ -8,7 +8,8 @@ import numpy as np
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.decode import decode_record
 from dlpack_io.reader.manifest import load_manifest
-from dlpack_io.reader.shard import guarded_array, open_shard
+from dlpack_io.reader.nativecopy import guarded_array
+from dlpack_io.reader.shard import open_shard
 from dlpack_io.reader.remote.urls import is_remote
 
 

@@ -1,50 +1,20 @@
 """Reading files of a data set that may come from anyone, and files that may change.
 
 Regular files only, never blocking; reads that cannot fault (``pread``) for what is
-checked once at open; copies of mapped memory made under the native SIGBUS guard.
+checked once at open. Copies of mapped memory are made under the native SIGBUS guard
+(nativecopy.py).
 
 A FIFO opened for reading blocks until a writer appears, forever (tar keeps FIFOs); a
 symlink to /dev/zero reads without end. Every file a reader opens goes through
-``open_regular`` (O_NONBLOCK, then fstat: S_ISREG or a FormatError naming it).
+``format.regular.open_regular`` (O_NONBLOCK, then fstat: S_ISREG or a FormatError naming it).
 """
 from __future__ import annotations
 
 import os
-import stat
 
-import numpy as np
 
 from dlpack_io.reader import format as fmt
-from dlpack_io.reader import pixelcopy
-
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-          (stat.S_ISSOCK, "a socket"))
-
-
-def describe_mode(mode: int) -> str:
-    """'a FIFO (named pipe)', 'a directory', ... for a st_mode that is not a regular file."""
-    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
-
-
-def open_regular(path: str) -> tuple[int, os.stat_result]:
-    """(fd, fstat) of ``path`` opened read-only; FormatError unless it is a regular file.
-
-    Symlinks are followed (data sets assembled from links are legitimate); what they lead
-    to must be a regular file. Raises FileNotFoundError when ``path`` does not exist.
-    """
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise fmt.FormatError(f"{path}: {describe_mode(st.st_mode)}, not a regular file; a "
-                                  f"data set holds only regular files (re-copy it)")
-        os.set_blocking(fd, True)  # regular files never block; later reads are plain reads
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, st
-
+from dlpack_io.reader.format.regular import open_regular
 
 def read_limited(path: str, limit: int) -> bytes:
     """The whole regular file ``path``, refusing one larger than ``limit`` bytes."""
@@ -105,20 +75,3 @@ def check_regular(path: str) -> None:
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: shard listed in the manifest is missing") from None
     os.close(fd)
-
-
-_ZERO = np.zeros(1, dtype=np.int64)
-
-
-def guarded_array(view) -> np.ndarray:
-    """A writable uint8 copy of ``view``, made by the native code that turns a SIGBUS
-    (the mapped file truncated under the read) into MappedFileError, a ValueError."""
-    out = np.empty(len(view), dtype=np.uint8)
-    if len(view):
-        pixelcopy.gather(view, _ZERO, np.array([len(view)], dtype=np.int64), out, _ZERO)
-    return out
-
-
-def guarded_copy(view) -> bytes:
-    """bytes(view), copied under the SIGBUS guard (see guarded_array)."""
-    return guarded_array(view).tobytes()

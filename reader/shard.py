@@ -19,8 +19,9 @@ import numpy as np
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.format.indexcheck import check_index
 from dlpack_io.reader.format.lmdbcheck import check_lmdb
-from dlpack_io.reader.safeio import (ShardChangedError, check_regular, guarded_array,  # noqa: F401
-                                     guarded_copy, identity, open_regular, pread_all)
+from dlpack_io.reader.format.regular import open_regular
+from dlpack_io.reader.nativecopy import guarded_copy
+from dlpack_io.reader.safeio import ShardChangedError, check_regular, identity, pread_all
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import numpy as np
 
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.dataset import Dataset
-from dlpack_io.reader.shard import guarded_copy
+from dlpack_io.reader.nativecopy import guarded_copy
 
 
 def _size_stats(heights: np.ndarray, widths: np.ndarray) -> dict:

@@ -21,8 +21,9 @@ import numpy as np
 
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.decode import decode_record
-from dlpack_io.reader.safeio import describe_mode
-from dlpack_io.reader.shard import guarded_copy, open_shard
+from dlpack_io.reader.format.regular import describe_mode
+from dlpack_io.reader.nativecopy import guarded_copy
+from dlpack_io.reader.shard import open_shard
 
 MAX_LISTED_PER_SHARD = 20
 EXIT_OK, EXIT_DAMAGED, EXIT_NOT_A_DATASET = 0, 1, 3  # 2 is click's usage error

@@ -11,11 +11,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dlpack_io.reader import pixelcopy
+from dlpack_io.reader import nativecopy
 from dlpack_io.reader.batch.plan import BatchPlan, TransformSpec, sample_error
 from dlpack_io.reader.batch.skips import check_record_crc, skipped_from
 from dlpack_io.reader.decode import decode_record
-from dlpack_io.reader.safeio import ShardChangedError, guarded_array
+from dlpack_io.reader.nativecopy import guarded_array
+from dlpack_io.reader.safeio import ShardChangedError
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,7 @@ def user_pixels(ctx: BuildContext, plan: BatchPlan, pos: int, epoch: int, payloa
 def shard_changed(exc: Exception) -> bool:
     """True for a shard changed or truncated under the reader: not one bad sample, so
     ``on_error="skip"`` must not skip it (every later read of that shard would fail too)."""
-    return isinstance(exc, ShardChangedError) or pixelcopy.is_mapped_file_error(exc)
+    return isinstance(exc, ShardChangedError) or nativecopy.is_mapped_file_error(exc)
 
 
 def skip_or_raise(ctx: BuildContext, sample, exc: Exception, failed, pos: int) -> None:

@@ -13,7 +13,7 @@ from dlpack_io.kernels.records import (FLIP_H, FLIP_V, IDENTITY_ORDER, JITTER_OP
                                        NEUTRAL_FACTORS, ORDER_SHIFTS, RECORD_BYTES,
                                        RECORD_PLACEMENT, host_records)
 from dlpack_io.reader import format as fmt
-from dlpack_io.reader import jpegdecode, pixelcopy
+from dlpack_io.reader import jpegdecode, nativecopy
 from dlpack_io.reader.batch.build import (BuildContext, Scratch, record_payload, skip_or_raise,
                                           user_pixels)
 from dlpack_io.reader.batch.plan import BatchPlan
@@ -84,7 +84,7 @@ def _gather_dense(ctx, plan: BatchPlan, buf: np.ndarray) -> bool:
     try:
         for k, view in views.items():
             mask = shard_ids == k
-            pixelcopy.gather(view, entries["offset"][mask], entries["length"][mask], buf, dst[mask])
+            nativecopy.gather(view, entries["offset"][mask], entries["length"][mask], buf, dst[mask])
     except ValueError:
         return False
     return True

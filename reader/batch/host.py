@@ -22,11 +22,11 @@ import numpy as np
 
 from dlpack_io.kernels.records import JITTER_OPS
 from dlpack_io.reader import format as fmt
-from dlpack_io.reader import jpegdecode, pixelcopy
+from dlpack_io.reader import jpegdecode, nativecopy
+from dlpack_io.reader.nativecopy import guarded_array
 from dlpack_io.reader.batch.build import (BuildContext, Scratch, record_payload, skip_or_raise,
                                           user_pixels)
 from dlpack_io.reader.batch.plan import BatchPlan, TransformSpec
-from dlpack_io.reader.safeio import guarded_array
 
 
 # ---- finished layout: CHW uint8 -------------------------------------------------------
@@ -37,13 +37,13 @@ def _fill_pixels(pixels: np.ndarray, pos: int, fh, fv, params, out, offset) -> N
         t, lf, bh, bw = (float(v) for v in params.exact[pos])
         resized = jpegdecode.resize_box(pixels, (lf, t, lf + bw, t + bh), params.out_size,
                                         within_box=False)
-        pixelcopy.to_chw_array(resized, out, offset, fh, fv)
+        nativecopy.to_chw_array(resized, out, offset, fh, fv)
     elif params.resize:
         resized = jpegdecode.resize_box(pixels, (left, top, left + w, top + h), params.out_size)
-        pixelcopy.to_chw_array(resized, out, offset, fh, fv)
+        nativecopy.to_chw_array(resized, out, offset, fh, fv)
     else:
         cols = pixels.shape[1]
-        pixelcopy.to_chw(pixels, (top * cols + left) * 3, cols * 3, h, w, out, offset, fh, fv)
+        nativecopy.to_chw(pixels, (top * cols + left) * 3, cols * 3, h, w, out, offset, fh, fv)
 
 
 def _fill_jpeg(ctx, payload, entry, pos, fh, fv, params, out, offset, scratch) -> None:
@@ -56,13 +56,13 @@ def _fill_jpeg(ctx, payload, entry, pos, fh, fv, params, out, offset, scratch) -
         resized = jpegdecode.decode_resized(payload, window, (oh, ow), buf,
                                             ctx.spec.reduced_decode, exact_box=exact,
                                             orientation=int(entry["orientation"]))
-        pixelcopy.to_chw_array(resized, out, offset, fh, fv)
+        nativecopy.to_chw_array(resized, out, offset, fh, fv)
         return
     region = jpegdecode.decode_region(payload, box, 8, buf,
                                       orientation=int(entry["orientation"]))
     top, left = int(box[0]) - region.y0, int(box[1]) - region.x0
     cols = region.pixels.shape[1]
-    pixelcopy.to_chw(region.pixels, (top * cols + left) * 3, cols * 3, oh, ow, out, offset,
+    nativecopy.to_chw(region.pixels, (top * cols + left) * 3, cols * 3, oh, ow, out, offset,
                       fh, fv)
 
 
@@ -109,7 +109,7 @@ def _raw_crops_at_once(ctx: BuildContext, plan: BatchPlan, a: int, b: int, flat)
                       np.arange(a, b, dtype=np.int64) * 3 * oh * ow], axis=1)
     try:
         for k, view in views.items():
-            pixelcopy.crop_chw(view, table[shard_ids == k], oh, ow, flat)
+            nativecopy.crop_chw(view, table[shard_ids == k], oh, ow, flat)
     except ValueError:
         return False
     return True

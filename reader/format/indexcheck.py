@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dlpack_io.reader import format as fmt
+from dlpack_io.reader.format import spec as fmt
 
 
 def _first(mask: np.ndarray):

@@ -23,8 +23,8 @@ from __future__ import annotations
 import os
 import struct
 
-from dlpack_io.reader import format as fmt
-from dlpack_io.reader.safeio import open_regular
+from dlpack_io.reader.format import spec as fmt
+from dlpack_io.reader.format.regular import open_regular
 
 MAGIC, VERSION = 0xBEEFC0DE, 1
 P_BRANCH, P_LEAF, P_META = 0x01, 0x02, 0x08

@@ -1,7 +1,9 @@
-"""Pixel copies done by the C extension without the GIL, with numpy fallbacks of the same
-meaning: a block of HWC pixels into CHW planes (flipped as asked), many such crops of one
-mapped shard at once, and byte ranges gathered into one buffer. The extension turns a SIGBUS
-(a mapped file truncated under the read) into MappedFileError: :func:`is_mapped_file_error`.
+"""Copies done by the C extension without the GIL, with numpy fallbacks of the same meaning:
+a block of HWC pixels into CHW planes (flipped as asked), many such crops of one mapped shard
+at once, byte ranges gathered into one buffer, and plain copies of mapped memory. The
+extension turns a SIGBUS (a mapped file truncated under the read) into MappedFileError
+(:func:`is_mapped_file_error`), so a shard cut short under a reader is an error naming it,
+never a crash: every read of mapped memory that Python code keeps goes through here.
 """
 from __future__ import annotations
 
@@ -74,3 +76,20 @@ def is_mapped_file_error(exc: BaseException) -> bool:
     the mapped file was truncated under the read."""
     mapped = getattr(_jpeg, "MappedFileError", None)
     return mapped is not None and isinstance(exc, mapped)
+
+
+_ZERO = np.zeros(1, dtype=np.int64)
+
+
+def guarded_array(view) -> np.ndarray:
+    """A writable uint8 copy of ``view``, made by the native code that turns a SIGBUS
+    (the mapped file truncated under the read) into MappedFileError, a ValueError."""
+    out = np.empty(len(view), dtype=np.uint8)
+    if len(view):
+        gather(view, _ZERO, np.array([len(view)], dtype=np.int64), out, _ZERO)
+    return out
+
+
+def guarded_copy(view) -> bytes:
+    """bytes(view), copied under the SIGBUS guard (see guarded_array)."""
+    return guarded_array(view).tobytes()
