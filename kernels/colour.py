@@ -181,7 +181,25 @@ def tile_gray_sum(u0, u1, u2, u3, pmask, C: tl.constexpr):
             g = g + u2
         if C > 3:
             g = g + u3
-    return tl.sum(tl.sum(tl.where(pmask, g, 0.0), axis=1), axis=0)
+    return tile_sum(tl.where(pmask, g, 0.0))
+
+
+@lazy_jit
+def _add(a, b):
+    return a + b
+
+
+@lazy_jit
+def tile_sum(x):
+    """The sum of a 2-D tile, as a scalar.
+
+    ``tl.reduce`` with our own combine function, not ``tl.sum`` (nor ``tl.zeros``): since
+    triton 3.9 those are ``@jit`` functions of triton's standard library, made interpretable
+    only when triton is first imported with TRITON_INTERPRET=1; a process that imported
+    triton before setting it (the test suite, a notebook) could not run the kernels under
+    the interpreter. Builtins such as ``tl.reduce`` and ``tl.full`` have no such condition.
+    """
+    return tl.reduce(tl.reduce(x, 1, _add), 0, _add)
 
 
 @lazy_jit
@@ -194,9 +212,7 @@ def jitter(u0, u1, u2, u3, n, rec_ptr, cmean_ptr, pmask, C: tl.constexpr,
     """
     rec = rec_ptr + n * 16
     code = tl.load(rec + 5)
-    # tl.zeros, not tl.zeros_like: triton 3.9's interpreter (CI's kernel tests) refuses a
-    # standard-library @jit function called from a helper ("outside of the scope of a kernel")
-    gsum = tl.sum(tl.sum(tl.zeros(u0.shape, dtype=u0.dtype), axis=1), axis=0)
+    gsum = tile_sum(tl.full(u0.shape, 0.0, tl.float32))  # builtins only: see tile_sum
     for k in tl.static_range(4):
         op = (code >> (2 * k)) & 3
         if OPS & 1:

@@ -242,3 +242,36 @@ def in_forked_child(test):
             pytest.fail(text, pytrace=False)
 
     return run
+
+
+BROKEN_JPEG = b"\xff\xd8\xff\xe0 truncated"  # a JPEG start marker and nothing after it
+
+
+def photo_folder(root, count: int, classes: int, *, seed: int, size, broken_in=None):
+    """``count`` photo-like JPEGs in ``classes`` class folders under ``root`` (returned); with
+    ``broken_in`` (a class folder's name) also a truncated ``broken.jpg`` there: an input
+    every conversion must reject and report."""
+    from dlpack_io.tools.synth import make_image_folder
+
+    make_image_folder(root, count, classes, seed=seed, size=size)
+    if broken_in is not None:
+        (root / broken_in / "broken.jpg").write_bytes(BROKEN_JPEG)
+    return root
+
+
+def upload_folder(folder, url: str, env: dict) -> None:
+    """Put every file of ``folder`` under ``url`` with the S3 endpoint and keys of ``env``
+    (the process environment is restored afterwards)."""
+    import os
+
+    from dlpack_io.reader.remote.storage import Store
+
+    saved = dict(os.environ)
+    os.environ.update(env)
+    try:
+        store = Store(url)
+        for name in sorted(os.listdir(folder)):
+            store.put_file(name, os.path.join(folder, name))
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)

@@ -11,19 +11,15 @@ import pytest
 
 from dlpack_io.packer import convert
 
-from helpers import convert_stopped_at, dataset_fingerprint, gone, wait_until
+from helpers import convert_stopped_at, dataset_fingerprint, gone, photo_folder, wait_until
 
 OPTIONS = ["--shard-size", "60KB", "--workers", "2", "--quiet"]
 
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
-    root = tmp_path_factory.mktemp("resume_src")
-    from dlpack_io.tools.synth import make_image_folder
-
-    make_image_folder(root, 600, 4, seed=3, size=(64, 80))
-    (root / "class_01" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 truncated")
-    return root
+    return photo_folder(tmp_path_factory.mktemp("resume_src"), 600, 4, seed=3, size=(64, 80),
+                        broken_in="class_01")
 
 
 @pytest.fixture(scope="module")

@@ -46,3 +46,28 @@ def test_public_functions_are_the_functions_not_modules():
               crop_flip_permute.__name__, resized_crop.__name__)
     """)
     assert out == "True True crop_flip_permute resized_crop"
+
+
+def test_kernels_interpret_when_triton_was_imported_before_TRITON_INTERPRET():
+    """Since triton 3.9, its standard-library ``@jit`` functions (``tl.sum``, ``tl.zeros``)
+    can be interpreted only if triton was first imported with TRITON_INTERPRET=1 set. This
+    suite (and a notebook) may import triton earlier; the kernels use builtins only, so
+    they still run under the interpreter and agree with the reference, jitter (the tile
+    sums of contrast) and resize (its zero tiles) included."""
+    out = _run("""
+        import os, sys, torch, triton.language
+        os.environ["TRITON_INTERPRET"] = "1"
+        from dlpack_io.kernels import crop_flip_permute, resized_crop, reference
+        g = torch.Generator().manual_seed(3)
+        images = torch.randint(0, 256, (3, 9, 11, 3), dtype=torch.uint8, generator=g)
+        kw = dict(out_dtype=torch.float32, contrast=torch.tensor([0.5, 1.0, 1.7]),
+                  brightness=torch.tensor([1.2, 0.8, 1.0]))
+        zeros = torch.zeros(3, dtype=torch.int64)
+        a = crop_flip_permute(images, zeros, zeros, 9, 11, True, False, **kw)
+        ra = reference.crop_flip_permute(images, zeros, zeros, 9, 11, True, False, **kw)
+        boxes = torch.tensor([[0, 0, 9, 11], [1, 2, 5, 7], [3, 0, 6, 11]])
+        b = resized_crop(images, boxes, (5, 6), False, True, antialias=True, **kw)
+        rb = reference.resized_crop(images, boxes, (5, 6), False, True, antialias=True, **kw)
+        print(float((a - ra).abs().max()) < 1e-5, float((b - rb).abs().max()) < 1e-5)
+    """)
+    assert out == "True True"

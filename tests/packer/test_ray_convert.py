@@ -21,9 +21,8 @@ pytest.importorskip("ray")
 from dlpack_io.packer import convert  # noqa: E402
 from dlpack_io.packer.journal import JOURNAL_NAME, DstLock  # noqa: E402
 from dlpack_io.packer.pipeline import ConversionError  # noqa: E402
-from dlpack_io.tools.synth import make_image_folder  # noqa: E402
 
-from helpers import dataset_fingerprint, in_forked_child  # noqa: E402
+from helpers import dataset_fingerprint, in_forked_child, photo_folder  # noqa: E402
 from raycluster import module_cluster, session_pids  # noqa: E402
 
 SHARD = "60KB"
@@ -38,10 +37,8 @@ def cluster():
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
     """360 photo-like JPEGs (96x128, so a task takes a while) and one broken file."""
-    root = tmp_path_factory.mktemp("ray_src")
-    make_image_folder(root, 360, 4, seed=3, size=(96, 128))
-    (root / "class_01" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 truncated")
-    return root
+    return photo_folder(tmp_path_factory.mktemp("ray_src"), 360, 4, seed=3, size=(96, 128),
+                        broken_in="class_01")
 
 
 @pytest.fixture(scope="module")

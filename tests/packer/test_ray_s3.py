@@ -24,8 +24,7 @@ from dlpack_io.packer.journal import JOURNAL_NAME  # noqa: E402
 from dlpack_io.reader import format as fmt  # noqa: E402
 from dlpack_io.reader.remote.storage import Store  # noqa: E402
 from dlpack_io.tools.bench.seaweed import ACCESS_KEY, SECRET_KEY  # noqa: E402
-from dlpack_io.tools.synth import make_image_folder  # noqa: E402
-
+from helpers import photo_folder  # noqa: E402
 from raycluster import module_cluster  # noqa: E402
 
 SHARD = "60KB"
@@ -45,10 +44,8 @@ def cluster(tmp_path_factory):
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
     """240 photo-like JPEGs and one broken file: about 20 shards of 60 KB."""
-    root = tmp_path_factory.mktemp("ray_s3_src")
-    make_image_folder(root, 240, 4, seed=5, size=(96, 128))
-    (root / "class_02" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 truncated")
-    return root
+    return photo_folder(tmp_path_factory.mktemp("ray_s3_src"), 240, 4, seed=5, size=(96, 128),
+                        broken_in="class_02")
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +95,8 @@ def test_nodes_that_cannot_write_fail_fast_naming_the_node_and_leave_the_bucket_
 DRIVER = """
 import json, sys
 from dlpack_io.packer import convert
+
+from helpers import photo_folder
 result = convert(sys.argv[1], sys.argv[2], shard_size=sys.argv[3], progress=False,
                  engine="ray", ray_address=sys.argv[4], resume=sys.argv[7] == "resume",
                  storage_options={"access_key_id": sys.argv[5],

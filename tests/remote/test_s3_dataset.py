@@ -15,6 +15,8 @@ from dlpack_io.reader.dataset import Dataset
 from dlpack_io.reader.remote.storage import StorageError, Store
 from dlpack_io.tools.synth import make_image_folder
 
+from helpers import upload_folder
+
 BUCKET = "dlpack-test"
 URL = f"s3://{BUCKET}/dataset/base"
 
@@ -25,15 +27,7 @@ def packed(tmp_path_factory, s3_server):
     root = tmp_path_factory.mktemp("s3ds")
     make_image_folder(root / "src", 48, 3, seed=5, size=(48, 64))
     convert(root / "src", root / "local", shard_size="40KB", workers=1, progress=False)
-    env = {k: v for k, v in os.environ.items()}
-    os.environ.update(s3_server.env())
-    try:
-        store = Store(URL)
-        for name in sorted(os.listdir(root / "local")):
-            store.put_file(name, root / "local" / name)
-    finally:
-        os.environ.clear()
-        os.environ.update(env)
+    upload_folder(root / "local", URL, s3_server.env())
     return str(root / "local"), URL
 
 

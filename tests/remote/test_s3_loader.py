@@ -9,8 +9,9 @@ import torch
 
 from dlpack_io.reader import Loader, RandomHorizontalFlip, RandomResizedCrop
 from dlpack_io.reader.dataset import Dataset
-from dlpack_io.reader.remote.storage import Store
 from dlpack_io.tools.synth import make_image_folder
+
+from helpers import upload_folder
 
 URL = "s3://dlpack-test/loader/base"
 
@@ -22,15 +23,7 @@ def packed(tmp_path_factory, s3_server):
     root = tmp_path_factory.mktemp("s3loader")
     make_image_folder(root / "src", 40, 3, seed=11, size=(48, 64))
     convert(root / "src", root / "local", shard_size="30KB", workers=1, progress=False)
-    saved = dict(os.environ)
-    os.environ.update(s3_server.env())
-    try:
-        store = Store(URL)
-        for name in sorted(os.listdir(root / "local")):
-            store.put_file(name, root / "local" / name)
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    upload_folder(root / "local", URL, s3_server.env())
     return str(root / "local")
 
 
