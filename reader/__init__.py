@@ -15,12 +15,13 @@ from dlpack_io.reader.batch.transforms import (CenterCrop, ColorJitter, Normaliz
                                                RandomHorizontalFlip, RandomResizedCrop,
                                                RandomVerticalFlip, Resize)
 
-__all__ = ["Dataset", "Loader", "LoaderOptions", "FormatError", "LoaderError", "LoaderTimeout",
+__all__ = ["Dataset", "Loader", "LoaderOptions", "LoaderStats", "FormatError", "LoaderError", "LoaderTimeout",
            "SampleError", "WorkerError", "Resize", "RandomResizedCrop", "RandomCrop",
            "CenterCrop", "RandomHorizontalFlip", "RandomVerticalFlip", "ColorJitter",
            "Normalize"]
 
-_LAZY = {"Loader": "dlpack_io.reader.batch.loader", "LoaderOptions": "dlpack_io.reader.batch.options"}
+_LAZY = {"Loader": "dlpack_io.reader.batch.loader", "LoaderOptions": "dlpack_io.reader.batch.options",
+         "LoaderStats": "dlpack_io.reader.batch.stats"}
 
 
 def __getattr__(name: str):

@@ -8,6 +8,7 @@ before the current batch is yielded, so that the copy overlaps the training step
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from dlpack_io.reader.batch.buffers import BufferPool
@@ -67,10 +68,11 @@ def stage_next(runner, finisher, ticket):
 
 
 def deliver(engine: Engine, batches, start: int, ticket0: int, prefetch, epoch: int,
-            in_flight: int):
+            in_flight: int, on_batch=None):
     """Run ``batches[start:]`` (runner tickets from ``ticket0 + start``) and yield
     ``(k, built batch, images, labels)`` in order; ``prefetch`` (or None) is the remote
-    data set's prefetch of ``batches[start:]``."""
+    data set's prefetch of ``batches[start:]``. ``on_batch(images, finish_s, depth)`` hears
+    of each batch: its size, the seconds its finish took, the built batches behind it."""
     runner, finisher, total = engine.runner, engine.finisher, len(batches)
     # Remote data: thread workers read records as the prefetcher lands them (they wait
     # per record in this process); worker processes only read the local cache, so a
@@ -101,7 +103,11 @@ def deliver(engine: Engine, batches, start: int, ticket0: int, prefetch, epoch: 
         staged = None
         if k + 1 < submitted and runner.ready(ticket0 + k + 1):
             staged = stage_next(runner, finisher, ticket0 + k + 1)
+        t0 = time.perf_counter()
         images, labels = finisher.finish(hb)
+        if on_batch is not None:
+            on_batch(len(hb.indices), time.perf_counter() - t0,
+                     sum(runner.ready(ticket0 + j) for j in range(k + 1, submitted)))
         if prefetch is not None:
             prefetch.release(k - start)
         yield k, hb, images, labels

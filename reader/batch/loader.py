@@ -17,6 +17,8 @@ goes plan (plan.py) -> host pixels (host.py or gather.py, in the workers of engi
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from dataclasses import fields
 
 import numpy as np
@@ -28,6 +30,7 @@ from dlpack_io.reader.batch.options import (LoaderOptions, resolve_device, unwra
                                             use_device_transforms)
 from dlpack_io.reader.batch.plan import compile_spec
 from dlpack_io.reader.batch.skips import SkipAccount
+from dlpack_io.reader.batch.stats import LogSchedule, StatsClock
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +65,8 @@ class Loader:
     device_transforms: None: on the GPU for CUDA, else on the host; False: on the host.
     reduced_decode: decode JPEGs at a reduced DCT scale where a resize allows it.
     block_size, block_window: the geometry of shuffle="block".
+    log_every: write ``str(loader.stats())`` through logging every N batches (an int) or
+        every so many seconds ("30s"); None: never.
     options: a LoaderOptions holding all of the above instead (not both).
     """
 
@@ -75,7 +80,8 @@ class Loader:
                  on_error: str = _D.on_error, return_index: bool = _D.return_index,
                  device_transforms: bool | None = _D.device_transforms,
                  reduced_decode: bool = _D.reduced_decode, block_size: int = _D.block_size,
-                 block_window: int = _D.block_window, options: LoaderOptions | None = None):
+                 block_window: int = _D.block_window, log_every=_D.log_every,
+                 options: LoaderOptions | None = None):
         args = locals()
         given = {f.name: args[f.name] for f in fields(LoaderOptions)}
         if options is not None and any(v is not getattr(_D, k) for k, v in given.items()):
@@ -90,6 +96,9 @@ class Loader:
         self._world = (opts.rank, opts.world_size)
         self.rank, self.world_size = order_mod.resolve_world(opts.rank, opts.world_size)
         self.skipped = SkipAccount()
+        self._stats = StatsClock(opts.num_workers, opts.worker_kind)
+        self._log = LogSchedule(opts.log_every)
+        self._consumer = threading.get_ident()  # the thread that iterates (updated per epoch)
         self.epoch = 0
         self._restored = None          # (epoch, segments) from load_state_dict
         self._cursor = None            # (epoch, segments before this run, world, batch, total)
@@ -204,6 +213,7 @@ class Loader:
         return part, bounds, base, min(start, total)
 
     def _run(self, epoch: int):
+        asked = time.perf_counter()  # the first next(): planning and start-up are waiting too
         part, bounds, base, start = self._plan_epoch(epoch)
         self._cursor = (epoch, base, self.world_size, start, len(bounds) - 1)
         self.skipped.start_epoch(epoch)
@@ -212,6 +222,9 @@ class Loader:
             o = self.options
             self._engine = make_engine(o, self.dataset, self.spec, self.device,
                                        self.device_transforms)
+        self._consumer = threading.get_ident()
+        self._stats.start_epoch(epoch, self.worker_pids())
+        self._stats.waited(time.perf_counter() - asked)
         prefetch = self.dataset.start_prefetch(batches[start:])
         clean = False
         try:
@@ -219,6 +232,7 @@ class Loader:
             clean = True
             self.skipped.report()
         finally:
+            self._stats.end_epoch(self.worker_pids())
             if prefetch is not None:
                 prefetch.close()
             if not clean:  # abandoned mid-epoch (break, exception): drop the workers
@@ -226,13 +240,28 @@ class Loader:
 
     def _deliver(self, batches, start, prefetch, epoch):
         ticket0, self._tickets = self._tickets, self._tickets + len(batches)
+        clock, since = self._stats, time.perf_counter()
         for k, hb, images, labels in deliver(self._engine, batches, start, ticket0, prefetch,
-                                             epoch, self.options.in_flight):
+                                             epoch, self.options.in_flight, clock.delivered):
+            now = time.perf_counter()
+            clock.waited(now - since)  # inside next(): the loop waited for this batch
+            since = now
             self.skipped.add(hb.skipped)
             self._cursor = self._cursor[:3] + (k + 1, len(batches))
             if not len(hb.indices) and len(batches[k]):  # on_error="skip" left nothing
                 continue
             yield (images, labels, hb.indices) if self.options.return_index else (images, labels)
+            since = time.perf_counter()
+            clock.stepped(since - now)  # outside next(): the training step
+            if self._log.due(clock.epoch.batches):
+                log.info("Loader: %s", self.stats())
+
+    def stats(self):
+        """A :class:`~dlpack_io.reader.batch.stats.LoaderStats` of the current (or last)
+        epoch so far, with the whole run's figures in ``.run``: is training waiting for
+        data? ``str()`` of it is one line with the verdict (docs/loader.md, "Stalls")."""
+        return self._stats.snapshot(self.worker_pids(),
+                                    threading.get_ident() == self._consumer)
 
     # ---- resources ---------------------------------------------------------------------
     def _close_engine(self) -> None:

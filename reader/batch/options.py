@@ -14,6 +14,7 @@ import numpy as np
 
 from dlpack_io.reader.batch import order as order_mod
 from dlpack_io.reader.batch.skips import check_on_error
+from dlpack_io.reader.batch.stats import parse_log_every
 
 log = logging.getLogger(__name__)
 WORKER_KINDS = ("thread", "process")
@@ -44,6 +45,7 @@ class LoaderOptions:
     reduced_decode: bool = True       # decode JPEGs at a reduced DCT scale where it can
     block_size: int = order_mod.DEFAULT_BLOCK_SIZE   # geometry of shuffle="block"
     block_window: int = order_mod.DEFAULT_WINDOW
+    log_every: object = None          # the stats line through logging: N batches or "30s"
 
     def __post_init__(self):
         if int(self.batch_size) < 1 or int(self.num_workers) < 0 or int(self.seed) < 0:
@@ -62,6 +64,7 @@ class LoaderOptions:
         object.__setattr__(self, "transforms", tuple(self.transforms))
         object.__setattr__(self, "shuffle", order_mod.check_shuffle(self.shuffle))
         check_on_error(self.on_error)
+        parse_log_every(self.log_every)
 
     @property
     def in_flight(self) -> int:

@@ -1,0 +1,213 @@
+"""Is training waiting for data? What the Loader measures while it runs (``loader.stats()``).
+
+The training loop's time is cut at ``next()``: the seconds spent inside it are the wait for
+data (``wait_s``), the seconds between two calls are the training step (``step_s``), and
+``wait_fraction = wait_s / (wait_s + step_s)`` is the share of the loop's time lost to the
+loader. Both are wall-clock seconds of the consumer thread, measured by the Loader's own
+generator around each ``yield``, so they cost two clock reads per batch. Beside them: the
+seconds the consumer spent finishing batches (the copy to the device and the kernels, or the
+host hand-over), how many built batches were waiting when the loop asked (queue depth), and
+CPU seconds: this process's (every thread) plus the worker processes' (from /proc).
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, field
+
+DATA_BOUND = 0.10   # waiting this share of the loop's time or more: data-bound
+BUSY = 0.90         # workers this busy are the limit: more workers will not help
+
+
+def _proc_cpu(pids) -> float:
+    """CPU seconds (user + system) used so far by the processes ``pids`` (0 for gone ones)."""
+    total, tick = 0.0, os.sysconf("SC_CLK_TCK")
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime (fields 14, 15)
+    return total
+
+
+@dataclass
+class LoaderStats:
+    """The Loader's figures for one span (an epoch, or the whole run in ``run``)."""
+
+    epoch: int = 0
+    batches: int = 0
+    images: int = 0
+    wall_s: float = 0.0        # from the span's first next() to now (or to its end)
+    wait_s: float = 0.0        # inside next(): the loop waited for data
+    step_s: float = 0.0        # between next() calls: the training step
+    finish_s: float = 0.0      # copy to the device + kernels (or host hand-over), consumer
+    cpu_s: float = 0.0         # this process (all threads) + worker processes
+    consumer_cpu_s: float = 0.0  # the training loop's own thread
+    queue_depth: float = 0.0   # mean built batches waiting when the loop asked
+    num_workers: int = 0
+    worker_kind: str = "thread"
+    run: "LoaderStats | None" = field(default=None, repr=False)
+
+    @property
+    def wait_fraction(self) -> float:
+        """wait_s / (wait_s + step_s): the share of the loop's time spent waiting for data."""
+        total = self.wait_s + self.step_s
+        return self.wait_s / total if total > 0 else 0.0
+
+    @property
+    def images_per_s(self) -> float:
+        """Images delivered per wall-clock second."""
+        return self.images / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def cpu_ms_per_image(self) -> float:
+        """CPU milliseconds per image delivered (the training loop's own thread left out)."""
+        return 1000 * max(0.0, self.cpu_s - self.consumer_cpu_s) / self.images \
+            if self.images else 0.0
+
+    @property
+    def workers_busy(self) -> float:
+        """Share of the workers' time spent working (their CPU seconds over wall x count;
+        with num_workers=0 the consumer builds the batches: its time waiting for data)."""
+        if self.wall_s <= 0:
+            return 0.0
+        if self.num_workers == 0:
+            return min(1.0, self.wait_s / self.wall_s)
+        work = max(0.0, self.cpu_s - self.consumer_cpu_s)
+        return min(1.0, work / (self.wall_s * self.num_workers))
+
+    def as_dict(self) -> dict:
+        """Every figure, derived ones included (``run`` nested the same way)."""
+        out = {k: v for k, v in asdict(self).items() if k != "run"}
+        out.update(wait_fraction=self.wait_fraction, images_per_s=self.images_per_s,
+                   cpu_ms_per_image=self.cpu_ms_per_image, workers_busy=self.workers_busy,
+                   verdict=self.verdict())
+        if self.run is not None:
+            out["run"] = self.run.as_dict()
+        return out
+
+    def verdict(self) -> str:
+        """One line: is the loop data-bound, and what would help."""
+        waiting = f"{100 * self.wait_fraction:.1f}%"
+        if self.wait_fraction < DATA_BOUND:
+            return f"not data-bound: {waiting} of step time spent waiting for data"
+        busy = self.workers_busy
+        if busy >= BUSY:
+            advice = "more cores, device transforms or a cheaper recipe would help"
+        else:
+            advice = (f"workers idle part of the time: more workers (num_workers > "
+                      f"{self.num_workers}) or a deeper prefetch would help")
+        return (f"data-bound: {waiting} of step time spent waiting for data; workers busy "
+                f"{100 * busy:.0f}%: {advice}")
+
+    def postfix(self) -> dict:
+        """Short figures for a progress bar: ``tqdm(...).set_postfix(loader.stats().postfix())``."""
+        return {"wait": f"{100 * self.wait_fraction:.0f}%", "img/s": f"{self.images_per_s:.0f}"}
+
+    def __str__(self) -> str:
+        return (f"epoch {self.epoch}: {self.batches} batches, {self.images_per_s:,.0f} images/s, "
+                f"{self.cpu_ms_per_image:.2f} CPU-ms/image; {self.verdict()}")
+
+
+SUMMED = ("batches", "images", "wall_s", "wait_s", "step_s", "finish_s", "cpu_s",
+          "consumer_cpu_s")
+
+
+class StatsClock:
+    """Accumulates a Loader's figures; the Loader's generator calls it around each yield."""
+
+    def __init__(self, num_workers: int, worker_kind: str):
+        self.kind = dict(num_workers=num_workers, worker_kind=worker_kind)
+        self.run = LoaderStats(**self.kind)       # epochs that have ended
+        self.epoch = LoaderStats(**self.kind)     # the current (or last) epoch
+        self.open, self._start, self._cpu0, self._thread0, self._depths = False, 0.0, 0.0, 0.0, 0
+
+    def start_epoch(self, epoch: int, pids) -> None:
+        """Epoch ``epoch`` starts now (its first next() is being served)."""
+        self.epoch = LoaderStats(epoch=epoch, **self.kind)
+        self.open, self._start, self._depths = True, time.perf_counter(), 0
+        self._cpu0 = time.process_time() + _proc_cpu(pids)
+        self._thread0 = time.thread_time()
+
+    def waited(self, seconds: float) -> None:
+        """The loop waited ``seconds`` inside next()."""
+        self.epoch.wait_s += seconds
+
+    def stepped(self, seconds: float) -> None:
+        """The loop spent ``seconds`` outside next() (its training step)."""
+        self.epoch.step_s += seconds
+
+    def delivered(self, images: int, finish_s: float, depth: int) -> None:
+        """One batch of ``images`` left the loader after ``finish_s`` of finishing, with
+        ``depth`` more built batches waiting."""
+        e = self.epoch
+        e.batches, e.images, e.finish_s = e.batches + 1, e.images + images, e.finish_s + finish_s
+        self._depths += depth
+
+    def end_epoch(self, pids) -> None:
+        """The epoch ended (or was abandoned): fix its figures and add them to the run's."""
+        if self.open:
+            self._measure(pids, consumer_thread=True)
+            self.open = False
+            for name in SUMMED:
+                setattr(self.run, name, getattr(self.run, name) + getattr(self.epoch, name))
+            self.run.epoch = self.epoch.epoch
+
+    def _measure(self, pids, consumer_thread: bool) -> None:
+        e = self.epoch
+        e.wall_s = time.perf_counter() - self._start
+        e.cpu_s = time.process_time() + _proc_cpu(pids) - self._cpu0
+        if consumer_thread:
+            e.consumer_cpu_s = time.thread_time() - self._thread0
+        e.queue_depth = self._depths / e.batches if e.batches else 0.0
+
+    def snapshot(self, pids, consumer_thread: bool) -> LoaderStats:
+        """The current epoch's figures so far, with the whole run's in ``.run``.
+        ``consumer_thread``: asked from the thread that iterates the loader (its own CPU
+        time is then read now; from another thread the last reading is kept)."""
+        if self.open:
+            self._measure(pids, consumer_thread)
+        run = LoaderStats(**{k: v for k, v in vars(self.run).items() if k != "run"})
+        if self.open:
+            for name in SUMMED:
+                setattr(run, name, getattr(run, name) + getattr(self.epoch, name))
+        run.epoch = self.epoch.epoch
+        run.queue_depth = self.epoch.queue_depth
+        return LoaderStats(**{**vars(self.epoch), "run": run})
+
+
+def parse_log_every(value):
+    """``log_every``: None, a number of batches (int), or seconds as ``"30s"``; returns
+    ("batches" | "seconds" | None, amount)."""
+    if value is None:
+        return None, 0
+    if isinstance(value, str) and value.strip().endswith("s"):
+        try:
+            seconds = float(value.strip()[:-1])
+        except ValueError:
+            seconds = 0.0
+        if seconds > 0:
+            return "seconds", seconds
+    elif isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return "batches", value
+    raise ValueError(f"log_every {value!r}: expected a number of batches (an int > 0), "
+                     f"seconds as a string such as '30s', or None")
+
+
+class LogSchedule:
+    """When to write the stats line through ``logging`` (Loader's ``log_every``)."""
+
+    def __init__(self, value):
+        self.unit, self.every = parse_log_every(value)
+        self._last = time.perf_counter()
+
+    def due(self, batches: int) -> bool:
+        """True when the line is due after the epoch's ``batches``-th batch."""
+        if self.unit == "batches":
+            return batches % self.every == 0
+        if self.unit == "seconds" and time.perf_counter() - self._last >= self.every:
+            self._last = time.perf_counter()
+            return True
+        return False

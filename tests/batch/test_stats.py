@@ -1,0 +1,99 @@
+"""loader.stats(): the stall figures are right, not just present (checked against the time
+the test itself measures around next()), and the counts are exact."""
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+
+from dlpack_io.reader import Dataset, Loader, RandomResizedCrop
+from dlpack_io.reader.batch.stats import LoaderStats
+
+from helpers import pack_jpeg_and_raw
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    return pack_jpeg_and_raw(tmp_path_factory.mktemp("stats"), 48, 3, seed=7, shard_size="60KB")
+
+
+def _measured_epoch(loader, step_seconds: float):
+    """Iterate one epoch; return (seconds inside next(), seconds outside, batches, images)."""
+    inside = outside = 0.0
+    batches = images = 0
+    it = iter(loader)
+    while True:
+        t0 = time.perf_counter()
+        try:
+            x, _ = next(it)
+        except StopIteration:
+            inside += time.perf_counter() - t0
+            break
+        t1 = time.perf_counter()
+        inside += t1 - t0
+        batches, images = batches + 1, images + len(x)
+        if step_seconds:
+            time.sleep(step_seconds)  # the "training step": a known time outside next()
+        outside += time.perf_counter() - t1
+    return inside, outside, batches, images
+
+
+@pytest.mark.parametrize("kind", ["thread", "process"])
+@pytest.mark.parametrize("step", [0.0, 0.03], ids=["no-step", "sleep-step"])
+def test_wait_fraction_matches_the_wait_measured_around_next(packed, kind, step):
+    loader = Loader(Dataset(packed["jpeg"]), batch_size=8, num_workers=2, worker_kind=kind,
+                    transforms=[RandomResizedCrop(32)], seed=1)
+    inside, outside, batches, images = _measured_epoch(loader, step)
+    stats = loader.stats()
+    assert (stats.batches, stats.images) == (batches, images) == (6, 48)
+    assert stats.wait_fraction == pytest.approx(inside / (inside + outside), abs=0.05)
+    assert stats.wait_s + stats.step_s <= inside + outside + 0.01  # one clock, no double count
+    assert stats.step_s == pytest.approx(outside, abs=0.02 + 0.05 * outside)
+    if step:
+        assert stats.step_s >= batches * step
+    loader.close()
+
+
+def test_run_adds_up_the_epochs_and_each_epoch_starts_afresh(packed):
+    loader = Loader(Dataset(packed["raw"]), batch_size=10, num_workers=1, drop_last=False)
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        assert sum(len(x) for x, _ in loader) == 48
+        stats = loader.stats()
+        assert (stats.epoch, stats.batches, stats.images) == (epoch, 5, 48)
+        assert (stats.run.batches, stats.run.images) == (5 * (epoch + 1), 48 * (epoch + 1))
+    assert stats.run.wall_s >= stats.wall_s > 0
+    assert stats.as_dict()["run"]["images"] == 96
+    assert stats.as_dict()["wait_fraction"] == stats.wait_fraction
+    loader.close()
+
+
+def test_log_every_writes_the_line_every_n_batches(packed, caplog):
+    loader = Loader(Dataset(packed["raw"]), batch_size=8, num_workers=0, log_every=2)
+    with caplog.at_level(logging.INFO, logger="dlpack_io.reader.batch.loader"):
+        list(loader)
+    lines = [r.getMessage() for r in caplog.records if "batches" in r.getMessage()]
+    assert len(lines) == 3 and lines[0].startswith("Loader: epoch 0: 2 batches")
+    assert "data-bound" in lines[-1]
+
+
+@pytest.mark.parametrize("bad", [0, -3, "fast", "0s", True, 2.5])
+def test_log_every_refuses_what_is_not_a_count_or_seconds(packed, bad):
+    with pytest.raises(ValueError, match="log_every"):
+        Loader(Dataset(packed["raw"]), log_every=bad)
+
+
+def test_the_verdict_names_the_remedy():
+    bound = LoaderStats(wall_s=10, wait_s=3.4, step_s=6.6, cpu_s=19.6, consumer_cpu_s=0,
+                        num_workers=2, images=1000)
+    assert bound.verdict() == ("data-bound: 34.0% of step time spent waiting for data; "
+                               "workers busy 98%: more cores, device transforms or a cheaper "
+                               "recipe would help")
+    idle = LoaderStats(wall_s=10, wait_s=5, step_s=5, cpu_s=4, num_workers=4, images=1000)
+    assert idle.verdict().endswith("workers busy 10%: workers idle part of the time: more "
+                                   "workers (num_workers > 4) or a deeper prefetch would help")
+    fed = LoaderStats(wall_s=10, wait_s=0.04, step_s=9.96, num_workers=2, images=1000)
+    assert fed.verdict() == "not data-bound: 0.4% of step time spent waiting for data"
+    assert bound.cpu_ms_per_image == pytest.approx(19.6) and bound.images_per_s == 100
+    assert fed.postfix() == {"wait": "0%", "img/s": "100"}
