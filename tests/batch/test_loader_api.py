@@ -201,6 +201,7 @@ def test_batches_go_to_numpy_through_dlpack_without_a_copy(packed):
     assert np.array_equal(np.from_dlpack(labels), labels.numpy())
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_batches_go_to_cupy_or_jax_through_dlpack(packed):
     images, _ = next(iter(Loader(Dataset(packed["raw"]), batch_size=8, device="cuda",

@@ -34,7 +34,13 @@ from dlpack_io.reader import (CenterCrop, ColorJitter, Dataset, Loader, Normaliz
 from helpers import compiled_variants, pack_jpeg_and_raw
 
 HAVE_CUDA = torch.cuda.is_available()
-cuda = pytest.mark.skipif(not HAVE_CUDA, reason="needs a CUDA GPU (docs/gpu.md)")
+_needs_cuda = pytest.mark.skipif(not HAVE_CUDA, reason="needs a CUDA GPU (docs/gpu.md)")
+cuda = [pytest.mark.gpu, _needs_cuda]  # marks of every CUDA case (pytest -m gpu selects them)
+
+
+def _cuda_test(fn):
+    """Mark a whole test as a CUDA one (the gpu marker, skipped without a device)."""
+    return pytest.mark.gpu(_needs_cuda(fn))
 LAG_CYCLES = 10_000_000  # torch.cuda._sleep per batch: ~5-7 ms of GPU time at 1.5-2 GHz
 FLIPS = [RandomHorizontalFlip(), RandomVerticalFlip()]
 JITTER = ColorJitter(brightness=0.4, contrast=0.4, saturation=0.4, hue=0.1)
@@ -140,7 +146,7 @@ TWINS = {  # id: (data set, transforms, dtype, worker kind)
 }
 
 
-@cuda
+@_cuda_test
 @pytest.mark.parametrize("case", list(TWINS), ids=list(TWINS))
 def test_cuda_loader_matches_its_cpu_twin_with_a_lagging_gpu(packed, case):
     name, transforms, dtype, kind = TWINS[case]
@@ -169,7 +175,7 @@ HOST_PATHS = {"sample_transform-threads": dict(sample_transform=_quarter_turn),
               "device_transforms=False-threads": dict(device_transforms=False)}
 
 
-@cuda
+@_cuda_test
 @pytest.mark.parametrize("case", list(HOST_PATHS), ids=list(HOST_PATHS))
 def test_host_transforms_to_cuda_are_exact(packed, case):
     """sample_transform (or device_transforms=False, the explicit fallback of issue 14
@@ -190,7 +196,7 @@ def test_host_transforms_to_cuda_are_exact(packed, case):
     loader.close()
 
 
-@cuda
+@_cuda_test
 @pytest.mark.parametrize("kind", ["thread", "process"])
 def test_skip_on_cuda_matches_the_cpu_twin(packed, kind):
     ds = Dataset(packed["corrupt"])
@@ -323,7 +329,7 @@ def _check_overlap(events, total, staging):
         assert overlaps == staging, (k, "copy k+1 vs the end of step k")
 
 
-@cuda
+@_cuda_test
 @pytest.mark.parametrize("name,kind", [("raw", "thread"), ("jpeg", "thread"),
                                        ("jpeg", "process")])
 def test_one_pinned_side_stream_copy_and_one_kernel_per_batch(packed, name, kind, tmp_path):
@@ -367,7 +373,7 @@ def test_one_pinned_side_stream_copy_and_one_kernel_per_batch(packed, name, kind
 
 
 # ---- device resolution ------------------------------------------------------------------------
-@cuda
+@_cuda_test
 def test_device_is_resolved_once_explicit_then_local_rank_then_current(packed, monkeypatch):
     ds = Dataset(packed["raw"])
     kw = dict(batch_size=8, transforms=[RandomCrop(30)], num_workers=0)
@@ -388,7 +394,7 @@ def test_device_is_resolved_once_explicit_then_local_rank_then_current(packed, m
     assert images.device == labels.device == torch.device("cuda", last)
 
 
-@cuda
+@_cuda_test
 def test_batches_stay_on_the_resolved_gpu_when_another_becomes_current(packed, monkeypatch):
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two GPUs (LOCAL_RANK=1 while cuda:0 is current)")
@@ -402,7 +408,7 @@ def test_batches_stay_on_the_resolved_gpu_when_another_becomes_current(packed, m
 
 
 # ---- pinned slots, forked workers, pools across epochs ------------------------------------------
-@cuda
+@_cuda_test
 def test_process_slots_are_pinned_while_the_loader_lives(packed):
     loader = Loader(Dataset(packed["jpeg"]), device="cuda", worker_kind="process",
                     **_base(transforms=[RandomResizedCrop(24)]))
@@ -424,7 +430,7 @@ def _forked_after_cuda(pixels):
     return pixels
 
 
-@cuda
+@_cuda_test
 def test_workers_forked_after_cuda_never_touch_it(packed):
     """Worker processes are forked after the parent initialised CUDA (the probe checks it);
     torch raises in such a child on any CUDA call, so every batch arriving proves the
@@ -526,7 +532,7 @@ def test_process_slots_are_the_documented_size_and_kept(packed):
 # ---- compiled kernel variants ---------------------------------------------------------------
 
 
-@cuda
+@_cuda_test
 def test_compiled_variants_stay_bounded_as_batch_geometry_changes(packed):
     """Ragged JPEG batches change the buffer length and every image size per batch; those
     are runtime ints (do_not_specialize), so three epochs add at most two variants of the
