@@ -1,6 +1,6 @@
 """The ``dlpack`` command: a thin click layer over importable functions.
 
-One module per command (cli_convert, cli_inspect, cli_verify, cli_bench; cli_common holds
+One module per command (cli_convert, cli_inspect, cli_verify, cli_bench, cli_doctor; cli_common holds
 what they share); this one is the group, its options and ``--version``. Heavy imports
 (numpy, PIL, torch, the benchmark package) happen inside the commands so ``--help`` is
 instant.
@@ -13,6 +13,7 @@ import click
 
 from dlpack_io.tools.cli_bench import bench
 from dlpack_io.tools.cli_convert import convert
+from dlpack_io.tools.cli_doctor import doctor
 from dlpack_io.tools.cli_inspect import inspect
 from dlpack_io.tools.cli_verify import verify
 
@@ -44,12 +45,13 @@ def main(verbose: bool):
     dlpack inspect DST         what is in a packed data set
     dlpack verify DST          prove every record is intact
     dlpack bench SRC           measure converters, loaders and S3 reading side by side
+    dlpack doctor DST          how fast this machine feeds training from DST, and how
     """
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s")
 
 
-for _command in (convert, inspect, verify, bench):
+for _command in (convert, inspect, verify, bench, doctor):
     main.add_command(_command)
 
 

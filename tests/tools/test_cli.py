@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from dlpack_io.tools.cli import main
 
-COMMANDS = ["convert", "inspect", "verify"]
+COMMANDS = ["convert", "inspect", "verify", "doctor"]
 
 
 @pytest.mark.parametrize("command", [[]] + [[c] for c in COMMANDS])

@@ -1,0 +1,53 @@
+"""``dlpack doctor``: a short measured run per setting, the best one recommended, and the
+fastest training step it can feed (figures consistent with each other, not timings)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from dlpack_io.packer import convert
+from dlpack_io.tools.cli import main
+from dlpack_io.tools.doctor import candidates
+
+
+@pytest.fixture(scope="module")
+def packed(image_folder, tmp_path_factory):
+    dst = tmp_path_factory.mktemp("doctor") / "ds"
+    convert(image_folder, dst, shard_size="40KB", workers=0, progress=False)
+    return str(dst)
+
+
+def test_doctor_measures_each_setting_and_recommends_the_fastest(packed):
+    done = CliRunner().invoke(main, ["doctor", packed, "--json", "--seconds", "0.2",
+                                     "--batch-size", "4", "--crop", "32", "--workers", "1,2p"])
+    assert done.exit_code == 0, done.output
+    report = json.loads(done.output)
+    trials = report["trials"]
+    assert [(t["num_workers"], t["worker_kind"]) for t in trials] == [(1, "thread"), (2, "process")]
+    assert all(t["images_per_s"] > 0 and t["batches"] >= 1 for t in trials)
+    assert report["best"] == max(trials, key=lambda t: t["images_per_s"])
+    assert report["fastest_step_ms"] == pytest.approx(1000 * 4 / report["best"]["images_per_s"])
+    assert report["images"] == 24 and report["decode_only_images_per_s"] > 0
+
+
+def test_doctor_text_names_the_recommended_setting(packed):
+    done = CliRunner().invoke(main, ["doctor", packed, "--seconds", "0.2", "--batch-size", "4",
+                                     "--crop", "32", "--workers", "1", "--center-crop"])
+    assert done.exit_code == 0, done.output
+    assert "recommended: Loader(..., num_workers=1, worker_kind='thread')" in done.output
+    assert "| 1 | thread |" in done.output and "without waiting" in done.output
+
+
+@pytest.mark.parametrize("bad", ["0", "x", "2q", "1000"])
+def test_doctor_refuses_a_worker_setting_it_cannot_read(packed, bad):
+    done = CliRunner().invoke(main, ["doctor", packed, "--workers", bad])
+    assert done.exit_code == 2 and "worker count" in done.output
+
+
+def test_candidates_cover_threads_and_processes_up_to_the_cores():
+    assert candidates(2) == [(1, "thread"), (2, "thread"), (2, "process")]
+    assert candidates(8) == [(1, "thread"), (2, "thread"), (4, "thread"), (8, "thread"),
+                             (2, "process"), (4, "process"), (8, "process")]
+    assert candidates(1) == [(1, "thread")]

@@ -1,0 +1,76 @@
+"""``dlpack doctor DST``: the click command over ``doctor.diagnose``."""
+from __future__ import annotations
+
+import click
+
+from dlpack_io.tools.cli_common import DATASET, echo_json, fail
+
+
+def _transforms(crop: int, resize_crop: bool, flip: bool, normalize: bool) -> list:
+    """The Loader transforms the options describe (the ImageNet training recipe by default)."""
+    from dlpack_io.reader import (CenterCrop, Normalize, RandomHorizontalFlip,
+                                  RandomResizedCrop)
+
+    out = [RandomResizedCrop(crop) if resize_crop else CenterCrop(crop)]
+    if flip:
+        out.append(RandomHorizontalFlip())
+    if normalize:
+        out.append(Normalize(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)))
+    return out
+
+
+def _settings(workers: str | None) -> list | None:
+    """``--workers 1,2,4t,2p``: counts as threads, ``Np`` as processes; None: automatic."""
+    if not workers:
+        return None
+    out = []
+    for item in workers.split(","):
+        item = item.strip().lower()
+        kind = "process" if item.endswith("p") else "thread"
+        count = item.rstrip("pt")
+        if not count.isdigit() or int(count) < 1 or int(count) > 256:
+            raise click.BadParameter(f"{item!r}: expected a worker count 1..256, optionally "
+                                     f"followed by t (threads) or p (processes)")
+        out.append((int(count), kind))
+    return out
+
+
+@click.command()
+@click.argument("dst", type=DATASET)
+@click.option("--batch-size", type=click.IntRange(1), default=256, show_default=True)
+@click.option("--crop", type=click.IntRange(1), default=224, show_default=True,
+              help="Output size of the crop.")
+@click.option("--resize-crop/--center-crop", default=True, show_default=True,
+              help="RandomResizedCrop (training) or CenterCrop (evaluation).")
+@click.option("--flip/--no-flip", default=True, show_default=True,
+              help="RandomHorizontalFlip after the crop.")
+@click.option("--normalize/--no-normalize", default=False, show_default=True,
+              help="Normalize (ImageNet mean and std) to float32 on the host.")
+@click.option("--seconds", type=click.FloatRange(0.1), default=10.0, show_default=True,
+              help="How long to measure each setting.")
+@click.option("--workers", default=None,
+              help="Settings to try, e.g. '1,2,4,2p' (t: threads, the default; p: processes); "
+                   "default: 1, 2, 4... threads up to the core count and 2... processes.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
+def doctor(dst, batch_size, crop, resize_crop, flip, normalize, seconds, workers, as_json):
+    """Measure how fast this machine feeds training from DST, and with which settings.
+
+    Runs the Loader with your transforms for a few seconds per setting and prints, side by
+    side: the decode-only rate of one core, the Loader's rate for each worker setting (with
+    CPU-ms per image and how busy the workers were), the recommended setting, and the
+    fastest training step it can feed without the step waiting for data.
+    """
+    from dlpack_io.reader import Dataset
+    from dlpack_io.tools.doctor import diagnose, report_text
+
+    settings = _settings(workers)
+    try:
+        ds = Dataset(dst)
+        report = diagnose(ds, _transforms(crop, resize_crop, flip, normalize),
+                          batch_size=batch_size, seconds=seconds, settings=settings)
+    except (OSError, ValueError) as exc:
+        fail(f"{dst}: {exc}")
+    if as_json:
+        echo_json(report)
+    else:
+        click.echo(report_text(report))

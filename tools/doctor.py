@@ -1,0 +1,114 @@
+"""``dlpack doctor DST``: how fast can this machine feed training from DST, and with what?
+
+A short measured run with the user's transforms, on this machine:
+
+* the decode-only rate: records decoded whole, one thread, no transforms (what one core
+  gives when nothing else is done);
+* the Loader's rate for each candidate setting (worker count x thread/process workers),
+  each run long enough to pass its start-up, with its ``loader.stats()`` (CPU per image,
+  how busy the workers were);
+* the training step it can feed: the best setting's batches per second, i.e. a step
+  faster than ``batch_size / rate`` seconds will wait for data.
+
+It returns data (``diagnose``); the command prints it (``report_text``).
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class Trial:
+    """One Loader setting, measured."""
+
+    num_workers: int
+    worker_kind: str
+    images_per_s: float
+    cpu_ms_per_image: float
+    workers_busy: float
+    batches: int
+
+
+def decode_rate(dataset, seconds: float) -> float:
+    """Images per second decoded whole (``dataset[i]``) by one thread, for ``seconds``."""
+    n, start = 0, time.perf_counter()
+    while n < len(dataset):
+        dataset[n]
+        n += 1
+        if time.perf_counter() - start >= seconds:
+            break
+    return n / max(time.perf_counter() - start, 1e-9)
+
+
+def measure(dataset, transforms, batch_size: int, num_workers: int, worker_kind: str,
+            seconds: float) -> Trial:
+    """Run the Loader with one setting for about ``seconds`` (after its first batch, which
+    pays the start-up) and return its figures."""
+    from dlpack_io.reader import Loader
+
+    loader = Loader(dataset, batch_size=batch_size, num_workers=num_workers,
+                    worker_kind=worker_kind, transforms=list(transforms), drop_last=False)
+    try:
+        images, start, epoch = 0, None, 0
+        while start is None or time.perf_counter() - start < seconds:
+            loader.set_epoch(epoch)
+            for x, _ in loader:
+                if start is None:
+                    start = time.perf_counter()  # the first batch: start-up, not counted
+                    continue
+                images += len(x)
+                if time.perf_counter() - start >= seconds:
+                    break
+            epoch += 1
+        stats = loader.stats().run
+        elapsed = time.perf_counter() - start
+        return Trial(num_workers, worker_kind, images / max(elapsed, 1e-9),
+                     stats.cpu_ms_per_image, stats.workers_busy, stats.batches)
+    finally:
+        loader.close()
+
+
+def candidates(cores: int, kinds=("thread", "process")) -> list[tuple[int, str]]:
+    """The settings worth trying on ``cores`` cores: 1, 2, 4, ... up to the core count, as
+    threads; 2 up to the core count as processes (one process can hold a core only)."""
+    counts, n = [], 1
+    while n <= max(1, cores):
+        counts.append(n)
+        n *= 2
+    out = [(c, "thread") for c in counts if "thread" in kinds]
+    out += [(c, "process") for c in counts if c >= 2 and "process" in kinds]
+    return out
+
+
+def diagnose(dataset, transforms, *, batch_size: int, seconds: float, settings=None) -> dict:
+    """Measure ``dataset`` with ``transforms``: the decode-only rate, every setting of
+    ``settings`` (default :func:`candidates` for this machine), the best one and the
+    training step it can feed. Returns a dict (JSON-friendly)."""
+    cores = len(os.sched_getaffinity(0))
+    settings = settings or candidates(cores)
+    trials = [measure(dataset, transforms, batch_size, w, kind, seconds) for w, kind in settings]
+    best = max(trials, key=lambda t: t.images_per_s)
+    return {"cores": cores, "batch_size": batch_size, "images": len(dataset),
+            "decode_only_images_per_s": decode_rate(dataset, seconds),
+            "trials": [asdict(t) for t in trials], "best": asdict(best),
+            "fastest_step_ms": 1000 * batch_size / best.images_per_s
+            if best.images_per_s else float("inf")}
+
+
+def report_text(report: dict) -> str:
+    """The diagnosis as a table and two lines of advice."""
+    best = report["best"]
+    lines = [f"{report['images']} images, batch {report['batch_size']}, {report['cores']} cores",
+             f"decode only (1 thread, no transforms): {report['decode_only_images_per_s']:,.0f} "
+             "images/s",
+             "", "| workers | kind | images/s | CPU-ms/image | workers busy |", "|---|---|---|---|---|"]
+    for t in report["trials"]:
+        lines.append(f"| {t['num_workers']} | {t['worker_kind']} | {t['images_per_s']:,.0f} | "
+                     f"{t['cpu_ms_per_image']:.2f} | {100 * t['workers_busy']:.0f}% |")
+    lines += ["", f"recommended: Loader(..., num_workers={best['num_workers']}, "
+                  f"worker_kind={best['worker_kind']!r}): {best['images_per_s']:,.0f} images/s",
+              f"it feeds a training step of {report['fastest_step_ms']:.1f} ms or more per batch "
+              f"of {report['batch_size']} without waiting; a faster step is data-bound here"]
+    return "\n".join(lines)
