@@ -4,24 +4,24 @@
                                   Resize, RandomHorizontalFlip, RandomVerticalFlip,
                                   ColorJitter, Normalize)
 
-Cheap to import: ``Loader`` and ``LoaderOptions`` (and with them torch) are imported on first
-use, so the packer's worker processes, which import ``dlpack_io.reader.format``, do not pay
-for torch.
+Cheap to import: every public name is imported on first use, so a process that needs only
+the byte spec (the packer's workers, the ``dlpack`` command's option lists: they import
+``dlpack_io.reader.format``) does not pay for the Dataset, the Loader or torch.
 """
-from dlpack_io.reader.dataset import Dataset
-from dlpack_io.reader.batch.errors import LoaderError, LoaderTimeout, SampleError, WorkerError
-from dlpack_io.reader.format import FormatError
-from dlpack_io.reader.batch.transforms import (CenterCrop, ColorJitter, Normalize, RandomCrop,
-                                               RandomHorizontalFlip, RandomResizedCrop,
-                                               RandomVerticalFlip, Resize)
+__all__ = ["Dataset", "Loader", "LoaderOptions", "LoaderStats", "FormatError", "LoaderError",
+           "LoaderTimeout", "SampleError", "WorkerError", "Resize", "RandomResizedCrop",
+           "RandomCrop", "CenterCrop", "RandomHorizontalFlip", "RandomVerticalFlip",
+           "ColorJitter", "Normalize"]
 
-__all__ = ["Dataset", "Loader", "LoaderOptions", "LoaderStats", "FormatError", "LoaderError", "LoaderTimeout",
-           "SampleError", "WorkerError", "Resize", "RandomResizedCrop", "RandomCrop",
-           "CenterCrop", "RandomHorizontalFlip", "RandomVerticalFlip", "ColorJitter",
-           "Normalize"]
-
-_LAZY = {"Loader": "dlpack_io.reader.batch.loader", "LoaderOptions": "dlpack_io.reader.batch.options",
-         "LoaderStats": "dlpack_io.reader.batch.stats"}
+_TRANSFORMS = "dlpack_io.reader.batch.transforms"
+_ERRORS = "dlpack_io.reader.batch.errors"
+_LAZY = {"Dataset": "dlpack_io.reader.dataset", "FormatError": "dlpack_io.reader.format",
+         "Loader": "dlpack_io.reader.batch.loader", "LoaderOptions": "dlpack_io.reader.batch.options",
+         "LoaderStats": "dlpack_io.reader.batch.stats",
+         **dict.fromkeys(("LoaderError", "LoaderTimeout", "SampleError", "WorkerError"), _ERRORS),
+         **dict.fromkeys(("Resize", "RandomResizedCrop", "RandomCrop", "CenterCrop",
+                          "RandomHorizontalFlip", "RandomVerticalFlip", "ColorJitter",
+                          "Normalize"), _TRANSFORMS)}
 
 
 def __getattr__(name: str):
@@ -32,3 +32,7 @@ def __getattr__(name: str):
         globals()[name] = value
         return value
     raise AttributeError(f"module 'dlpack_io.reader' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -33,3 +33,26 @@ class DatasetArg(click.ParamType):
 
 
 DATASET = DatasetArg()  # the DST argument of inspect and verify
+
+
+class LazyChoice(click.Choice):
+    """A ``click.Choice`` whose values are read from their one home in the library when
+    first needed (parsing, or a command's ``--help``): ``LazyChoice("dlpack_io.packer.options",
+    "NON_JPEG")``. Importing the CLI thus stays free of numpy and torch, and no option list
+    is a copy that could drift from what the library accepts."""
+
+    def __init__(self, module: str, name: str, extra=(), **kwargs):
+        self._where, self._extra = (module, name), tuple(extra)
+        super().__init__((), **kwargs)
+
+    @property
+    def choices(self):
+        import importlib
+
+        module, name = self._where
+        return tuple(getattr(importlib.import_module(module), name)) + self._extra
+
+    @choices.setter
+    def choices(self, value):
+        pass  # click.Choice.__init__ assigns them; ours are read from the library
+

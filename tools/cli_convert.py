@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from dlpack_io.tools.cli_common import echo_json, fail
+from dlpack_io.tools.cli_common import LazyChoice, echo_json, fail
 
 
 @click.command()
@@ -13,9 +13,9 @@ from dlpack_io.tools.cli_common import echo_json, fail
 @click.option("--list", "list_file", type=click.Path(exists=True, dir_okay=False),
               help="CSV/TSV of 'path,label' rows (paths relative to SRC) instead of class "
                    "sub-folders. Labels are class names or integers.")
-@click.option("--format", "data_format", type=click.Choice(["record", "lmdb"]), default="record",
+@click.option("--format", "data_format", type=LazyChoice("dlpack_io.reader.format", "FORMATS"), default="record",
               show_default=True, help="Our mmap-friendly record shards, or sharded LMDB.")
-@click.option("--mode", type=click.Choice(["jpeg", "raw"]), default="jpeg", show_default=True,
+@click.option("--mode", type=LazyChoice("dlpack_io.reader.format", "MODES"), default="jpeg", show_default=True,
               help="jpeg: keep the original JPEG bytes; raw: store decoded RGB uint8 pixels.")
 @click.option("--size", type=int, help="raw mode: resize the shorter side to SIZE and "
               "center-crop SIZE x SIZE, so batches are dense arrays.")
@@ -43,7 +43,7 @@ from dlpack_io.tools.cli_common import echo_json, fail
                    "image a crop needs. Costs no more than the validation it replaces. "
                    "--no-restart-markers stores every JPEG's original bytes untouched. "
                    "Progressive, grayscale and CMYK files are always kept as they are.")
-@click.option("--non-jpeg", type=click.Choice(["raw", "jpeg", "reject"]), default="raw",
+@click.option("--non-jpeg", type=LazyChoice("dlpack_io.packer.options", "NON_JPEG"), default="raw",
               show_default=True,
               help="Images that are not JPEGs by content (PNG, WebP, BMP, TIFF, GIF, also "
                    "when named .jpg): raw = store their upright RGB pixels losslessly as raw "
@@ -55,7 +55,7 @@ from dlpack_io.tools.cli_common import echo_json, fail
               help="Reject images of more than this many pixels (width x height) before "
                    "decoding them, naming the size in rejects.tsv (a decompression-bomb "
                    "guard). Default 89478485, where Pillow starts warning of a bomb.")
-@click.option("--on-error", type=click.Choice(["skip", "fail"]), default="skip", show_default=True,
+@click.option("--on-error", type=LazyChoice("dlpack_io.packer.options", "ON_ERROR"), default="skip", show_default=True,
               help="skip: list bad inputs in rejects.tsv and go on; fail: stop at the first.")
 @click.option("--no-labels", is_flag=True,
               help="SRC is a folder of images without class sub-folders (self-supervised, "
@@ -65,7 +65,7 @@ from dlpack_io.tools.cli_common import echo_json, fail
               help="Leave the host name and the absolute paths of SRC and the --list file out "
                    "of the manifest (for a data set meant for sharing). Relative file paths "
                    "inside SRC are kept: they name the samples.")
-@click.option("--engine", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+@click.option("--engine", type=LazyChoice("dlpack_io.packer.engines", "ENGINES"), default="local", show_default=True,
               help="local: worker processes on this machine. ray: tasks on a Ray cluster "
                    "(pip install 'dlpack-io[ray]'); same bytes as local, resumable. SRC must be a "
                    "path every node sees (shared file system); DST too, or s3://... (each "
