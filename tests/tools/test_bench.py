@@ -100,6 +100,8 @@ def test_run_bench_baselines_and_report(tiny_folder, tmp_path, monkeypatch):
     done = [r for r in rows if r["family"] in ("serial", "multiprocessing")]
     assert done and all(r["images"] == 40 and r["images_per_s"] > 0 for r in done), done
     assert all(r["memory"]["pss_kb"] > 0 for r in done)
+    # CPU per image of the contender's process tree (jiffies: a tiny epoch may read 0)
+    assert all(r["cpu_ms_per_image"] == 1000 * r["cpu_s"][0] / 40 >= 0 for r in done), done
     lit = [r for r in rows if r["family"] == "litdata"]
     assert lit and all(r["error"] == "not installed: test says so" for r in lit)
     assert result["convert"]["litdata-jpeg"]["error"].startswith("not installed")
@@ -107,6 +109,7 @@ def test_run_bench_baselines_and_report(tiny_folder, tmp_path, monkeypatch):
     assert saved["environment"]["versions"]["torch"] != "not installed"
     text = (out / "bench.md").read_text()
     assert "not installed: test says so" in text and "serial numpy loop" in text
+    assert " CPU-ms)" in text
     assert {"jpeg", "raw"} == {g["mode"] for g in result["groups"]}
 
 

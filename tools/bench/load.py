@@ -42,9 +42,12 @@ class ForeignLoad:
         self.machine, self.tree, self.me = machine_busy(), tree_cpu(root), _self_cpu()
 
     def stop(self, seconds: float) -> float:
-        """Average number of cores busy outside the contender and this harness."""
+        """Average number of cores busy outside the contender and this harness; the
+        contender's own CPU seconds (its whole process tree) are kept in ``own_s``."""
         busy = machine_busy() - self.machine
-        ours = tree_cpu(self.root) - self.tree + (_self_cpu() - self.me)
+        contender = tree_cpu(self.root) - self.tree
+        self.own_s = contender / TICKS
+        ours = contender + (_self_cpu() - self.me)
         return max(0.0, (busy - ours) / TICKS / max(seconds, 1e-9))
 
 

@@ -19,7 +19,8 @@ def _cell(row) -> str:
     if "images_per_s" not in row:
         return f"failed: {row.get('error', '?')[:80]}"
     noisy = "†" if row.get("spread", 0) > NOISY else ""
-    return f"{row['images_per_s']:,.0f} ({row.get('speedup', 0):.2f}x){noisy}"
+    cpu = f", {row['cpu_ms_per_image']:.2f} CPU-ms" if "cpu_ms_per_image" in row else ""
+    return f"{row['images_per_s']:,.0f} ({row.get('speedup', 0):.2f}x{cpu}){noisy}"
 
 
 def convert_table(result) -> list:
@@ -113,7 +114,8 @@ LIMIT_ROWS = (("*limit: the same work alone, per sample (PIL / numpy), x cores u
 
 
 def load_table(result) -> list:
-    """Markdown lines: contender x (mode, workers) images/s (speedup over serial), batch 256."""
+    """Markdown lines: contender x (mode, workers) images/s (speedup over serial, CPU-ms per
+    image of the contender's whole process tree), batch 256."""
     groups = [g for g in result["groups"] if g["kind"] == "workers"]
     lines = ["| contender | " + " | ".join(f"{g['mode']} w{g['workers']}" for g in groups)
              + " | peak PSS MB (max over its runs) |", "|---|" + "---:|" * (len(groups) + 1)]
@@ -195,7 +197,7 @@ def _header(result) -> list:
 
 def _loader_parts(result) -> list:
     parts = ["", "### Load: images/s (speedup over the serial loop measured in the same "
-                 "group), batch 256", ""]
+                 "group, CPU-ms per image of the contender's processes), batch 256", ""]
     parts += load_table(result) + ["", "\\* not the same per-sample work: the peer's own "
                                    "decoder and resize. † its timed epochs spread more than "
                                    f"{NOISY:.0%} around the median. {foreign_text(result)}"]

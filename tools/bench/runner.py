@@ -106,6 +106,7 @@ def _epoch(child, row, r: int, warm_paths, timeout: float) -> bool:
     if r > 0:
         row["seconds"].append(reply["seconds"])
         row.setdefault("foreign_cores", []).append(round(foreign.stop(reply["seconds"]), 2))
+        row.setdefault("cpu_s", []).append(round(foreign.own_s, 3))  # the contender's tree
     return True
 
 
@@ -140,6 +141,8 @@ def _summarise(rows) -> list:
             row["images_per_s"] = row["images"] / row["median_s"]
             row["spread"] = (max(row["seconds"]) - min(row["seconds"])) / row["median_s"]
             row["best_images_per_s"] = row["images"] / min(row["seconds"])
+            if row.get("cpu_s") and row["images"]:
+                row["cpu_ms_per_image"] = 1000 * statistics.median(row["cpu_s"]) / row["images"]
             if base:
                 row["speedup"] = row["images_per_s"] / base["images_per_s"]
     return rows
