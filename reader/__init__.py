@@ -11,14 +11,15 @@ for torch.
 from dlpack_io.reader.dataset import Dataset
 from dlpack_io.reader.batch.errors import LoaderError, LoaderTimeout, SampleError, WorkerError
 from dlpack_io.reader.format import FormatError
-from dlpack_io.reader.batch.transforms import (CenterCrop, ColorJitter, Normalize, RandomCrop,
+from dlpack_io.reader.batch.transforms import (CenterCrop, ColorJitter, CutMix, MixUp,
+                                               Normalize, RandomCrop, RandomErasing,
                                                RandomHorizontalFlip, RandomResizedCrop,
                                                RandomVerticalFlip, Resize)
 
 __all__ = ["Dataset", "Loader", "LoaderOptions", "FormatError", "LoaderError", "LoaderTimeout",
            "SampleError", "WorkerError", "Resize", "RandomResizedCrop", "RandomCrop",
            "CenterCrop", "RandomHorizontalFlip", "RandomVerticalFlip", "ColorJitter",
-           "Normalize"]
+           "Normalize", "RandomErasing", "MixUp", "CutMix"]
 
 _LAZY = {"Loader": "dlpack_io.reader.batch.loader", "LoaderOptions": "dlpack_io.reader.batch.options"}
 

@@ -44,7 +44,7 @@ class BatchFinish:
     """Erasing (device path only) and mixing of each delivered batch."""
 
     def __init__(self, spec, seed: int, num_classes: int, device_transforms: bool):
-        self.spec, self.seed, self.num_classes = spec, int(seed), int(num_classes)
+        self.spec, self.seed = spec, int(seed)
         self.erase_here = device_transforms and spec.erasing is not None
         self.num_classes = next((m.num_classes for m in spec.mixes
                                  if m.num_classes is not None), int(num_classes))
