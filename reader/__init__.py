@@ -15,11 +15,12 @@ from dlpack_io.reader.batch.transforms import (CenterCrop, ColorJitter, CutMix, 
                                                Normalize, RandomCrop, RandomErasing,
                                                RandomHorizontalFlip, RandomResizedCrop,
                                                RandomVerticalFlip, Resize)
+from dlpack_io.reader.batch.sampleio import SampleTransform
 
 __all__ = ["Dataset", "Loader", "LoaderOptions", "FormatError", "LoaderError", "LoaderTimeout",
            "SampleError", "WorkerError", "Resize", "RandomResizedCrop", "RandomCrop",
            "CenterCrop", "RandomHorizontalFlip", "RandomVerticalFlip", "ColorJitter",
-           "Normalize", "RandomErasing", "MixUp", "CutMix"]
+           "Normalize", "RandomErasing", "MixUp", "CutMix", "SampleTransform"]
 
 _LAZY = {"Loader": "dlpack_io.reader.batch.loader", "LoaderOptions": "dlpack_io.reader.batch.options"}
 
