@@ -11,16 +11,18 @@ for torch.
 from dlpack_io.reader.dataset import Dataset
 from dlpack_io.reader.batch.errors import LoaderError, LoaderTimeout, SampleError, WorkerError
 from dlpack_io.reader.format import FormatError
-from dlpack_io.reader.batch.transforms import (CenterCrop, ColorJitter, CutMix, MixUp,
-                                               Normalize, RandomCrop, RandomErasing,
-                                               RandomHorizontalFlip, RandomResizedCrop,
-                                               RandomVerticalFlip, Resize)
+from dlpack_io.reader.batch.transforms import (AutoAugment, CenterCrop, ColorJitter, CutMix,
+                                               MixUp, Normalize, RandAugment, RandomCrop,
+                                               RandomErasing, RandomHorizontalFlip,
+                                               RandomResizedCrop, RandomVerticalFlip, Resize,
+                                               TrivialAugmentWide)
 from dlpack_io.reader.batch.sampleio import SampleTransform
 
 __all__ = ["Dataset", "Loader", "LoaderOptions", "FormatError", "LoaderError", "LoaderTimeout",
            "SampleError", "WorkerError", "Resize", "RandomResizedCrop", "RandomCrop",
            "CenterCrop", "RandomHorizontalFlip", "RandomVerticalFlip", "ColorJitter",
-           "Normalize", "RandomErasing", "MixUp", "CutMix", "SampleTransform"]
+           "Normalize", "RandomErasing", "MixUp", "CutMix", "SampleTransform",
+           "AutoAugment", "RandAugment", "TrivialAugmentWide"]
 
 _LAZY = {"Loader": "dlpack_io.reader.batch.loader", "LoaderOptions": "dlpack_io.reader.batch.options"}
 

@@ -23,6 +23,7 @@ from dlpack_io.reader.batch.transforms import (
                                                CROPS, PUBLIC, CenterCrop, ColorJitter, CutMix, MixUp, Normalize, RandomCrop,
                                                RandomErasing, RandomHorizontalFlip, RandomResizedCrop, RandomVerticalFlip,
                                                Resize, ResizeThenCrop, TransformError)
+from dlpack_io.reader.batch.autoaugment import AUGMENTS
 from dlpack_io.reader.batch.geometry import decode_windows
 
 ORDER_HELP = ("transforms must come in this order: [Resize] [RandomResizedCrop | RandomCrop | "
@@ -44,6 +45,7 @@ class TransformSpec:
     dtype: object = None             # torch dtype of the output images
     reduced_decode: bool = True      # decode JPEGs at a reduced DCT scale when a resize allows
     erasing: RandomErasing | None = None  # on the finished batch (erasing.py)
+    augment: object = None           # AutoAugment / RandAugment / TrivialAugmentWide (host)
     mixes: tuple = ()                # MixUp / CutMix on the delivered batch (mixing.py)
 
     @property
@@ -138,7 +140,22 @@ def full_image_boxes(heights, widths, indices) -> tuple[np.ndarray, tuple]:
 # ---- compile the user's list ------------------------------------------------------------
 _STAGE = {Resize: 0, RandomResizedCrop: 1, RandomCrop: 1, CenterCrop: 1,
           RandomHorizontalFlip: 2, RandomVerticalFlip: 2, ColorJitter: 2, Normalize: 3,
-          RandomErasing: 4, MixUp: 5, CutMix: 5}
+          RandomErasing: 4, MixUp: 5, CutMix: 5, **{cls: 2 for cls in AUGMENTS}}
+
+
+def _check_augment(transforms, names) -> None:
+    """An AutoAugment-like op sees the cropped, flipped image and comes before ColorJitter
+    (the order in which the Loader applies them); at most one of them."""
+    at = [k for k, t in enumerate(transforms) if isinstance(t, AUGMENTS)]
+    if not at:
+        return
+    flips = [k for k, t in enumerate(transforms)
+             if isinstance(t, (RandomHorizontalFlip, RandomVerticalFlip))]
+    jitter = [k for k, t in enumerate(transforms) if isinstance(t, ColorJitter)]
+    if len(at) > 1 or any(k > at[0] for k in flips) or any(k < at[0] for k in jitter):
+        raise ValueError(f"{ORDER_HELP}; one of AutoAugment / RandAugment / "
+                         f"TrivialAugmentWide goes after the flips and before ColorJitter; "
+                         f"got [{', '.join(names)}]")
 
 
 def _check_order(transforms) -> None:
@@ -152,6 +169,7 @@ def _check_order(transforms) -> None:
     crops = [k for k in kinds if k in CROPS]
     if stages != sorted(stages) or len(set(kinds)) != len(kinds) or len(crops) > 1:
         raise ValueError(f"{ORDER_HELP}; got [{', '.join(names)}]")
+    _check_augment(transforms, names)
     if Resize in kinds and RandomResizedCrop in kinds:
         raise ValueError(f"{ORDER_HELP}; got [{', '.join(names)}] (RandomResizedCrop picks its "
                          f"box relative to the image: drop the Resize)")
@@ -198,7 +216,7 @@ def compile_spec(transforms=(), *, dtype=None, reduced_decode: bool = True) -> T
     mixes = tuple(t for t in transforms if isinstance(t, (MixUp, CutMix)))
     return TransformSpec(geometry, flip_h.p if flip_h else 0.0,
                          flip_v.p if flip_v else 0.0, pick(ColorJitter), norm, dtype, reduce,
-                         pick(RandomErasing), mixes)
+                         erasing=pick(RandomErasing), mixes=mixes, augment=pick(AUGMENTS))
 
 
 # ---- plan one batch ---------------------------------------------------------------------

@@ -19,6 +19,9 @@ log = logging.getLogger(__name__)
 
 def kernel_cannot(spec) -> str | None:
     """Why the GPU kernels cannot finish batches of ``spec`` (None when they can)."""
+    if spec.augment is not None:
+        return (f"{type(spec.augment).__name__} runs per sample on the host (the GPU kernels "
+                f"do not have its ops)")
     mode, _ = spec.resample
     if mode != "bilinear":
         return (f"interpolation={mode!r}: the GPU kernel resamples bilinearly (with or "
@@ -35,7 +38,7 @@ def place_transforms(spec, on_device: bool, asked) -> bool:
         return on_device
     if asked:
         raise ValueError(f"device_transforms=True, but {reason}: pass device_transforms=None "
-                         f"(host transforms, then one copy) or interpolation='bilinear'")
+                         f"(host transforms, then one copy)")
     log.info("Loader: %s; transforming on the host and copying finished batches", reason)
     return False
 

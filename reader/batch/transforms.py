@@ -17,7 +17,9 @@ Geometry (geometry.py; at most one of each, in this order):
   * :class:`RandomResizedCrop`: torchvision's box sampling, resized to ``size``.
   * :class:`RandomCrop` / :class:`CenterCrop`: a ``size`` box (no padding).
 Then, in any order (they commute): :class:`RandomHorizontalFlip`, :class:`RandomVerticalFlip`,
-:class:`ColorJitter`. Then :class:`Normalize`. After it (torchvision's recipe order):
+:class:`ColorJitter`; one of :class:`AutoAugment`, :class:`RandAugment`,
+:class:`TrivialAugmentWide` (autoaugment.py; host only) after the flips and before
+ColorJitter. Then :class:`Normalize`. After it (torchvision's recipe order):
 :class:`RandomErasing` (erasing.py), then the batch-level :class:`MixUp` / :class:`CutMix`
 (mixing.py; both listed: one per batch, even odds).
 """
@@ -26,6 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from dlpack_io.reader.batch.autoaugment import AutoAugment, RandAugment, TrivialAugmentWide
 from dlpack_io.reader.batch.erasing import RandomErasing
 from dlpack_io.reader.batch.geometry import (CenterCrop, RandomCrop, RandomResizedCrop, Resize,
                                              ResizeThenCrop, TransformError)
@@ -33,7 +36,8 @@ from dlpack_io.reader.batch.mixing import CutMix, MixUp
 
 __all__ = ["Resize", "RandomResizedCrop", "RandomCrop", "CenterCrop", "RandomHorizontalFlip",
            "RandomVerticalFlip", "ColorJitter", "Normalize", "ResizeThenCrop", "TransformError",
-           "RandomErasing", "MixUp", "CutMix", "CROPS", "PUBLIC"]
+           "RandomErasing", "MixUp", "CutMix", "AutoAugment", "RandAugment",
+           "TrivialAugmentWide", "CROPS", "PUBLIC"]
 
 
 def _probability(name: str, p) -> float:
@@ -125,4 +129,5 @@ class Normalize:
 
 CROPS = (RandomResizedCrop, RandomCrop, CenterCrop)
 PUBLIC = (Resize, RandomResizedCrop, RandomCrop, CenterCrop, RandomHorizontalFlip,
-          RandomVerticalFlip, ColorJitter, Normalize, RandomErasing, MixUp, CutMix)
+          RandomVerticalFlip, ColorJitter, Normalize, RandomErasing, MixUp, CutMix,
+          AutoAugment, RandAugment, TrivialAugmentWide)
