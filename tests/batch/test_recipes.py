@@ -261,3 +261,19 @@ def test_mixing_refusals(packed):
             RandomResizedCrop(8), CutMix(1.0, num_classes=2)])))
     with pytest.raises(ValueError, match="alpha=0.0 must be a positive"):
         MixUp(0.0)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("shape,out", [((37, 53), (16, 20)), ((9, 7), (24, 31)), ((30, 30), (30, 30))])
+def test_interpolate_box_is_torchs_interpolate(mode, shape, out):
+    import torch.nn.functional as F
+
+    from dlpack_io.reader.resample import interpolate_box
+
+    img = np.random.RandomState(sum(shape)).randint(0, 256, (*shape, 3)).astype(np.uint8)
+    got = interpolate_box(img, (0, 0, shape[1], shape[0]), out, mode).astype(float)
+    ref = F.interpolate(torch.from_numpy(img).permute(2, 0, 1)[None].double(), size=out,
+                        mode=mode, align_corners=False, antialias=False)[0]
+    ref = ref.round().clamp(0, 255).permute(1, 2, 0).numpy()
+    assert np.abs(got - ref).max() <= 1 and np.mean(got == ref) > 0.99
+    assert np.abs(got - plain_resize(img, *out, cubic=mode == "bicubic")).max() <= 0.5 + 1e-9
