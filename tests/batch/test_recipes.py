@@ -278,3 +278,18 @@ def test_interpolate_box_is_torchs_interpolate(mode, shape, out):
     assert np.abs(got - ref).max() <= 1 and np.mean(got == ref) > 0.99
     ref2 = np.clip(plain_resize(img, *out, cubic=mode == "bicubic"), 0, 255)  # cubic overshoots
     assert np.abs(got - ref2).max() <= 0.5 + 1e-9
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (docs/gpu.md)")
+@pytest.mark.parametrize("device_transforms", [None, False])
+def test_cuda_erasing_and_mixing_happen_on_the_device_and_match_the_cpu(packed,
+                                                                       device_transforms):
+    tr = [RandomCrop(16), Normalize(), RandomErasing(p=0.8, value="random"), MixUp(0.2),
+          CutMix(1.0)]
+    _, cpu = _run(packed["raw"], tr)
+    _, gpu = _run(packed["raw"], tr, device="cuda", device_transforms=device_transforms)
+    for (a, la, ia), (b, lb, ib) in zip(cpu, gpu, strict=True):
+        assert b.is_cuda and lb.is_cuda and lb.dtype == torch.float32
+        assert np.array_equal(ia, ib.cpu().numpy() if torch.is_tensor(ib) else ib)
+        assert torch.allclose(a, b.cpu(), atol=1e-6) and torch.allclose(la, lb.cpu())
