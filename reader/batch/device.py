@@ -45,7 +45,8 @@ def run_kernel(meta, data, spec, *, validate: bool):
         if not meta.resize:
             out = kernels.crop_flip_permute_packed(images, recs, *meta.out_size, **kw)
         else:
-            out = kernels.resized_crop_packed(images, recs, meta.out_size, antialias=spec.resample[1], **kw)
+            out = kernels.resized_crop_packed(images, recs, meta.out_size,
+                                              antialias=spec.resample[1], **kw)
     else:
         out = kernels.resized_crop_packed(data, recs, meta.out_size, channels=3,
                                           antialias=spec.resample[1], **kw)
