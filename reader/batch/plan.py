@@ -28,8 +28,8 @@ from dlpack_io.reader.batch.geometry import decode_windows
 
 ORDER_HELP = ("transforms must come in this order: [Resize] [RandomResizedCrop | RandomCrop | "
               "CenterCrop], then RandomHorizontalFlip / RandomVerticalFlip / ColorJitter in any "
-              "order (each at most once), then Normalize, then RandomErasing, then MixUp / CutMix; "
-              "Resize cannot precede "
+              "order (each at most once), then Normalize last (only RandomErasing, then MixUp / "
+              "CutMix, may follow it); Resize cannot precede "
               "RandomResizedCrop, and Resize(int) needs a crop after it")
 
 
