@@ -4,9 +4,9 @@ torchvision-style DataLoader + PIL pipeline doing the same work.
     python -m benchmarks.recipes --root /tmp/recipes [--images 512] [--repeats 3]
 
 Packs ``--images`` ImageNet-sized JPEGs (about 500x375) once, then for each recipe times
-one epoch of the Loader with ``num_workers=0`` (every transform in the calling thread, so
-wall time = CPU time of one core) and reports CPU-ms per image (process CPU time / images;
-median of ``--repeats``). The contender reads the same JPEG files with a torch DataLoader
+one epoch of the Loader with ``num_workers=0`` (every transform in the calling thread) and
+reports CPU-ms per image (process CPU time / images; median of ``--repeats`` rounds, each
+round timing every recipe once in turn, after one warm-up round). The contender reads the same JPEG files with a torch DataLoader
 (``num_workers=0``) and a per-sample PIL pipeline written as torchvision's PIL path computes
 it (torchvision does not install beside this CPU torch): open + convert("RGB"),
 RandomResizedCrop (PIL crop + BILINEAR resize), flip, the augmentation (the same PIL ops),
@@ -50,13 +50,18 @@ def recipes():
     }
 
 
-def _cpu_ms_per_image(run, images: int, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.process_time()
-        run()
-        times.append((time.process_time() - t0) * 1000.0 / images)
-    return statistics.median(times)
+def _interleaved(runs: dict, images: dict, repeats: int) -> dict:
+    """name -> median CPU-ms per image; every round times each run once, in turn, so a
+    change in the machine's load hits all of them alike (one warm-up round first)."""
+    times = {name: [] for name in runs}
+    for round_ in range(repeats + 1):
+        for name, run in runs.items():
+            t0 = time.process_time()
+            run()
+            if round_:
+                times[name].append((time.process_time() - t0) * 1000.0 / images[name])
+        print(json.dumps({"round": round_}), flush=True)
+    return {name: statistics.median(v) for name, v in times.items()}
 
 
 def loader_epoch(ds, transforms):
@@ -128,17 +133,14 @@ def main(argv=None) -> None:
         convert(root / "src", root / "packed", workers=1, progress=False, overwrite=True)
     ds = Dataset(str(root / "packed"))
     paths = sorted(str(q) for q in (root / "src").rglob("*.jpg"))
-    rows = {}
+    runs, images = {}, {}
     for name, transforms in recipes().items():
-        rows["Loader: " + name] = _cpu_ms_per_image(loader_epoch(ds, transforms), len(ds),
-                                                    a.repeats)
-        print(json.dumps({name: round(rows["Loader: " + name], 2)}), flush=True)
+        runs["Loader: " + name], images["Loader: " + name] = loader_epoch(ds, transforms), len(ds)
     for name, aug, erase in (("DataLoader+PIL: RRC, flip, Normalize", None, None),
                              ("DataLoader+PIL: + TrivialAugmentWide, RE 0.1",
                               TrivialAugmentWide(), RandomErasing(0.1))):
-        rows[name] = _cpu_ms_per_image(contender_epoch(paths, aug, erase), len(paths),
-                                       a.repeats)
-        print(json.dumps({name: round(rows[name], 2)}), flush=True)
+        runs[name], images[name] = contender_epoch(paths, aug, erase), len(paths)
+    rows = _interleaved(runs, images, a.repeats)
     print(json.dumps({"images": len(ds), "cpu_ms_per_image": rows, "cpus": os.cpu_count()},
                      indent=1))
 
