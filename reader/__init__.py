@@ -11,17 +11,20 @@ the byte spec (the packer's workers, the ``dlpack`` command's option lists: they
 __all__ = ["Dataset", "Loader", "LoaderOptions", "LoaderStats", "FormatError", "LoaderError",
            "LoaderTimeout", "SampleError", "WorkerError", "Resize", "RandomResizedCrop",
            "RandomCrop", "CenterCrop", "RandomHorizontalFlip", "RandomVerticalFlip",
-           "ColorJitter", "Normalize"]
+           "ColorJitter", "Normalize", "RandomErasing", "MixUp", "CutMix", "SampleTransform",
+           "AutoAugment", "RandAugment", "TrivialAugmentWide"]
 
 _TRANSFORMS = "dlpack_io.reader.batch.transforms"
 _ERRORS = "dlpack_io.reader.batch.errors"
 _LAZY = {"Dataset": "dlpack_io.reader.dataset", "FormatError": "dlpack_io.reader.format",
          "Loader": "dlpack_io.reader.batch.loader", "LoaderOptions": "dlpack_io.reader.batch.options",
          "LoaderStats": "dlpack_io.reader.batch.stats",
+         "SampleTransform": "dlpack_io.reader.batch.sampleio",
          **dict.fromkeys(("LoaderError", "LoaderTimeout", "SampleError", "WorkerError"), _ERRORS),
          **dict.fromkeys(("Resize", "RandomResizedCrop", "RandomCrop", "CenterCrop",
                           "RandomHorizontalFlip", "RandomVerticalFlip", "ColorJitter",
-                          "Normalize"), _TRANSFORMS)}
+                          "Normalize", "RandomErasing", "MixUp", "CutMix", "AutoAugment",
+                          "RandAugment", "TrivialAugmentWide"), _TRANSFORMS)}
 
 
 def __getattr__(name: str):

@@ -25,7 +25,9 @@ import math
 
 import numpy as np
 
+from dlpack_io.reader import resample as resample_mod
 from dlpack_io.reader.format.native import native_jpeg
+from dlpack_io.reader.resample import DEFAULT as DEFAULT_RESAMPLE
 
 log = logging.getLogger(__name__)
 
@@ -198,17 +200,17 @@ def _box_image(region: Region, ix0: int, iy0: int, ix1: int, iy1: int):
     return Image.frombuffer(mode, (ix1 - ix0, iy1 - iy0), tail, "raw", mode, stride, 1)
 
 
-def resize_region(region: Region, box, out_size, within_box: bool = True) -> np.ndarray:
+def resize_region(region: Region, box, out_size, within_box: bool = True,
+                  resample=DEFAULT_RESAMPLE) -> np.ndarray:
     """Antialiased bilinear resample (PIL BILINEAR) of the float ``box`` (x0, y0, x1, y1)
     of ``region.pixels`` to ``out_size`` (h, w); returns (oh, ow, 3 or 4) uint8.
+    ``resample`` (interpolation, antialias) picks another filter (see reader/resample.py).
 
     ``within_box``: only pixels of the box (rounded out to whole pixels) are read, as
     torchvision's crop-then-resize and the GPU kernel do (PIL's ``box=`` alone would let
     the filter reach pixels beyond the box's edges). False: the filter may read the whole
     region around the box, as resizing a whole image and then cropping does (Resize+crop).
     """
-    from PIL import Image
-
     rows, cols, ps = region.pixels.shape
     x0, y0, x1, y1 = box
     ix0, iy0 = max(int(math.floor(x0)), 0), max(int(math.floor(y0)), 0)
@@ -217,20 +219,26 @@ def resize_region(region: Region, box, out_size, within_box: bool = True) -> np.
         ix0, iy0, ix1, iy1 = 0, 0, cols, rows
     if ix1 <= ix0 or iy1 <= iy0:
         raise ValueError(f"resize: box {box} outside a {rows}x{cols} image")
+    if not resample_mod.uses_pil(resample):
+        sub = region.pixels[iy0:iy1, ix0:ix1]
+        return resample_mod.interpolate_box(sub, (x0 - ix0, y0 - iy0, x1 - ix0, y1 - iy0),
+                                            out_size, resample[0])
     img = _box_image(region, ix0, iy0, ix1, iy1)
-    out = img.resize((out_size[1], out_size[0]), Image.BILINEAR,
+    out = img.resize((out_size[1], out_size[0]), resample_mod.pil_filter(resample[0]),
                      box=(x0 - ix0, y0 - iy0, x1 - ix0, y1 - iy0))
     return np.frombuffer(out.tobytes(), dtype=np.uint8).reshape(out_size[0], out_size[1], ps)
 
 
-def resize_box(pixels: np.ndarray, box, out_size, within_box: bool = True) -> np.ndarray:
+def resize_box(pixels: np.ndarray, box, out_size, within_box: bool = True,
+               resample=DEFAULT_RESAMPLE) -> np.ndarray:
     """:func:`resize_region` of a C-contiguous (h, w, 3) array (raw records)."""
     return resize_region(Region(np.ascontiguousarray(pixels), 0, 0, 8), box, out_size,
-                         within_box)
+                         within_box, resample)
 
 
 def decode_resized(payload, box, out_size, scratch: np.ndarray, reduce: bool = True,
-                   exact_box=None, orientation: int = 1) -> np.ndarray:
+                   exact_box=None, orientation: int = 1,
+                   resample=DEFAULT_RESAMPLE) -> np.ndarray:
     """JPEG record -> the full-size ``box`` (top, left, h, w; in the upright image, see
     decode_region) resampled to ``out_size``: (oh, ow, 3 or 4). With ``exact_box`` (float
     top, left, h, w inside ``box``), ``box`` is only the window decoded around it and the
@@ -239,4 +247,5 @@ def decode_resized(payload, box, out_size, scratch: np.ndarray, reduce: bool = T
     target = box if exact_box is None else exact_box
     n = choose_scale(int(target[2]), int(target[3]), *out_size) if reduce else 8
     region = decode_region(payload, box, n, scratch, pixel_size=4, orientation=orientation)
-    return resize_region(region, region.box(target), out_size, within_box=exact_box is None)
+    return resize_region(region, region.box(target), out_size, within_box=exact_box is None,
+                         resample=resample)

@@ -45,10 +45,11 @@ def run_kernel(meta, data, spec, *, validate: bool):
         if not meta.resize:
             out = kernels.crop_flip_permute_packed(images, recs, *meta.out_size, **kw)
         else:
-            out = kernels.resized_crop_packed(images, recs, meta.out_size, antialias=True, **kw)
+            out = kernels.resized_crop_packed(images, recs, meta.out_size,
+                                              antialias=spec.resample[1], **kw)
     else:
         out = kernels.resized_crop_packed(data, recs, meta.out_size, channels=3,
-                                          antialias=True, **kw)
+                                          antialias=spec.resample[1], **kw)
     return out, records.labels_of(recs).contiguous()
 
 

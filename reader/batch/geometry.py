@@ -37,6 +37,29 @@ def _pair(size, name: str) -> tuple[int, int]:
     return h, w
 
 
+INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
+
+
+def check_interpolation(name: str, interpolation, antialias) -> tuple[str, bool]:
+    """torchvision's ``interpolation`` (a name or an ``InterpolationMode``, whose ``.value``
+    is the name) and ``antialias``, checked: (lower-case name, bool)."""
+    mode = str(getattr(interpolation, "value", interpolation)).lower()
+    if mode not in INTERPOLATIONS:
+        raise ValueError(f"{name}: interpolation {interpolation!r} is not supported; expected "
+                         f"one of {INTERPOLATIONS} (or torchvision's InterpolationMode of one)")
+    if antialias is None:  # torchvision's old default resolves to True for PIL images
+        antialias = True
+    if not isinstance(antialias, bool):
+        raise TypeError(f"{name}: antialias={antialias!r}: expected True or False")
+    return mode, antialias
+
+
+def _set_filter(obj, name: str) -> None:
+    mode, aa = check_interpolation(name, obj.interpolation, obj.antialias)
+    object.__setattr__(obj, "interpolation", mode)
+    object.__setattr__(obj, "antialias", aa)
+
+
 def _check_fits(name, size, heights, widths, indices) -> None:
     bad = np.flatnonzero((heights < size[0]) | (widths < size[1]))
     if bad.size:
@@ -53,15 +76,20 @@ def _as_int64(heights, widths) -> tuple[np.ndarray, np.ndarray]:
 @dataclass(frozen=True)
 class RandomResizedCrop:
     """torchvision's RandomResizedCrop: a random box (area fraction in ``scale``, log-uniform
-    aspect ratio in ``ratio``, 10 tries, then the central fallback) resized to ``size``."""
+    aspect ratio in ``ratio``, 10 tries, then the central fallback) resized to ``size``
+    with ``interpolation`` ("bilinear", "bicubic", "nearest"); ``antialias`` as
+    torchvision's tensor path (False: plain interpolation, no low-pass when shrinking)."""
 
     size: object = 224
     scale: tuple = (0.08, 1.0)
     ratio: tuple = (3.0 / 4.0, 4.0 / 3.0)
+    interpolation: object = "bilinear"
+    antialias: object = True
     resizes = True
 
     def __post_init__(self):
         object.__setattr__(self, "size", _pair(self.size, "RandomResizedCrop"))
+        _set_filter(self, "RandomResizedCrop")
         s0, s1 = map(float, self.scale)
         r0, r1 = map(float, self.ratio)
         if not (0 < s0 <= s1) or not (0 < r0 <= r1):
@@ -156,12 +184,16 @@ class CenterCrop:
 class Resize:
     """torchvision's Resize: an int ``size`` scales the shorter side to it (the longer side
     becomes ``int(size * long / short)``), a ``(h, w)`` pair gives that exact size.
-    Antialiased bilinear. ``Resize(int)`` must be followed by CenterCrop or RandomCrop
+    ``interpolation`` ("bilinear", "bicubic", "nearest") and ``antialias`` with
+    torchvision's meanings. ``Resize(int)`` must be followed by CenterCrop or RandomCrop
     (otherwise every image has its own size and cannot be batched)."""
 
     size: object = 256
+    interpolation: object = "bilinear"
+    antialias: object = True
 
     def __post_init__(self):
+        _set_filter(self, "Resize")
         if isinstance(self.size, (tuple, list)):
             object.__setattr__(self, "size", _pair(self.size, "Resize"))
         elif int(self.size) < 1:
@@ -195,6 +227,16 @@ class ResizeThenCrop:
     def size(self) -> tuple[int, int]:
         """Output (height, width)."""
         return self.crop.size if self.crop is not None else self.resize.size
+
+    @property
+    def interpolation(self) -> str:
+        """The Resize's interpolation."""
+        return self.resize.interpolation
+
+    @property
+    def antialias(self) -> bool:
+        """The Resize's antialias."""
+        return self.resize.antialias
 
     def exact_boxes(self, heights, widths, seed: int, epoch: int, indices) -> np.ndarray:
         """(N, 4) float64 boxes (top, left, height, width): the crop of the resized image

@@ -36,10 +36,11 @@ def _fill_pixels(pixels: np.ndarray, pos: int, fh, fv, params, out, offset) -> N
     if params.exact is not None:  # Resize + crop: the fractional box, filter reads around it
         t, lf, bh, bw = (float(v) for v in params.exact[pos])
         resized = jpegdecode.resize_box(pixels, (lf, t, lf + bw, t + bh), params.out_size,
-                                        within_box=False)
+                                        within_box=False, resample=params.resample)
         nativecopy.to_chw_array(resized, out, offset, fh, fv)
     elif params.resize:
-        resized = jpegdecode.resize_box(pixels, (left, top, left + w, top + h), params.out_size)
+        resized = jpegdecode.resize_box(pixels, (left, top, left + w, top + h), params.out_size,
+                                        resample=params.resample)
         nativecopy.to_chw_array(resized, out, offset, fh, fv)
     else:
         cols = pixels.shape[1]
@@ -55,7 +56,8 @@ def _fill_jpeg(ctx, payload, entry, pos, fh, fv, params, out, offset, scratch) -
         window = box if exact is None else params.windows[pos]
         resized = jpegdecode.decode_resized(payload, window, (oh, ow), buf,
                                             ctx.spec.reduced_decode, exact_box=exact,
-                                            orientation=int(entry["orientation"]))
+                                            orientation=int(entry["orientation"]),
+                                            resample=params.resample)
         nativecopy.to_chw_array(resized, out, offset, fh, fv)
         return
     region = jpegdecode.decode_region(payload, box, 8, buf,

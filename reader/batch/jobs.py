@@ -24,6 +24,8 @@ import numpy as np
 from dlpack_io.reader.batch.buffers import BufferPool, SlotPool
 from dlpack_io.reader.batch.build import BuildContext, Scratch, split_ranges
 from dlpack_io.reader.batch.gather import GatherMeta, gather_batch, gather_bytes
+from dlpack_io.reader.batch.autoaugment import augment_rows
+from dlpack_io.reader.batch.erasing import erase_rows
 from dlpack_io.reader.batch.host import epilogue_rows, fill_range
 from dlpack_io.reader.batch.plan import plan_batch
 from dlpack_io.reader.batch.skips import keep_mask
@@ -82,8 +84,10 @@ class FinishedJob:
     def _fill(self, plan, a, b, epoch, u8, out, failed, state) -> None:
         fill_range(self.ctx, plan, a, b, epoch, u8.numpy(), _scratch(state),
                    state.get("progress"), failed)
+        augment_rows(self.ctx.spec.augment, self.ctx.seed, epoch, plan.indices[a:b], u8[a:b])
         if out is not u8:
             epilogue_rows(self.ctx.spec, plan, a, b, u8, out)
+        erase_rows(self.ctx.spec.erasing, self.ctx.seed, epoch, plan.indices[a:b], out[a:b])
 
     def split(self, k: int, indices, epoch: int):
         """(parts, finalize) of batch ``k``; lookups and random draws happen here."""

@@ -29,6 +29,7 @@ from dlpack_io.reader.batch.engine import deliver, make_engine
 from dlpack_io.reader.batch.options import (LoaderOptions, resolve_device, unwrap_subset,
                                             use_device_transforms)
 from dlpack_io.reader.batch.plan import compile_spec
+from dlpack_io.reader.batch.recipes import BatchFinish, place_transforms
 from dlpack_io.reader.batch.skips import SkipAccount
 from dlpack_io.reader.batch.stats import LogSchedule, StatsClock
 
@@ -93,6 +94,10 @@ class Loader:
         self.device = resolve_device(opts.device)
         self.device_transforms = use_device_transforms(opts.device_transforms, self.device) \
             and opts.sample_transform is None
+        self.device_transforms = place_transforms(self.spec, self.device_transforms,
+                                                  opts.device_transforms)
+        self._finish = BatchFinish(self.spec, opts.seed, len(self.dataset.classes),
+                                   self.device_transforms)
         self._world = (opts.rank, opts.world_size)
         self.rank, self.world_size = order_mod.resolve_world(opts.rank, opts.world_size)
         self.skipped = SkipAccount()
@@ -250,6 +255,9 @@ class Loader:
             self._cursor = self._cursor[:3] + (k + 1, len(batches))
             if not len(hb.indices) and len(batches[k]):  # on_error="skip" left nothing
                 continue
+            if self._finish.active:
+                images, labels = self._finish(images, labels, hb.indices, epoch,
+                                              int(batches[k][0]))
             yield (images, labels, hb.indices) if self.options.return_index else (images, labels)
             since = time.perf_counter()
             clock.stepped(since - now)  # outside next(): the training step

@@ -20,13 +20,16 @@ from dlpack_io.reader.batch import rng
 from dlpack_io.reader.batch.errors import SampleError
 from dlpack_io.reader.batch.skips import skipped_from
 from dlpack_io.reader.batch.transforms import (
-                                               CROPS, PUBLIC, CenterCrop, ColorJitter, Normalize, RandomCrop, RandomHorizontalFlip,
-                                               RandomResizedCrop, RandomVerticalFlip, Resize, ResizeThenCrop, TransformError)
+                                               CROPS, PUBLIC, CenterCrop, ColorJitter, CutMix, MixUp, Normalize, RandomCrop,
+                                               RandomErasing, RandomHorizontalFlip, RandomResizedCrop, RandomVerticalFlip,
+                                               Resize, ResizeThenCrop, TransformError)
+from dlpack_io.reader.batch.autoaugment import AUGMENTS
 from dlpack_io.reader.batch.geometry import decode_windows
 
 ORDER_HELP = ("transforms must come in this order: [Resize] [RandomResizedCrop | RandomCrop | "
               "CenterCrop], then RandomHorizontalFlip / RandomVerticalFlip / ColorJitter in any "
-              "order (each at most once), then Normalize last; Resize cannot precede "
+              "order (each at most once), then Normalize last (only RandomErasing, then MixUp / "
+              "CutMix, may follow it); Resize cannot precede "
               "RandomResizedCrop, and Resize(int) needs a crop after it")
 
 
@@ -41,6 +44,15 @@ class TransformSpec:
     normalize: Normalize | None = None
     dtype: object = None             # torch dtype of the output images
     reduced_decode: bool = True      # decode JPEGs at a reduced DCT scale when a resize allows
+    erasing: RandomErasing | None = None  # on the finished batch (erasing.py)
+    augment: object = None           # AutoAugment / RandAugment / TrivialAugmentWide (host)
+    mixes: tuple = ()                # MixUp / CutMix on the delivered batch (mixing.py)
+
+    @property
+    def resample(self) -> tuple[str, bool]:
+        """(interpolation, antialias) of the geometry's resize (torchvision's meanings)."""
+        return (getattr(self.geometry, "interpolation", "bilinear"),
+                bool(getattr(self.geometry, "antialias", True)))
 
     @property
     def has_epilogue(self) -> bool:
@@ -67,7 +79,7 @@ class TransformSpec:
         fv = rng.uniforms(seed, epoch, rng.STREAM_FLIP_V, indices)[:, 0] < self.flip_v
         factors, order = draw_jitter(self.jitter, seed, epoch, indices)
         return SampleParams(boxes, fh, fv, factors, order, tuple(size), bool(resize),
-                            exact, windows)
+                            exact, windows, self.resample)
 
 
 @dataclass(frozen=True)
@@ -83,6 +95,7 @@ class SampleParams:
     resize: bool               # True: resample box -> out_size; False: box size == out_size
     exact: np.ndarray | None = None    # (N, 4) float64 fractional boxes (Resize + crop)
     windows: np.ndarray | None = None  # (N, 4) int64 decode windows around ``exact``
+    resample: tuple = ("bilinear", True)  # (interpolation, antialias) of the resize
 
     def take(self, rows) -> "SampleParams":
         """The parameters of the given rows (an index array or boolean mask)."""
@@ -126,7 +139,23 @@ def full_image_boxes(heights, widths, indices) -> tuple[np.ndarray, tuple]:
 
 # ---- compile the user's list ------------------------------------------------------------
 _STAGE = {Resize: 0, RandomResizedCrop: 1, RandomCrop: 1, CenterCrop: 1,
-          RandomHorizontalFlip: 2, RandomVerticalFlip: 2, ColorJitter: 2, Normalize: 3}
+          RandomHorizontalFlip: 2, RandomVerticalFlip: 2, ColorJitter: 2, Normalize: 3,
+          RandomErasing: 4, MixUp: 5, CutMix: 5, **{cls: 2 for cls in AUGMENTS}}
+
+
+def _check_augment(transforms, names) -> None:
+    """An AutoAugment-like op sees the cropped, flipped image and comes before ColorJitter
+    (the order in which the Loader applies them); at most one of them."""
+    at = [k for k, t in enumerate(transforms) if isinstance(t, AUGMENTS)]
+    if not at:
+        return
+    flips = [k for k, t in enumerate(transforms)
+             if isinstance(t, (RandomHorizontalFlip, RandomVerticalFlip))]
+    jitter = [k for k, t in enumerate(transforms) if isinstance(t, ColorJitter)]
+    if len(at) > 1 or any(k > at[0] for k in flips) or any(k < at[0] for k in jitter):
+        raise ValueError(f"{ORDER_HELP}; one of AutoAugment / RandAugment / "
+                         f"TrivialAugmentWide goes after the flips and before ColorJitter; "
+                         f"got [{', '.join(names)}]")
 
 
 def _check_order(transforms) -> None:
@@ -140,6 +169,7 @@ def _check_order(transforms) -> None:
     crops = [k for k in kinds if k in CROPS]
     if stages != sorted(stages) or len(set(kinds)) != len(kinds) or len(crops) > 1:
         raise ValueError(f"{ORDER_HELP}; got [{', '.join(names)}]")
+    _check_augment(transforms, names)
     if Resize in kinds and RandomResizedCrop in kinds:
         raise ValueError(f"{ORDER_HELP}; got [{', '.join(names)}] (RandomResizedCrop picks its "
                          f"box relative to the image: drop the Resize)")
@@ -178,9 +208,15 @@ def compile_spec(transforms=(), *, dtype=None, reduced_decode: bool = True) -> T
         raise ValueError(f"Normalize: {len(norm.mean)} means/stds for 3-channel RGB images")
     pick = (lambda cls: next((t for t in transforms if isinstance(t, cls)), None))
     flip_h, flip_v = pick(RandomHorizontalFlip), pick(RandomVerticalFlip)
-    return TransformSpec(_geometry(transforms), flip_h.p if flip_h else 0.0,
-                         flip_v.p if flip_v else 0.0, pick(ColorJitter), norm, dtype,
-                         bool(reduced_decode))
+    geometry = _geometry(transforms)
+    mode, antialias = (getattr(geometry, "interpolation", "bilinear"),
+                       getattr(geometry, "antialias", True))
+    # the DCT downscale is itself a low-pass: only an antialiased filter may start from it
+    reduce = bool(reduced_decode) and antialias and mode != "nearest"
+    mixes = tuple(t for t in transforms if isinstance(t, (MixUp, CutMix)))
+    return TransformSpec(geometry, flip_h.p if flip_h else 0.0,
+                         flip_v.p if flip_v else 0.0, pick(ColorJitter), norm, dtype, reduce,
+                         erasing=pick(RandomErasing), mixes=mixes, augment=pick(AUGMENTS))
 
 
 # ---- plan one batch ---------------------------------------------------------------------

@@ -20,6 +20,10 @@ STREAM_CROP = 1
 STREAM_FLIP_H = 2
 STREAM_FLIP_V = 3
 STREAM_JITTER = 4   # ColorJitter: 4 factors, then 4 keys whose ranks give the op order
+STREAM_ERASE = 5    # RandomErasing: apply?, then 10 tries of (area, ratio, top, left)
+STREAM_ERASE_NOISE = 6  # RandomErasing(value="random"): the noise, per pixel
+STREAM_MIX = 7      # MixUp / CutMix: per batch (keyed by its first sample)
+STREAM_AUGMENT = 8  # AutoAugment, RandAugment, TrivialAugmentWide: op choices, magnitudes
 
 
 def _mix(x: np.ndarray) -> np.ndarray:

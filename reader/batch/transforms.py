@@ -17,19 +17,27 @@ Geometry (geometry.py; at most one of each, in this order):
   * :class:`RandomResizedCrop`: torchvision's box sampling, resized to ``size``.
   * :class:`RandomCrop` / :class:`CenterCrop`: a ``size`` box (no padding).
 Then, in any order (they commute): :class:`RandomHorizontalFlip`, :class:`RandomVerticalFlip`,
-:class:`ColorJitter`. Last: :class:`Normalize`.
+:class:`ColorJitter`; one of :class:`AutoAugment`, :class:`RandAugment`,
+:class:`TrivialAugmentWide` (autoaugment.py; host only) after the flips and before
+ColorJitter. Then :class:`Normalize`. After it (torchvision's recipe order):
+:class:`RandomErasing` (erasing.py), then the batch-level :class:`MixUp` / :class:`CutMix`
+(mixing.py; both listed: one per batch, even odds).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
+from dlpack_io.reader.batch.autoaugment import AutoAugment, RandAugment, TrivialAugmentWide
+from dlpack_io.reader.batch.erasing import RandomErasing
 from dlpack_io.reader.batch.geometry import (CenterCrop, RandomCrop, RandomResizedCrop, Resize,
                                              ResizeThenCrop, TransformError)
+from dlpack_io.reader.batch.mixing import CutMix, MixUp
 
 __all__ = ["Resize", "RandomResizedCrop", "RandomCrop", "CenterCrop", "RandomHorizontalFlip",
            "RandomVerticalFlip", "ColorJitter", "Normalize", "ResizeThenCrop", "TransformError",
-           "CROPS", "PUBLIC"]
+           "RandomErasing", "MixUp", "CutMix", "AutoAugment", "RandAugment",
+           "TrivialAugmentWide", "CROPS", "PUBLIC"]
 
 
 def _probability(name: str, p) -> float:
@@ -121,4 +129,5 @@ class Normalize:
 
 CROPS = (RandomResizedCrop, RandomCrop, CenterCrop)
 PUBLIC = (Resize, RandomResizedCrop, RandomCrop, CenterCrop, RandomHorizontalFlip,
-          RandomVerticalFlip, ColorJitter, Normalize)
+          RandomVerticalFlip, ColorJitter, Normalize, RandomErasing, MixUp, CutMix,
+          AutoAugment, RandAugment, TrivialAugmentWide)
