@@ -26,8 +26,8 @@ import numpy as np
 from dlpack_io.reader.batch import order as order_mod
 from dlpack_io.reader.batch import resume
 from dlpack_io.reader.batch.engine import deliver, make_engine
-from dlpack_io.reader.batch.options import (LoaderOptions, resolve_device, unwrap_subset,
-                                            use_device_transforms)
+from dlpack_io.reader.batch.options import (OPTION_DOCS, LoaderOptions, resolve_device,
+                                            unwrap_subset, use_device_transforms)
 from dlpack_io.reader.batch.plan import compile_spec
 from dlpack_io.reader.batch.recipes import BatchFinish, place_transforms
 from dlpack_io.reader.batch.skips import SkipAccount
@@ -43,32 +43,8 @@ class Loader:
     """Shuffled, transformed batches of ``dataset`` (a Dataset, or a torch Subset of one) as
     ``(images, labels)`` tensors, ``(images, labels, indices)`` with ``return_index=True``.
 
-    Every option is keyword-only (docs/loader.md, "Options", has the long form):
-
-    batch_size: samples per batch.
-    shuffle: "global"/True (a full permutation), "block" (shard-local, for data sets
-        larger than RAM), False/None/"none" (storage order).
-    seed: seeds the order and the random transforms.
-    num_workers: worker threads or processes; 0 builds batches in the calling thread.
-    drop_last: as torch's DataLoader: True drops each rank's short last batch.
-    transforms: the fused transforms (RandomResizedCrop, ..., Normalize), in order.
-    sample_transform: your fn(HWC uint8 ndarray) -> HWC uint8 ndarray, run in the workers
-        before ``transforms``.
-    dtype: torch.uint8 (default) or float16/bfloat16/float32 (float32 with Normalize).
-    device: where batches are delivered; "cuda" means cuda:LOCAL_RANK under torchrun.
-    indices: read only these global sample indices (a split).
-    rank, world_size: this process's share; None: torch.distributed's, else torchrun's.
-    prefetch: batches in flight; None: 2 x num_workers (at least 2).
-    worker_kind: "thread" or "process".
-    timeout: seconds to wait for one batch before LoaderTimeout; None waits.
-    on_error: "raise" a SampleError for an unreadable sample, or "skip" it.
-    return_index: also yield each batch's global sample indices.
-    device_transforms: None: on the GPU for CUDA, else on the host; False: on the host.
-    reduced_decode: decode JPEGs at a reduced DCT scale where a resize allows it.
-    block_size, block_window: the geometry of shuffle="block".
-    log_every: write ``str(loader.stats())`` through logging every N batches (an int) or
-        every so many seconds ("30s"); None: never.
-    options: a LoaderOptions holding all of the above instead (not both).
+    Every option is keyword-only; they are listed below (``OPTION_DOCS`` of
+    options.py, beside their defaults), and docs/loader.md has the long form.
     """
 
     def __init__(self, dataset, *, batch_size: int = _D.batch_size, shuffle=_D.shuffle,
@@ -303,3 +279,6 @@ class Loader:
         return (f"Loader({self.dataset!r}, batch_size={o.batch_size}, shuffle={o.shuffle!r}, "
                 f"num_workers={o.num_workers} {o.worker_kind}s, rank={self.rank}/"
                 f"{self.world_size}, device={self.device}, transforms on the {where})")
+
+
+Loader.__doc__ += OPTION_DOCS  # help(Loader) lists every option where its default lives

@@ -20,6 +20,36 @@ log = logging.getLogger(__name__)
 WORKER_KINDS = ("thread", "process")
 
 
+OPTION_DOCS = """
+    Options:
+
+    batch_size: samples per batch.
+    shuffle: "global"/True (a full permutation), "block" (shard-local, for data sets
+        larger than RAM), False/None/"none" (storage order).
+    seed: seeds the order and the random transforms.
+    num_workers: worker threads or processes; 0 builds batches in the calling thread.
+    drop_last: as torch's DataLoader: True drops each rank's short last batch.
+    transforms: the fused transforms (RandomResizedCrop, ..., Normalize), in order.
+    sample_transform: your fn(HWC uint8 ndarray) -> HWC uint8 ndarray, run in the workers
+        before ``transforms``.
+    dtype: torch.uint8 (default) or float16/bfloat16/float32 (float32 with Normalize).
+    device: where batches are delivered; "cuda" means cuda:LOCAL_RANK under torchrun.
+    indices: read only these global sample indices (a split).
+    rank, world_size: this process's share; None: torch.distributed's, else torchrun's.
+    prefetch: batches in flight; None: 2 x num_workers (at least 2).
+    worker_kind: "thread" or "process".
+    timeout: seconds to wait for one batch before LoaderTimeout; None waits.
+    on_error: "raise" a SampleError for an unreadable sample, or "skip" it.
+    return_index: also yield each batch's global sample indices.
+    device_transforms: None: on the GPU for CUDA, else on the host; False: on the host.
+    reduced_decode: decode JPEGs at a reduced DCT scale where a resize allows it.
+    block_size, block_window: the geometry of shuffle="block".
+    log_every: write ``str(loader.stats())`` through logging every N batches (an int) or
+        every so many seconds ("30s"); None: never.
+    options: a LoaderOptions holding all of the above instead (not both).
+"""
+
+
 @dataclass(frozen=True)
 class LoaderOptions:
     """Every Loader option with its default (docs/loader.md describes each)."""
