@@ -5,7 +5,7 @@
                             Normalize(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))]
                 ) as loader:
         for epoch in range(num_epochs):
-            loader.set_epoch(epoch)
+            loader.set_epoch(epoch)     # optional: each new iteration starts the next epoch
             for images, labels in loader: ...
 
 What a batch holds is a pure function of (seed, epoch, rank, world_size, batch_size,
@@ -23,6 +23,8 @@ import numpy as np
 
 from dlpack_io.reader.batch import order as order_mod
 from dlpack_io.reader.batch import resume
+from dlpack_io.reader.batch.compat import (DataLoaderAttributes, pin_ok, pinned,
+                                           refuse_dataloader_only)
 from dlpack_io.reader.batch.engine import deliver, make_engine
 from dlpack_io.reader.batch.options import (LoaderOptions, resolve_device, unwrap_subset,
                                             use_device_transforms)
@@ -35,7 +37,7 @@ log = logging.getLogger(__name__)
 _D = LoaderOptions  # the defaults live in LoaderOptions alone; the signature reads them
 
 
-class Loader:
+class Loader(DataLoaderAttributes):
     """Shuffled, transformed batches of ``dataset`` (a Dataset, or a torch Subset of one) as
     ``(images, labels)`` tensors, ``(images, labels, indices)`` with ``return_index=True``.
 
@@ -62,7 +64,12 @@ class Loader:
     device_transforms: None: on the GPU for CUDA, else on the host; False: on the host.
     reduced_decode: decode JPEGs at a reduced DCT scale where a resize allows it.
     block_size, block_window: the geometry of shuffle="block".
+    pin_memory, prefetch_factor, persistent_workers: DataLoader's (CPU batches in pinned
+        memory; batches in flight per worker; False stops the workers after each epoch).
     options: a LoaderOptions holding all of the above instead (not both).
+
+    Epochs: each new iteration reads the epoch after the last one iterated (as DataLoader
+    reshuffles on every ``iter``); ``set_epoch(e)`` chooses the next one exactly.
     """
 
     def __init__(self, dataset, *, batch_size: int = _D.batch_size, shuffle=_D.shuffle,
@@ -75,8 +82,12 @@ class Loader:
                  on_error: str = _D.on_error, return_index: bool = _D.return_index,
                  device_transforms: bool | None = _D.device_transforms,
                  reduced_decode: bool = _D.reduced_decode, block_size: int = _D.block_size,
-                 block_window: int = _D.block_window, options: LoaderOptions | None = None):
+                 block_window: int = _D.block_window, pin_memory: bool = _D.pin_memory,
+                 prefetch_factor: int | None = _D.prefetch_factor,
+                 persistent_workers: bool = _D.persistent_workers,
+                 options: LoaderOptions | None = None, **dataloader_only):
         args = locals()
+        refuse_dataloader_only(dataloader_only, [f.name for f in fields(LoaderOptions)])
         given = {f.name: args[f.name] for f in fields(LoaderOptions)}
         if options is not None and any(v is not getattr(_D, k) for k, v in given.items()):
             raise TypeError("pass either options=LoaderOptions(...) or keyword options, not both")
@@ -90,7 +101,9 @@ class Loader:
         self._world = (opts.rank, opts.world_size)
         self.rank, self.world_size = order_mod.resolve_world(opts.rank, opts.world_size)
         self.skipped = SkipAccount()
+        self._pin = pin_ok(opts.pin_memory, self.device)
         self.epoch = 0
+        self._advance = False          # an iteration of self.epoch started: the next reads epoch+1
         self._restored = None          # (epoch, segments) from load_state_dict
         self._cursor = None            # (epoch, segments before this run, world, batch, total)
         self._engine = None            # engine.Engine (job, workers, finisher), kept across epochs
@@ -100,8 +113,9 @@ class Loader:
     def __len__(self) -> int:
         """Batches the next iteration yields (what is left of a restored epoch)."""
         rank, world = order_mod.resolve_world(*self._world)
-        base, start = self._resume_point(self.epoch, world)
-        n = len(self._sequence(self.epoch, base))
+        epoch = self.epoch + self._advance
+        base, start = self._resume_point(epoch, world)
+        n = len(self._sequence(epoch, base))
         return order_mod.batches_per_rank(n, world, self.options.batch_size,
                                           self.options.drop_last) - start
 
@@ -128,10 +142,13 @@ class Loader:
         return part[:bounds[-1]]
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch to iterate (a position restored for that epoch is kept)."""
+        """Select the epoch the next iteration reads (a position restored for that epoch is
+        kept); without it, each iteration reads the epoch after the last one iterated."""
         if epoch < 0:
             raise ValueError(f"epoch {epoch} must be >= 0")
-        self.epoch = int(epoch)
+        if (int(epoch), False) != (self.epoch, self._advance):
+            self._cursor = None  # state_dict now points at the start of ``epoch``
+        self.epoch, self._advance = int(epoch), False
 
     # ---- resume ----------------------------------------------------------------------
     def _identity(self) -> dict:
@@ -159,7 +176,7 @@ class Loader:
         batch size or worker count): the next iteration reads what is left of its epoch."""
         epoch, segments = resume.parse_state(state, self._identity())
         self._restored = (epoch, segments)
-        self.epoch = epoch
+        self.epoch, self._advance, self._cursor = epoch, False, None
 
     def _resume_point(self, epoch: int, world: int):
         """(segments already read, first batch) for iterating ``epoch`` with ``world`` ranks."""
@@ -173,6 +190,8 @@ class Loader:
 
     # ---- iteration -------------------------------------------------------------------
     def __iter__(self):
+        if self._advance:  # the last iteration started (finished or not) self.epoch
+            self.epoch, self._advance = self.epoch + 1, False
         return self._run(self.epoch)
 
     def _resolve_world(self):
@@ -205,6 +224,7 @@ class Loader:
 
     def _run(self, epoch: int):
         part, bounds, base, start = self._plan_epoch(epoch)
+        self._advance = True
         self._cursor = (epoch, base, self.world_size, start, len(bounds) - 1)
         self.skipped.start_epoch(epoch)
         batches = [part[bounds[k]:bounds[k + 1]] for k in range(len(bounds) - 1)]
@@ -217,7 +237,11 @@ class Loader:
         try:
             yield from self._deliver(batches, start, prefetch, epoch)
             clean = True
+            if self._advance and self.epoch == epoch:  # finished: loader.epoch is the next
+                self.epoch, self._advance = epoch + 1, False
             self.skipped.report()
+            if not self.options.persistent_workers:
+                self._close_engine()
         finally:
             if prefetch is not None:
                 prefetch.close()
@@ -232,7 +256,8 @@ class Loader:
             self._cursor = self._cursor[:3] + (k + 1, len(batches))
             if not len(hb.indices) and len(batches[k]):  # on_error="skip" left nothing
                 continue
-            yield (images, labels, hb.indices) if self.options.return_index else (images, labels)
+            batch = (images, labels, hb.indices) if self.options.return_index else (images, labels)
+            yield pinned(batch) if self._pin else batch
 
     # ---- resources ---------------------------------------------------------------------
     def _close_engine(self) -> None:
