@@ -116,4 +116,7 @@ def summary(dst, manifest, state, inputs, progress, resumed_from) -> dict:
             "seconds": progress.elapsed, "images_per_s": progress.images_per_s,
             "mb_per_s": progress.mb_per_s, "empty_classes": empty,
             "via_links": inputs.via_links, "outside_src": inputs.outside_src,
-            "repeated_dirs": inputs.repeated_dirs}
+            "repeated_dirs": inputs.repeated_dirs, "hidden_files": inputs.hidden_files,
+            "hidden_dirs": inputs.hidden_dirs, "mode": manifest["mode"],
+            "size": manifest["options"].get("size"),
+            "max_side": manifest["options"].get("max_side")}

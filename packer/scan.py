@@ -8,8 +8,10 @@ from pathlib import Path
 
 JPEG_SUFFIXES = (".jpg", ".jpeg", ".jfif")
 # Other image files are packed too (what they are is decided by their content, as for
-# JPEGs: see --non-jpeg); files with any other suffix are ignored and counted.
-IMAGE_SUFFIXES = JPEG_SUFFIXES + (".png", ".webp", ".bmp", ".tif", ".tiff", ".gif")
+# JPEGs: see --non-jpeg); files with any other suffix are ignored and counted. Every suffix of
+# torchvision's IMG_EXTENSIONS (.jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp) is here.
+IMAGE_SUFFIXES = JPEG_SUFFIXES + (".png", ".webp", ".bmp", ".tif", ".tiff", ".gif", ".ppm",
+                                  ".pgm")
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,8 @@ class Inputs:
     repeated_dirs: int = 0       # folders reached again (symlink loops, aliases) and skipped
     empty_classes: tuple = ()    # (class name, files in it that are not images)
     ignored: dict | None = None  # suffix -> count of files skipped as not images by name
+    hidden_files: int = 0        # files named .* skipped (ImageFolder would try to read them)
+    hidden_dirs: int = 0         # folders named .* skipped (ImageFolder: classes, walked)
 
 
 @dataclass
@@ -46,6 +50,8 @@ class _Walk:
     outside_src: int = 0
     repeated_dirs: int = 0
     ignored: dict = field(default_factory=dict)  # suffix -> files skipped as not images
+    hidden_files: int = 0
+    hidden_dirs: int = 0
 
     def images(self, top: Path, top_is_link: bool) -> tuple[list, int]:
         """(sorted relative paths of the images under ``top``, count of other files).
@@ -67,7 +73,8 @@ class _Walk:
                 continue
             self.seen.add(key)
             for e in entries:
-                if e.name.startswith("."):
+                if e.name.startswith("."):  # .ipynb_checkpoints, ._x.jpg (macOS), .DS_Store
+                    self._count_hidden(e)
                     continue
                 if e.is_dir():
                     stack.append((Path(e.path), via or e.is_symlink()))
@@ -79,6 +86,15 @@ class _Walk:
                     suffix = os.path.splitext(e.name)[1].lower() or "(none)"
                     self.ignored[suffix] = self.ignored.get(suffix, 0) + 1
         return sorted(found), others
+
+    def _count_hidden(self, entry) -> None:
+        try:
+            if entry.is_dir():
+                self.hidden_dirs += 1
+            elif entry.is_file():
+                self.hidden_files += 1
+        except OSError:  # unreadable: not an input either way
+            pass
 
     def _count_link(self, entry, via: bool) -> None:
         if via or entry.is_symlink():
@@ -101,7 +117,9 @@ def _no_images_error(root: Path) -> ValueError:
 def scan_image_folder(root, *, labels: bool = True) -> Inputs:
     """Scan ``root/<class>/**/*`` for IMAGE_SUFFIXES (any case); labels = sorted class names.
 
-    Files directly under ``root`` are ignored, as torchvision's ImageFolder does. With
+    Files directly under ``root`` are ignored, as torchvision's ImageFolder does. Files and
+    folders whose name starts with "." are skipped and counted (ImageFolder reads them: a
+    ``.ipynb_checkpoints`` folder becomes its class 0, a ``._x.jpg`` fails to load). With
     ``labels=False`` every JPEG under ``root`` (any depth) is an input with label -1 and
     there are no classes. Symlinks are followed; each real directory is walked once.
     """
@@ -115,7 +133,9 @@ def scan_image_folder(root, *, labels: bool = True) -> Inputs:
         if not paths:
             raise ValueError(f"no image files ({', '.join(IMAGE_SUFFIXES)}) found under {root}")
         return _inputs(walk, paths, [-1] * len(paths), [], ())
-    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    tops = [e for e in os.scandir(root) if e.is_dir()]
+    classes = sorted(e.name for e in tops if not e.name.startswith("."))
+    walk.hidden_dirs += len(tops) - len(classes)  # a hidden class folder is skipped whole
     walk.reserved.update(_identity(root / name) for name in classes)
     paths, label_list, empty = [], [], []
     for label, name in enumerate(classes):
@@ -136,7 +156,8 @@ def _identity(path: Path) -> tuple:
 
 def _inputs(walk: _Walk, paths, labels, classes, empty) -> Inputs:
     return Inputs(str(walk.root.resolve()), paths, labels, classes, None, walk.via_links,
-                  walk.outside_src, walk.repeated_dirs, empty, dict(sorted(walk.ignored.items())))
+                  walk.outside_src, walk.repeated_dirs, empty, dict(sorted(walk.ignored.items())),
+                  hidden_files=walk.hidden_files, hidden_dirs=walk.hidden_dirs)
 
 
 def _rows(list_file: Path):

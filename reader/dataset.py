@@ -7,20 +7,22 @@ import numpy as np
 
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.decode import decode_record
+from dlpack_io.reader.imagefolder import ImageFolderAttributes
 from dlpack_io.reader.manifest import load_manifest
 from dlpack_io.reader.nativecopy import guarded_array
 from dlpack_io.reader.shard import open_shard
 from dlpack_io.reader.remote.urls import is_remote
 
 
-class Dataset:
+class Dataset(ImageFolderAttributes):
     """A packed data set (record or LMDB, jpeg or raw mode), opened lazily.
 
     Construction reads the manifest and each shard's header (LMDB: its checked B-tree) to
     check every record count the manifest claims; the index and data open on first use in
     each process, so a Dataset can be handed to torch's DataLoader workers. ``ds[i]``
     returns ``(HWC uint8 ndarray, int label)``; ``ds.classes`` lists the class names (empty
-    for a data set packed with ``--no-labels``, whose labels are all -1).
+    for a data set packed with ``--no-labels``, whose labels are all -1). As ImageFolder:
+    ``class_to_idx``, ``targets``, ``samples`` and ``source(i)`` (reader/imagefolder.py).
 
     ``max_pixels``: a shard holding a record of more pixels (height x width) than this is
     refused when it opens, before anything is sized from the record (default

@@ -2,6 +2,8 @@
 and the summary it prints."""
 from __future__ import annotations
 
+import sys
+
 import click
 
 from dlpack_io.tools.cli_common import LazyChoice, echo_json, fail
@@ -57,6 +59,10 @@ from dlpack_io.tools.cli_common import LazyChoice, echo_json, fail
                    "guard). Default 89478485, where Pillow starts warning of a bomb.")
 @click.option("--on-error", type=LazyChoice("dlpack_io.packer.options", "ON_ERROR"), default="skip", show_default=True,
               help="skip: list bad inputs in rejects.tsv and go on; fail: stop at the first.")
+@click.option("--max-rejects", default="0", show_default=True, metavar="N|P%",
+              help="Rejects accepted without complaint: a count (10) or a percentage of the "
+                   "inputs (0.5%). Above it the data set is still complete (every input but "
+                   "those listed in rejects.tsv) and the command exits with code 3.")
 @click.option("--no-labels", is_flag=True,
               help="SRC is a folder of images without class sub-folders (self-supervised, "
                    "retrieval): every image under SRC, at any depth, is packed with label -1 "
@@ -83,8 +89,8 @@ from dlpack_io.tools.cli_common import LazyChoice, echo_json, fail
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def convert(src, dst, list_file, data_format, mode, size, max_side, quality, shard_size,
             workers, seed, shuffle, validate, restart_markers, non_jpeg, max_pixels, on_error,
-            no_labels, no_provenance, engine, ray_address, resume, staging, overwrite, quiet,
-            as_json):
+            max_rejects, no_labels, no_provenance, engine, ray_address, resume, staging,
+            overwrite, quiet, as_json):
     """Pack the images under SRC (class sub-folders, --list, or --no-labels) into shards in
     DST. DST must lie outside SRC. Symlinks in SRC are followed (each real folder once) and
     counted in the summary.
@@ -92,10 +98,22 @@ def convert(src, dst, list_file, data_format, mode, size, max_side, quality, sha
     DST may be s3://bucket/prefix (needs pip install 'dlpack-io[s3]'; credentials and endpoint
     from the AWS_* variables or ~/.aws): each shard is uploaded as it is finished, the
     manifest last, and the journal kept in the bucket so --resume works from any machine.
+
+    Files and folders whose name starts with "." are skipped and counted in the summary.
+
+    \b
+    Exit codes: 0 done; 1 failed (the message names the command that retries);
+    2 usage error; 3 done, but more rejects than --max-rejects (listed in rejects.tsv);
+    130 interrupted (Ctrl-C; the message names the command that resumes).
     """
     from dlpack_io.packer.conversion import convert as run
     from dlpack_io.packer.pipeline import ConversionError
+    from dlpack_io.tools import convert_outcome as outcome
 
+    try:
+        limit = outcome.parse_max_rejects(max_rejects)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--max-rejects") from None
     try:
         result = run(src, dst, list_file=list_file, resume=resume, overwrite=overwrite,
                      labels=not no_labels, provenance=not no_provenance,
@@ -108,11 +126,29 @@ def convert(src, dst, list_file, data_format, mode, size, max_side, quality, sha
                      ray_address=ray_address, **({"staging": staging} if staging else {}))
     except (ConversionError, ValueError, RuntimeError, FileNotFoundError, ImportError) as exc:
         fail(str(exc))
-    if as_json:
-        return echo_json(result)
+    except KeyboardInterrupt:
+        fail(f"interrupted (Ctrl-C); to finish this conversion run: "
+             f"{outcome.resume_command(sys.argv[1:], dst)}", outcome.EXIT_INTERRUPTED)
+    finish(result, as_json, limit)
+
+
+def finish(result: dict, as_json: bool, limit) -> None:
+    """Print the summary (or JSON), the rejects line, and exit 3 above ``limit``."""
+    from dlpack_io.tools import convert_outcome as outcome
+
     if result.get("already_complete"):
-        return click.echo(f"{result['dst']} is already complete; nothing to resume")
-    echo_summary(result)
+        return echo_json(result) if as_json else \
+            click.echo(f"{result['dst']} is already complete; nothing to resume")
+    line, over = outcome.rejects_verdict(result["rejects"], result["num_samples"], limit,
+                                         f"{result['dst'].rstrip('/')}/rejects.tsv")
+    if as_json:
+        echo_json(result)
+    else:
+        echo_summary(result)
+        if line:
+            click.echo(line, err=True)
+    if over:
+        sys.exit(outcome.EXIT_REJECTS)
 
 
 def echo_summary(result: dict) -> None:
@@ -131,6 +167,10 @@ def echo_summary(result: dict) -> None:
                    f"{result['outside_src']} of them outside SRC; "
                    f"{plural(result['repeated_dirs'], 'folder')} reached again (a loop or an "
                    f"alias) and skipped")
+    if result.get("hidden_files") or result.get("hidden_dirs"):
+        click.echo(f"hidden: {plural(result['hidden_files'], 'file')} and "
+                   f"{plural(result['hidden_dirs'], 'folder')} whose name starts with '.' "
+                   f"skipped (torchvision's ImageFolder would read them)")
     if result["empty_classes"]:
         click.echo(f"WARNING: {plural(len(result['empty_classes']), 'class', 'classes')} with "
                    f"no packed image: {', '.join(result['empty_classes'][:10])}", err=True)

@@ -26,6 +26,8 @@ from dlpack_io.tools.cli_common import DATASET, echo_json, fail
 @click.option("--rank", type=int, default=0, show_default=True, help="With --order: this rank.")
 @click.option("--batch-size", type=int, default=256, show_default=True,
               help="With --order: the Loader's batch size.")
+@click.option("--drop-last/--no-drop-last", default=False, show_default=True,
+              help="With --order: the Loader's drop_last (its default is --no-drop-last).")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="Seed for picking sheet images, or the Loader's seed with --order.")
 @click.option("--max-pixels", type=int, default=None,
@@ -33,7 +35,7 @@ from dlpack_io.tools.cli_common import DATASET, echo_json, fail
                    "89478485, the default of convert --max-pixels.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def inspect(dst, shard, sample, grid, grid_count, order, shuffle, epoch, world_size, rank,
-            batch_size, seed, max_pixels, as_json):
+            batch_size, drop_last, seed, max_pixels, as_json):
     """Summarise the packed data set in DST, a folder or s3://bucket/prefix (or one shard,
     one sample, a contact sheet, or the sample order a Loader will read)."""
     from dlpack_io.reader.format import DEFAULT_MAX_PIXELS, FormatError
@@ -45,7 +47,8 @@ def inspect(dst, shard, sample, grid, grid_count, order, shuffle, epoch, world_s
             from dlpack_io.tools.order_report import format_order_report, order_report
 
             data = order_report(dst, seed=seed, epoch=epoch, world_size=world_size, rank=rank,
-                                batch_size=batch_size, shuffle=None if shuffle == "none" else shuffle)
+                                batch_size=batch_size, drop_last=drop_last,
+                                shuffle=None if shuffle == "none" else shuffle)
             text = format_order_report(data)
         elif grid:
             data = inspection.contact_sheet(dst, grid, count=grid_count, seed=seed, **limit)

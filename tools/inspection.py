@@ -128,13 +128,15 @@ def contact_sheet(path, out_png, *, count: int = 48, cell: int = 160, columns: i
     """
     from PIL import Image, ImageDraw
 
+    from dlpack_io.tools.captions import draw_caption
+
     out_png = sheet_path(out_png)
     ds = Dataset(path, max_pixels=max_pixels)
     picks = np.sort(np.random.default_rng(seed).choice(len(ds), min(count, len(ds)), replace=False))
     rows = (len(picks) + columns - 1) // columns
     caption = 16
     sheet = Image.new("RGB", (columns * cell, rows * (cell + caption)), "white")
-    draw = ImageDraw.Draw(sheet)
+    draw, captions = ImageDraw.Draw(sheet), []
     for n, i in enumerate(picks):
         pixels, label = ds[int(i)]
         thumb = Image.fromarray(pixels)
@@ -142,7 +144,8 @@ def contact_sheet(path, out_png, *, count: int = 48, cell: int = 160, columns: i
         x, y = (n % columns) * cell, (n // columns) * (cell + caption)
         sheet.paste(thumb, (x + (cell - thumb.width) // 2, y + (cell - thumb.height) // 2))
         name = ds.classes[label] if 0 <= label < len(ds.classes) else "(no label)"
-        draw.text((x + 3, y + cell + 2), f"{int(i)}: {name}"[:24], fill="black")
+        captions.append(draw_caption(draw, (x + 3, y + cell + 1), f"{int(i)}: {name}",
+                                     width=cell - 6))
     sheet.save(out_png)
     return {"path": os.path.abspath(out_png), "samples": picks.tolist(),
-            "width": sheet.width, "height": sheet.height}
+            "width": sheet.width, "height": sheet.height, "captions": captions}

@@ -57,10 +57,10 @@ def _mixing(shard_of, label_of, order, batch, shard_sizes, class_counts) -> dict
             "class_mix": mean_c / perfect_c if perfect_c else 1.0}
 
 
-def _first_batches(ds, mine, count, batch_size, shard_of, local, label_of) -> list:
+def _first_batches(ds, mine, count, bounds, shard_of, local, label_of) -> list:
     out = []
     for k in range(count):
-        part = mine[order_mod.batch_slice(k, len(mine), batch_size)]
+        part = mine[bounds[k]:bounds[k + 1]]
         out.append({"batch": k, "size": len(part),
                     "samples": [{"sample": int(i), "shard": ds.manifest["shards"][shard_of[i]]["name"],
                                  "record": int(local[i]), "label": int(label_of[i])}
@@ -69,14 +69,15 @@ def _first_batches(ds, mine, count, batch_size, shard_of, local, label_of) -> li
 
 
 def order_report(path, *, seed: int = 0, epoch: int = 0, world_size: int = 1, rank: int = 0,
-                 batch_size: int = 256, shuffle="global", drop_last: bool = True,
+                 batch_size: int = 256, shuffle="global", drop_last: bool = False,
                  block_size: int = order_mod.DEFAULT_BLOCK_SIZE,
                  window: int = order_mod.DEFAULT_WINDOW, show: int = 3) -> dict:
     """Describe rank ``rank``'s epoch ``epoch`` of the data set at ``path`` (a dict).
 
     Includes the first ``show`` batches (sample, shard, record, label of their first
     samples), how many samples it reads from each shard, and the shard/class mixing of
-    every shuffle mode for comparison.
+    every shuffle mode for comparison. The batches are the Loader's (order.rank_part), and
+    ``drop_last`` defaults to the Loader's default (False).
     """
     from dlpack_io.reader import Dataset
 
@@ -87,9 +88,11 @@ def order_report(path, *, seed: int = 0, epoch: int = 0, world_size: int = 1, ra
     label_of = entries["label"].astype(np.int64)
     kw = dict(seed=seed, epoch=epoch, rank=rank, world_size=world_size, batch_size=batch_size,
               drop_last=drop_last, shard_sizes=sizes, block_size=block_size, window=window)
-    mine = order_mod.rank_order(n, shuffle=shuffle, **kw)
-    batches = order_mod.num_batches(len(mine), batch_size, drop_last)
-    first = _first_batches(ds, mine, min(show, batches), batch_size, shard_of, local, label_of)
+    epoch_order = order_mod.epoch_order(n, shuffle, seed, epoch, sizes, block_size, window)
+    mine, bounds = order_mod.rank_part(epoch_order, rank, world_size, batch_size, drop_last)
+    mine = mine[:bounds[-1]]
+    batches = len(bounds) - 1
+    first = _first_batches(ds, mine, min(show, batches), bounds, shard_of, local, label_of)
     per_shard = np.bincount(shard_of[mine], minlength=len(sizes))
     counts = ds.manifest["class_counts"]
     quality = {(s or "none"): _mixing(shard_of, label_of, order_mod.rank_order(n, shuffle=s, **kw),

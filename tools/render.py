@@ -20,20 +20,38 @@ def _reasons(counts: dict) -> str:
     return ", ".join(f"{n} {why}" for why, n in sorted(counts.items()))
 
 
+def raw_mode_text(n: int, size, max_side) -> str:
+    """What raw mode did to every one of ``n`` images (it never keeps a file's bytes)."""
+    if size:
+        how = f"shorter side resized to {size} and center-cropped to {size}x{size} (--size)"
+    elif max_side:
+        how = f"longer side bounded to {max_side} (--max-side), aspect ratio kept"
+    else:
+        how = "at their own size"
+    return f"decoded to raw RGB pixels: {n} (raw mode: {how})"
+
+
 def convert_counts(result: dict) -> str:
     """What `dlpack convert` did with its inputs: kept, transformed, re-encoded, skipped."""
     changed = sum(result["reencoded"].values()) + sum(result.get("lossless", {}).values())
+    if result.get("mode") == "raw":
+        return "\n".join([raw_mode_text(result["num_samples"], result.get("size"),
+                                        result.get("max_side"))] + _skip_lines(result))
     lines = [f"original bytes kept: {result['num_samples'] - changed}; "
              f"transformed losslessly: {sum(result.get('lossless', {}).values())}"
              + (f" ({_reasons(result['lossless'])})" if result.get("lossless") else "")
              + f"; re-encoded: {sum(result['reencoded'].values())}"
-             + (f" ({_reasons(result['reencoded'])})" if result["reencoded"] else ""),
-             f"skipped {result['rejects']}" + (" (see rejects.tsv)" if result["rejects"] else "")]
+             + (f" ({_reasons(result['reencoded'])})" if result["reencoded"] else "")]
+    return "\n".join(lines + _skip_lines(result))
+
+
+def _skip_lines(result: dict) -> list:
+    lines = [f"skipped {result['rejects']}" + (" (see rejects.tsv)" if result["rejects"] else "")]
     if result.get("ignored"):
         lines.append(f"ignored {plural(sum(result['ignored'].values()), 'file')} without an "
                      f"image suffix ("
                      + ", ".join(f"{s} {n}" for s, n in result["ignored"].items()) + ")")
-    return "\n".join(lines)
+    return lines
 
 
 def _size_line(stats: dict) -> str:
@@ -44,7 +62,11 @@ def _size_line(stats: dict) -> str:
             f"width {w['min']}..{w['max']} (median {w['median']:g})")
 
 
-def _storage_text(st: dict) -> str:
+def _storage_text(st: dict, mode: str = "jpeg", options: dict | None = None) -> str:
+    if mode == "raw":
+        o = options or {}
+        return "stored        " + raw_mode_text(st["raw_records"], o.get("size"),
+                                                o.get("max_side"))
     at = ", ".join(f"{n} {what}" for what, n in st["at_decode"].items() if n)
     lines = [f"stored        {st['original_bytes']} with their original bytes"
              + (f" (the reader applies: {at})" if at else ""),
@@ -71,7 +93,7 @@ def summary_text(s: dict, max_classes: int = 30) -> str:
         + (f", list {source['list']})" if source.get('list') else ")"),
         f"created       {s['created'].get('at')} in {s['created'].get('seconds')} s "
         f"with {s['created'].get('pil')}",
-        _storage_text(s["storage"]),
+        _storage_text(s["storage"], s["mode"], s["options"]),
         f"rejects       {s['num_rejects']}"
         + "".join(f"\n                {r['path']}: {r['reason']}" for r in s["rejects"][:10])
         + ("\n                ... (all in rejects.tsv)" if s["num_rejects"] > 10 else ""),

@@ -5,7 +5,7 @@
                             Normalize(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))]
                 ) as loader:
         for epoch in range(num_epochs):
-            loader.set_epoch(epoch)
+            loader.set_epoch(epoch)     # optional: each new iteration starts the next epoch
             for images, labels in loader: ...
 
 What a batch holds is a pure function of (seed, epoch, rank, world_size, batch_size,
@@ -25,6 +25,8 @@ import numpy as np
 
 from dlpack_io.reader.batch import order as order_mod
 from dlpack_io.reader.batch import resume
+from dlpack_io.reader.batch.compat import (DataLoaderAttributes, pin_ok, pinned,
+                                           refuse_dataloader_only)
 from dlpack_io.reader.batch.engine import deliver, make_engine
 from dlpack_io.reader.batch.options import (OPTION_DOCS, LoaderOptions, resolve_device,
                                             unwrap_subset, use_device_transforms)
@@ -39,12 +41,15 @@ log = logging.getLogger(__name__)
 _D = LoaderOptions  # the defaults live in LoaderOptions alone; the signature reads them
 
 
-class Loader:
+class Loader(DataLoaderAttributes):
     """Shuffled, transformed batches of ``dataset`` (a Dataset, or a torch Subset of one) as
     ``(images, labels)`` tensors, ``(images, labels, indices)`` with ``return_index=True``.
 
     Every option is keyword-only; they are listed below (``OPTION_DOCS`` of
     options.py, beside their defaults), and docs/loader.md has the long form.
+
+    Epochs: each new iteration reads the epoch after the last one iterated (as DataLoader
+    reshuffles on every ``iter``); ``set_epoch(e)`` chooses the next one exactly.
     """
 
     def __init__(self, dataset, *, batch_size: int = _D.batch_size, shuffle=_D.shuffle,
@@ -58,8 +63,12 @@ class Loader:
                  device_transforms: bool | None = _D.device_transforms,
                  reduced_decode: bool = _D.reduced_decode, block_size: int = _D.block_size,
                  block_window: int = _D.block_window, log_every=_D.log_every,
-                 options: LoaderOptions | None = None):
+                 pin_memory: bool = _D.pin_memory,
+                 prefetch_factor: int | None = _D.prefetch_factor,
+                 persistent_workers: bool = _D.persistent_workers,
+                 options: LoaderOptions | None = None, **dataloader_only):
         args = locals()
+        refuse_dataloader_only(dataloader_only, [f.name for f in fields(LoaderOptions)])
         given = {f.name: args[f.name] for f in fields(LoaderOptions)}
         if options is not None and any(v is not getattr(_D, k) for k, v in given.items()):
             raise TypeError("pass either options=LoaderOptions(...) or keyword options, not both")
@@ -80,7 +89,9 @@ class Loader:
         self._stats = StatsClock(opts.num_workers, opts.worker_kind)
         self._log = LogSchedule(opts.log_every)
         self._consumer = threading.get_ident()  # the thread that iterates (updated per epoch)
+        self._pin = pin_ok(opts.pin_memory, self.device)
         self.epoch = 0
+        self._advance = False          # an iteration of self.epoch started: the next reads epoch+1
         self._restored = None          # (epoch, segments) from load_state_dict
         self._cursor = None            # (epoch, segments before this run, world, batch, total)
         self._engine = None            # engine.Engine (job, workers, finisher), kept across epochs
@@ -90,8 +101,9 @@ class Loader:
     def __len__(self) -> int:
         """Batches the next iteration yields (what is left of a restored epoch)."""
         rank, world = order_mod.resolve_world(*self._world)
-        base, start = self._resume_point(self.epoch, world)
-        n = len(self._sequence(self.epoch, base))
+        epoch = self.epoch + self._advance
+        base, start = self._resume_point(epoch, world)
+        n = len(self._sequence(epoch, base))
         return order_mod.batches_per_rank(n, world, self.options.batch_size,
                                           self.options.drop_last) - start
 
@@ -118,10 +130,13 @@ class Loader:
         return part[:bounds[-1]]
 
     def set_epoch(self, epoch: int) -> None:
-        """Select the epoch to iterate (a position restored for that epoch is kept)."""
+        """Select the epoch the next iteration reads (a position restored for that epoch is
+        kept); without it, each iteration reads the epoch after the last one iterated."""
         if epoch < 0:
             raise ValueError(f"epoch {epoch} must be >= 0")
-        self.epoch = int(epoch)
+        if (int(epoch), False) != (self.epoch, self._advance):
+            self._cursor = None  # state_dict now points at the start of ``epoch``
+        self.epoch, self._advance = int(epoch), False
 
     # ---- resume ----------------------------------------------------------------------
     def _identity(self) -> dict:
@@ -149,7 +164,7 @@ class Loader:
         batch size or worker count): the next iteration reads what is left of its epoch."""
         epoch, segments = resume.parse_state(state, self._identity())
         self._restored = (epoch, segments)
-        self.epoch = epoch
+        self.epoch, self._advance, self._cursor = epoch, False, None
 
     def _resume_point(self, epoch: int, world: int):
         """(segments already read, first batch) for iterating ``epoch`` with ``world`` ranks."""
@@ -163,6 +178,8 @@ class Loader:
 
     # ---- iteration -------------------------------------------------------------------
     def __iter__(self):
+        if self._advance:  # the last iteration started (finished or not) self.epoch
+            self.epoch, self._advance = self.epoch + 1, False
         return self._run(self.epoch)
 
     def _resolve_world(self):
@@ -182,20 +199,14 @@ class Loader:
         o = self.options
         part, bounds = order_mod.rank_part(seq, self.rank, self.world_size, o.batch_size,
                                            o.drop_last)
-        total = len(bounds) - 1
-        if total == 0 and len(seq):
-            log.warning("Loader: rank %d of %d gets %d of %d samples, fewer than one batch of "
-                        "%d with drop_last=True: this epoch yields nothing on this rank",
-                        self.rank, self.world_size, len(part), len(seq), o.batch_size)
-        if total and int(np.min(np.diff(bounds))) == 0:
-            log.warning("Loader: rank %d of %d has too few samples to fill all %d batches: "
-                        "some are empty, so every rank yields the same number",
-                        self.rank, self.world_size, total)
-        return part, bounds, base, min(start, total)
+        order_mod.warn_short_share(part, len(seq), bounds, self.rank, self.world_size,
+                                   o.batch_size)
+        return part, bounds, base, min(start, len(bounds) - 1)
 
     def _run(self, epoch: int):
         asked = time.perf_counter()  # the first next(): planning and start-up are waiting too
         part, bounds, base, start = self._plan_epoch(epoch)
+        self._advance = True
         self._cursor = (epoch, base, self.world_size, start, len(bounds) - 1)
         self.skipped.start_epoch(epoch)
         batches = [part[bounds[k]:bounds[k + 1]] for k in range(len(bounds) - 1)]
@@ -211,7 +222,11 @@ class Loader:
         try:
             yield from self._deliver(batches, start, prefetch, epoch)
             clean = True
+            if self._advance and self.epoch == epoch:  # finished: loader.epoch is the next
+                self.epoch, self._advance = epoch + 1, False
             self.skipped.report()
+            if not self.options.persistent_workers:
+                self._close_engine()
         finally:
             self._stats.end_epoch(self.worker_pids())
             if prefetch is not None:
@@ -234,7 +249,8 @@ class Loader:
             if self._finish.active:
                 images, labels = self._finish(images, labels, hb.indices, epoch,
                                               int(batches[k][0]))
-            yield (images, labels, hb.indices) if self.options.return_index else (images, labels)
+            batch = (images, labels, hb.indices) if self.options.return_index else (images, labels)
+            yield pinned(batch) if self._pin else batch
             since = time.perf_counter()
             clock.stepped(since - now)  # outside next(): the training step
             if self._log.due(clock.epoch.batches):

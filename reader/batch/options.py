@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dlpack_io.reader.batch import order as order_mod
+from dlpack_io.reader.batch.compat import check_prefetch
 from dlpack_io.reader.batch.skips import check_on_error
 from dlpack_io.reader.batch.stats import parse_log_every
 
@@ -44,6 +45,8 @@ OPTION_DOCS = """
     device_transforms: None: on the GPU for CUDA, else on the host; False: on the host.
     reduced_decode: decode JPEGs at a reduced DCT scale where a resize allows it.
     block_size, block_window: the geometry of shuffle="block".
+    pin_memory, prefetch_factor, persistent_workers: DataLoader's (CPU batches in pinned
+        memory; batches in flight per worker; False stops the workers after each epoch).
     log_every: write ``str(loader.stats())`` through logging every N batches (an int) or
         every so many seconds ("30s"); None: never.
     options: a LoaderOptions holding all of the above instead (not both).
@@ -76,6 +79,9 @@ class LoaderOptions:
     block_size: int = order_mod.DEFAULT_BLOCK_SIZE   # geometry of shuffle="block"
     block_window: int = order_mod.DEFAULT_WINDOW
     log_every: object = None          # the stats line through logging: N batches or "30s"
+    pin_memory: bool = False          # DataLoader's: CPU batches in page-locked memory
+    prefetch_factor: int | None = None  # DataLoader's: batches in flight per worker
+    persistent_workers: bool = True   # False: stop the workers after each epoch
 
     def __post_init__(self):
         if int(self.batch_size) < 1 or int(self.num_workers) < 0 or int(self.seed) < 0:
@@ -85,8 +91,11 @@ class LoaderOptions:
             raise ValueError(f"worker_kind {self.worker_kind!r}: expected one of {WORKER_KINDS}")
         if self.prefetch is not None and int(self.prefetch) < 1:
             raise ValueError(f"prefetch {self.prefetch}: expected >= 1")
+        if self.timeout == 0:  # DataLoader's "wait forever"
+            object.__setattr__(self, "timeout", None)
+        check_prefetch(self.prefetch, self.prefetch_factor)
         if self.timeout is not None and not float(self.timeout) > 0:
-            raise ValueError(f"timeout {self.timeout}: expected seconds > 0, or None")
+            raise ValueError(f"timeout {self.timeout}: expected seconds > 0, or None (or 0)")
         if self.sample_transform is not None and not callable(self.sample_transform):
             raise TypeError(f"sample_transform {self.sample_transform!r} is not callable")
         if not isinstance(self.transforms, (list, tuple)):
@@ -99,6 +108,8 @@ class LoaderOptions:
     @property
     def in_flight(self) -> int:
         """Batches submitted ahead of the one being consumed."""
+        if self.prefetch_factor is not None:
+            return int(self.prefetch_factor) * max(1, int(self.num_workers))
         return max(2, 2 * self.num_workers) if self.prefetch is None else int(self.prefetch)
 
 

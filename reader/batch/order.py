@@ -27,7 +27,11 @@ SAME number of batches (a DDP job never waits for a rank that has run out):
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
+
+log = logging.getLogger("dlpack_io.reader.batch.loader")  # the Loader's warnings, one logger
 
 SHUFFLES = ("global", "block", None)
 DEFAULT_BLOCK_SIZE = 256
@@ -208,3 +212,19 @@ def resolve_world(rank, world_size) -> tuple[int, int]:
         raise ValueError(f"rank {rank}, world_size {world_size}: expected 0 <= rank < "
                          f"world_size")
     return int(rank), int(world_size)
+
+
+def warn_short_share(part, num_samples: int, bounds, rank: int, world_size: int,
+                     batch_size: int) -> None:
+    """Log (once per epoch) when this rank's share of ``num_samples`` makes no batch, or
+    only some empty ones (every rank yields the same number of batches)."""
+    total = len(bounds) - 1
+    if total == 0 and num_samples:
+        log.warning("Loader: rank %d of %d gets %d of %d samples, fewer than one batch of "
+                    "%d with drop_last=True: this epoch yields nothing on this rank",
+                    rank, world_size, len(part), num_samples, batch_size)
+    if total and int(np.min(np.diff(bounds))) == 0:
+        log.warning("Loader: rank %d of %d has too few samples to fill all %d batches: "
+                    "some are empty, so every rank yields the same number",
+                    rank, world_size, total)
+

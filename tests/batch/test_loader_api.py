@@ -370,7 +370,11 @@ def test_signature_lists_every_option_keyword_only_with_its_default():
 
     params = inspect.signature(Loader).parameters
     option_fields = dataclasses.fields(LoaderOptions)
-    assert list(params) == ["dataset"] + [f.name for f in option_fields] + ["options"]
+    # the trailing **dataloader_only only refuses (DataLoader's keywords, typos): see
+    # tests/batch/test_dataloader_habits.py
+    assert list(params) == ["dataset"] + [f.name for f in option_fields] + ["options",
+                                                                           "dataloader_only"]
+    assert params["dataloader_only"].kind is inspect.Parameter.VAR_KEYWORD
     doc = inspect.getdoc(Loader)
     for f in option_fields:
         assert params[f.name].kind is inspect.Parameter.KEYWORD_ONLY, f.name

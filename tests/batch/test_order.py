@@ -128,7 +128,7 @@ def test_order_report(tmp_path):
     convert(tmp_path / "src", tmp_path / "ds", mode="raw", size=16, shard_size="4KB",
             workers=1, progress=False, overwrite=True, shuffle=False)
     report = order_report(tmp_path / "ds", seed=1, world_size=2, rank=1, batch_size=8,
-                          shuffle="block", block_size=4, window=2)
+                          shuffle="block", block_size=4, window=2, drop_last=True)
     assert report["rank_samples"] == 16 and report["num_batches"] == 2
     assert sum(report["shards_read"].values()) == 16
     q = report["quality"]

@@ -56,8 +56,9 @@ def test_rank_and_world_size_come_from_torchrun_env(raw, monkeypatch, caplog):
     loader = Loader(ds, batch_size=4, transforms=[RandomCrop(20)], return_index=True)
     assert (loader.rank, loader.world_size) == (1, 2)
     mine = np.concatenate([i for _, _, i in loader])
-    assert np.array_equal(mine, loader.indices())
+    assert np.array_equal(mine, loader.indices(0))
     monkeypatch.setenv("RANK", "0")  # e.g. the process group came up with another layout
+    loader.set_epoch(0)  # the same epoch again (iterating on would read epoch 1)
     with caplog.at_level(logging.WARNING, logger="dlpack_io.reader.batch.loader"):
         other = np.concatenate([i for _, _, i in loader])
     assert "rank/world_size changed from 1/2" in caplog.text

@@ -13,7 +13,8 @@ from dlpack_io.packer import convert
 
 from helpers import convert_stopped_at, dataset_fingerprint, gone, photo_folder, wait_until
 
-OPTIONS = ["--shard-size", "60KB", "--workers", "2", "--quiet"]
+# the source holds one planted reject: --max-rejects 1 accepts it (exit 0, not 3)
+OPTIONS = ["--shard-size", "60KB", "--workers", "2", "--quiet", "--max-rejects", "1"]
 
 
 @pytest.fixture(scope="module")

@@ -150,7 +150,7 @@ def test_a_class_folder_without_usable_images_is_said_loudly(src, tmp_path):
     for i in range(2):
         Image.new("RGB", (8, 8)).save(src / "pngs" / f"{i}.png")
     done = _convert(src, tmp_path / "ds", "--quiet", "--non-jpeg", "reject")
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 3, done.stderr  # complete, with rejects above --max-rejects 0
     assert "class folder" in done.stderr and "notes has no usable image (3 other files" in done.stderr
     assert "WARNING: 2 classes with no packed image: notes, pngs" in done.stderr
 
@@ -194,6 +194,6 @@ def test_a_fifo_named_like_an_image_never_blocks_the_packer(src, tmp_path):
     listed.write_text("path,label\n" + "".join(f"{p.relative_to(src)},x\n" for p in
                                                sorted(src.rglob("*.jpg"))))
     done = _convert(src, tmp_path / "ds2", "--quiet", "--list", str(listed), timeout=60)
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 3, done.stderr  # the FIFO is a reject (--max-rejects 0)
     rejects = (tmp_path / "ds2" / "rejects.tsv").read_text()
     assert "pipe.jpg\tnot a regular file" in rejects

@@ -89,3 +89,27 @@ def test_version_names_the_image_stack():
     result = CliRunner().invoke(main, ["--version"])
     assert result.exit_code == 0
     assert "PIL: pillow" in result.output and "JPEG decoding in the Loader:" in result.output
+
+
+@pytest.mark.parametrize("flag,drop_last", [(None, False), ("--drop-last", True),
+                                            ("--no-drop-last", False)])
+def test_inspect_order_reads_what_the_loader_reads(image_folder, tmp_path, flag, drop_last):
+    """The report's batches are the Loader's, and its default drop_last is the Loader's."""
+    from dlpack_io.reader import Dataset, Loader, RandomCrop
+
+    dst = str(tmp_path / "ds")
+    CliRunner().invoke(main, ["convert", str(image_folder), dst, "--quiet", "--workers", "1"])
+    args = ["inspect", dst, "--order", "--batch-size", "3", "--world-size", "3", "--rank",
+            "2", "--epoch", "1", "--seed", "4", "--json"] + ([flag] if flag else [])
+    report = json.loads(CliRunner().invoke(main, args).output)
+    kw = {} if flag is None else {"drop_last": drop_last}
+    loader = Loader(Dataset(dst), batch_size=3, rank=2, world_size=3, seed=4, num_workers=0,
+                    return_index=True, transforms=[RandomCrop(8)], **kw)
+    loader.set_epoch(1)
+    batches = [i for _, _, i in loader]
+    assert report["drop_last"] is drop_last and loader.drop_last is drop_last
+    assert report["num_batches"] == len(batches) and report["rank_samples"] == \
+        sum(len(b) for b in batches)
+    for shown, real in zip(report["first_batches"], batches):
+        assert shown["size"] == len(real)
+        assert [s["sample"] for s in shown["samples"]] == real[:4].tolist()

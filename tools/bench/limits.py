@@ -182,8 +182,10 @@ def decode_limit(jpeg_path, threads: int | None = None) -> float:
     return len(jobs) / seconds
 
 
-def repeat_dataset(src, dst, num_samples: int) -> None:
-    """A data set of ``num_samples``+ whose shards are hard links of ``src``'s shards."""
+def repeat_dataset(src, dst, num_samples: int, max_shards: int = 4096) -> None:
+    """A data set of ``num_samples``+ whose shards are hard links of ``src``'s shards, or
+    fewer samples where that would take more than ``max_shards`` shards (a tiny source:
+    file systems cap the links of one file, ext4 at 65,000)."""
     import shutil
 
     from dlpack_io.reader import format as fmt
@@ -192,7 +194,8 @@ def repeat_dataset(src, dst, num_samples: int) -> None:
     manifest = json.loads((Path(src) / fmt.MANIFEST_NAME).read_text())
     os.makedirs(dst, exist_ok=True)
     shards, first, k = [], 0, 0
-    while first < num_samples:
+    while first < num_samples and k + len(manifest["shards"]) <= max(max_shards,
+                                                                      len(manifest["shards"])):
         for entry in manifest["shards"]:
             name = fmt.shard_name(k, manifest["format"])
             os.link(Path(src) / entry["name"], Path(dst) / name)

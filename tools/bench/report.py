@@ -192,7 +192,16 @@ def _header(result) -> list:
         f"{_loads(env['load_before'])}, after {_loads(env.get('load_after'))}. {n} images, "
         f"{'--quick' if result['options']['quick'] else 'full'} run of section(s) "
         f"{', '.join(result['options']['sections'])}, {result['seconds']:.0f} s.",
-        "", f"Versions: {vers}.", "", f"Peers: {peers}."]
+        "", f"Versions: {vers}.", "", f"Peers: {peers}."] + _source_note(result)
+
+
+def _source_note(result) -> list:
+    changed = result["options"].get("source_changes") or {}
+    if not changed:
+        return []
+    return ["", "Source: " + "; ".join(f"{n} {why}" for why, n in sorted(changed.items()))
+            + " (re-encoded inputs as upright RGB JPEGs; bad ones left out: "
+              "tools/bench/prepare.py)."]
 
 
 def _loader_parts(result) -> list:

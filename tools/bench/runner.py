@@ -155,7 +155,7 @@ def run_bench(src, out, *, sections=("convert", "loader"), quick=False, workers=
 
     ``rounds``: interleaved rounds of the convert (default 3, 1 with ``quick``) and remote
     (default 2, 1 with ``quick``) sections; ``epochs``: timed epochs of each loader spec."""
-    from dlpack_io.tools.bench import environment, report
+    from dlpack_io.tools.bench import environment, prepare, report
     from dlpack_io.tools.bench.peers import PACKAGES, peer_status
 
     started = time.time()
@@ -170,7 +170,9 @@ def run_bench(src, out, *, sections=("convert", "loader"), quick=False, workers=
         check_ready()
     os.makedirs(os.path.join(out, "logs"), exist_ok=True)
     src = plan.subset_folder(src, out, plan.QUICK_IMAGES) if quick else src
-    result = {"options": {"src": os.path.abspath(src), "quick": quick, "workers": list(workers),
+    src, changed = prepare.bench_source(src, out)  # PNG, EXIF, CMYK...: upright RGB JPEGs
+    result = {"options": {"src": os.path.abspath(src), "source_changes": changed,
+                          "quick": quick, "workers": list(workers),
                           "batch_sizes": list(batch_sizes), "only": only, "modes": list(modes),
                           "sections": list(sections), "rounds": rounds, "rtts": list(rtts)},
               "environment": environment.describe(), "families": {}, "convert": {},
