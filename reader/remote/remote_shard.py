@@ -56,14 +56,16 @@ class RemoteShard:
     def load_cached_index(self) -> bool:
         """Use the cached header + index if present and intact; False if it must be fetched."""
         # header page + index + metadata: never more than the shard itself
-        data = cache_mod.read_file(self.source.cache.index_path(self.name), self.size)
+        path = self.source.cache.index_path(self.name)
+        data = cache_mod.read_file(path, self.size)
         if data is None:
             return False
-        try:
-            self._parse(data[:fmt.HEADER_SIZE], data[fmt.HEADER_SIZE:], self.path)
+        try:  # errors name the cache file: the bucket is not to blame for it
+            self._parse(data[:fmt.HEADER_SIZE], data[fmt.HEADER_SIZE:], path)
         except fmt.FormatError as exc:
             if self.source.session.owner:
-                log.warning("cached index of %s is damaged (%s); fetching it again", self.path, exc)
+                log.warning("cached index %s of %s is damaged (%s); fetching it again", path,
+                            self.path, exc)
                 return False
             raise
         return True
