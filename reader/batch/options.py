@@ -17,6 +17,7 @@ from dlpack_io.reader.batch.skips import check_on_error
 
 log = logging.getLogger(__name__)
 WORKER_KINDS = ("thread", "process")
+MAX_PREFETCH, MAX_WORKERS = 4096, 1024  # beyond these: a typo, not a setting
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,10 @@ class LoaderOptions:
                              f"{self.num_workers} >= 0, seed {self.seed} >= 0")
         if self.worker_kind not in WORKER_KINDS:
             raise ValueError(f"worker_kind {self.worker_kind!r}: expected one of {WORKER_KINDS}")
-        if self.prefetch is not None and int(self.prefetch) < 1:
-            raise ValueError(f"prefetch {self.prefetch}: expected >= 1")
+        if self.prefetch is not None and not 1 <= int(self.prefetch) <= MAX_PREFETCH:
+            raise ValueError(f"prefetch {self.prefetch}: expected 1 to {MAX_PREFETCH} batches")
+        if int(self.num_workers) > MAX_WORKERS:  # each is a thread or process, each has buffers
+            raise ValueError(f"num_workers {self.num_workers}: expected at most {MAX_WORKERS}")
         if self.timeout is not None and not float(self.timeout) > 0:
             raise ValueError(f"timeout {self.timeout}: expected seconds > 0, or None")
         if self.sample_transform is not None and not callable(self.sample_transform):
