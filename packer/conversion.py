@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from dlpack_io.packer import finalize, journal
+from dlpack_io.packer import accounting, finalize, journal
 from dlpack_io.packer.dstfiles import (check_src_dst, clear_outputs, existing_entries,
                                        not_empty_error, verify_kept_shard)
 from dlpack_io.packer.engines import engine_context
@@ -40,7 +40,7 @@ def _resume_state(dst: str, plan: dict, num_classes: int) -> State:
     refused = journal.refusal(dst, old_plan, plan) if old_plan is not None else None
     if refused:
         raise ConversionError(refused)
-    for entry in done if old_plan else []:
+    for entry in accounting.accounted(done, old_plan, num_classes, dst) if old_plan else []:
         if not verify_kept_shard(dst, entry["shard"]):
             log.warning("shard %s from the interrupted run is damaged; redoing from there",
                         entry["shard"]["name"])

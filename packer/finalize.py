@@ -100,9 +100,14 @@ def final_manifest(src, inputs, opts, state, progress, engine: str, provenance: 
         raise ConversionError(f"{src}: none of the {len(inputs.paths)} inputs could be "
                               f"packed; most common reasons: "
                               + "; ".join(f"{why} ({n}x)" for why, n in reasons))
-    return build_manifest(inputs, opts, state.shards, state.rejects, state.reencoded,
-                          state.class_counts.tolist(), progress.elapsed, state.lossless,
-                          provenance=provenance, engine=engine)
+    manifest = build_manifest(inputs, opts, state.shards, state.rejects, state.reencoded,
+                              state.class_counts.tolist(), progress.elapsed, state.lossless,
+                              provenance=provenance, engine=engine)
+    problem = fmt.accounting_problem(manifest)
+    if problem:  # never a data set with an input silently gone
+        raise ConversionError(f"{src}: {problem} (the packing state does not add up: a "
+                              f"damaged or edited journal?); no manifest was written")
+    return manifest
 
 
 def summary(dst, manifest, state, inputs, progress, resumed_from) -> dict:

@@ -13,14 +13,13 @@ the manifest.
 """
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import shutil
 import tempfile
 import threading
 
-from dlpack_io.packer import finalize, journal, packing
+from dlpack_io.packer import accounting, finalize, journal, packing
 from dlpack_io.packer.dstfiles import not_empty_error
 from dlpack_io.packer.engines import engine_context
 from dlpack_io.packer.pipeline import ConversionError
@@ -46,7 +45,7 @@ class RemoteJournal:
         self._thread.start()
 
     def _write(self) -> None:
-        data = "".join(json.dumps(line, sort_keys=True) + "\n" for line in self.lines)
+        data = "".join(journal.journal_line(line) for line in self.lines)
         self.store.put(journal.JOURNAL_NAME, data.encode())
 
     def append(self, entry: dict) -> None:
@@ -126,7 +125,7 @@ def resume_remote(store: Store, plan: dict, num_classes: int, state):
     if refused:
         raise ConversionError(refused)
     kept = []
-    for entry in done if old_plan else []:
+    for entry in accounting.accounted(done, old_plan, num_classes, store.url) if old_plan else []:
         if not remote_shard_ok(store, entry["shard"]):
             log.warning("shard %s of the interrupted upload is missing or damaged; redoing "
                         "from there", entry["shard"]["name"])
