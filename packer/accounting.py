@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 
 from dlpack_io.reader import format as fmt
 
@@ -89,3 +90,20 @@ def accounted(entries: list, plan: dict, num_classes: int, where: str) -> list:
         kept.append(entry)
         start, next_sample = entry["end_input"], next_sample + entry["shard"]["num_samples"]
     return kept
+
+
+def paths_problem(entry: dict, slice_paths: list, meta_paths: list | None) -> str | None:
+    """Why a journal line disagrees with the shard it vouches for, or None: the inputs it
+    covers (``slice_paths``, in packing order) must be exactly the shard's own paths (its
+    metadata, in order) plus the line's rejects."""
+    if meta_paths is None:
+        return "its shard's metadata (source paths) cannot be read"
+    rejected = [r[0] for r in entry["rejects"]]
+    if Counter(slice_paths) != Counter(meta_paths) + Counter(rejected):
+        lost = sorted((Counter(slice_paths) - Counter(meta_paths) - Counter(rejected)))
+        return (f"its inputs are not its shard's {len(meta_paths)} samples + "
+                f"{len(rejected)} rejects (unaccounted: {lost[:3]})")
+    packed = set(meta_paths)
+    if [p for p in slice_paths if p in packed] != meta_paths:
+        return "its shard holds its inputs in another order"
+    return None
