@@ -17,6 +17,7 @@ from dlpack_io.packer import accounting, finalize, journal
 from dlpack_io.packer.dstfiles import (check_src_dst, clear_outputs, existing_entries,
                                        kept_shard_paths, not_empty_error, verify_kept_shard)
 from dlpack_io.packer.engines import engine_context
+from dlpack_io.packer.names import shown
 from dlpack_io.packer.options import PackOptions
 from dlpack_io.packer.packing import State, packing_order, plan_inputs, prepare_inputs
 from dlpack_io.packer.pipeline import ConversionError
@@ -47,7 +48,8 @@ def _resume_state(dst: str, plan: dict, inputs, opts) -> State:
             log.warning("shard %s from the interrupted run is damaged; redoing from there",
                         entry["shard"]["name"])
             break
-        covered = [inputs.paths[i] for i in order[state.position:entry["end_input"]].tolist()]
+        covered = [shown(inputs.paths[i])
+                   for i in order[state.position:entry["end_input"]].tolist()]
         problem = accounting.paths_problem(entry, covered,
                                            kept_shard_paths(dst, entry["shard"]))
         if problem:

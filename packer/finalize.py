@@ -7,6 +7,7 @@ import os
 import platform
 from collections import Counter
 
+from dlpack_io.packer.names import shown
 from dlpack_io.packer.nofollow import create_new
 from dlpack_io.packer.pipeline import ConversionError
 from dlpack_io.packer.writers import fsync_dir
@@ -68,7 +69,8 @@ def build_manifest(inputs, options, shards: list, rejects: list, reencoded: dict
         "num_bytes": sum(s["bytes"] for s in shards),
         "classes": list(inputs.classes), "class_counts": list(class_counts),
         "shards": shards, "options": options.output_options(),
-        "source": {"root": inputs.root, "list": inputs.list_file,
+        "source": {"root": shown(inputs.root),
+                   "list": None if inputs.list_file is None else shown(inputs.list_file),
                    "num_inputs": len(inputs.paths)},
         "rejects": [{"path": p, "reason": r} for p, r in rejects],
         "reencoded": dict(sorted(reencoded.items())),

@@ -16,6 +16,7 @@ import logging
 import os
 
 from dlpack_io.packer.accounting import seal, sealed, unseal
+from dlpack_io.packer.names import hashable
 from dlpack_io.packer.nofollow import create_new, open_nofollow
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ def plan_hash(inputs, stats, output_options: dict, format_version: int) -> str:
     h = hashlib.sha256()
     h.update(json.dumps([format_version, output_options, inputs.classes], sort_keys=True).encode())
     for path, label, (size, mtime) in zip(inputs.paths, inputs.labels, stats):
-        h.update(f"{path}\0{label}\0{size}\0{mtime}\n".encode())
+        h.update(hashable(f"{path}\0{label}\0{size}\0{mtime}\n"))  # any name's real bytes
     return h.hexdigest()
 
 
