@@ -50,7 +50,8 @@ async def fetch_shard(store, shard, cache, session, limit: int, *, max_parts: in
         await asyncio.get_running_loop().run_in_executor(None, verify_shard_file, fd, shard)
         os.close(fd)
         fd = None
-        os.replace(tmp, pool)
+        if not _publish(tmp, pool, pin):
+            return {"requests": len(starts), "bytes": shard.size}
     finally:
         if fd is not None:
             os.close(fd)
@@ -59,6 +60,21 @@ async def fetch_shard(store, shard, cache, session, limit: int, *, max_parts: in
         raise FileNotFoundError(f"{pool}: shard vanished from the cache right after download "
                                 f"(another process trimming a cache_limit that is too small?)")
     return {"requests": len(starts), "bytes": shard.size}
+
+
+def _publish(tmp: str, pool: str, pin: str) -> bool:
+    """Rename a verified download into the pool (True); when something that is not a file
+    sits at the pool's name (planted: never removed), pin the download into this session
+    only and return False."""
+    try:
+        os.replace(tmp, pool)
+        return True
+    except (IsADirectoryError, NotADirectoryError):
+        log.warning("%s: not a file of ours (left alone); the shard is kept for this session "
+                    "only", pool)
+        os.link(tmp, pin)
+        os.unlink(tmp)
+        return False
 
 
 def _link(pool: str, pin: str, size: int) -> bool:

@@ -239,3 +239,14 @@ def test_folders_we_create_are_private(server, packed, tmp_path):
                    root / "sessions" / ds._remote.session.sid):
         assert stat.S_IMODE(os.lstat(folder).st_mode) == 0o700, folder
     assert stat.S_IMODE(os.lstat(root / fmt.MANIFEST_NAME).st_mode) == 0o600
+
+
+def test_a_folder_planted_at_a_pooled_shard_name_is_left_alone(server, packed, tmp_path):
+    cache = tmp_path / "cache"
+    planted = cache / _key(packed) / "shards" / _first_shard(packed)
+    (planted / "x").mkdir(parents=True)
+    ds = _open(cache)
+    prefetch = ds.start_prefetch([np.arange(len(ds))], mode="shards")
+    prefetch.wait(0, timeout=30)
+    assert [ds[i][1] for i in range(len(ds))] == [Dataset(packed)[i][1] for i in range(len(ds))]
+    assert planted.is_dir() and (planted / "x").is_dir()
