@@ -7,6 +7,8 @@ what was expected. Positions are bounded by what this loader can actually have r
 """
 from __future__ import annotations
 
+import numbers
+
 MAX_EPOCH = 2**40          # far beyond any training run; keeps seeds and counters in int64
 MAX_WORLD_SIZE = 2**20     # ranks of one job
 MAX_SEGMENTS = 1024        # resumes with another world or batch size within one epoch
@@ -24,14 +26,14 @@ def check_int(state: dict, key: str, low: int, high: int, where: str = "loader s
         raise ValueError(f"{where}: key {key!r} is missing; this is not a state saved by "
                          f"Loader.state_dict()")
     value = state[key]
-    if isinstance(value, bool) or not isinstance(value, int):
-        # numpy integers are accepted (a state built with numpy arithmetic), nothing else
-        if type(value).__module__ != "numpy" or not hasattr(value, "is_integer"):
-            raise ValueError(f"{where}: {key!r} is {_show(value)} ({type(value).__name__}), "
-                             f"expected an integer in [{low}, {high}]")
+    # numpy integers are Integral too (a state built with numpy arithmetic); bools are not
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"{where}: {key!r} is {_show(value)} ({type(value).__name__}), "
+                         f"expected an integer in [{low}, {high}]")
     value = int(value)
     if not low <= value <= high:
-        raise ValueError(f"{where}: {key!r} is {value}, expected an integer in [{low}, {high}]"
+        shown = value if value.bit_length() <= 128 else f"an integer of {value.bit_length()} bits"
+        raise ValueError(f"{where}: {key!r} is {shown}, expected an integer in [{low}, {high}]"
                          f"; this state was not saved by a loader over this data set")
     return value
 

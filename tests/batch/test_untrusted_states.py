@@ -62,6 +62,8 @@ BAD = [
     (("segments", 0, "batches"), 8, r"segments\[0\]: 'batches' is 8, expected an integer "
                                     r"in \[0, 7\]"),
     (("segments", 0, "batches"), 2**70, r"segments\[0\]: 'batches' is 1180591620717411303424"),
+    (("epoch",), 10**5000, r"'epoch' is an integer of 16610 bits"),
+    (("epoch",), np.int64(-3), r"'epoch' is -3, expected"),
     (("segments", 0, "drop_last"), "no", r"segments\[0\]: 'drop_last' is 'no', expected true"),
     (("segments", 0, "drop_last"), KeyError, r"segments\[0\]: key 'drop_last' is missing"),
     (("num_samples",), 10**9, r"does not match this loader .*'num_samples': \(1000000000, 20\)"),
@@ -69,7 +71,7 @@ BAD = [
 
 
 @pytest.mark.parametrize("path,value,message", BAD,
-                         ids=[f"{'.'.join(map(str, p))}={str(v)[:12]}" for p, v, _ in BAD])
+                         ids=[f"{'.'.join(map(str, p))}-{i}" for i, (p, _, _) in enumerate(BAD)])
 def test_a_state_not_ours_names_the_key_at_once(saved, path, value, message):
     ds, state = saved
     loader = Loader(ds, batch_size=3, num_workers=0)
