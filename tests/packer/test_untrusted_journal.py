@@ -147,3 +147,34 @@ def test_line_problems_are_named():
         "malformed (ValueError: end_input is '4'")
     assert accounting.line_problem(dict(entry, rejects=[["a.jpg"]]), 0, 0, 10, 2) == \
         "rejects is not a list of (path, reason) pairs"
+
+
+def test_a_consistent_lie_in_a_bucket_journal_is_redone(s3_env, source, caplog, monkeypatch):
+    """The same proof for an s3:// DST: the kept shard's own paths are read by range."""
+    from dlpack_io.packer import upload
+    from dlpack_io.packer.pipeline import ConversionError
+    from dlpack_io.reader.remote.storage import Store
+
+    url, real, calls = "s3://dlpack-test/untrusted/journal", upload.upload_shard, []
+
+    def failing(store, staging, entry):
+        calls.append(entry["name"])
+        if len(calls) == 4:
+            raise OSError("network went away (injected)")
+        real(store, staging, entry)
+    monkeypatch.setattr(upload, "upload_shard", failing)
+    kw = dict(shard_size="30KB", workers=1, shuffle=False, progress=False)
+    with pytest.raises(ConversionError, match="upload failed"):
+        convert(source, url, **kw)
+    monkeypatch.setattr(upload, "upload_shard", real)
+    store = Store(url)
+    lines = [json.loads(x) for x in store.get(journal.JOURNAL_NAME).decode().splitlines()]
+    assert len(lines) == 4 and lines[1]["rejects"]  # plan + 3 shards; shard 0 has the reject
+    _drop_reject(lines)
+    store.put(journal.JOURNAL_NAME, "".join(journal.journal_line(accounting.unseal(e))
+                                            for e in lines).encode())
+    with caplog.at_level(logging.WARNING):
+        result = convert(source, url, resume=True, **kw)
+    assert "disagrees with the shard" in caplog.text and result["resumed_from"] == 0
+    manifest = json.loads(store.get(fmt.MANIFEST_NAME))
+    assert len(manifest["rejects"]) == 1 and fmt.accounting_problem(manifest) is None
