@@ -13,12 +13,13 @@ import os
 
 import numpy as np
 
-from dlpack_io.packer import finalize, journal
+from dlpack_io.packer import accounting, finalize, journal
 from dlpack_io.packer.dstfiles import (check_src_dst, clear_outputs, existing_entries,
-                                       not_empty_error, verify_kept_shard)
+                                       kept_shard_paths, not_empty_error, verify_kept_shard)
 from dlpack_io.packer.engines import engine_context
+from dlpack_io.packer.names import shown
 from dlpack_io.packer.options import PackOptions
-from dlpack_io.packer.packing import State, plan_inputs, prepare_inputs
+from dlpack_io.packer.packing import State, packing_order, plan_inputs, prepare_inputs
 from dlpack_io.packer.pipeline import ConversionError
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.remote.urls import is_remote
@@ -34,16 +35,26 @@ def _prepare_dst(dst: str, resume: bool, overwrite: bool) -> None:
         raise not_empty_error(dst, entries)
 
 
-def _resume_state(dst: str, plan: dict, num_classes: int) -> State:
-    state = State(class_counts=np.zeros(num_classes, dtype=np.int64))
+def _resume_state(dst: str, plan: dict, inputs, opts) -> State:
+    state = State(class_counts=np.zeros(len(inputs.classes), dtype=np.int64))
     old_plan, done = journal.read_journal(dst)
     refused = journal.refusal(dst, old_plan, plan) if old_plan is not None else None
     if refused:
         raise ConversionError(refused)
-    for entry in done if old_plan else []:
+    order = packing_order(len(inputs.paths), opts)
+    for entry in accounting.accounted(done, old_plan, len(inputs.classes), dst) \
+            if old_plan else []:
         if not verify_kept_shard(dst, entry["shard"]):
             log.warning("shard %s from the interrupted run is damaged; redoing from there",
                         entry["shard"]["name"])
+            break
+        covered = [shown(inputs.paths[i])
+                   for i in order[state.position:entry["end_input"]].tolist()]
+        problem = accounting.paths_problem(entry, covered,
+                                           kept_shard_paths(dst, entry["shard"]))
+        if problem:
+            log.warning("%s: the journal line of shard %s disagrees with the shard (%s); "
+                        "redoing from there", dst, entry["shard"]["name"], problem)
             break
         state.take_over(entry)
     kept = {s["name"] for s in state.shards}
@@ -135,7 +146,7 @@ def _convert_locked(src, dst, inputs, stats, plan, opts, pack, engine, provenanc
     leave nothing behind when no shard was completed, and name the one retry command."""
     state = None
     try:
-        state = _resume_state(dst, plan, len(inputs.classes))
+        state = _resume_state(dst, plan, inputs, opts)
         resumed_from = state.position
         progress = pack(dst, inputs, stats, opts, state, journal.Journal(dst))
         manifest = _finish(src, dst, inputs, opts, state, progress, engine, provenance)

@@ -68,14 +68,35 @@ def verify_kept_shard(dst, entry: dict) -> bool:
             with open(path, "rb") as f:
                 header = fmt.unpack_header(f.read(fmt.HEADER_SIZE), size, path)
             return header.header_crc == entry["crc"]
-        return _lmdb_meta_crc(path) == entry["crc"]
+        meta = _lmdb_meta(path)
+        return meta is not None and fmt.crc32(meta) == entry["crc"]
     except (OSError, fmt.FormatError):
         return False
 
 
-def _lmdb_meta_crc(path: str):
-    """CRC-32 of an LMDB shard's metadata value (None if it has none); FormatError when
-    its structure is damaged (checked before liblmdb reads it)."""
+def kept_shard_paths(dst, entry: dict) -> list | None:
+    """The source paths a kept shard's own metadata lists (checked against its CRC), or
+    None when they cannot be read: what a journal line's accounting is compared with."""
+    path = os.path.join(dst, entry["name"])
+    try:
+        if entry["name"].endswith(fmt.SHARD_SUFFIX["record"]):
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                header = fmt.unpack_header(f.read(fmt.HEADER_SIZE), size, path)
+                meta = os.pread(f.fileno(), header.meta_size, header.meta_offset)
+            if fmt.crc32(meta) != header.meta_crc:
+                return None
+        else:
+            meta = _lmdb_meta(path)
+        paths = None if meta is None else fmt.decode_json(meta, path).get("paths")
+    except (OSError, fmt.FormatError, AttributeError):
+        return None
+    return paths if isinstance(paths, list) else None
+
+
+def _lmdb_meta(path: str):
+    """An LMDB shard's metadata value (None if it has none); FormatError when its
+    structure is damaged (checked before liblmdb reads it)."""
     import lmdb
 
     from dlpack_io.reader.format.lmdbcheck import check_lmdb
@@ -93,7 +114,7 @@ def _lmdb_meta_crc(path: str):
         return None
     finally:
         env.close()
-    return None if meta is None else fmt.crc32(meta)
+    return meta
 
 
 def check_src_dst(src, dst) -> None:

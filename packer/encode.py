@@ -35,7 +35,7 @@ import numpy as np
 from dlpack_io.packer.options import PackOptions
 from dlpack_io.packer.pilimage import (draft_for, exif_orientation, full_decode, open_image,
                                        resize, upright_rgb)
-from dlpack_io.packer.records import EncodedRecord, RejectedInput
+from dlpack_io.packer.records import BAD_INPUT, EncodedRecord, RejectedInput
 from dlpack_io.reader.format import (COLOUR_CMYK, COLOUR_GRAY, COLOUR_YCC, KIND_JPEG, KIND_RAW,
                                      crc32)
 from dlpack_io.reader.format.native import native_jpeg
@@ -178,6 +178,8 @@ def encode_path(item: tuple, options: dict, ship_passthrough: bool = True):
     without its payload (see EncodedRecord.crc).
     """
     path, size, mtime_ns = item
+    if size == BAD_INPUT:  # a reject found by the scan; mtime_ns holds its reason
+        return "reject", str(mtime_ns)
     try:
         data = _read_unchanged(path, size, mtime_ns)
         record = encode_file(data, **options)

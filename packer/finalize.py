@@ -7,6 +7,7 @@ import os
 import platform
 from collections import Counter
 
+from dlpack_io.packer.names import shown
 from dlpack_io.packer.nofollow import create_new
 from dlpack_io.packer.pipeline import ConversionError
 from dlpack_io.packer.writers import fsync_dir
@@ -68,7 +69,8 @@ def build_manifest(inputs, options, shards: list, rejects: list, reencoded: dict
         "num_bytes": sum(s["bytes"] for s in shards),
         "classes": list(inputs.classes), "class_counts": list(class_counts),
         "shards": shards, "options": options.output_options(),
-        "source": {"root": inputs.root, "list": inputs.list_file,
+        "source": {"root": shown(inputs.root),
+                   "list": None if inputs.list_file is None else shown(inputs.list_file),
                    "num_inputs": len(inputs.paths)},
         "rejects": [{"path": p, "reason": r} for p, r in rejects],
         "reencoded": dict(sorted(reencoded.items())),
@@ -100,9 +102,14 @@ def final_manifest(src, inputs, opts, state, progress, engine: str, provenance: 
         raise ConversionError(f"{src}: none of the {len(inputs.paths)} inputs could be "
                               f"packed; most common reasons: "
                               + "; ".join(f"{why} ({n}x)" for why, n in reasons))
-    return build_manifest(inputs, opts, state.shards, state.rejects, state.reencoded,
-                          state.class_counts.tolist(), progress.elapsed, state.lossless,
-                          provenance=provenance, engine=engine)
+    manifest = build_manifest(inputs, opts, state.shards, state.rejects, state.reencoded,
+                              state.class_counts.tolist(), progress.elapsed, state.lossless,
+                              provenance=provenance, engine=engine)
+    problem = fmt.accounting_problem(manifest)
+    if problem:  # never a data set with an input silently gone
+        raise ConversionError(f"{src}: {problem} (the packing state does not add up: a "
+                              f"damaged or edited journal?); no manifest was written")
+    return manifest
 
 
 def summary(dst, manifest, state, inputs, progress, resumed_from) -> dict:

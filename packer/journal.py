@@ -12,9 +12,14 @@ import errno
 import fcntl
 import hashlib
 import json
+import logging
 import os
 
+from dlpack_io.packer.accounting import seal, sealed, unseal
+from dlpack_io.packer.names import hashable
 from dlpack_io.packer.nofollow import create_new, open_nofollow
+
+log = logging.getLogger(__name__)
 
 JOURNAL_NAME = ".dlpack-convert.journal"
 JOURNAL_TMP_NAME = JOURNAL_NAME + ".tmp"  # a fresh journal is written here, then renamed
@@ -27,7 +32,7 @@ def plan_hash(inputs, stats, output_options: dict, format_version: int) -> str:
     h = hashlib.sha256()
     h.update(json.dumps([format_version, output_options, inputs.classes], sort_keys=True).encode())
     for path, label, (size, mtime) in zip(inputs.paths, inputs.labels, stats):
-        h.update(f"{path}\0{label}\0{size}\0{mtime}\n".encode())
+        h.update(hashable(f"{path}\0{label}\0{size}\0{mtime}\n"))  # any name's real bytes
     return h.hexdigest()
 
 
@@ -137,15 +142,27 @@ def read_journal(dst) -> tuple[dict | None, list]:
         return parse_journal(f.read())
 
 
+def journal_line(entry: dict) -> str:
+    """One journal line: ``entry`` with its line checksum (accounting.seal), newline ended."""
+    return json.dumps(seal(entry), sort_keys=True) + "\n"
+
+
 def parse_journal(text: str):
     """(plan line, shard entries) of a journal's text; (None, []) when it is not one of
-    ours. A line cut short by a crash ends it: what follows was never committed."""
+    ours. A line cut short by a crash ends it: what follows was never committed; so does a
+    line whose checksum fails (damaged or edited: a warning says which)."""
     entries = []
-    for line in text.split("\n"):
+    for number, line in enumerate(text.split("\n"), 1):
         try:
-            entries.append(json.loads(line))
-        except json.JSONDecodeError:
+            entry = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
             break
+        if not sealed(entry):
+            if line.strip():
+                log.warning("journal line %d fails its checksum (damaged or edited); it and "
+                            "the lines after it are not trusted: redoing from there", number)
+            break
+        entries.append(unseal(entry))
     if not entries or "plan" not in entries[0]:
         return None, []
     return entries[0], entries[1:]
@@ -161,7 +178,7 @@ class Journal:
             tmp = os.path.join(dst, JOURNAL_TMP_NAME)
             with open(create_new(tmp), "w", encoding="utf-8") as f:
                 for entry in [plan] + self.shards:
-                    f.write(json.dumps(entry, sort_keys=True) + "\n")
+                    f.write(journal_line(entry))
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, self.path)
@@ -169,7 +186,7 @@ class Journal:
     def append(self, entry: dict) -> None:
         """Durably record one finished shard."""
         with open(open_nofollow(self.path, os.O_WRONLY | os.O_APPEND), "w", encoding="utf-8") as f:
-            f.write(json.dumps(entry, sort_keys=True) + "\n")
+            f.write(journal_line(entry))
             f.flush()
             os.fsync(f.fileno())
         self.shards.append(entry)

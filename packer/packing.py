@@ -25,6 +25,8 @@ from dlpack_io.packer.pipeline import ConversionError, encode_in_order
 from dlpack_io.packer.progress import Progress
 from dlpack_io.packer.scan import read_list, scan_image_folder, stat_inputs
 from dlpack_io.packer.writers import open_writer
+from dlpack_io.packer.names import shown
+from dlpack_io.packer.records import BAD_INPUT
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.format.units import parse_size
 
@@ -83,8 +85,8 @@ class Packer:
         if self.options.on_error == "fail":
             raise ConversionError(f"{os.path.join(self.inputs.root, rel)}: {reason} "
                                   f"(--on-error fail stops at the first bad input)")
-        log.debug("skipping %s: %s", rel, reason)
-        self.since.rejects.append((rel, reason))
+        log.debug("skipping %s: %s", shown(rel), shown(reason))
+        self.since.rejects.append((shown(rel), shown(reason)))  # escaped: JSON/TSV-safe
 
     def add(self, rel: str, label: int, record, position: int) -> None:
         """Write one EncodedRecord (input ``position`` in packing order) into the open
@@ -172,6 +174,8 @@ def encode_options(options: PackOptions) -> dict:
 def input_item(inputs, stats, i: int) -> tuple:
     """The encode item of input ``i``: (absolute path, size, mtime_ns) as scanned, what
     encode.encode_path reads and checks (both engines build their items here)."""
+    if inputs.bad and i in inputs.bad:  # known to be a reject: encode_path says why
+        return (os.path.join(inputs.root, inputs.paths[i]), BAD_INPUT, inputs.bad[i])
     return (os.path.join(inputs.root, inputs.paths[i]), *stats[i])
 
 

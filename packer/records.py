@@ -34,3 +34,7 @@ class EncodedRecord:
     def is_passthrough(self) -> bool:
         """True when the payload is the input file's bytes, untouched."""
         return self.kind == KIND_JPEG and self.reencoded is None and self.lossless is None
+
+# The size of an encode item that is a reject before it is read (its mtime slot then holds
+# the reason): a list row with a NUL in its path, a label that is not a class number.
+BAD_INPUT = -2

@@ -32,3 +32,24 @@ def remote_shard_ok(store: Store, entry: dict) -> bool:
     except fmt.FormatError:
         return False
     return header.header_crc == entry["crc"]
+
+
+def remote_shard_paths(store: Store, entry: dict) -> list | None:
+    """The source paths a record shard in the bucket lists in its own metadata (checked
+    against its header's CRC; two range requests, bounded by the header the journal's size
+    vouches for), or None when they cannot be read or the shard is LMDB (its metadata is
+    not at a known range)."""
+    if not entry["name"].endswith(fmt.SHARD_SUFFIX["record"]):
+        return None
+    try:
+        page = store.get_range(entry["name"], 0, fmt.HEADER_SIZE)
+        header = fmt.unpack_header(page, entry["bytes"], store.where(entry["name"]))
+        meta = store.get_range(entry["name"], header.meta_offset,
+                               header.meta_offset + header.meta_size)
+        if fmt.crc32(meta) != header.meta_crc:
+            return None
+        paths = fmt.decode_json(meta, store.where(entry["name"])).get("paths")
+    except (fmt.FormatError, StorageError, AttributeError):
+        return None
+    return paths if isinstance(paths, list) else None
+

@@ -6,12 +6,17 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dlpack_io.packer.names import shown
+
 JPEG_SUFFIXES = (".jpg", ".jpeg", ".jfif")
 # Other image files are packed too (what they are is decided by their content, as for
 # JPEGs: see --non-jpeg); files with any other suffix are ignored and counted. Every suffix of
 # torchvision's IMG_EXTENSIONS (.jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp) is here.
 IMAGE_SUFFIXES = JPEG_SUFFIXES + (".png", ".webp", ".bmp", ".tif", ".tiff", ".gif", ".ppm",
                                   ".pgm")
+# Integer labels of a list define classes "0".."max": beyond this a label is a typo or an
+# attack (a label of 10**12 must not make a list of 10**12 class names), so a reject.
+MAX_LIST_LABEL = 2**20
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,7 @@ class Inputs:
     ignored: dict | None = None  # suffix -> count of files skipped as not images by name
     hidden_files: int = 0        # files named .* skipped (ImageFolder would try to read them)
     hidden_dirs: int = 0         # folders named .* skipped (ImageFolder: classes, walked)
+    bad: dict | None = None      # input number -> why it is a reject before it is read
 
 
 @dataclass
@@ -146,7 +152,9 @@ def scan_image_folder(root, *, labels: bool = True) -> Inputs:
         label_list += [label] * len(found)
     if not paths:
         raise _no_images_error(root)
-    return _inputs(walk, paths, label_list, classes, tuple(empty))
+    # class names the manifest holds: escaped when not valid UTF-8 (walked by real name)
+    return _inputs(walk, paths, label_list, [shown(c) for c in classes],
+                   tuple((shown(name), n) for name, n in empty))
 
 
 def _identity(path: Path) -> tuple:
@@ -161,7 +169,8 @@ def _inputs(walk: _Walk, paths, labels, classes, empty) -> Inputs:
 
 
 def _rows(list_file: Path):
-    text = list_file.read_text(encoding="utf-8-sig")
+    # undecodable bytes stay as they are (surrogate escapes): such a path still opens
+    text = list_file.read_text(encoding="utf-8-sig", errors="surrogateescape")
     delimiter = "\t" if "\t" in text.split("\n", 1)[0] else ","
     for lineno, row in enumerate(csv.reader(text.splitlines(), delimiter=delimiter), 1):
         if not row or not "".join(row).strip() or row[0].lstrip().startswith("#"):
@@ -177,7 +186,10 @@ def read_list(root, list_file) -> Inputs:
 
     Labels may be class names (classes = sorted unique names) or non-negative integers
     (classes = "0".."max"). A first row whose label is not numeric while the others are,
-    or that reads ``path,label``, is taken as a header. Order is the list's order.
+    or that reads ``path,label``, is taken as a header. Order is the list's order. A row
+    that cannot be an input (a NUL in its path; in a list of integer labels, a label in
+    other digits than 0-9 or above MAX_LIST_LABEL) stays in the list as a reject naming
+    its line (``Inputs.bad``): one bad row never stops the conversion.
     """
     root, list_file = Path(root), Path(list_file)
     rows = list(_rows(list_file))
@@ -186,20 +198,39 @@ def read_list(root, list_file) -> Inputs:
     if not rows:
         raise ValueError(f"{list_file}: no 'path,label' rows found")
     raw_labels = [label for _, _, label in rows]
-    if all(lab.isdigit() for lab in raw_labels):
-        labels = [int(lab) for lab in raw_labels]
+    bad = {}
+    if all(lab.isdigit() for lab in raw_labels):  # isdigit: also other scripts' digits
+        labels = [_int_label(lab, list_file, lineno, bad, k)
+                  for k, (lineno, _, lab) in enumerate(rows)]
         classes = [str(i) for i in range(max(labels) + 1)]
     else:
         classes = sorted(set(raw_labels))
         lookup = {name: i for i, name in enumerate(classes)}
         labels = [lookup[lab] for lab in raw_labels]
+        classes = [shown(c) for c in classes]
     paths = []
-    for lineno, path, _ in rows:
-        if os.path.isabs(path) or ".." in Path(path).parts:
+    for k, (lineno, path, _) in enumerate(rows):
+        if "\0" in path:
+            bad[k] = f"{list_file}:{lineno}: the path holds a NUL byte (shown as \\x00)"
+            path = shown(path)
+        elif os.path.isabs(path) or ".." in Path(path).parts:
             raise ValueError(f"{list_file}:{lineno}: path {path!r} must be relative to {root} "
                              f"and stay inside it")
         paths.append(Path(path).as_posix())
-    return Inputs(str(root.resolve()), paths, labels, classes, str(list_file.resolve()))
+    return Inputs(str(root.resolve()), paths, labels, classes, str(list_file.resolve()),
+                  bad=bad or None)
+
+
+def _int_label(text: str, list_file, lineno: int, bad: dict, k: int) -> int:
+    """The integer label of row ``k``; -1 with ``bad[k]`` set when it is not one we take."""
+    if not (text.isascii() and text.isdecimal()):
+        bad[k] = f"{list_file}:{lineno}: label {shown(text)!r} is not written in digits 0-9"
+        return -1
+    if len(text) > 9 or int(text) > MAX_LIST_LABEL:  # length first: int() of a huge text
+        bad[k] = (f"{list_file}:{lineno}: label {shown(text[:20])} is above "
+                  f"{MAX_LIST_LABEL}, the largest class number a list may use")
+        return -1
+    return int(text)
 
 
 def stat_inputs(inputs: Inputs) -> list[tuple[int, int]]:
@@ -213,6 +244,6 @@ def stat_inputs(inputs: Inputs) -> list[tuple[int, int]]:
         try:
             st = os.stat(os.path.join(inputs.root, rel))
             out.append((st.st_size, st.st_mtime_ns))
-        except OSError:
+        except (OSError, ValueError):  # ValueError: a NUL in the path (a reject already)
             out.append((-1, -1))
     return out

@@ -13,18 +13,18 @@ the manifest.
 """
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import shutil
 import tempfile
 import threading
 
-from dlpack_io.packer import finalize, journal, packing
+from dlpack_io.packer import accounting, finalize, journal, packing
 from dlpack_io.packer.dstfiles import not_empty_error
 from dlpack_io.packer.engines import engine_context
 from dlpack_io.packer.pipeline import ConversionError
-from dlpack_io.packer.remoteshard import remote_shard_ok, upload_shard
+from dlpack_io.packer.names import shown
+from dlpack_io.packer.remoteshard import remote_shard_ok, remote_shard_paths, upload_shard
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.remote.storage import StorageError, Store
 
@@ -46,7 +46,7 @@ class RemoteJournal:
         self._thread.start()
 
     def _write(self) -> None:
-        data = "".join(json.dumps(line, sort_keys=True) + "\n" for line in self.lines)
+        data = "".join(journal.journal_line(line) for line in self.lines)
         self.store.put(journal.JOURNAL_NAME, data.encode())
 
     def append(self, entry: dict) -> None:
@@ -119,17 +119,24 @@ def prepare_remote(store: Store, *, resume: bool, overwrite: bool) -> str | None
     return None
 
 
-def resume_remote(store: Store, plan: dict, num_classes: int, state):
-    """Fill ``state`` (packing.State) from the bucket's journal; returns the kept lines."""
+def resume_remote(store: Store, plan: dict, num_classes: int, state, inputs=None, opts=None):
+    """Fill ``state`` (packing.State) from the bucket's journal; returns the kept lines.
+    With ``inputs`` and ``opts``, each kept record shard's own source paths must match the
+    inputs its journal line covers (accounting.paths_problem)."""
     old_plan, done = _read_journal(store)
     refused = journal.refusal(store.url, old_plan, plan) if old_plan is not None else None
     if refused:
         raise ConversionError(refused)
     kept = []
-    for entry in done if old_plan else []:
+    for entry in accounting.accounted(done, old_plan, num_classes, store.url) if old_plan else []:
         if not remote_shard_ok(store, entry["shard"]):
             log.warning("shard %s of the interrupted upload is missing or damaged; redoing "
                         "from there", entry["shard"]["name"])
+            break
+        problem = _disagrees(store, entry, inputs, opts, state.position)
+        if problem:
+            log.warning("%s: the journal line of shard %s disagrees with the shard (%s); "
+                        "redoing from there", store.url, entry["shard"]["name"], problem)
             break
         kept.append(entry)
         state.take_over(entry)
@@ -138,6 +145,16 @@ def resume_remote(store: Store, plan: dict, num_classes: int, state):
         if name.startswith("shard-") and name not in names or name == fmt.MANIFEST_NAME:
             store.delete(name)
     return kept
+
+
+def _disagrees(store: Store, entry: dict, inputs, opts, start: int) -> str | None:
+    """accounting.paths_problem for a shard in the bucket (None for LMDB shards, whose
+    metadata cannot be read by range, and when no inputs are given)."""
+    if inputs is None or not entry["shard"]["name"].endswith(fmt.SHARD_SUFFIX["record"]):
+        return None
+    order = packing.packing_order(len(inputs.paths), opts)
+    covered = [shown(inputs.paths[i]) for i in order[start:entry["end_input"]].tolist()]
+    return accounting.paths_problem(entry, covered, remote_shard_paths(store, entry["shard"]))
 
 
 def convert_remote(src, url: str, *, list_file=None, resume: bool = False,
@@ -170,7 +187,7 @@ def _convert_staged(store: Store, stage: str, inputs, opts, provenance: bool, pa
 
     stats, plan = packing.plan_inputs(inputs, opts)
     state = packing.State(class_counts=np.zeros(len(inputs.classes), dtype=np.int64))
-    kept = resume_remote(store, plan, len(inputs.classes), state)
+    kept = resume_remote(store, plan, len(inputs.classes), state, inputs, opts)
     resumed_from = state.position
     ray = engine == "ray"
     extra = {"upload": (store.url, store.explicit_options)} if ray else {}

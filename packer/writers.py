@@ -12,6 +12,7 @@ import numpy as np
 
 from dlpack_io.packer.nofollow import create_new
 from dlpack_io.reader import format as fmt
+from dlpack_io.packer.names import shown
 
 PARTIAL_SUFFIX = ".partial"  # (after a leading dot) a shard still being written
 
@@ -97,7 +98,7 @@ class RecordShardWriter(_ShardWriter):
         if padded > len(record.payload):
             self._file.write(b"\0" * (padded - len(record.payload)))
         self.entries.append(self._entry(record, label, offset))
-        self.paths.append(path)
+        self.paths.append(shown(path))  # names from the wild: recorded escaped
         self.data_size += padded
 
     def finish(self) -> dict:
@@ -143,7 +144,7 @@ class LmdbShardWriter(_ShardWriter):
         key = fmt.lmdb_record_key(len(self.entries))
         self._txn.put(key, record.payload, append=True)
         self.entries.append(self._entry(record, label, 0))
-        self.paths.append(path)
+        self.paths.append(shown(path))  # names from the wild: recorded escaped
         self.data_size += len(record.payload)
         self._uncommitted += len(record.payload)
         if self._uncommitted >= self.COMMIT_BYTES:

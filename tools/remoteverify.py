@@ -14,7 +14,8 @@ import numpy as np
 
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.remote.storage import StorageError, Store, run_sync
-from dlpack_io.tools.shardcheck import VerifyReport, check_class_counts, check_shard
+from dlpack_io.tools.shardcheck import (VerifyReport, check_accounting, check_class_counts,
+                                        check_shard)
 
 
 async def download(store: Store, name: str, size: int, path: str, *, parts: int = 8,
@@ -81,6 +82,7 @@ def verify_remote(url: str, *, decode: bool = False, progress: bool = True,
     finally:
         bar.close()
     check_class_counts(manifest, counts, manifest_url, report)
+    check_accounting(manifest, manifest_url, report)
     return report
 
 

@@ -153,3 +153,10 @@ def check_class_counts(manifest: dict, counts, where: str, report) -> None:
                   zip(manifest["classes"], counts.tolist(), manifest["class_counts"]) if c != m]
         report.add(where, f"class_counts differ from the labels stored in the shards "
                           f"({'; '.join(differ[:5])})")
+
+
+def check_accounting(manifest: dict, where: str, report) -> None:
+    """Add a problem when the manifest's inputs are not all packed or rejected."""
+    problem = fmt.accounting_problem(manifest)
+    if problem:
+        report.add(where, problem)

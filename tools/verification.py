@@ -17,7 +17,8 @@ from dlpack_io.reader.manifest import NotADatasetError, load_manifest
 # The exit codes are imported to be read here too: verify's callers (the CLI, tests) know
 # this module, not where the report is defined.
 from dlpack_io.tools.shardcheck import (EXIT_DAMAGED, EXIT_NOT_A_DATASET, EXIT_OK,  # noqa: F401
-                                        VerifyReport, check_class_counts, check_shard)
+                                        VerifyReport, check_accounting, check_class_counts,
+                                        check_shard)
 
 
 def verify(dataset, *, decode: bool = False, progress: bool = True,
@@ -51,4 +52,5 @@ def verify(dataset, *, decode: bool = False, progress: bool = True,
     finally:
         bar.close()
     check_class_counts(manifest, counts, os.path.join(dataset, fmt.MANIFEST_NAME), report)
+    check_accounting(manifest, os.path.join(dataset, fmt.MANIFEST_NAME), report)
     return report

@@ -8,6 +8,7 @@ before the current batch is yielded, so that the copy overlaps the training step
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 
@@ -47,13 +48,31 @@ def make_engine(o, dataset, spec, device, device_transforms: bool) -> Engine:
     if o.num_workers == 0:
         runner = SerialRunner(job)
     elif o.worker_kind == "process":
-        runner = ProcessRunner(job, o.num_workers, job.slot_bytes(o.batch_size),
-                               o.in_flight + 1, timeout=o.timeout, describe=dataset.where)
+        slot = job.slot_bytes(min(o.batch_size, max(1, len(dataset))))  # no batch is larger
+        check_slots(o, slot, o.in_flight + 1)
+        runner = ProcessRunner(job, o.num_workers, slot, o.in_flight + 1, timeout=o.timeout,
+                               describe=dataset.where)
         if device_transforms:
             finisher.pin(runner.slot_buffers())  # slots are read by the device copy
     else:
         runner = ThreadRunner(job, o.num_workers, timeout=o.timeout, describe=dataset.where)
     return Engine(job, runner, finisher)
+
+
+def check_slots(o, slot_bytes: int, slots: int) -> None:
+    """Refuse, before anything is mapped, process-worker batch slots that could not fit:
+    more than half of this machine's memory (a batch_size or prefetch far too large)."""
+    total = slot_bytes * slots
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):  # not on this platform: no bound to check against
+        return
+    if total > memory // 2:
+        raise ValueError(f"Loader: batch_size {o.batch_size} with worker_kind='process' needs "
+                         f"{slots} shared batch slots of {slot_bytes} bytes ({total} bytes), "
+                         f"more than half of this machine's {memory} bytes of memory; lower "
+                         f"batch_size, prefetch ({o.in_flight} batches in flight) or the "
+                         f"output size")
 
 
 def stage_next(runner, finisher, ticket):

@@ -162,7 +162,7 @@ class Loader(DataLoaderAttributes):
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state`` (saved by this job or by one with another world size,
         batch size or worker count): the next iteration reads what is left of its epoch."""
-        epoch, segments = resume.parse_state(state, self._identity())
+        epoch, segments = resume.parse_state(state, self._identity(), self._num_items())
         self._restored = (epoch, segments)
         self.epoch, self._advance, self._cursor = epoch, False, None
 

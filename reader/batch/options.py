@@ -19,6 +19,7 @@ from dlpack_io.reader.batch.stats import parse_log_every
 
 log = logging.getLogger(__name__)
 WORKER_KINDS = ("thread", "process")
+MAX_PREFETCH, MAX_WORKERS = 4096, 1024  # beyond these: a typo, not a setting
 
 
 OPTION_DOCS = """
@@ -89,8 +90,10 @@ class LoaderOptions:
                              f"{self.num_workers} >= 0, seed {self.seed} >= 0")
         if self.worker_kind not in WORKER_KINDS:
             raise ValueError(f"worker_kind {self.worker_kind!r}: expected one of {WORKER_KINDS}")
-        if self.prefetch is not None and int(self.prefetch) < 1:
-            raise ValueError(f"prefetch {self.prefetch}: expected >= 1")
+        if self.prefetch is not None and not 1 <= int(self.prefetch) <= MAX_PREFETCH:
+            raise ValueError(f"prefetch {self.prefetch}: expected 1 to {MAX_PREFETCH} batches")
+        if int(self.num_workers) > MAX_WORKERS:  # each is a thread or process, each has buffers
+            raise ValueError(f"num_workers {self.num_workers}: expected at most {MAX_WORKERS}")
         if self.timeout == 0:  # DataLoader's "wait forever"
             object.__setattr__(self, "timeout", None)
         check_prefetch(self.prefetch, self.prefetch_factor)

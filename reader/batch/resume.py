@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from dlpack_io.reader.batch import order as order_mod
+from dlpack_io.reader.batch import statecheck
 
 STATE_VERSION = 2
 # Settings that decide the epoch order itself: a state can only continue the same order.
@@ -77,22 +78,30 @@ def make_state(identity: dict, epoch: int, segments) -> dict:
             "segments": [asdict(s) for s in segments], **identity}
 
 
-def parse_state(state: dict, identity: dict) -> tuple[int, list]:
+def parse_state(state: dict, identity: dict, items: int | None = None) -> tuple[int, list]:
     """(epoch, segments) of a saved state; raises ValueError when it cannot continue this
-    loader's order. Version-1 states (one segment implied) are accepted."""
-    version = state.get("version")
+    loader's order, or names the key that is not what a saved state holds (statecheck:
+    types and ranges, ``items`` = samples in the loader's epoch, default num_samples).
+    Version-1 states (one segment implied) are accepted."""
+    if not isinstance(state, dict):
+        raise ValueError(f"loader state is a {type(state).__name__}, expected the dict "
+                         f"Loader.state_dict() returns")
+    items = int(identity["num_samples"] if items is None else items)
+    version = statecheck.check_int(state, "version", 1, STATE_VERSION)
     if version == 1:
-        segments = [Segment(int(state["world_size"]), int(state["batch_size"]),
-                            bool(state["drop_last"]), int(state["batch"]))]
-    elif version == STATE_VERSION:
-        segments = [Segment(int(s["world_size"]), int(s["batch_size"]), bool(s["drop_last"]),
-                            int(s["batches"])) for s in state["segments"]]
+        segments = [Segment(*statecheck.check_segment(state, "loader state", items, "batch"))]
     else:
-        raise ValueError(f"loader state version {version!r}, expected {STATE_VERSION} (or 1)")
-    diff = {k: (state.get(k), v) for k, v in identity.items() if state.get(k, None) != v}
+        segments = [Segment(*s) for s in statecheck.check_segments(state, items)]
+    diff = {}
+    for k, v in identity.items():
+        saved = state.get(k, None)
+        try:
+            differs = bool(saved != v)
+        except Exception:  # an array or an object whose comparison fails: not ours
+            differs = True
+        if differs:
+            diff[k] = (saved if len(repr(saved)) < 80 else repr(saved)[:77] + "...", v)
     if diff:
         raise ValueError(f"loader state does not match this loader (saved, current): {diff}; "
                          f"the epoch order would differ")
-    if any(s.world_size < 1 or s.batch_size < 1 or s.batches < 0 for s in segments):
-        raise ValueError(f"loader state has an invalid segment: {state['segments']}")
-    return int(state["epoch"]), segments
+    return statecheck.check_int(state, "epoch", 0, statecheck.MAX_EPOCH), segments

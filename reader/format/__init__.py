@@ -31,7 +31,8 @@ checked before it is used).
 from dlpack_io.reader.format.schema import (encode_meta, MAX_JSON_DEPTH, json_depth, decode_json,
                                             check_shard_name, manifest_checksum, lmdb_meta,
                                             MANIFEST_FIELDS, SHARD_ENTRY_FIELDS,
-                                            VOLATILE_MANIFEST_KEYS, validate_manifest)
+                                            VOLATILE_MANIFEST_KEYS, validate_manifest,
+                                            accounting_problem)
 from dlpack_io.reader.format.spec import (MAGIC, FORMAT_VERSION, HEADER_SIZE, RECORD_ALIGN,
                                           MANIFEST_NAME, REJECTS_NAME, MANIFEST_KIND, FORMATS,
                                           MODES, SHARD_SUFFIX, SHARD_NAME_RE, KIND_JPEG, KIND_RAW,

@@ -178,3 +178,22 @@ def validate_manifest(manifest: dict, where: str) -> dict:
                           f"{manifest['num_samples']}")
     _check_details(manifest, where)
     return manifest
+
+
+def accounting_problem(manifest: dict) -> str | None:
+    """What is wrong with a (validated) manifest's accounting of its inputs, or None:
+    every input the conversion saw was either packed or rejected, so num_inputs ==
+    num_samples + len(rejects). Manifests without ``source.num_inputs`` (written before it
+    was recorded) have nothing to check. Not part of validate_manifest: a reader needs
+    only the shards; ``verify`` reports it and the packer refuses to write a manifest
+    that fails it."""
+    inputs = manifest["source"].get("num_inputs")
+    if inputs is None:
+        return None
+    packed, rejected = manifest["num_samples"], len(manifest["rejects"])
+    if inputs == packed + rejected:
+        return None
+    return (f"accounting: source.num_inputs is {inputs}, but {packed} samples packed + "
+            f"{rejected} rejects = {packed + rejected}: {abs(inputs - packed - rejected)} "
+            f"input(s) {'unaccounted for' if inputs > packed + rejected else 'counted twice'}; "
+            f"convert the source again")

@@ -16,7 +16,8 @@ may share ``cache_dir``: each open Dataset has its own session (records are neve
 between sessions, so one process's eviction cannot pull a file from under another), whole
 shards are shared through hard links (a pinned shard's inode lives on while any session
 links it), and sessions of dead processes are removed by the next one to start. Nothing
-secret is ever written here: no credentials, no signed URLs.
+secret is ever written here: no credentials, no signed URLs. Nothing found here is trusted
+either (another user or job may have planted it): see cachefs for the rules.
 """
 from __future__ import annotations
 
@@ -25,8 +26,12 @@ import fcntl
 import hashlib
 import logging
 import os
+import re
 import shutil
+import stat
 import uuid
+
+from dlpack_io.reader.remote import cachefs
 
 log = logging.getLogger(__name__)
 
@@ -52,18 +57,27 @@ def dataset_key(manifest_bytes: bytes, crc: int) -> str:
     return f"ds-{crc:08x}-{hashlib.sha256(manifest_bytes).hexdigest()[:16]}"
 
 
-def publish(path: str, data, *, tmp_dir: str | None = None) -> None:
-    """Write ``data`` to ``path`` atomically (temp name in the same directory, then rename).
+def publish(path: str, data, *, tmp_dir: str | None = None, base: str | None = None) -> None:
+    """Write ``data`` to ``path`` atomically (temp name in the same directory, then rename);
+    missing folders from ``base`` (default: the file's own folder) down are created 0700
+    and checked (cachefs.make_dirs). An entry planted at ``path`` is replaced, never
+    followed: rename swaps the name, it does not write through a link.
 
     No fsync: a torn file after a crash fails its checksum on read and is fetched again.
     """
     directory = tmp_dir or os.path.dirname(path)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    cachefs.make_dirs(base or os.path.dirname(path), os.path.dirname(path))
     tmp = os.path.join(directory, f".tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}")
     try:
-        with open(tmp, "wb") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with open(fd, "wb") as f:
             f.write(data)
-        os.replace(tmp, path)
+        try:
+            os.replace(tmp, path)
+        except (IsADirectoryError, NotADirectoryError) as exc:
+            raise cachefs.CacheEntryError(
+                f"{path}: a folder sits where the cache keeps a file ({exc.strerror}); it was "
+                f"not made by dlpack and is left alone. Remove it, or use another cache_dir")
     except BaseException:
         try:
             os.unlink(tmp)
@@ -72,13 +86,10 @@ def publish(path: str, data, *, tmp_dir: str | None = None) -> None:
         raise
 
 
-def read_file(path: str) -> bytes | None:
-    """Contents of ``path``, or None if it does not exist."""
-    try:
-        with open(path, "rb") as f:
-            return f.read()
-    except FileNotFoundError:
-        return None
+def read_file(path: str, max_bytes: int) -> bytes | None:
+    """Contents of cache file ``path``, or None if it is missing, not a regular file or
+    larger than ``max_bytes`` (cachefs.read_file: links are never followed)."""
+    return cachefs.read_file(path, max_bytes)
 
 
 class DatasetCache:
@@ -87,7 +98,7 @@ class DatasetCache:
     def __init__(self, cache_dir: str, key: str):
         self.root = os.path.join(cache_dir, key)
         for sub in ("index", "shards", "sessions"):
-            os.makedirs(os.path.join(self.root, sub), exist_ok=True)
+            cachefs.make_dirs(cache_dir, os.path.join(self.root, sub))
 
     def index_path(self, shard_name: str) -> str:
         """Cached header + index + metadata of a shard."""
@@ -105,9 +116,11 @@ class DatasetCache:
             if name.startswith("."):
                 continue
             try:
-                st = os.stat(os.path.join(pool, name))
+                st = os.lstat(os.path.join(pool, name))
             except FileNotFoundError:
                 continue
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                continue  # not ours: never counted, never trimmed
             out.append((name, st.st_size, st.st_mtime, st.st_nlink))
         return out
 
@@ -124,6 +137,8 @@ class Session:
             sid = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
             self._lock_fd = _create_locked(sessions, sid)
         else:
+            if not _SESSION_RE.fullmatch(sid):
+                raise ValueError(f"cache session {sid!r}: not a session name dlpack makes")
             self._lock_fd = None  # attached from another process: the owner holds the lock
         self.sid = sid
         self.dir = os.path.join(sessions, sid)
@@ -154,28 +169,35 @@ def _create_locked(sessions: str, sid: str) -> int:
     """Create ``sessions/sid`` with its lock file already flock'ed (built under a temporary
     name, then renamed, so a sweeper never sees a session without its lock held)."""
     tmp = os.path.join(sessions, f".new-{sid}")
-    os.makedirs(tmp)
-    fd = os.open(os.path.join(tmp, ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    os.mkdir(tmp, 0o700)
+    fd = os.open(os.path.join(tmp, ".lock"),
+                 os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     os.rename(tmp, os.path.join(sessions, sid))
     return fd
 
 
+# the names Session gives its folders (and their temporary names while being built)
+_SESSION_RE = re.compile(r"(?:\.new-)?[0-9]+-[0-9a-f]{8}")
+
+
 def remove_stale_sessions(sessions: str) -> list[str]:
-    """Delete session directories whose lock nobody holds (their process died)."""
+    """Delete session folders whose lock nobody holds (their process died). Only entries
+    that look like ours are touched: a name Session gives, a real folder (never a link)
+    owned by this user, with a regular ``.lock`` file; anything else is left alone."""
     removed = []
     for name in os.listdir(sessions):
         path = os.path.join(sessions, name)
-        try:
-            fd = os.open(os.path.join(path, ".lock"), os.O_RDWR)
-        except FileNotFoundError:
+        if not _SESSION_RE.fullmatch(name) or not _own_folder(path):
+            continue
+        opened = cachefs.open_regular(os.path.join(path, ".lock"), os.O_RDWR)
+        if opened is None:
             if name.startswith(".new-"):
                 continue  # being created right now (or debris: next sweep after it ages)
-            shutil.rmtree(path, ignore_errors=True)
+            shutil.rmtree(path, ignore_errors=True)  # a real folder: rmtree never follows links
             removed.append(name)
             continue
-        except NotADirectoryError:
-            continue
+        fd = opened[0]
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -189,3 +211,11 @@ def remove_stale_sessions(sessions: str) -> list[str]:
     if removed:
         log.info("removed %d cache sessions of processes that are gone", len(removed))
     return removed
+
+
+def _own_folder(path: str) -> bool:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()

@@ -144,7 +144,7 @@ class Planner:
                     f"{shard.path} record {j} (bytes {int(e['offset'])}-{int(e['offset']) + length - 1}):"
                     f" checksum mismatch in the downloaded bytes: the object in the bucket is "
                     f"damaged or was replaced; run 'dlpack verify {self.source.url}'")
-            cache_mod.publish(self.session.record_path(k, j), piece)
+            cache_mod.publish(self.session.record_path(k, j), piece, base=self.session.dir)
         self._mark_present(samples)
 
     async def _fetch_shard(self, k: int) -> None:

@@ -17,6 +17,7 @@ import numpy as np
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.format.indexcheck import check_index
 from dlpack_io.reader.remote import cache as cache_mod
+from dlpack_io.reader.remote import cachefs
 from dlpack_io.reader.remote.storage import StorageError, run_sync
 
 log = logging.getLogger(__name__)
@@ -54,14 +55,17 @@ class RemoteShard:
 
     def load_cached_index(self) -> bool:
         """Use the cached header + index if present and intact; False if it must be fetched."""
-        data = cache_mod.read_file(self.source.cache.index_path(self.name))
+        # header page + index + metadata: never more than the shard itself
+        path = self.source.cache.index_path(self.name)
+        data = cache_mod.read_file(path, self.size)
         if data is None:
             return False
-        try:
-            self._parse(data[:fmt.HEADER_SIZE], data[fmt.HEADER_SIZE:], self.path)
+        try:  # errors name the cache file: the bucket is not to blame for it
+            self._parse(data[:fmt.HEADER_SIZE], data[fmt.HEADER_SIZE:], path)
         except fmt.FormatError as exc:
             if self.source.session.owner:
-                log.warning("cached index of %s is damaged (%s); fetching it again", self.path, exc)
+                log.warning("cached index %s of %s is damaged (%s); fetching it again", path,
+                            self.path, exc)
                 return False
             raise
         return True
@@ -78,7 +82,10 @@ class RemoteShard:
         tail = bytes(await store.aget_range(self.name, header.index_offset, self.size,
                                             etag=self.etag))
         self._parse(page, tail, self.path)
-        cache_mod.publish(self.source.cache.index_path(self.name), page + tail)
+        try:
+            cache_mod.publish(self.source.cache.index_path(self.name), page + tail)
+        except cachefs.CacheEntryError as exc:  # the index is in memory: go on uncached
+            log.warning("%s", exc)
 
     @property
     def index(self) -> np.ndarray:
@@ -118,23 +125,47 @@ class RemoteShard:
 
     def payload(self, j: int) -> bytes:
         """Verified bytes of record ``j``: from this session's cache, else (main process
-        only) fetched now. Raises FormatError when the bytes fail their checksum."""
+        only) fetched now. Cached bytes that fail their checksum are discarded (a warning
+        names the file) and fetched again; FormatError when the fetched bytes fail too."""
         entry = self.index[j]
-        offset, length = int(entry["offset"]), int(entry["length"])
-        session = self.source.session
-        data = cache_mod.read_file(session.record_path(self.number, j))
-        if data is None:
-            data = _pread(session.pin_path(self.name), offset, length)
+        offset, length, crc = int(entry["offset"]), int(entry["length"]), int(entry["crc"])
+        data, origin = self._cached(j, offset, length)
         if data is None and self._planned(j):  # the prefetcher brings it: don't fetch twice
-            data = cache_mod.read_file(session.record_path(self.number, j)) or \
-                _pread(session.pin_path(self.name), offset, length)
+            data, origin = self._cached(j, offset, length)
+        if data is not None and (len(data) != length or fmt.crc32(data) != crc):
+            self._discard(origin, j)
+            data = None
         if data is None:
             data = self._fetch_now(j, offset, length)
-        if len(data) != length or fmt.crc32(data) != int(entry["crc"]):
+        if len(data) != length or fmt.crc32(data) != crc:
             raise fmt.FormatError(f"{self.path} record {j} (bytes {offset}-{offset + length - 1}): "
                                   f"checksum mismatch in the downloaded bytes: the object in "
                                   f"the bucket is damaged or was replaced")
         return data
+
+    def _cached(self, j: int, offset: int, length: int) -> tuple[bytes | None, str]:
+        """(bytes of record ``j`` from this session's cache or None, the file they came
+        from); unverified: the caller checks them."""
+        session = self.source.session
+        path = session.record_path(self.number, j)
+        data = cache_mod.read_file(path, length)
+        if data is not None:
+            return data, path
+        pin = session.pin_path(self.name)
+        return cachefs.pread_exact(pin, offset, length, self.size), pin
+
+    def _discard(self, path: str, j: int) -> None:
+        """Drop a cache file whose bytes failed their checksum (and the pooled shard it
+        links, when it is the same file), so no later run trusts it either."""
+        why = f"record {j} of {self.path} fails its checksum (damaged or edited locally)"
+        if path == self.source.session.pin_path(self.name):
+            pool = self.source.cache.pool_path(self.name)
+            try:
+                if os.path.samestat(os.lstat(pool), os.lstat(path)):
+                    cachefs.discard(pool, why)
+            except FileNotFoundError:
+                pass
+        cachefs.discard(path, why)
 
     def _planned(self, j: int) -> bool:
         active = self.source.active_prefetch()
@@ -153,14 +184,3 @@ class RemoteShard:
 
     def __getstate__(self):
         raise TypeError("RemoteShard is pickled as part of its Dataset, not on its own")
-
-
-def _pread(path: str, offset: int, length: int) -> bytes | None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return None
-    try:
-        return os.pread(fd, length, offset)
-    finally:
-        os.close(fd)

@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import stat
 import uuid
 
 import numpy as np
 
 from dlpack_io.reader import format as fmt
+from dlpack_io.reader.remote import cachefs
 
 log = logging.getLogger(__name__)
 PART = 8 * 2**20
@@ -24,12 +26,12 @@ PART = 8 * 2**20
 async def fetch_shard(store, shard, cache, session, limit: int, *, max_parts: int = 8) -> dict:
     """Make ``shard`` available at ``session.pin_path``; return {"requests", "bytes"}."""
     pool, pin = cache.pool_path(shard.name), session.pin_path(shard.name)
-    os.makedirs(os.path.dirname(pin), exist_ok=True)
+    cachefs.make_dirs(session.dir, os.path.dirname(pin))
     if _link(pool, pin, shard.size):
         return {"requests": 0, "bytes": 0}
     trim_pool(cache, limit - shard.size)
     tmp = os.path.join(os.path.dirname(pool), f".tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}")
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         os.ftruncate(fd, shard.size)
         sem = asyncio.Semaphore(max_parts)
@@ -48,7 +50,8 @@ async def fetch_shard(store, shard, cache, session, limit: int, *, max_parts: in
         await asyncio.get_running_loop().run_in_executor(None, verify_shard_file, fd, shard)
         os.close(fd)
         fd = None
-        os.replace(tmp, pool)
+        if not _publish(tmp, pool, pin):
+            return {"requests": len(starts), "bytes": shard.size}
     finally:
         if fd is not None:
             os.close(fd)
@@ -59,12 +62,30 @@ async def fetch_shard(store, shard, cache, session, limit: int, *, max_parts: in
     return {"requests": len(starts), "bytes": shard.size}
 
 
-def _link(pool: str, pin: str, size: int) -> bool:
-    """Pin the pooled shard into the session; False if it is not (completely) there."""
+def _publish(tmp: str, pool: str, pin: str) -> bool:
+    """Rename a verified download into the pool (True); when something that is not a file
+    sits at the pool's name (planted: never removed), pin the download into this session
+    only and return False."""
     try:
-        if os.path.getsize(pool) != size:
+        os.replace(tmp, pool)
+        return True
+    except (IsADirectoryError, NotADirectoryError):
+        log.warning("%s: not a file of ours (left alone); the shard is kept for this session "
+                    "only", pool)
+        os.link(tmp, pin)
+        os.unlink(tmp)
+        return False
+
+
+def _link(pool: str, pin: str, size: int) -> bool:
+    """Pin the pooled shard into the session; False if it is not (completely) there. Only
+    a regular file of ours of the right size is linked (a planted link is never followed:
+    ``follow_symlinks=False``); its records are still checked on every read."""
+    try:
+        st = os.lstat(pool)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size != size:
             return False
-        os.link(pool, pin)
+        os.link(pool, pin, follow_symlinks=False)
     except FileExistsError:
         return True
     except FileNotFoundError:

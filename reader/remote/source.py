@@ -31,7 +31,7 @@ class RemoteSource:
         self.url = url.rstrip("/")
         self.max_pixels = int(max_pixels)
         self.cache_dir = os.fspath(cache_dir) if cache_dir else cache_mod.default_cache_dir()
-        os.makedirs(self.cache_dir, exist_ok=True)
+        os.makedirs(self.cache_dir, mode=0o700, exist_ok=True)  # everything below: cachefs
         self.store = Store(self.url, storage_options=storage_options, policy=policy)
         self.policy = self.store.policy
         raw = self._manifest_bytes(attach)
@@ -76,10 +76,14 @@ class RemoteSource:
                                               etag=meta["etag"]))
         # a spawned worker: read what the owner cached, never the network
         path = os.path.join(self.cache_dir, attach["key"], fmt.MANIFEST_NAME)
-        raw = cache_mod.read_file(path)
+        raw = cache_mod.read_file(path, fmt.MAX_MANIFEST_BYTES)
         if raw is None:
             raise FileNotFoundError(f"{path}: the cache of {self.url} is gone (was the cache "
                                     f"directory cleaned while the data set was open?)")
+        if not attach["key"].endswith(cache_mod.dataset_key(raw, 0)[-16:]):
+            raise fmt.FormatError(f"{path}: differs from the manifest the main process "
+                                  f"cached (its SHA-256 does not match the cache key "
+                                  f"{attach['key']}): the cache was edited while in use")
         return raw
 
     def attach_state(self) -> dict:

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 
 from dlpack_io.reader.remote import s3client
+from dlpack_io.reader.remote.bounded import BodyOverrun, aread_body, read_body
 from dlpack_io.reader.remote.urls import parse_url
 
 class StorageError(OSError):
@@ -78,6 +79,8 @@ def _classify(exc: BaseException) -> tuple[bool, str]:
     if isinstance(exc, (ox.PermissionDeniedError, ox.UnauthenticatedError, PermissionError)):
         return False, ("Check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, "
                        "AWS_PROFILE or storage_options) and that they may use this bucket")
+    if isinstance(exc, BodyOverrun):
+        return False, "Check the endpoint (AWS_ENDPOINT_URL): it does not answer like S3"
     if isinstance(exc, ox.PreconditionError):
         return False, "The object was replaced since this data set was opened: open it again"
     if _REFUSED_RE.search(str(exc)):
@@ -166,7 +169,8 @@ class Store:
         while True:
             attempt += 1
             try:
-                return await asyncio.wait_for(make(), self.policy.request_timeout + 1)
+                left = max(0.1, self.policy.deadline - (time.monotonic() - t0))  # never past it
+                return await asyncio.wait_for(make(), min(self.policy.request_timeout + 1, left))
             except asyncio.TimeoutError as exc:
                 error = exc
             except Exception as exc:
@@ -179,19 +183,20 @@ class Store:
             await asyncio.sleep(pause)
 
     # ---- reads --------------------------------------------------------------------------
-    def get(self, name: str) -> bytes:
-        """The whole object ``name``."""
+    def get(self, name: str, *, max_bytes: int = 256 * 2**20) -> bytes:
+        """The whole object ``name``; StorageError when it has more than ``max_bytes``."""
         import obstore
 
-        return self._retry("GET", name, lambda: bytes(obstore.get(self._client(), self.key(name)).bytes()))
+        return self._retry("GET", name, lambda: bytes(read_body(
+            obstore.get(self._client(), self.key(name)), max_bytes)))
 
     def get_range(self, name: str, start: int, end: int, *, etag: str | None = None) -> bytes:
         """Bytes [start, end) of ``name``; ObjectChangedError if its ETag is not ``etag``."""
         import obstore
 
         opts = {"range": (start, end)} | ({"if_match": etag} if etag else {})
-        data = self._retry("GET", name, lambda: bytes(
-            obstore.get(self._client(), self.key(name), options=opts).bytes()), start, end)
+        data = self._retry("GET", name, lambda: bytes(read_body(
+            obstore.get(self._client(), self.key(name), options=opts), end - start)), start, end)
         return self._check_length(data, name, start, end)
 
     async def aget_range(self, name: str, start: int, end: int, *, etag: str | None = None,
@@ -205,7 +210,7 @@ class Store:
 
         async def once():
             result = await obstore.get_async(client, self.key(name), options=opts)
-            return await result.bytes_async(), result.meta.get("e_tag")
+            return await aread_body(result, end - start), result.meta.get("e_tag")
         data, tag = await self._aretry("GET", name, once, start, end)
         data = self._check_length(data, name, start, end)
         return (data, tag) if with_etag else data

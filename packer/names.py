@@ -1,0 +1,32 @@
+"""Names from the wild as the data set records them.
+
+File and folder names are bytes on Linux; Python hands undecodable ones over with
+surrogate escapes (PEP 383), which no UTF-8 JSON, TSV or manifest can hold. Such a name is
+still opened by its real bytes, and recorded escaped: each undecodable byte as ``\\xNN``,
+and so are control characters (NUL, tabs, newlines), which would break a TSV line or a
+terminal. A valid, printable name is recorded as it is.
+"""
+from __future__ import annotations
+
+import re
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def shown(name: str) -> str:
+    """``name`` as the manifest, shard metadata and rejects record it (see module doc)."""
+    try:
+        name.encode("utf-8")
+        clean = True
+    except UnicodeEncodeError:
+        clean = False
+    if clean and not _CONTROL.search(name):
+        return name
+    if not clean:
+        name = name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", name)
+
+
+def hashable(name: str) -> bytes:
+    """``name``'s real bytes (for digests): undecodable ones kept as they were on disk."""
+    return name.encode("utf-8", "surrogateescape")

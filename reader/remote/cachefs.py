@@ -1,0 +1,133 @@
+"""File operations on the cache directory that never trust what they find there.
+
+``cache_dir`` may be shared with other users and jobs, so any entry in it may have been
+planted before we run: a symbolic link to a folder or file elsewhere, a FIFO, a device, a
+file of the wrong size or with the wrong bytes. The rules, applied by every cache access:
+
+* folders below ``cache_dir`` are created 0700 and used only when ``lstat`` shows a real
+  folder (not a link) owned by this user; anything else is an error naming the path;
+* files are opened with O_NOFOLLOW | O_NONBLOCK and used only when ``fstat`` shows a regular
+  file of a plausible size (a link, FIFO or device is a cache miss, never followed, never
+  read, never waited on), and their bytes are trusted only after their checksums pass;
+* nothing is deleted through a path we did not create (see cache.remove_stale_sessions).
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+
+log = logging.getLogger(__name__)
+
+_OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class CacheEntryError(OSError):
+    """A folder of the cache is not one we can trust (a link, not a folder, another user's)."""
+
+
+def check_dir(path: str) -> os.stat_result:
+    """``lstat`` of ``path`` if it is a real folder owned by this user (else
+    CacheEntryError); a folder of ours that others may write is made 0700 first."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a folder"
+        raise CacheEntryError(f"{path}: is {kind} where the cache keeps a folder of its own; "
+                              f"it was not made by dlpack and is not followed. Remove it, or "
+                              f"use another cache_dir (DLPACK_CACHE_DIR)")
+    if st.st_uid != os.geteuid():
+        raise CacheEntryError(f"{path}: belongs to user id {st.st_uid}, not to this user "
+                              f"({os.geteuid()}); a cache folder must be our own. Use a "
+                              f"cache_dir of your own (DLPACK_CACHE_DIR), see docs/remote.md")
+    if st.st_mode & 0o022:
+        os.chmod(path, 0o700, follow_symlinks=False)  # others could plant entries in it
+    return st
+
+
+def make_dirs(base: str, path: str) -> None:
+    """Create ``path`` (0700) and every missing folder between ``base`` and it, checking
+    each (check_dir); ``base`` itself is trusted (the caller created or checked it)."""
+    rel = os.path.relpath(path, base)
+    if rel == ".":
+        return
+    if rel.startswith(".."):
+        raise ValueError(f"{path}: not below the cache folder {base}")
+    current = base
+    for part in rel.split(os.sep):
+        current = os.path.join(current, part)
+        try:
+            os.mkdir(current, 0o700)
+        except FileExistsError:
+            check_dir(current)
+
+
+def open_regular(path: str, flags: int = os.O_RDONLY) -> tuple[int, os.stat_result] | None:
+    """(fd, fstat) of regular file ``path`` opened without following a link; None when it
+    is missing or is not a regular file (a link, FIFO, device, folder: logged, untouched)."""
+    try:
+        fd = os.open(path, flags | _OPEN_FLAGS)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.EACCES, errno.EPERM):
+            log.warning("%s: not a regular file of ours (%s); ignored, not followed", path,
+                        exc.strerror)
+            return None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        log.warning("%s: not a regular file (mode %o); ignored, not read", path, st.st_mode)
+        return None
+    return fd, st
+
+
+def read_file(path: str, max_bytes: int) -> bytes | None:
+    """Contents of regular file ``path``; None when missing, not a regular file, or larger
+    than ``max_bytes`` (then a warning names it: it cannot be what we wrote)."""
+    opened = open_regular(path)
+    if opened is None:
+        return None
+    fd, st = opened
+    try:
+        if st.st_size > max_bytes:
+            log.warning("%s: %d bytes, more than the %d it can hold; ignored", path,
+                        st.st_size, max_bytes)
+            return None
+        chunks, left = [], st.st_size
+        while left > 0:  # the size is bounded above; a file that shrinks just ends early
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def pread_exact(path: str, offset: int, length: int, size: int) -> bytes | None:
+    """``length`` bytes at ``offset`` of regular file ``path`` if it is exactly ``size``
+    bytes long (a whole shard); None otherwise (missing, not regular, wrong size)."""
+    opened = open_regular(path)
+    if opened is None:
+        return None
+    fd, st = opened
+    try:
+        if st.st_size != size:
+            log.warning("%s: %d bytes, the shard has %d; ignored", path, st.st_size, size)
+            return None
+        return os.pread(fd, length, offset)
+    finally:
+        os.close(fd)
+
+
+def discard(path: str, why: str) -> None:
+    """Remove our cache file ``path`` (the entry only: a link is never followed) after its
+    bytes failed their checksum, with a warning naming it."""
+    log.warning("%s: %s; discarded from the cache, fetched again", path, why)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
