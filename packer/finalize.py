@@ -51,18 +51,19 @@ def rejects_tsv(rejects: list) -> bytes:
 
 def build_manifest(inputs, options, shards: list, rejects: list, reencoded: dict,
                    class_counts: list, seconds: float, lossless: dict | None = None, *,
-                   provenance: bool = True, engine: str = "local") -> dict:
+                   provenance: bool = True, engine: str = "local", fields=None) -> dict:
     """The manifest dict (checksum included) describing a finished data set.
 
     Only ``created`` (when, where, by which engine) and the checksum over it differ between
     two conversions of the same source with the same options. ``provenance=False`` leaves
     out what identifies the machine that packed it: the host name and the absolute paths
-    of the source folder and list file (null instead).
+    of the source folder and list file (null instead). ``fields``: the field schema of
+    samples that carry more than an image and a label (format 3); None or empty: format 2.
     """
     from dlpack_io.packer.version import __version__
 
     manifest = {
-        "kind": fmt.MANIFEST_KIND, "version": fmt.FORMAT_VERSION,
+        "kind": fmt.MANIFEST_KIND, "version": fmt.FORMAT_VERSION if fields else fmt.PLAIN_VERSION,
         "format": options.format, "mode": options.mode,
         "num_samples": sum(s["num_samples"] for s in shards),
         "num_bytes": sum(s["bytes"] for s in shards),
@@ -78,6 +79,8 @@ def build_manifest(inputs, options, shards: list, rejects: list, reencoded: dict
                     "python": platform.python_version(), "host": platform.node(),
                     "engine": engine},
     }
+    if fields:
+        manifest["fields"] = fields
     if not provenance:
         manifest["source"].update(root=None, list=None)
         del manifest["created"]["host"]
