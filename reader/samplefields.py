@@ -8,19 +8,29 @@ from dlpack_io.reader.format.fields import decode_fields
 from dlpack_io.reader.nativecopy import guarded_copy
 
 
-def read_fields(dataset, i: int, names=None) -> dict:
-    """name -> value of sample ``i``'s fields (all of the schema, or ``names``)."""
-    schema = dataset.fields
-    unknown = [n for n in (names or ()) if n not in schema]
+def check_names(dataset, names) -> None:
+    """KeyError naming the data set unless every one of ``names`` is a field of it."""
+    unknown = [n for n in (names or ()) if n not in dataset.fields]
     if unknown:
         raise KeyError(f"{dataset.path}: no field {unknown[0]!r}; the data set has "
-                       f"{sorted(schema) or 'no fields'} besides image and label")
-    if not schema or names == ():
+                       f"{sorted(dataset.fields) or 'no fields'} besides image and label")
+
+
+def read_fields(dataset, i: int, names=None) -> dict:
+    """name -> value of sample ``i``'s fields (all of the schema, or ``names``)."""
+    check_names(dataset, names)
+    if not dataset.fields or names == ():
         return {}
     if dataset.is_remote:
         raise fmt.FormatError(f"{dataset.path}: reading fields from object storage is not "
                               f"supported yet; copy the data set to local disk")
     k, j = dataset.locate(i)
+    return read_record_fields(dataset, i, k, j, names)
+
+
+def read_record_fields(dataset, i: int, k: int, j: int, names=None) -> dict:
+    """The fields of sample ``i``, record ``j`` of shard ``k`` (located by the caller)."""
+    schema = dataset.fields
     shard = dataset.shards[k]
     if not shard.has_fields:
         raise fmt.FormatError(f"{shard.path}: a format-2 shard in a data set whose manifest "

@@ -17,13 +17,14 @@ goes plan (plan.py) -> host pixels (host.py or gather.py, in the workers of engi
 from __future__ import annotations
 
 import logging
-from dataclasses import fields
+from dataclasses import fields as dataclass_fields
 
 import numpy as np
 
 from dlpack_io.reader.batch import order as order_mod
 from dlpack_io.reader.batch import resume
 from dlpack_io.reader.batch.engine import deliver, make_engine
+from dlpack_io.reader.batch.fieldbatch import DEFAULT_FIELDS, assemble, check_fields
 from dlpack_io.reader.batch.options import (LoaderOptions, resolve_device, unwrap_subset,
                                             use_device_transforms)
 from dlpack_io.reader.batch.plan import compile_spec
@@ -62,6 +63,8 @@ class Loader:
     device_transforms: None: on the GPU for CUDA, else on the host; False: on the host.
     reduced_decode: decode JPEGs at a reduced DCT scale where a resize allows it.
     block_size, block_window: the geometry of shuffle="block".
+    fields: what each batch holds, in order: "image", "label" and the data set's fields
+        (``ds.fields``), e.g. ("image", "caption"); default ("image", "label").
     options: a LoaderOptions holding all of the above instead (not both).
     """
 
@@ -75,13 +78,15 @@ class Loader:
                  on_error: str = _D.on_error, return_index: bool = _D.return_index,
                  device_transforms: bool | None = _D.device_transforms,
                  reduced_decode: bool = _D.reduced_decode, block_size: int = _D.block_size,
-                 block_window: int = _D.block_window, options: LoaderOptions | None = None):
+                 block_window: int = _D.block_window, fields: tuple = _D.fields,
+                 options: LoaderOptions | None = None):
         args = locals()
-        given = {f.name: args[f.name] for f in fields(LoaderOptions)}
+        given = {f.name: args[f.name] for f in dataclass_fields(LoaderOptions)}
         if options is not None and any(v is not getattr(_D, k) for k, v in given.items()):
             raise TypeError("pass either options=LoaderOptions(...) or keyword options, not both")
         self.options = opts = options if options is not None else LoaderOptions(**given)
         self.dataset, self.subset = unwrap_subset(dataset, opts.indices)
+        self.fields = check_fields(self.dataset, opts.fields)
         self.spec = compile_spec(opts.transforms, dtype=opts.dtype,
                                  reduced_decode=opts.reduced_decode)
         self.device = resolve_device(opts.device)
@@ -232,7 +237,9 @@ class Loader:
             self._cursor = self._cursor[:3] + (k + 1, len(batches))
             if not len(hb.indices) and len(batches[k]):  # on_error="skip" left nothing
                 continue
-            yield (images, labels, hb.indices) if self.options.return_index else (images, labels)
+            out = (images, labels) if self.fields == DEFAULT_FIELDS else \
+                assemble(self.dataset, self.fields, images, labels, hb.indices)
+            yield (*out, hb.indices) if self.options.return_index else out
 
     # ---- resources ---------------------------------------------------------------------
     def _close_engine(self) -> None:

@@ -44,6 +44,7 @@ class LoaderOptions:
     reduced_decode: bool = True       # decode JPEGs at a reduced DCT scale where it can
     block_size: int = order_mod.DEFAULT_BLOCK_SIZE   # geometry of shuffle="block"
     block_window: int = order_mod.DEFAULT_WINDOW
+    fields: tuple = ("image", "label")  # what each batch holds, in order (fieldbatch.py)
 
     def __post_init__(self):
         if int(self.batch_size) < 1 or int(self.num_workers) < 0 or int(self.seed) < 0:
