@@ -105,7 +105,8 @@ def final_manifest(src, inputs, opts, state, progress, engine: str, provenance: 
                               + "; ".join(f"{why} ({n}x)" for why, n in reasons))
     return build_manifest(inputs, opts, state.shards, state.rejects, state.reencoded,
                           state.class_counts.tolist(), progress.elapsed, state.lossless,
-                          provenance=provenance, engine=engine)
+                          provenance=provenance, engine=engine,
+                          fields=getattr(inputs, "fields", None))
 
 
 def summary(dst, manifest, state, inputs, progress, resumed_from) -> dict:
@@ -119,4 +120,4 @@ def summary(dst, manifest, state, inputs, progress, resumed_from) -> dict:
             "seconds": progress.elapsed, "images_per_s": progress.images_per_s,
             "mb_per_s": progress.mb_per_s, "empty_classes": empty,
             "via_links": inputs.via_links, "outside_src": inputs.outside_src,
-            "repeated_dirs": inputs.repeated_dirs}
+            "repeated_dirs": inputs.repeated_dirs, "fields": manifest.get("fields", {})}

@@ -32,6 +32,8 @@ class Inputs:
     repeated_dirs: int = 0       # folders reached again (symlink loops, aliases) and skipped
     empty_classes: tuple = ()    # (class name, files in it that are not images)
     ignored: dict | None = None  # suffix -> count of files skipped as not images by name
+    fields: dict | None = None   # field schema of the list's extra keys / columns (format 3)
+    field_values: list | None = None  # per input: its fields, or why its line is rejected
 
 
 @dataclass
@@ -148,7 +150,7 @@ def _rows(list_file: Path):
         if len(row) < 2:
             raise ValueError(f"{list_file}:{lineno}: expected 'path{delimiter}label', "
                              f"got {delimiter.join(row)!r}")
-        yield lineno, row[0].strip(), row[1].strip()
+        yield lineno, row[0].strip(), row[1].strip(), row[2:]
 
 
 def read_list(root, list_file) -> Inputs:
@@ -159,12 +161,15 @@ def read_list(root, list_file) -> Inputs:
     or that reads ``path,label``, is taken as a header. Order is the list's order.
     """
     root, list_file = Path(root), Path(list_file)
+    if list_file.suffix.lower() in (".jsonl", ".ndjson"):
+        return _read_jsonl(root, list_file)
     rows = list(_rows(list_file))
+    header = None
     if rows and rows[0][2].lower() in ("label", "class", "target"):
-        rows = rows[1:]
+        header, rows = rows[0], rows[1:]
     if not rows:
         raise ValueError(f"{list_file}: no 'path,label' rows found")
-    raw_labels = [label for _, _, label in rows]
+    raw_labels = [label for _, _, label, _ in rows]
     if all(lab.isdigit() for lab in raw_labels):
         labels = [int(lab) for lab in raw_labels]
         classes = [str(i) for i in range(max(labels) + 1)]
@@ -173,12 +178,40 @@ def read_list(root, list_file) -> Inputs:
         lookup = {name: i for i, name in enumerate(classes)}
         labels = [lookup[lab] for lab in raw_labels]
     paths = []
-    for lineno, path, _ in rows:
+    for lineno, path, _, _ in rows:
         if os.path.isabs(path) or ".." in Path(path).parts:
             raise ValueError(f"{list_file}:{lineno}: path {path!r} must be relative to {root} "
                              f"and stay inside it")
         paths.append(Path(path).as_posix())
-    return Inputs(str(root.resolve()), paths, labels, classes, str(list_file.resolve()))
+    schema, values = extra_columns(header, rows, list_file)
+    return Inputs(str(root.resolve()), paths, labels, classes, str(list_file.resolve()),
+                  fields=schema, field_values=values)
+
+
+def extra_columns(header, rows, list_file):
+    """(schema, values) of a CSV/TSV list's columns after path and label: str fields
+    named by the header row (``column3``, ... without one); (None, None) when none."""
+    width = max(len(extra) for *_, extra in rows)
+    if not width:
+        return None, None
+    names = [n.strip() for n in header[3]] if header else []
+    names += [f"column{k + 3}" for k in range(len(names), width)]
+    from dlpack_io.reader.format.fieldschema import check_field_name
+
+    for name in names:
+        check_field_name(name, f"{list_file}: header")
+    values = [dict(zip(names, extra)) if len(extra) == width else
+              f"{list_file}:{lineno}: {len(extra) + 2} columns, other rows have {width + 2}"
+              for lineno, _, _, extra in rows]
+    return {n: {"type": "str"} for n in names}, values
+
+
+def _read_jsonl(root: Path, list_file: Path) -> Inputs:
+    from dlpack_io.packer.jsonlist import read_jsonl
+
+    paths, labels, classes, schema, values = read_jsonl(root, list_file)
+    return Inputs(str(root.resolve()), paths, labels, classes, str(list_file.resolve()),
+                  fields=schema, field_values=values)
 
 
 def stat_inputs(inputs: Inputs) -> list[tuple[int, int]]:
