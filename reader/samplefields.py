@@ -35,12 +35,14 @@ def read_record_fields(dataset, i: int, k: int, j: int, names=None) -> dict:
     if not shard.has_fields:
         raise fmt.FormatError(f"{shard.path}: a format-2 shard in a data set whose manifest "
                               f"declares fields {sorted(schema)}: the files are mixed up")
-    _, crc = shard.fields_entry(j)
+    where = f"{shard.path} record {j} (sample {i})"  # cheap: built for every sample
     try:
         block = guarded_copy(shard.fields_block(j))
     except ValueError as exc:  # MappedFileError: the shard changed under the map
-        raise fmt.FormatError(f"{dataset.where(i)}: {exc}") from None
-    if dataset.verify_checksums and fmt.crc32(block) != crc:
-        raise fmt.FormatError(f"{dataset.where(i)}: field block checksum mismatch (stored "
-                              f"{crc:#010x}, computed {fmt.crc32(block):#010x}): damaged data")
-    return decode_fields(block, schema, dataset.where(i), names)
+        raise fmt.FormatError(f"{where}: {exc}") from None
+    if dataset.verify_checksums:
+        crc = shard.fields_entry(j)[1]
+        if fmt.crc32(block) != crc:
+            raise fmt.FormatError(f"{where}: field block checksum mismatch (stored {crc:#010x}, "
+                                  f"computed {fmt.crc32(block):#010x}): damaged data")
+    return decode_fields(block, schema, where, names)
