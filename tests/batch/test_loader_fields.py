@@ -87,3 +87,24 @@ def test_default_fields_are_image_and_label(fielded):
 def test_unknown_or_repeated_fields_are_refused(fielded, fields, match):
     with pytest.raises(ValueError, match=match):
         Loader(Dataset(fielded), fields=fields)
+
+
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_skipped_samples_take_their_fields_with_them(fielded, tmp_path, kind):
+    import shutil
+
+    shutil.copytree(fielded, tmp_path / "ds")
+    ds = Dataset(tmp_path / "ds")
+    k, j = ds.locate(5)
+    entry = ds.shards[k].index[j]
+    path = ds.shards[k].path
+    data = bytearray(open(path, "rb").read())
+    data[int(entry["offset"])] ^= 0xFF  # sample 5's first pixel: its image CRC fails
+    open(path, "wb").write(bytes(data))
+    loader = Loader(Dataset(tmp_path / "ds", verify_checksums=True), batch_size=4,
+                    fields=NAMES, return_index=True, on_error="skip", num_workers=2,
+                    worker_kind=kind, transforms=[Resize((4, 4))])
+    seen = [i for batch in loader for i in _check(batch, NAMES + ("index",))]
+    assert sorted(seen) == [i for i in range(N) if i != 5]
+    assert [s.sample for s in loader.skipped.samples] == [5]
+    assert "checksum mismatch" in loader.skipped.samples[0].reason
