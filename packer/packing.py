@@ -97,7 +97,10 @@ class Packer:
         if self.writer is None:
             self.writer = open_writer(self.options.format, self.dst, len(self.state.shards),
                                       self.state.next_sample, self.options.shard_size)
-        self.writer.add(record, label, rel, fields)
+        if fields is None:  # the writers' original call (tests wrap it with this signature)
+            self.writer.add(record, label, rel)
+        else:
+            self.writer.add(record, label, rel, fields)
         self.count(label, record.reencoded, record.lossless)
 
     def count(self, label: int, reencoded: str | None, lossless: str | None) -> None:
