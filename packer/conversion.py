@@ -18,6 +18,7 @@ from dlpack_io.packer.dstfiles import (check_src_dst, clear_outputs, existing_en
                                        kept_shard_paths, not_empty_error, verify_kept_shard)
 from dlpack_io.packer.engines import engine_context
 from dlpack_io.packer.names import shown
+from dlpack_io.packer.fieldsource import check_engine_fields
 from dlpack_io.packer.options import PackOptions
 from dlpack_io.packer.packing import State, packing_order, plan_inputs, prepare_inputs
 from dlpack_io.packer.pipeline import ConversionError
@@ -115,6 +116,7 @@ def convert(src, dst, *, list_file=None, resume: bool = False, overwrite: bool =
         raise ValueError("--staging is for s3:// destinations (shards waiting for upload)")
     check_src_dst(src, dst)
     opts, inputs = prepare_inputs(src, list_file, options, labels)
+    check_engine_fields(src, engine, inputs)
     engine_ = engine_context(engine, ray_address, opts)
     stats, plan = plan_inputs(inputs, opts)
     dst = os.path.abspath(dst)

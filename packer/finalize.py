@@ -52,24 +52,25 @@ def rejects_tsv(rejects: list) -> bytes:
 
 def build_manifest(inputs, options, shards: list, rejects: list, reencoded: dict,
                    class_counts: list, seconds: float, lossless: dict | None = None, *,
-                   provenance: bool = True, engine: str = "local") -> dict:
+                   provenance: bool = True, engine: str = "local", fields=None) -> dict:
     """The manifest dict (checksum included) describing a finished data set.
 
     Only ``created`` (when, where, by which engine) and the checksum over it differ between
     two conversions of the same source with the same options. ``provenance=False`` leaves
     out what identifies the machine that packed it: the host name and the absolute paths
-    of the source folder and list file (null instead).
+    of the source folder and list file (null instead). ``fields``: the field schema of
+    samples that carry more than an image and a label (format 3); None or empty: format 2.
     """
     from dlpack_io.packer.version import __version__
 
     manifest = {
-        "kind": fmt.MANIFEST_KIND, "version": fmt.FORMAT_VERSION,
+        "kind": fmt.MANIFEST_KIND, "version": fmt.FORMAT_VERSION if fields else fmt.PLAIN_VERSION,
         "format": options.format, "mode": options.mode,
         "num_samples": sum(s["num_samples"] for s in shards),
         "num_bytes": sum(s["bytes"] for s in shards),
         "classes": list(inputs.classes), "class_counts": list(class_counts),
         "shards": shards, "options": options.output_options(),
-        "source": {"root": shown(inputs.root),
+        "source": {"root": None if inputs.root is None else shown(inputs.root),
                    "list": None if inputs.list_file is None else shown(inputs.list_file),
                    "num_inputs": len(inputs.paths)},
         "rejects": [{"path": p, "reason": r} for p, r in rejects],
@@ -80,6 +81,8 @@ def build_manifest(inputs, options, shards: list, rejects: list, reencoded: dict
                     "python": platform.python_version(), "host": platform.node(),
                     "engine": engine},
     }
+    if fields:
+        manifest["fields"] = fields
     if not provenance:
         manifest["source"].update(root=None, list=None)
         del manifest["created"]["host"]
@@ -104,7 +107,8 @@ def final_manifest(src, inputs, opts, state, progress, engine: str, provenance: 
                               + "; ".join(f"{why} ({n}x)" for why, n in reasons))
     manifest = build_manifest(inputs, opts, state.shards, state.rejects, state.reencoded,
                               state.class_counts.tolist(), progress.elapsed, state.lossless,
-                              provenance=provenance, engine=engine)
+                              provenance=provenance, engine=engine,
+                              fields=getattr(inputs, "fields", None))
     problem = fmt.accounting_problem(manifest)
     if problem:  # never a data set with an input silently gone
         raise ConversionError(f"{src}: {problem} (the packing state does not add up: a "
@@ -126,4 +130,4 @@ def summary(dst, manifest, state, inputs, progress, resumed_from) -> dict:
             "repeated_dirs": inputs.repeated_dirs, "hidden_files": inputs.hidden_files,
             "hidden_dirs": inputs.hidden_dirs, "mode": manifest["mode"],
             "size": manifest["options"].get("size"),
-            "max_side": manifest["options"].get("max_side")}
+            "max_side": manifest["options"].get("max_side"), "fields": manifest.get("fields", {})}

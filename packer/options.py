@@ -36,6 +36,7 @@ class PackOptions:
     jpeg_restarts: bool | None = None
     non_jpeg: str = "raw"          # PNG/WebP/...: raw pixels (lossless), jpeg, or reject
     max_pixels: int = DEFAULT_MAX_PIXELS  # reject images with more pixels (bomb guard)
+    fields: str | None = None      # sidecars / list fields to pack: None all, "none", "a,b"
     workers: int = 0               # 0 = all cores
     on_error: str = "skip"         # skip bad inputs (listed as rejects) or fail on the first
     progress: bool = True

@@ -19,10 +19,12 @@ import numpy as np
 
 from dlpack_io.packer import journal
 from dlpack_io.packer.cutting import ShardCutter
+from dlpack_io.packer.fieldsource import field_source, with_fields
 from dlpack_io.packer.options import PackOptions
 from dlpack_io.packer.pilimage import require_pil
 from dlpack_io.packer.pipeline import ConversionError, encode_in_order
 from dlpack_io.packer.progress import Progress
+from dlpack_io.packer.records import RejectedInput
 from dlpack_io.packer.scan import read_list, scan_image_folder, stat_inputs
 from dlpack_io.packer.writers import open_writer
 from dlpack_io.packer.names import shown
@@ -88,15 +90,19 @@ class Packer:
         log.debug("skipping %s: %s", shown(rel), shown(reason))
         self.since.rejects.append((shown(rel), shown(reason)))  # escaped: JSON/TSV-safe
 
-    def add(self, rel: str, label: int, record, position: int) -> None:
-        """Write one EncodedRecord (input ``position`` in packing order) into the open
-        shard, first finishing the shard before it when the cut rule says so."""
-        if self.cutter.starts_new_shard(len(record.payload)):
+    def add(self, rel: str, label: int, record, position: int, fields=None) -> None:
+        """Write one EncodedRecord (input ``position`` in packing order) and its field
+        block into the open shard, first finishing the shard before it when the cut rule
+        says so."""
+        if self.cutter.starts_new_shard(len(record.payload) + len(fields or b"")):
             self.finish_shard(position)
         if self.writer is None:
             self.writer = open_writer(self.options.format, self.dst, len(self.state.shards),
                                       self.state.next_sample, self.options.shard_size)
-        self.writer.add(record, label, rel)
+        if fields is None:  # the writers' original call (tests wrap it with this signature)
+            self.writer.add(record, label, rel)
+        else:
+            self.writer.add(record, label, rel, fields)
         self.count(label, record.reencoded, record.lossless)
 
     def count(self, label: int, reencoded: str | None, lossless: str | None) -> None:
@@ -150,6 +156,14 @@ class Packer:
             self.writer = None
 
 
+def _fields_of(source, i: int) -> tuple:
+    """("ok", field block) of input ``i``, or ("reject", why)."""
+    try:
+        return "ok", source.block(i)
+    except RejectedInput as exc:
+        return "reject", str(exc)
+
+
 def _fetch_passthrough(record, path: str):
     """Give a passthrough record its bytes back by re-reading the file; the CRC computed
     by the worker proves they are the bytes it validated. Returns None if they are not."""
@@ -194,10 +208,14 @@ def pack_local(dst, inputs, stats, options: PackOptions, state: State, journal_)
     files = [input_item(inputs, stats, i) for i in todo]
     progress = conversion_progress(dst, len(order), options, state.position)
     packer = Packer(dst, inputs, options, state, journal_)
+    source, block = field_source(inputs), None
     try:
         results = encode_in_order(files, encode_options(options), options.num_workers)
         for position, i, (status, value) in zip(range(state.position, len(order)), todo, results):
             rel = inputs.paths[i]
+            if source is not None:  # a bad field (or list line) is the reason given
+                field_status, block = _fields_of(source, i)
+                status, value = (status, value) if field_status == "ok" else ("reject", block)
             if status == "ok":
                 value = _fetch_passthrough(value, files[position - state.position][0])
                 if value is None:
@@ -207,7 +225,7 @@ def pack_local(dst, inputs, stats, options: PackOptions, state: State, journal_)
                 packer.reject(rel, value)
                 progress.update(1)
                 continue
-            packer.add(rel, inputs.labels[i], value, position)
+            packer.add(rel, inputs.labels[i], value, position, block)
             progress.update(1, value.source_bytes)
         packer.close(len(order))
     except OSError as exc:
@@ -248,7 +266,7 @@ def prepare_inputs(src, list_file, options: dict, labels: bool = True):
     if "shard_size" in options:
         options["shard_size"] = parse_size(options["shard_size"])
     opts = PackOptions(**options)
-    return opts, _scan(src, list_file, labels)
+    return opts, with_fields(_scan(src, list_file, labels), opts.fields)
 
 
 def plan_inputs(inputs, opts: PackOptions):

@@ -42,6 +42,8 @@ class Inputs:
     hidden_files: int = 0        # files named .* skipped (ImageFolder would try to read them)
     hidden_dirs: int = 0         # folders named .* skipped (ImageFolder: classes, walked)
     bad: dict | None = None      # input number -> why it is a reject before it is read
+    fields: dict | None = None   # field schema of the list's extra keys / columns (format 3)
+    field_values: list | None = None  # per input: its fields, or why its line is rejected
 
 
 @dataclass
@@ -178,7 +180,7 @@ def _rows(list_file: Path):
         if len(row) < 2:
             raise ValueError(f"{list_file}:{lineno}: expected 'path{delimiter}label', "
                              f"got {delimiter.join(row)!r}")
-        yield lineno, row[0].strip(), row[1].strip()
+        yield lineno, row[0].strip(), row[1].strip(), row[2:]
 
 
 def read_list(root, list_file) -> Inputs:
@@ -192,16 +194,19 @@ def read_list(root, list_file) -> Inputs:
     its line (``Inputs.bad``): one bad row never stops the conversion.
     """
     root, list_file = Path(root), Path(list_file)
+    if list_file.suffix.lower() in (".jsonl", ".ndjson"):
+        return _read_jsonl(root, list_file)
     rows = list(_rows(list_file))
+    header = None
     if rows and rows[0][2].lower() in ("label", "class", "target"):
-        rows = rows[1:]
+        header, rows = rows[0], rows[1:]
     if not rows:
         raise ValueError(f"{list_file}: no 'path,label' rows found")
-    raw_labels = [label for _, _, label in rows]
+    raw_labels = [label for _, _, label, _ in rows]
     bad = {}
     if all(lab.isdigit() for lab in raw_labels):  # isdigit: also other scripts' digits
         labels = [_int_label(lab, list_file, lineno, bad, k)
-                  for k, (lineno, _, lab) in enumerate(rows)]
+                  for k, (lineno, _, lab, _) in enumerate(rows)]
         classes = [str(i) for i in range(max(labels) + 1)]
     else:
         classes = sorted(set(raw_labels))
@@ -209,7 +214,7 @@ def read_list(root, list_file) -> Inputs:
         labels = [lookup[lab] for lab in raw_labels]
         classes = [shown(c) for c in classes]
     paths = []
-    for k, (lineno, path, _) in enumerate(rows):
+    for k, (lineno, path, _, _) in enumerate(rows):
         if "\0" in path:
             bad[k] = f"{list_file}:{lineno}: the path holds a NUL byte (shown as \\x00)"
             path = shown(path)
@@ -217,8 +222,9 @@ def read_list(root, list_file) -> Inputs:
             raise ValueError(f"{list_file}:{lineno}: path {path!r} must be relative to {root} "
                              f"and stay inside it")
         paths.append(Path(path).as_posix())
+    schema, values = extra_columns(header, rows, list_file)
     return Inputs(str(root.resolve()), paths, labels, classes, str(list_file.resolve()),
-                  bad=bad or None)
+                  bad=bad or None, fields=schema, field_values=values)
 
 
 def _int_label(text: str, list_file, lineno: int, bad: dict, k: int) -> int:
@@ -231,6 +237,32 @@ def _int_label(text: str, list_file, lineno: int, bad: dict, k: int) -> int:
                   f"{MAX_LIST_LABEL}, the largest class number a list may use")
         return -1
     return int(text)
+
+
+def extra_columns(header, rows, list_file):
+    """(schema, values) of a CSV/TSV list's columns after path and label: str fields
+    named by the header row (``column3``, ... without one); (None, None) when none."""
+    width = max(len(extra) for *_, extra in rows)
+    if not width:
+        return None, None
+    names = [n.strip() for n in header[3]] if header else []
+    names += [f"column{k + 3}" for k in range(len(names), width)]
+    from dlpack_io.reader.format.fieldschema import check_field_name
+
+    for name in names:
+        check_field_name(name, f"{list_file}: header")
+    values = [dict(zip(names, extra)) if len(extra) == width else
+              f"{list_file}:{lineno}: {len(extra) + 2} columns, other rows have {width + 2}"
+              for lineno, _, _, extra in rows]
+    return {n: {"type": "str"} for n in names}, values
+
+
+def _read_jsonl(root: Path, list_file: Path) -> Inputs:
+    from dlpack_io.packer.jsonlist import read_jsonl
+
+    paths, labels, classes, schema, values = read_jsonl(root, list_file)
+    return Inputs(str(root.resolve()), paths, labels, classes, str(list_file.resolve()),
+                  fields=schema, field_values=values)
 
 
 def stat_inputs(inputs: Inputs) -> list[tuple[int, int]]:

@@ -44,16 +44,23 @@ class _ShardWriter:
         self.entries: list[tuple] = []
         self.paths: list[str] = []
         self.data_size = 0  # payload bytes so far, padding included (record) or not (lmdb)
+        self.version = fmt.PLAIN_VERSION  # FORMAT_VERSION once records carry field blocks
 
     def __len__(self) -> int:
         return len(self.entries)
 
-    def _entry(self, record, label: int, offset: int) -> tuple:
-        return (offset, len(record.payload), label, record.crc, record.height, record.width,
-                3, record.kind, record.orientation, record.colour)
+    def _entry(self, record, label: int, offset: int, fields: bytes | None) -> tuple:
+        entry = (offset, len(record.payload), label, record.crc, record.height, record.width,
+                 3, record.kind, record.orientation, record.colour)
+        if fields is not None:  # format 3 (reader/format/fields.py): the block after the image
+            if self.entries and self.version != fmt.FORMAT_VERSION:
+                raise ValueError(f"{self.tmp_path}: a record with fields after records without")
+            self.version = fmt.FORMAT_VERSION
+            entry += (len(fields), fmt.crc32(fields))
+        return entry
 
     def _index_and_meta(self) -> tuple[np.ndarray, dict]:
-        index = np.array(self.entries, dtype=fmt.INDEX_DTYPE)
+        index = np.array(self.entries, dtype=fmt.index_dtype(self.version))
         meta = {"shard": self.shard_number, "first_sample": self.first_sample,
                 "paths": self.paths}
         return index, meta
@@ -90,14 +97,18 @@ class RecordShardWriter(_ShardWriter):
         self._file = open(create_new(self.tmp_path), "wb")
         self._file.seek(fmt.HEADER_SIZE)
 
-    def add(self, record, label: int, path: str) -> None:
-        """Append one EncodedRecord with its label and source path."""
+    def add(self, record, label: int, path: str, fields: bytes | None = None) -> None:
+        """Append one EncodedRecord with its label and source path (and its field block:
+        every record of a shard has one, or none has)."""
         offset = fmt.HEADER_SIZE + self.data_size
         self._file.write(record.payload)
-        padded = fmt.align_up(len(record.payload))
-        if padded > len(record.payload):
-            self._file.write(b"\0" * (padded - len(record.payload)))
-        self.entries.append(self._entry(record, label, offset))
+        size = len(record.payload) + len(fields or b"")
+        if fields:
+            self._file.write(fields)
+        padded = fmt.align_up(size)
+        if padded > size:
+            self._file.write(b"\0" * (padded - size))
+        self.entries.append(self._entry(record, label, offset, fields))
         self.paths.append(shown(path))  # names from the wild: recorded escaped
         self.data_size += padded
 
@@ -106,7 +117,7 @@ class RecordShardWriter(_ShardWriter):
         index, meta = self._index_and_meta()
         index_bytes, meta_bytes = index.tobytes(), fmt.encode_meta(meta)
         page, header = fmt.pack_header(len(index), self.data_size, len(meta_bytes),
-                                       fmt.crc32(index_bytes), fmt.crc32(meta_bytes))
+                                       fmt.crc32(index_bytes), fmt.crc32(meta_bytes), self.version)
         self._file.write(index_bytes)
         self._file.write(meta_bytes)
         self._file.seek(0)
@@ -139,14 +150,15 @@ class LmdbShardWriter(_ShardWriter):
         self._txn = self._env.begin(write=True)
         self._uncommitted = 0
 
-    def add(self, record, label: int, path: str) -> None:
-        """Append one EncodedRecord with its label and source path."""
+    def add(self, record, label: int, path: str, fields: bytes | None = None) -> None:
+        """Append one EncodedRecord with its label and source path (and field block)."""
         key = fmt.lmdb_record_key(len(self.entries))
-        self._txn.put(key, record.payload, append=True)
-        self.entries.append(self._entry(record, label, 0))
+        value = record.payload + fields if fields else record.payload
+        self._txn.put(key, value, append=True)
+        self.entries.append(self._entry(record, label, 0, fields))
         self.paths.append(shown(path))  # names from the wild: recorded escaped
-        self.data_size += len(record.payload)
-        self._uncommitted += len(record.payload)
+        self.data_size += len(value)
+        self._uncommitted += len(value)
         if self._uncommitted >= self.COMMIT_BYTES:
             self._txn.commit()
             self._txn = self._env.begin(write=True)
@@ -156,7 +168,8 @@ class LmdbShardWriter(_ShardWriter):
         """Store index and metadata keys, sync, close, rename; return the manifest entry."""
         index, meta = self._index_and_meta()
         index_bytes = index.tobytes()
-        meta_bytes = fmt.encode_meta(fmt.lmdb_meta(len(index), fmt.crc32(index_bytes), meta))
+        meta_bytes = fmt.encode_meta(fmt.lmdb_meta(len(index), fmt.crc32(index_bytes), meta,
+                                                   self.version))
         self._txn.put(fmt.LMDB_INDEX_KEY, index_bytes)
         self._txn.put(fmt.LMDB_META_KEY, meta_bytes)
         self._txn.commit()

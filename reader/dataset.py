@@ -48,6 +48,7 @@ class Dataset(ImageFolderAttributes):
         else:
             self.manifest = load_manifest(self.path)
         self.classes = list(self.manifest["classes"])
+        self.fields = dict(self.manifest.get("fields", {}))  # name -> spec (format 3)
         self.format = self.manifest["format"]
         self.mode = self.manifest["mode"]
         self.shards = self._remote.shards if self._remote else \
@@ -168,6 +169,13 @@ class Dataset(ImageFolderAttributes):
         except ValueError as exc:  # MappedFileError: the shard changed under the map
             raise fmt.FormatError(f"{self.where(i)}: {exc}") from None
         return pixels, int(entry["label"])
+
+    def sample(self, i: int) -> dict:
+        """Every field of sample ``i``: ``{"image": HWC uint8, "label": int, **fields}``."""
+        from dlpack_io.reader.samplefields import read_fields
+
+        pixels, label = self[i]
+        return {"image": pixels, "label": label, **read_fields(self, i)}
 
     def __getstate__(self):
         state = {"path": self.path, "verify_checksums": self.verify_checksums,

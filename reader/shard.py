@@ -21,12 +21,13 @@ from dlpack_io.reader.format.indexcheck import check_index
 from dlpack_io.reader.format.lmdbcheck import check_lmdb
 from dlpack_io.reader.format.regular import open_regular
 from dlpack_io.reader.nativecopy import guarded_copy
+from dlpack_io.reader.shardfields import FieldColumns
 from dlpack_io.reader.safeio import ShardChangedError, check_regular, identity, pread_all
 
 log = logging.getLogger(__name__)
 
 
-class _Shard:
+class _Shard(FieldColumns):
     def __init__(self, path: str, expected_crc: int | None = None, *,
                  num_classes: int | None = None, max_pixels: int = fmt.DEFAULT_MAX_PIXELS):
         self.path = path
@@ -127,7 +128,7 @@ class RecordShard(_Shard):
             self._check_manifest_crc(header.header_crc)
             index_bytes = pread_all(fd, header.index_size, header.index_offset, self.path)
             self._check_crc("index", header.index_crc, index_bytes)
-            index = fmt.index_from_buffer(index_bytes, header.num_records, self.path)
+            index = fmt.index_from_buffer(index_bytes, header.num_records, self.path, header.version)
             self._check_index(index, data_offset=header.data_offset, data_end=header.index_offset)
             try:
                 mm = mmap.mmap(fd, st.st_size, access=mmap.ACCESS_READ)
@@ -136,7 +137,8 @@ class RecordShard(_Shard):
                                                    f"{os.fstat(fd).st_size} now") from None
         finally:
             os.close(fd)
-        self._header, self._mm, self._view, self._index = header, mm, memoryview(mm), index
+        self._header, self._mm, self._view = header, mm, memoryview(mm)
+        self._keep_index(index)
         self._identity = identity(st)
 
     def record_count(self) -> int:
@@ -244,18 +246,21 @@ class LmdbShard(_Shard):
         meta_bytes, index_bytes = guarded_copy(meta_bytes), guarded_copy(index_bytes)
         self._check_manifest_crc(fmt.crc32(meta_bytes))
         meta = fmt.decode_json(meta_bytes, f"{self.path} metadata")
-        if meta.get("magic") != fmt.MAGIC.decode() or meta.get("version") != fmt.FORMAT_VERSION:
+        version = meta.get("version")
+        if meta.get("magic") != fmt.MAGIC.decode() or version not in fmt.READABLE_VERSIONS \
+                or isinstance(version, bool):
             raise fmt.FormatError(f"{self.path}: magic/version {meta.get('magic')!r:.40}/"
-                                  f"{meta.get('version')!r:.40}, expected {fmt.MAGIC.decode()!r}/"
-                                  f"{fmt.FORMAT_VERSION}")
+                                  f"{version!r:.40}, expected {fmt.MAGIC.decode()!r}/"
+                                  f"one of {fmt.READABLE_VERSIONS}")
         num = meta.get("num_records")
         if not isinstance(num, int) or isinstance(num, bool) or num != _lmdb_keys(self.path) - 2:
             raise fmt.FormatError(f"{self.path}: num_records {num!r:.40} is not the number of "
                                   f"record keys ({_lmdb_keys(self.path) - 2})")
         self._check_crc("index", meta.get("index_crc", -1), index_bytes)
-        index = fmt.index_from_buffer(index_bytes, num, self.path)
+        index = fmt.index_from_buffer(index_bytes, num, self.path, version)
         self._check_index(index)
-        self._txn, self._meta, self._index = txn, meta, index
+        self._txn, self._meta = txn, meta
+        self._keep_index(index)
         self._identity = identity(st)
 
     def record_count(self) -> int:
@@ -263,14 +268,22 @@ class LmdbShard(_Shard):
         check_regular(self.path)
         return max(_lmdb_keys(self.path) - 2, 0)
 
-    def payload(self, i: int) -> memoryview:
-        """Zero-copy bytes of record ``i`` (valid while this process keeps the shard open)."""
-        self._ensure_open()
+    def _value(self, i: int) -> memoryview:
+        self._ensure_open()  # the image, then the field block (format 3)
         value = self._txn.get(fmt.lmdb_record_key(i))
-        if value is None or len(value) != int(self._index["length"][i]):
+        if value is None or len(value) != int(self._index["length"][i]) + self.fields_entry(i)[0]:
             raise fmt.FormatError(f"{self.path}: record {i} is missing from the LMDB shard or "
                                   f"not the length its index entry says")
         return value
+
+    def payload(self, i: int) -> memoryview:
+        """Zero-copy bytes of record ``i`` (valid while this process keeps the shard open)."""
+        value = self._value(i)
+        return value if self._fields is None else value[:int(self._index["length"][i])]
+
+    def fields_block(self, i: int) -> memoryview:
+        """Zero-copy bytes of record ``i``'s field block (empty in a format-2 shard)."""
+        return self._value(i)[int(self._index["length"][i]):]
 
     def meta(self) -> dict:
         """The shard's metadata JSON (header facts, source paths, position)."""

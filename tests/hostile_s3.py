@@ -17,7 +17,6 @@ import http.server
 import os
 import socketserver
 import threading
-import time
 from email.utils import formatdate
 
 FAULTS = ("long", "endless", "slow", "flip", "huge-size")

@@ -14,7 +14,9 @@ from dlpack_io.tools.cli_common import LazyChoice, echo_json, fail
 @click.argument("dst", type=click.Path(file_okay=False))
 @click.option("--list", "list_file", type=click.Path(exists=True, dir_okay=False),
               help="CSV/TSV of 'path,label' rows (paths relative to SRC) instead of class "
-                   "sub-folders. Labels are class names or integers.")
+                   "sub-folders. Labels are class names or integers. Extra columns become "
+                   "str fields (named by a header row). FILE.jsonl: one JSON object per "
+                   "line, {\"path\": ..., \"label\": ..., other keys: fields}.")
 @click.option("--format", "data_format", type=LazyChoice("dlpack_io.reader.format", "FORMATS"), default="record",
               show_default=True, help="Our mmap-friendly record shards, or sharded LMDB.")
 @click.option("--mode", type=LazyChoice("dlpack_io.reader.format", "MODES"), default="jpeg", show_default=True,
@@ -57,6 +59,10 @@ from dlpack_io.tools.cli_common import LazyChoice, echo_json, fail
               help="Reject images of more than this many pixels (width x height) before "
                    "decoding them, naming the size in rejects.tsv (a decompression-bomb "
                    "guard). Default 89478485, where Pillow starts warning of a bomb.")
+@click.option("--fields", "fields", default=None, metavar="NAMES",
+              help="Fields to pack beside image and label: sidecar files next to each image "
+                   "(name.txt, .json, .cls, .npy: fields txt, json, cls, npy) or a list's "
+                   "extra keys/columns. Default: every one found; 'none'; or e.g. txt,json.")
 @click.option("--on-error", type=LazyChoice("dlpack_io.packer.options", "ON_ERROR"), default="skip", show_default=True,
               help="skip: list bad inputs in rejects.tsv and go on; fail: stop at the first.")
 @click.option("--max-rejects", default="0", show_default=True, metavar="N|P%",
@@ -88,9 +94,9 @@ from dlpack_io.tools.cli_common import LazyChoice, echo_json, fail
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def convert(src, dst, list_file, data_format, mode, size, max_side, quality, shard_size,
-            workers, seed, shuffle, validate, restart_markers, non_jpeg, max_pixels, on_error,
-            max_rejects, no_labels, no_provenance, engine, ray_address, resume, staging,
-            overwrite, quiet, as_json):
+            workers, seed, shuffle, validate, restart_markers, non_jpeg, max_pixels, fields,
+            on_error, max_rejects, no_labels, no_provenance, engine, ray_address, resume,
+            staging, overwrite, quiet, as_json):
     """Pack the images under SRC (class sub-folders, --list, or --no-labels) into shards in
     DST. DST must lie outside SRC. Symlinks in SRC are followed (each real folder once) and
     counted in the summary.
@@ -120,7 +126,7 @@ def convert(src, dst, list_file, data_format, mode, size, max_side, quality, sha
                      format=data_format, mode=mode, size=size, max_side=max_side,
                      quality=quality, shard_size=shard_size, workers=workers, seed=seed,
                      shuffle=shuffle, validate=validate, jpeg_restarts=restart_markers,
-                     non_jpeg=non_jpeg,
+                     non_jpeg=non_jpeg, fields=fields,
                      **({"max_pixels": max_pixels} if max_pixels is not None else {}),
                      on_error=on_error, progress=not quiet, engine=engine,
                      ray_address=ray_address, **({"staging": staging} if staging else {}))
@@ -162,6 +168,9 @@ def echo_summary(result: dict) -> None:
                f"{result['mb_per_s']:.1f} MB/s read"
                + (f" (resumed at input {result['resumed_from']})" if result["resumed_from"] else ""))
     click.echo(render.convert_counts(result))
+    if result.get("fields"):
+        click.echo("fields: " + ", ".join(f"{name} ({spec['type']})"
+                                          for name, spec in result["fields"].items()))
     if result["via_links"] or result["repeated_dirs"]:
         click.echo(f"symlinks: {plural(result['via_links'], 'input')} reached through a link, "
                    f"{result['outside_src']} of them outside SRC; "

@@ -8,6 +8,7 @@ import numpy as np
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.dataset import Dataset
 from dlpack_io.reader.nativecopy import guarded_copy
+from dlpack_io.tools.fieldreport import field_summary, sample_fields
 
 
 def _size_stats(heights: np.ndarray, widths: np.ndarray) -> dict:
@@ -53,7 +54,7 @@ def summary(path, *, max_pixels: int = fmt.DEFAULT_MAX_PIXELS) -> dict:
         "options": m["options"], "source": m["source"], "reencoded": m["reencoded"],
         "storage": _storage(m, indices),
         "num_rejects": len(m["rejects"]), "rejects": m["rejects"], "created": m["created"],
-        "shards": m["shards"],
+        "shards": m["shards"], "fields": field_summary(ds),
     }
 
 
@@ -103,6 +104,9 @@ def record_detail(path, sample: int, *, max_pixels: int = fmt.DEFAULT_MAX_PIXELS
     out = _entry_dict(sh.index[j], j, sample, sh.meta(), ds.classes)
     out["shard"] = ds.manifest["shards"][k]["name"]
     out["crc_ok"] = fmt.crc32(guarded_copy(sh.payload(j))) == out["crc"]
+    if ds.fields and not ds.is_remote:
+        out["fields"] = sample_fields(Dataset(path, max_pixels=max_pixels,
+                                              verify_checksums=True), sample)
     return out
 
 

@@ -104,6 +104,10 @@ def summary_text(s: dict, max_classes: int = 30) -> str:
         lines.append(f"  {c['label']:5d}  {c['count']:8d}  {c['name']}")
     if len(s["classes"]) > max_classes:
         lines.append(f"  ... {len(s['classes']) - max_classes} more (use --json)")
+    if s.get("fields"):
+        from dlpack_io.tools.fieldreport import field_text
+
+        lines.append(field_text(s["fields"]))
     return "\n".join(lines)
 
 
@@ -127,7 +131,9 @@ def record_text(r: dict) -> str:
     """Readable detail of inspection.record_detail()."""
     keys = ("sample", "shard", "record", "offset", "length", "label", "class", "height",
             "width", "channels", "kind", "orientation", "colour", "source", "crc", "crc_ok")
-    return "\n".join(f"{k:9s} {r[k]:#010x}" if k == "crc" else f"{k:9s} {r[k]}" for k in keys)
+    lines = [f"{k:9s} {r[k]:#010x}" if k == "crc" else f"{k:9s} {r[k]}" for k in keys]
+    lines += [f"field     {name} = {value!r:.200}" for name, value in r.get("fields", {}).items()]
+    return "\n".join(lines)
 
 
 def verify_text(report: dict) -> str:

@@ -21,6 +21,7 @@ import numpy as np
 
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.decode import decode_record
+from dlpack_io.reader.format.fields import decode_fields
 from dlpack_io.reader.format.regular import describe_mode
 from dlpack_io.reader.nativecopy import guarded_copy
 from dlpack_io.reader.shard import open_shard
@@ -65,7 +66,7 @@ class VerifyReport:
 def _padding_problem(shard, j: int, gap_end: int) -> str | None:
     """Alignment padding after record ``j`` must be zero bytes: nothing may hide there."""
     entry = shard.index[j]
-    start = int(entry["offset"]) + int(entry["length"])
+    start = int(entry["offset"]) + int(entry["length"]) + shard.fields_entry(j)[0]
     if gap_end - start >= fmt.RECORD_ALIGN or \
             guarded_copy(shard.span(start, gap_end)).count(0) != gap_end - start:
         return f"padding bytes {start}..{gap_end - 1} after the record are not {gap_end - start} zeros"
@@ -88,13 +89,37 @@ def _record_problem(shard, j: int, entry, decode: bool):
     return None, len(payload)
 
 
-def _check_records(shard, decode: bool, num_classes: int, report: VerifyReport, progress) -> np.ndarray:
-    """Every record of ``shard`` (and the padding after it); the shard's label counts."""
+def _fields_problem(shard, j: int, schema: dict):
+    """(problem or None, bytes) of record ``j``'s field block (format 3): its CRC, then
+    every value decoded against the manifest's schema (lengths, shapes, UTF-8, JSON)."""
+    if not shard.has_fields:
+        return (f"a format-2 shard, but the manifest declares fields {sorted(schema)}"
+                if schema else None), 0
+    _, crc = shard.fields_entry(j)
+    try:
+        block = guarded_copy(shard.fields_block(j))
+    except (ValueError, OSError) as exc:
+        return f"cannot read the field block ({exc})", 0
+    if fmt.crc32(block) != crc:
+        return "field block checksum mismatch: damaged data", len(block)
+    try:
+        decode_fields(block, schema, f"{shard.path} record {j}")
+    except fmt.FormatError as exc:
+        return str(exc), len(block)
+    return None, len(block)
+
+
+def _check_records(shard, decode: bool, num_classes: int, report: VerifyReport, progress,
+                   schema: dict | None = None) -> np.ndarray:
+    """Every record of ``shard`` (its field block, the padding after it); label counts."""
     index = shard.index  # labels, sizes and layout already checked when the shard opened
     header = getattr(shard, "header", None)  # record shards: padding must be zero too
     bad = 0
     for j in range(len(index)):
         problem, nbytes = _record_problem(shard, j, index[j], decode)
+        if problem is None:
+            problem, field_bytes = _fields_problem(shard, j, schema or {})
+            nbytes += field_bytes
         if problem is None and header is not None:
             gap_end = int(index["offset"][j + 1]) if j + 1 < len(index) else header.index_offset
             problem = _padding_problem(shard, j, gap_end)
@@ -138,7 +163,8 @@ def check_shard(dataset, entry, manifest, decode, report, progress, max_pixels):
             report.add(path, f"holds {len(shard.index)} records, the manifest says "
                              f"{entry['num_samples']}")
             return None
-        return _check_records(shard, decode, len(manifest["classes"]), report, progress)
+        return _check_records(shard, decode, len(manifest["classes"]), report, progress,
+                              manifest.get("fields", {}))
     except (fmt.FormatError, FileNotFoundError) as exc:
         report.add(path, str(exc))
         return None

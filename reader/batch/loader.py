@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import fields
+from dataclasses import fields as dataclass_fields
 
 import numpy as np
 
@@ -28,6 +28,7 @@ from dlpack_io.reader.batch import resume
 from dlpack_io.reader.batch.compat import (DataLoaderAttributes, pin_ok, pinned,
                                            refuse_dataloader_only)
 from dlpack_io.reader.batch.engine import deliver, make_engine
+from dlpack_io.reader.batch.fieldbatch import DEFAULT_FIELDS, assemble, check_fields
 from dlpack_io.reader.batch.options import (OPTION_DOCS, LoaderOptions, resolve_device,
                                             unwrap_subset, use_device_transforms)
 from dlpack_io.reader.batch.plan import compile_spec
@@ -65,15 +66,17 @@ class Loader(DataLoaderAttributes):
                  block_window: int = _D.block_window, log_every=_D.log_every,
                  pin_memory: bool = _D.pin_memory,
                  prefetch_factor: int | None = _D.prefetch_factor,
-                 persistent_workers: bool = _D.persistent_workers,
+                 persistent_workers: bool = _D.persistent_workers, fields: tuple = _D.fields,
                  options: LoaderOptions | None = None, **dataloader_only):
         args = locals()
-        refuse_dataloader_only(dataloader_only, [f.name for f in fields(LoaderOptions)])
-        given = {f.name: args[f.name] for f in fields(LoaderOptions)}
+        names = [f.name for f in dataclass_fields(LoaderOptions)]
+        refuse_dataloader_only(dataloader_only, names)
+        given = {name: args[name] for name in names}
         if options is not None and any(v is not getattr(_D, k) for k, v in given.items()):
             raise TypeError("pass either options=LoaderOptions(...) or keyword options, not both")
         self.options = opts = options if options is not None else LoaderOptions(**given)
         self.dataset, self.subset = unwrap_subset(dataset, opts.indices)
+        self.fields = check_fields(self.dataset, opts.fields)
         self.spec = compile_spec(opts.transforms, dtype=opts.dtype,
                                  reduced_decode=opts.reduced_decode)
         self.device = resolve_device(opts.device)
@@ -183,12 +186,8 @@ class Loader(DataLoaderAttributes):
         return self._run(self.epoch)
 
     def _resolve_world(self):
-        rank, world = order_mod.resolve_world(*self._world)
-        if (rank, world) != (self.rank, self.world_size):
-            log.warning("Loader: rank/world_size changed from %d/%d at construction to %d/%d "
-                        "(torch.distributed initialised after the Loader was built); using "
-                        "%d/%d", self.rank, self.world_size, rank, world, rank, world)
-            self.rank, self.world_size = rank, world
+        self.rank, self.world_size = order_mod.recheck_world(self._world, self.rank,
+                                                             self.world_size)
 
     def _plan_epoch(self, epoch: int):
         """(rank's samples, batch bounds, segments before this run, first batch)."""
@@ -249,7 +248,9 @@ class Loader(DataLoaderAttributes):
             if self._finish.active:
                 images, labels = self._finish(images, labels, hb.indices, epoch,
                                               int(batches[k][0]))
-            batch = (images, labels, hb.indices) if self.options.return_index else (images, labels)
+            out = (images, labels) if self.fields == DEFAULT_FIELDS else \
+                assemble(self.dataset, self.fields, images, labels, hb.indices)
+            batch = (*out, hb.indices) if self.options.return_index else out
             yield pinned(batch) if self._pin else batch
             since = time.perf_counter()
             clock.stepped(since - now)  # outside next(): the training step
@@ -257,9 +258,8 @@ class Loader(DataLoaderAttributes):
                 log.info("Loader: %s", self.stats())
 
     def stats(self):
-        """A :class:`~dlpack_io.reader.batch.stats.LoaderStats` of the current (or last)
-        epoch so far, with the whole run's figures in ``.run``: is training waiting for
-        data? ``str()`` of it is one line with the verdict (docs/loader.md, "Stalls")."""
+        """Is training waiting for data? A ``LoaderStats`` of this (or the last) epoch so far,
+        the run's in ``.run``; ``str()`` is one line with a verdict (docs/loader.md)."""
         return self._stats.snapshot(self.worker_pids(),
                                     threading.get_ident() == self._consumer)
 

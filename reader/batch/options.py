@@ -48,6 +48,8 @@ OPTION_DOCS = """
     block_size, block_window: the geometry of shuffle="block".
     pin_memory, prefetch_factor, persistent_workers: DataLoader's (CPU batches in pinned
         memory; batches in flight per worker; False stops the workers after each epoch).
+    fields: what each batch holds, in order: "image", "label" and the data set's fields
+        (``ds.fields``), e.g. ("image", "caption"); default ("image", "label").
     log_every: write ``str(loader.stats())`` through logging every N batches (an int) or
         every so many seconds ("30s"); None: never.
     options: a LoaderOptions holding all of the above instead (not both).
@@ -83,6 +85,7 @@ class LoaderOptions:
     pin_memory: bool = False          # DataLoader's: CPU batches in page-locked memory
     prefetch_factor: int | None = None  # DataLoader's: batches in flight per worker
     persistent_workers: bool = True   # False: stop the workers after each epoch
+    fields: tuple = ("image", "label")  # what each batch holds, in order (fieldbatch.py)
 
     def __post_init__(self):
         if int(self.batch_size) < 1 or int(self.num_workers) < 0 or int(self.seed) < 0:

@@ -228,3 +228,15 @@ def warn_short_share(part, num_samples: int, bounds, rank: int, world_size: int,
                     "some are empty, so every rank yields the same number",
                     rank, world_size, total)
 
+
+def recheck_world(given, rank: int, world_size: int) -> tuple[int, int]:
+    """(rank, world_size) resolved again from ``given`` (the Loader's arguments) when an
+    epoch starts; logs when it differs from ``rank``/``world_size`` resolved at
+    construction (torch.distributed initialised after the Loader was built)."""
+    now = resolve_world(*given)
+    if now != (rank, world_size):
+        log.warning("Loader: rank/world_size changed from %d/%d at construction to %d/%d "
+                    "(torch.distributed initialised after the Loader was built); using "
+                    "%d/%d", rank, world_size, *now, *now)
+    return now
+

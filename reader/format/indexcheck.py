@@ -70,7 +70,10 @@ def check_labels(index: np.ndarray, where: str, num_classes: int) -> None:
 def check_layout(index: np.ndarray, where: str, data_offset: int, data_end: int) -> None:
     """Record shards: records back to back in index order (format.record_offsets), so they
     are ordered, disjoint, inside the data section, and every gap is alignment padding."""
-    starts, end = fmt.record_offsets(index["length"], data_offset)
+    spans = index["length"].astype(np.uint64)  # u32 + u32 in u64: cannot wrap
+    if "fields_length" in index.dtype.names:  # version 3: the field block follows the image
+        spans += index["fields_length"]
+    starts, end = fmt.record_offsets(spans, data_offset)
     i = _first(index["offset"] != starts)
     if i is not None:
         _fail(where, i, index[i], f"starts at {int(index['offset'][i])}, the layout puts it at "

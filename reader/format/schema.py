@@ -7,9 +7,11 @@ import re
 
 import numpy as np
 
-from dlpack_io.reader.format.spec import (FORMAT_VERSION, FORMATS, INDEX_ENTRY_SIZE, MAGIC,
-                                          MANIFEST_KIND, MAX_JSON_INT, MODES, SHARD_NAME_RE,
-                                          SHARD_SUFFIX, FormatError, crc32, version_error)
+from dlpack_io.reader.format.fieldschema import check_field_schema
+from dlpack_io.reader.format.spec import (FORMAT_VERSION, FORMATS, MAGIC, MANIFEST_KIND,
+                                          MAX_JSON_INT, MODES, PLAIN_VERSION, READABLE_VERSIONS,
+                                          SHARD_NAME_RE, SHARD_SUFFIX, FormatError, crc32,
+                                          index_dtype, version_error)
 
 
 def encode_meta(meta: dict) -> bytes:
@@ -67,10 +69,11 @@ def manifest_checksum(manifest: dict) -> int:
     return crc32(encode_meta(body))
 
 
-def lmdb_meta(num_records: int, index_crc: int, shard_meta: dict) -> dict:
+def lmdb_meta(num_records: int, index_crc: int, shard_meta: dict,
+              version: int = PLAIN_VERSION) -> dict:
     """Metadata JSON stored under LMDB_META_KEY: header facts plus the shard metadata."""
-    return dict(shard_meta, magic=MAGIC.decode(), version=FORMAT_VERSION,
-                num_records=num_records, index_crc=index_crc, index_entry_size=INDEX_ENTRY_SIZE)
+    return dict(shard_meta, magic=MAGIC.decode(), version=version, num_records=num_records,
+                index_crc=index_crc, index_entry_size=index_dtype(version).itemsize)
 
 
 # Manifest schema: required top-level keys and their JSON types. Shard entries carry the
@@ -144,7 +147,7 @@ def validate_manifest(manifest: dict, where: str) -> dict:
     _check_fields(manifest, MANIFEST_FIELDS, where)
     if manifest["kind"] != MANIFEST_KIND:
         raise FormatError(f"{where}: kind is {manifest['kind']!r}, expected {MANIFEST_KIND!r}")
-    if manifest["version"] != FORMAT_VERSION:
+    if manifest["version"] not in READABLE_VERSIONS:
         raise FormatError(version_error(where, manifest["version"]))
     try:
         computed = manifest_checksum(manifest)
@@ -177,6 +180,7 @@ def validate_manifest(manifest: dict, where: str) -> dict:
         raise FormatError(f"{where}: shards hold {expected_first} samples, num_samples says "
                           f"{manifest['num_samples']}")
     _check_details(manifest, where)
+    _check_fields_entry(manifest, where)
     return manifest
 
 
@@ -197,3 +201,13 @@ def accounting_problem(manifest: dict) -> str | None:
             f"{rejected} rejects = {packed + rejected}: {abs(inputs - packed - rejected)} "
             f"input(s) {'unaccounted for' if inputs > packed + rejected else 'counted twice'}; "
             f"convert the source again")
+def _check_fields_entry(manifest: dict, where: str) -> None:
+    """Format 3 declares its fields (maybe none); format 2 has none, so no ``fields``."""
+    if manifest["version"] < FORMAT_VERSION:
+        if "fields" in manifest:
+            raise FormatError(f"{where}: a format-{manifest['version']} manifest has no "
+                              f"'fields'; version {FORMAT_VERSION} is needed for fields")
+        return
+    if "fields" not in manifest:
+        raise FormatError(f"{where}: missing required field 'fields' (format {FORMAT_VERSION})")
+    check_field_schema(manifest["fields"], f"{where}: fields")

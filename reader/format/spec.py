@@ -11,7 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 
 MAGIC = b"DLPKSHRD"
-FORMAT_VERSION = 2     # 2: index entries carry orientation + colour (was "reserved" in 1)
+FORMAT_VERSION = 3     # 3: records may carry a typed field block after the image (40-byte index)
+PLAIN_VERSION = 2      # what a data set without fields is written as: the same bytes as before
+READABLE_VERSIONS = (2, 3)
 HEADER_SIZE = 4096
 RECORD_ALIGN = 64
 MANIFEST_NAME = "manifest.json"
@@ -51,6 +53,28 @@ INDEX_DTYPE = np.dtype([
     ("colour", "u1"),     # COLOUR_* of a JPEG record's stored pixels (raw: 0)
 ])
 INDEX_ENTRY_SIZE = INDEX_DTYPE.itemsize  # 32
+# Version 3: the version-2 entry plus the record's field block, stored right after the
+# image payload inside the same aligned record (docs/FORMAT.md, "Fields").
+FIELDS_INDEX_DTYPE = np.dtype(INDEX_DTYPE.descr + [
+    ("fields_length", "<u4"),  # bytes of the field block after the payload (may be 0)
+    ("fields_crc", "<u4"),     # CRC-32 of the field block
+])
+
+
+def index_dtype(version: int) -> np.dtype:
+    """The index entry dtype of a shard of format ``version`` (2: 32 bytes, 3: 40 bytes)."""
+    return FIELDS_INDEX_DTYPE if version >= 3 else INDEX_DTYPE
+
+
+def image_index(index: np.ndarray) -> np.ndarray:
+    """The version-2 columns of an index table as a packed INDEX_DTYPE array (a copy for
+    version 3, the array itself for version 2): what every image path reads."""
+    if index.dtype == INDEX_DTYPE:
+        return index
+    plain = np.empty(len(index), dtype=INDEX_DTYPE)
+    for name in INDEX_DTYPE.names:
+        plain[name] = index[name]
+    return plain
 
 # LMDB shards: one single-file environment per shard; record i under key LMDB_RECORD_KEY(i)
 # (8-byte big-endian, so lexicographic key order is index order); index table bytes and
@@ -70,11 +94,11 @@ MAX_JSON_INT = 2**63 - 1          # counts, sizes and offsets in JSON must fit i
 
 def version_error(where: str, version) -> str:
     """The message for a data set of another format version: what to do about it."""
-    if isinstance(version, int) and version < FORMAT_VERSION:
-        return (f"{where}: format version {version}, this dlpack reads version "
-                f"{FORMAT_VERSION} (version 2 added EXIF orientation and colour to the index); "
+    if isinstance(version, int) and version < min(READABLE_VERSIONS):
+        return (f"{where}: format version {version}, this dlpack reads versions "
+                f"{READABLE_VERSIONS} (version 2 added EXIF orientation and colour to the index); "
                 f"re-pack it with this dlpack: dlpack convert SRC DST --overwrite")
-    return (f"{where}: format version {version}, this dlpack reads version {FORMAT_VERSION}; "
+    return (f"{where}: format version {version}, this dlpack reads versions {READABLE_VERSIONS}; "
             f"upgrade dlpack (pip install -U dlpack-io) to read it")
 
 
@@ -119,26 +143,29 @@ class ShardHeader:
     index_crc: int
     meta_crc: int
     header_crc: int
+    version: int = PLAIN_VERSION
 
 
-def pack_header(num_records, data_size, meta_size, index_crc, meta_crc) -> tuple[bytes, ShardHeader]:
+def pack_header(num_records, data_size, meta_size, index_crc, meta_crc,
+                version: int = PLAIN_VERSION) -> tuple[bytes, ShardHeader]:
     """Build the 4096-byte header page for a shard with the given section sizes.
 
     Sections follow each other: header, data (``data_size`` bytes, already padded to
-    RECORD_ALIGN), index, metadata.
+    RECORD_ALIGN), index, metadata. ``version`` 3 when the records carry fields.
     """
     data_offset = HEADER_SIZE
     index_offset = data_offset + data_size
-    index_size = num_records * INDEX_ENTRY_SIZE
+    entry_size = index_dtype(version).itemsize
+    index_size = num_records * entry_size
     meta_offset = index_offset + index_size
-    fields = (MAGIC, FORMAT_VERSION, HEADER_SIZE, num_records, data_offset, data_size,
+    fields = (MAGIC, version, HEADER_SIZE, num_records, data_offset, data_size,
               index_offset, index_size, meta_offset, meta_size, RECORD_ALIGN,
-              INDEX_ENTRY_SIZE, index_crc, meta_crc)
+              entry_size, index_crc, meta_crc)
     body = HEADER_STRUCT.pack(*fields, 0)[:-4]
     header_crc = crc32(body)
     page = (body + struct.pack("<I", header_crc)).ljust(HEADER_SIZE, b"\0")
     header = ShardHeader(num_records, data_offset, data_size, index_offset, index_size,
-                         meta_offset, meta_size, index_crc, meta_crc, header_crc)
+                         meta_offset, meta_size, index_crc, meta_crc, header_crc, version)
     return page, header
 
 
@@ -162,28 +189,32 @@ def unpack_header(page, file_size: int, where: str) -> ShardHeader:
     if bytes(page[HEADER_STRUCT.size:HEADER_SIZE]).count(0) != HEADER_SIZE - HEADER_STRUCT.size:
         raise FormatError(f"{where}: header padding (bytes {HEADER_STRUCT.size}.."
                           f"{HEADER_SIZE - 1}) is not zero: the header page is damaged")
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise FormatError(version_error(where, version))
+    entry = index_dtype(version).itemsize
     layout = (("header_size", header_size, HEADER_SIZE), ("data_offset", data_off, HEADER_SIZE),
               ("index_offset", index_off, data_off + data_size),
-              ("index_size", index_size, n * INDEX_ENTRY_SIZE),
+              ("index_size", index_size, n * entry),
               ("meta_offset", meta_off, index_off + index_size), ("record_align", align, RECORD_ALIGN),
-              ("index_entry_size", entry_size, INDEX_ENTRY_SIZE),
+              ("index_entry_size", entry_size, entry),
               ("end of the metadata", meta_off + meta_size, file_size))
     for name, found, expected in layout:
         if found != expected:
             raise FormatError(f"{where}: header says {name} = {found}, the layout requires "
                               f"{expected} (file size {file_size}); the shard is truncated or damaged")
     return ShardHeader(n, data_off, data_size, index_off, index_size, meta_off, meta_size,
-                       index_crc, meta_crc, header_crc)
+                       index_crc, meta_crc, header_crc, version)
 
 
-def index_from_buffer(buffer, num_records: int, where: str) -> np.ndarray:
-    """Zero-copy view of an index table (``num_records`` entries) over ``buffer``."""
-    if len(buffer) != num_records * INDEX_ENTRY_SIZE:
+def index_from_buffer(buffer, num_records: int, where: str,
+                      version: int = PLAIN_VERSION) -> np.ndarray:
+    """Zero-copy view of an index table (``num_records`` entries of the dtype of format
+    ``version``) over ``buffer``."""
+    dtype = index_dtype(version)
+    if len(buffer) != num_records * dtype.itemsize:
         raise FormatError(f"{where}: index table is {len(buffer)} bytes, expected "
-                          f"{num_records} x {INDEX_ENTRY_SIZE}")
-    return np.frombuffer(buffer, dtype=INDEX_DTYPE, count=num_records)
+                          f"{num_records} x {dtype.itemsize}")
+    return np.frombuffer(buffer, dtype=dtype, count=num_records)
 
 
 def record_offsets(lengths: np.ndarray, data_offset: int = HEADER_SIZE) -> tuple[np.ndarray, int]:

@@ -47,11 +47,12 @@ class RemoteShard:
         if len(meta) != header.meta_size or fmt.crc32(index_bytes) != header.index_crc \
                 or fmt.crc32(meta) != header.meta_crc:
             raise fmt.FormatError(f"{where}: index or metadata checksum mismatch: damaged shard")
-        index = fmt.index_from_buffer(index_bytes, header.num_records, where)
+        index = fmt.index_from_buffer(index_bytes, header.num_records, where, header.version)
         check_index(index, where, data_offset=header.data_offset, data_end=header.index_offset,
                     num_classes=len(self.source.manifest["classes"]),
                     max_pixels=self.source.max_pixels)  # the same checks as a local shard
-        self._header, self._index, self._meta_bytes = header, index, meta
+        # format 3: images are read as in format 2; fields are not fetched remotely yet
+        self._header, self._index, self._meta_bytes = header, fmt.image_index(index), meta
 
     def load_cached_index(self) -> bool:
         """Use the cached header + index if present and intact; False if it must be fetched."""

@@ -108,7 +108,8 @@ def verify_shard_file(fd: int, shard) -> None:
         if fmt.crc32(index_bytes) != header.index_crc or \
                 fmt.crc32(mm[header.meta_offset:shard.size]) != header.meta_crc:
             raise fmt.FormatError(f"{shard.path}: index or metadata checksum mismatch")
-        index = fmt.index_from_buffer(index_bytes, header.num_records, shard.path)
+        index = fmt.image_index(fmt.index_from_buffer(index_bytes, header.num_records,
+                                                      shard.path, header.version))
         # equal to the index fetched and validated at open (indexcheck): layout and limits hold
         if not np.array_equal(index, shard.index):
             raise fmt.FormatError(f"{shard.path}: index differs from the one read before")

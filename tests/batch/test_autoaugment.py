@@ -5,7 +5,6 @@ import math
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
 from dlpack_io.reader import (AutoAugment, Dataset, Loader, RandAugment, RandomCrop,

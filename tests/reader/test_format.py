@@ -63,7 +63,7 @@ def test_shard_names_cannot_escape_the_folder(name):
 
 
 def _manifest():
-    m = {"kind": fmt.MANIFEST_KIND, "version": fmt.FORMAT_VERSION, "format": "record",
+    m = {"kind": fmt.MANIFEST_KIND, "version": fmt.PLAIN_VERSION, "format": "record",
          "mode": "jpeg", "num_samples": 3, "num_bytes": 10, "classes": ["a"],
          "class_counts": [3], "options": {}, "source": {}, "rejects": [], "reencoded": {},
          "lossless": {},

@@ -85,13 +85,14 @@ def header_problem(page: bytes, size: int):
         return "header checksum mismatch"
     if any(page[92:4096]):
         return "header padding"
-    if f["version"] != 2:
-        return f"format version {f['version']}, this dlpack reads version 2"
+    if f["version"] not in (2, 3):
+        return rf"format version {f['version']}, this dlpack reads versions \(2, 3\)"
+    entry = 40 if f["version"] == 3 else 32  # format 3: fields_length + fields_crc
     layout = [("header_size", f["header_size"], 4096), ("data_offset", f["data_offset"], 4096),
               ("index_offset", f["index_offset"], f["data_offset"] + f["data_size"]),
-              ("index_size", f["index_size"], f["num_records"] * 32),
+              ("index_size", f["index_size"], f["num_records"] * entry),
               ("meta_offset", f["meta_offset"], f["index_offset"] + f["index_size"]),
-              ("record_align", f["record_align"], 64), ("index_entry_size", f["index_entry_size"], 32),
+              ("record_align", f["record_align"], 64), ("index_entry_size", f["index_entry_size"], entry),
               ("end of the metadata", f["meta_offset"] + f["meta_size"], size)]
     for name, found, expected in layout:
         if found != expected:

@@ -98,8 +98,8 @@ def test_kind(manifest, tmp_path):
 
 
 @pytest.mark.parametrize("version,match", [
-    (1, "format version 1, this dlpack reads version 2 .*re-pack it with this dlpack"),
-    (3, r"format version 3, this dlpack reads version 2; upgrade dlpack \(pip install -U "
+    (1, r"format version 1, this dlpack reads versions \(2, 3\) .*re-pack it with this dlpack"),
+    (4, r"format version 4, this dlpack reads versions \(2, 3\); upgrade dlpack \(pip install -U "
         r"dlpack-io\)"),
 ])
 def test_version(manifest, tmp_path, version, match):

@@ -250,14 +250,14 @@ def test_old_format_version_names_the_fix(packed, tmp_path):
     m["version"] = 1
     m["checksum"] = fmt.manifest_checksum(m)
     path.write_text(json.dumps(m))
-    with pytest.raises(fmt.FormatError, match=r"format version 1, this dlpack reads version 2 "
+    with pytest.raises(fmt.FormatError, match=r"format version 1, this dlpack reads versions \(2, 3\) "
                                               r".*re-pack it with this dlpack: dlpack convert "
                                               r"SRC DST --overwrite"):
         Dataset(tmp_path / "old")
-    m["version"] = 3
+    m["version"] = 4
     m["checksum"] = fmt.manifest_checksum(m)
     path.write_text(json.dumps(m))
-    with pytest.raises(fmt.FormatError, match="version 3.*upgrade dlpack"):
+    with pytest.raises(fmt.FormatError, match="version 4.*upgrade dlpack"):
         Dataset(tmp_path / "old")
 
 

@@ -1,0 +1,165 @@
+"""Fields for ``dlpack convert``: sidecar files next to each image (WebDataset's
+convention) or the extra keys / columns of a list, made into each record's field block.
+
+Sidecars: for ``SRC/.../name.jpg`` the files ``name.txt`` (field "txt", UTF-8 text),
+``name.json`` ("json", any JSON value), ``name.cls`` ("cls", whitespace-separated integers:
+an int64 array, one or many labels) and ``name.npy`` ("npy", a numpy array, dtype and
+ndim of the first one found). A field exists when at least one image has that sidecar;
+an image lacking one, or whose sidecar is not what its type needs, is rejected with the
+file and the reason (``--on-error`` applies), and nothing is written for it.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+
+import numpy as np
+
+from dlpack_io.packer.records import RejectedInput
+from dlpack_io.reader.format.fields import encode_fields, spec_of
+
+SIDECARS = ("txt", "json", "cls", "npy")
+MAX_SIDECAR_BYTES = 256 * 2**20  # one sidecar is read whole
+
+
+def parse_fields_option(text, known) -> tuple | None:
+    """``--fields``: None (every field found), () for "none", else the names given, each
+    one of ``known``."""
+    if text is None or text.strip().lower() == "all":
+        return None
+    if text.strip().lower() == "none":
+        return ()
+    names = tuple(n.strip().lstrip(".") for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"--fields {text!r}: {unknown[0]!r} is not one of the fields there "
+                         f"are ({','.join(known) or 'none'}); give a comma-separated subset, "
+                         f"or none")
+    return names
+
+
+def with_fields(inputs, fields_option):
+    """``inputs`` with the field schema to pack (None: no fields): a list's extra keys or
+    columns when it has any, else the sidecars found next to the images."""
+    import dataclasses
+
+    if inputs.field_values is not None:
+        wanted = parse_fields_option(fields_option, tuple(inputs.fields))
+        schema = {k: v for k, v in inputs.fields.items() if wanted is None or k in wanted}
+        values = [v if isinstance(v, str) else {k: v[k] for k in schema}
+                  for v in inputs.field_values]  # bad lines stay rejects
+        return dataclasses.replace(inputs, fields=schema or None, field_values=values)
+    wanted = parse_fields_option(fields_option, SIDECARS)
+    kinds = found_sidecars(inputs.root, inputs.paths, wanted) if wanted != () else ()
+    schema = sidecar_schema(inputs.root, inputs.paths, kinds)
+    return dataclasses.replace(inputs, fields=schema or None)
+
+
+def field_source(inputs):
+    """The FieldSource of a conversion, or None when its inputs have no fields at all."""
+    if not inputs.fields and inputs.field_values is None:
+        return None
+    return FieldSource(inputs.fields or {}, inputs.root, inputs.paths, inputs.field_values)
+
+
+def _stem(root: str, rel: str) -> str:
+    return os.path.splitext(os.path.join(root, rel))[0]
+
+
+def found_sidecars(root: str, paths: list, wanted) -> tuple:
+    """The sidecar kinds (of ``wanted``: None = all) that at least one image has."""
+    kinds = [k for k in SIDECARS if wanted is None or k in wanted]
+    found = set()
+    for rel in paths:
+        stem = _stem(root, rel)
+        found.update(k for k in kinds if k not in found and os.path.isfile(f"{stem}.{k}"))
+        if len(found) == len(kinds):
+            break
+    return tuple(k for k in SIDECARS if k in found)
+
+
+def _read(path: str) -> bytes:
+    try:
+        if os.path.getsize(path) > MAX_SIDECAR_BYTES:
+            raise RejectedInput(f"sidecar {path} is over {MAX_SIDECAR_BYTES} bytes")
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise RejectedInput(f"missing sidecar {os.path.basename(path)} (other images have "
+                            f"one; --fields chooses which sidecars to pack)") from None
+    except OSError as exc:
+        raise RejectedInput(f"cannot read sidecar {path}: {exc.strerror or exc}") from None
+
+
+def sidecar_value(path: str, kind: str):
+    """The value of one sidecar file; RejectedInput naming the file and the reason."""
+    data = _read(path)
+    try:
+        if kind == "npy":
+            return np.load(io.BytesIO(data), allow_pickle=False)
+        text = data.decode("utf-8")
+        if kind == "json":
+            return json.loads(text)
+        if kind == "cls":
+            return np.array([int(t) for t in text.split()], dtype=np.int64)
+        return text
+    except UnicodeDecodeError as exc:
+        raise RejectedInput(f"sidecar {path} is not valid UTF-8 ({exc})") from None
+    except ValueError as exc:  # bad JSON, a non-integer in .cls, a bad or pickled .npy
+        what = {"json": "valid JSON", "cls": "whitespace-separated integers",
+                "npy": "a numpy .npy array (no pickles)"}[kind]
+        raise RejectedInput(f"sidecar {path} is not {what} ({str(exc)[:120]})") from None
+
+
+def sidecar_schema(root: str, paths: list, kinds: tuple) -> dict:
+    """The schema of sidecar ``kinds``; .npy takes dtype and ndim from the first found."""
+    schema = {"txt": {"type": "str"}, "json": {"type": "json"},
+              "cls": {"type": "array", "dtype": "int64", "ndim": 1, "shape": None}}
+    out = {k: schema[k] for k in kinds if k != "npy"}
+    if "npy" in kinds:
+        for rel in paths:
+            path = f"{_stem(root, rel)}.npy"
+            if os.path.isfile(path):
+                try:
+                    spec = spec_of(sidecar_value(path, "npy"), path)
+                except (RejectedInput, ValueError) as exc:
+                    raise ValueError(f"the first .npy sidecar fixes the field's dtype: {exc}") \
+                        from None
+                out["npy"] = dict(spec, shape=None)
+                break
+    return out
+
+
+class FieldSource:
+    """The field block of input ``i``: from its sidecars, or from its list row's values
+    (``values[i]``: a dict, or an error text for a list line that could not be read)."""
+
+    def __init__(self, schema: dict, root: str = "", paths=(), values=None):
+        self.schema, self.root, self.paths, self.values = schema, root, paths, values
+
+    def block(self, i: int) -> bytes | None:
+        """The field block, None when there are no fields; RejectedInput when input ``i``
+        cannot have one."""
+        if self.values is not None and isinstance(self.values[i], str):
+            raise RejectedInput(self.values[i])
+        if not self.schema:
+            return None
+        if self.values is not None:
+            fields = self.values[i]
+        else:
+            stem = _stem(self.root, self.paths[i])
+            fields = {k: sidecar_value(f"{stem}.{k}", k) for k in self.schema}
+        try:
+            return encode_fields(fields, self.schema, "")
+        except ValueError as exc:
+            raise RejectedInput(str(exc).lstrip(": ")) from None
+
+
+def check_engine_fields(src, engine: str, inputs) -> None:
+    """The Ray engine plans shards from record sizes its tasks report, without fields:
+    refuse fields there rather than pack them wrong."""
+    if engine == "ray" and (inputs.fields or inputs.field_values is not None):
+        raise ValueError(f"{src}: --engine ray does not pack fields yet (found "
+                         f"{sorted(inputs.fields or {}) or 'list fields'}); use --engine "
+                         f"local, or --fields none to pack images and labels only")

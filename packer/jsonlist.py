@@ -1,0 +1,113 @@
+"""``dlpack convert --list FILE.jsonl``: one JSON object per line, ``{"path": "a/x.jpg",
+"label": 3, "caption": "a cat", ...}``. ``path`` (relative to SRC) is required; ``label``
+(an integer or a class name) is optional for every line or none; every other key is a
+field of that name. A field's type is its values' JSON type (int, float, str; an int
+field with a float anywhere becomes float; mixed types, lists, objects, booleans and null
+become ``json``). A line that is not a JSON object, lacks ``path``, names a field
+``image``/``label``-like or lacks a field other lines have is a reject naming the file
+and the line (``--on-error`` applies); the rest is packed.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from dlpack_io.reader.format import FormatError
+from dlpack_io.reader.format.fieldschema import check_field_name
+from dlpack_io.reader.format.schema import MAX_JSON_DEPTH, json_depth
+
+
+def _parse_line(line: str, where: str, root: Path):
+    """(path, label or None, fields) of one line; ValueError with the reason."""
+    if json_depth(line.encode()) > MAX_JSON_DEPTH:
+        raise ValueError(f"{where}: JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        obj = json.loads(line)
+    except ValueError as exc:
+        raise ValueError(f"{where}: not valid JSON ({exc})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where}: expected a JSON object, found {type(obj).__name__}")
+    path = obj.pop("path", None)
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"{where}: no \"path\" (text) in the object")
+    if os.path.isabs(path) or ".." in Path(path).parts:
+        raise ValueError(f"{where}: path {path!r} must be relative to {root} and stay inside it")
+    label = obj.pop("label", None)
+    if label is not None and (isinstance(label, bool) or not isinstance(label, (int, str))
+                              or (isinstance(label, int) and label < 0)):
+        raise ValueError(f"{where}: label {label!r:.40} is not a class name or an integer >= 0")
+    for name in obj:
+        try:
+            check_field_name(name, where)
+        except FormatError as exc:
+            raise ValueError(str(exc)) from None
+    return Path(path).as_posix(), label, obj
+
+
+def _kind(value) -> str:
+    if isinstance(value, bool) or value is None or isinstance(value, (list, dict)):
+        return "json"
+    return {int: "int", float: "float", str: "str"}[type(value)]
+
+
+def list_schema(rows: list) -> dict:
+    """name -> spec of the fields over all good rows (see the module docstring)."""
+    kinds: dict = {}
+    for _, _, fields in rows:
+        for name, value in fields.items():
+            kinds.setdefault(name, set()).add(_kind(value))
+    schema = {}
+    for name in sorted(kinds):
+        k = kinds[name]
+        kind = k.pop() if len(k) == 1 else "float" if k == {"int", "float"} else "json"
+        schema[name] = {"type": kind}
+    return schema
+
+
+def _labels(rows: list, where: str):
+    given = [label is not None for _, label, _ in rows]
+    if any(given) and not all(given):
+        raise ValueError(f"{where}: some lines have a \"label\" and some do not; give every "
+                         f"line a label or none")
+    if not any(given):
+        return [-1] * len(rows), []
+    raw = [label for _, label, _ in rows]
+    if all(isinstance(v, int) for v in raw):
+        return raw, [str(i) for i in range(max(raw) + 1)]
+    classes = sorted({str(v) for v in raw})
+    lookup = {name: i for i, name in enumerate(classes)}
+    return [lookup[str(v)] for v in raw], classes
+
+
+def read_jsonl(root, list_file):
+    """(paths, labels, classes, schema, values) of a JSON Lines list: ``values[i]`` is the
+    fields dict of input i, or the reason its line is rejected (its path then names the
+    list file and line)."""
+    root, list_file = Path(root), Path(list_file)
+    good, entries = [], []
+    with open(list_file, encoding="utf-8-sig") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{list_file}:{lineno}"
+            try:
+                row = _parse_line(line, where, root)
+                good.append(row)
+                entries.append(row + (where,))
+            except ValueError as exc:
+                entries.append((f"{list_file.name}:{lineno}", None, str(exc), where))
+    if not good:
+        raise ValueError(f"{list_file}: no usable lines; expected one JSON object per line "
+                         f"with a \"path\" relative to {root}")
+    schema = list_schema(good)
+    labels, classes = _labels(good, str(list_file))
+    it = iter(labels)
+    values, out_labels = [], []
+    for path, _, fields, where in entries:
+        bad = isinstance(fields, str)
+        out_labels.append(-1 if bad else next(it))
+        missing = [] if bad else sorted(set(schema) - set(fields))
+        values.append(fields if bad or not missing else
+                      f"{where}: no {missing[0]!r} for {path} (other lines have that field)")
+    return [e[0] for e in entries], out_labels, classes, schema, values
