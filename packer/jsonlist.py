@@ -13,6 +13,7 @@ import json
 import os
 from pathlib import Path
 
+from dlpack_io.packer.names import MAX_LIST_LABEL
 from dlpack_io.reader.format import FormatError
 from dlpack_io.reader.format.fieldschema import check_field_name
 from dlpack_io.reader.format.schema import MAX_JSON_DEPTH, json_depth
@@ -31,12 +32,17 @@ def _parse_line(line: str, where: str, root: Path):
     path = obj.pop("path", None)
     if not isinstance(path, str) or not path:
         raise ValueError(f"{where}: no \"path\" (text) in the object")
+    if "\0" in path:
+        raise ValueError(f"{where}: the path holds a NUL byte (shown as \\x00)")
     if os.path.isabs(path) or ".." in Path(path).parts:
         raise ValueError(f"{where}: path {path!r} must be relative to {root} and stay inside it")
     label = obj.pop("label", None)
     if label is not None and (isinstance(label, bool) or not isinstance(label, (int, str))
                               or (isinstance(label, int) and label < 0)):
         raise ValueError(f"{where}: label {label!r:.40} is not a class name or an integer >= 0")
+    if isinstance(label, int) and label > MAX_LIST_LABEL:  # classes "0".."max" are listed
+        raise ValueError(f"{where}: label {str(label)[:20]} is above {MAX_LIST_LABEL}, the "
+                         f"largest class number a list may use")
     for name in obj:
         try:
             check_field_name(name, where)

@@ -11,6 +11,9 @@ from __future__ import annotations
 import re
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# Integer labels of a list (CSV/TSV or JSON Lines) define classes "0".."max": beyond this a
+# label is a typo or an attack (a label of 10**12 must not make 10**12 class names): a reject.
+MAX_LIST_LABEL = 2**20
 
 
 def shown(name: str) -> str:

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dlpack_io.packer.names import shown
+from dlpack_io.packer.names import MAX_LIST_LABEL, shown
 
 JPEG_SUFFIXES = (".jpg", ".jpeg", ".jfif")
 # Other image files are packed too (what they are is decided by their content, as for
@@ -14,9 +14,6 @@ JPEG_SUFFIXES = (".jpg", ".jpeg", ".jfif")
 # torchvision's IMG_EXTENSIONS (.jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp) is here.
 IMAGE_SUFFIXES = JPEG_SUFFIXES + (".png", ".webp", ".bmp", ".tif", ".tiff", ".gif", ".ppm",
                                   ".pgm")
-# Integer labels of a list define classes "0".."max": beyond this a label is a typo or an
-# attack (a label of 10**12 must not make a list of 10**12 class names), so a reject.
-MAX_LIST_LABEL = 2**20
 
 
 @dataclass(frozen=True)

@@ -133,3 +133,24 @@ def test_csv_extra_columns_are_str_fields(tmp_path):
     assert ds.sample(1)["source"] == "book" and ds.classes == ["cat", "dog"]
     assert ds.manifest["rejects"] == [{"path": "c.jpg", "reason": f"{listing}:4: 3 columns, "
                                                                  f"other rows have 4"}]
+
+
+def test_jsonl_lines_from_the_wild_are_rejects_not_allocations(tmp_path):
+    """A label far beyond any class count and a path with a NUL are rejects naming their
+    line (a label of 10**12 must not make 10**12 class names); the other lines are packed."""
+    src = tmp_path / "src"
+    _images(src, ["a.jpg", "b.jpg"])
+    listing = tmp_path / "list.jsonl"
+    listing.write_text("\n".join(json.dumps(x) for x in (
+        {"path": "a.jpg", "label": 2}, {"path": "b.jpg", "label": 10**12},
+        {"path": "a\u0000.jpg", "label": 1})) + "\n")
+    done = CliRunner().invoke(main, ["convert", str(src), str(tmp_path / "ds"), "--list",
+                                     str(listing), "--workers", "1", "--quiet",
+                                     "--max-rejects", "2"], catch_exceptions=False)
+    assert done.exit_code == 0, done.output
+    ds = Dataset(tmp_path / "ds")
+    assert len(ds) == 1 and ds.classes == ["0", "1", "2"]
+    reasons = sorted(r["reason"] for r in ds.manifest["rejects"])
+    assert reasons == [f"{listing}:2: label 1000000000000 is above 1048576, the largest class "
+                       f"number a list may use",
+                       f"{listing}:3: the path holds a NUL byte (shown as \\x00)"]
