@@ -95,8 +95,6 @@ def test_nodes_that_cannot_write_fail_fast_naming_the_node_and_leave_the_bucket_
 DRIVER = """
 import json, sys
 from dlpack_io.packer import convert
-
-from helpers import photo_folder
 result = convert(sys.argv[1], sys.argv[2], shard_size=sys.argv[3], progress=False,
                  engine="ray", ray_address=sys.argv[4], resume=sys.argv[7] == "resume",
                  storage_options={"access_key_id": sys.argv[5],
