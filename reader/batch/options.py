@@ -100,6 +100,10 @@ class LoaderOptions:
         if self.timeout == 0:  # DataLoader's "wait forever"
             object.__setattr__(self, "timeout", None)
         check_prefetch(self.prefetch, self.prefetch_factor)
+        if self.in_flight > MAX_PREFETCH:  # per worker x workers: the same limit as prefetch
+            raise ValueError(f"prefetch_factor {self.prefetch_factor} x {self.num_workers} "
+                             f"workers = {self.in_flight} batches in flight: expected at most "
+                             f"{MAX_PREFETCH}")
         if self.timeout is not None and not float(self.timeout) > 0:
             raise ValueError(f"timeout {self.timeout}: expected seconds > 0, or None (or 0)")
         if self.sample_transform is not None and not callable(self.sample_transform):

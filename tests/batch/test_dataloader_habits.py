@@ -118,6 +118,10 @@ def test_prefetch_factor_counts_per_worker_and_excludes_prefetch(raw):
         LoaderOptions(prefetch=3, prefetch_factor=2)
     with pytest.raises(ValueError, match="prefetch_factor 0"):
         LoaderOptions(prefetch_factor=0)
+    # the same limit as prefetch= (buffers and slots are sized by the batches in flight)
+    with pytest.raises(ValueError, match=r"prefetch_factor 1000000000 x 2 workers = "
+                                         r"2000000000 batches in flight: expected at most 4096"):
+        LoaderOptions(num_workers=2, prefetch_factor=10**9)
     a = _epoch(_loader(raw, num_workers=2, prefetch_factor=1))
     assert _same(a, _reference(raw, 0))
 
