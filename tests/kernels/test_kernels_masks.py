@@ -1,6 +1,8 @@
 """mask_gather: the Triton kernel (Triton's CPU interpreter) and the torch reference against
 a plain numpy reference: exact, uint8 and uint16, odd sizes across tiles, flips, padding."""
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -85,3 +87,54 @@ def test_bad_arguments_are_refused_before_launch(change, match):
     change(a)
     with pytest.raises((TypeError, ValueError), match=match):
         mask_gather(a["src"], a["offsets"], a["shapes"], a["rows"], a["cols"], a["fill"])
+
+
+def _compile_for_h100() -> list:
+    """Compile the kernel for sm_90, uint8 and uint16 (runs in a subprocess, no GPU)."""
+    import re
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from dlpack_io.kernels import launch, masks
+
+    fn = masks._mask_gather_kernel.jitted()
+    consts = {"BLOCK_H": launch.BLOCK_H, "BLOCK_W": launch.BLOCK_W}
+    facts = []
+    for t in ("*u8", "*u16"):
+        types = {"src_ptr": t, "out_ptr": t, "off_ptr": "*i64", "shape_ptr": "*i64",
+                 "rows_ptr": "*i32", "cols_ptr": "*i32"}
+        sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in fn.arg_names}
+        out = triton.compile(triton.compiler.ASTSource(fn=fn, signature=sig, constexprs=consts),
+                             target=GPUTarget("cuda", 90, 32),
+                             options={"num_warps": launch.NUM_WARPS, "enable_fp_fusion": False})
+        facts.append({"type": t, "local": bool(re.search(r"(ld|st)\.local", out.asm["ptx"])),
+                      "stores": sorted(set(re.findall(r"st\.global[.\w]*", out.asm["ptx"])))})
+    return facts
+
+
+def test_kernel_compiles_for_h100():
+    """The interpreter accepts code the GPU compiler rejects: compile it too (no GPU)."""
+    import json
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True,
+                          timeout=600)
+    last = (proc.stdout.strip().splitlines() or ["{}"])[-1]
+    if proc.returncode != 0 and "NVIDIA backend" in proc.stderr:
+        pytest.skip(proc.stderr[-300:])
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    facts = json.loads(last)
+    assert [f["type"] for f in facts] == ["*u8", "*u16"]
+    assert not any(f["local"] for f in facts)
+    assert facts[0]["stores"] == ["st.global.b8"] and facts[1]["stores"] == ["st.global.b16"]
+
+
+if __name__ == "__main__":
+    try:
+        import triton.backends.nvidia.compiler  # noqa: F401  (needs the bundled ptxas)
+    except Exception as exc:
+        sys.exit(f"triton's NVIDIA backend is not importable: {exc!r}")
+    print(__import__("json").dumps(_compile_for_h100()))
