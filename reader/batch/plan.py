@@ -189,8 +189,8 @@ def _geometry(transforms, pad: int = 0):
         return crop
     if crop is None and not isinstance(resize.size, tuple) and not pad:
         raise ValueError(f"Resize({resize.size}) alone gives every image its own size, which "
-                         f"cannot be batched: follow it by CenterCrop/RandomCrop, give "
-                         f"Resize((height, width)), or pass pad=True; {ORDER_HELP}")
+                         f"cannot be batched: follow it by CenterCrop/RandomCrop, or give "
+                         f"Resize((height, width)) (or Loader(pad=True)); {ORDER_HELP}")
     return ResizeThenCrop(resize, crop)
 
 
