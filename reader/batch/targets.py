@@ -96,6 +96,7 @@ class Assembler:
         device, indices = labels.device, np.asarray(indices, np.int64)
         shard_ids, local, entries = self.dataset.lookup(indices)
         rows = [read_record_fields(self.dataset, int(i), int(k), int(j), self.read)
+                if self.read else {}
                 for i, k, j in zip(indices.tolist(), shard_ids.tolist(), local.tolist())]
         out = {n: collate([r[n] for r in rows], self.dataset.fields[n], device)
                for n in self.read if n not in (BOXES, MASK) + self.per_box}

@@ -118,3 +118,19 @@ def test_targets_that_cannot_follow_are_refused(sized, tmp_path):
     loader = Loader(Dataset(dst), fields=("image", "mask"), num_workers=0)
     with pytest.raises(ValueError, match=r"record 0.*mask 9x8 but image 8x9"):
         list(loader)
+
+
+def test_pad_on_a_data_set_without_fields(tmp_path):
+    dst = tmp_path / "plain"
+    with Writer(dst, mode="raw") as w:
+        for h, wd in SHAPES[:3]:
+            w.write(image=np.full((h, wd, 3), 9, np.uint8), label=h)
+    ds = Dataset(dst)
+    assert ds.fields == {}
+    loader = Loader(ds, batch_size=3, shuffle=False, num_workers=0, fields=("label", "image"),
+                    transforms=[Resize(12)], pad=True, pad_multiple=8)
+    (labels, images, sizes), = list(loader)
+    assert labels.tolist() == [40, 61, 50]
+    assert [tuple(s) for s in sizes.tolist()] == [(12, 18), (24, 12), (12, 12)]
+    assert images.shape == (3, 3, 24, 24)
+    assert (images[0, :, :12, :18] == 9).all() and images[0, :, 12:].sum() == 0
