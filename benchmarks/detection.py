@@ -175,6 +175,33 @@ def interleaved(runs: dict, repeats: int) -> dict:
             for n in runs}
 
 
+def step_ms(root: Path, repeats: int = 30) -> dict:
+    """CPU-ms per image of the consumer's targets step alone (read the fields of 64 random
+    samples, draw their geometry, map the boxes / gather the masks), median of ``repeats``:
+    what the epoch ratios cannot resolve on a busy machine."""
+    import torch
+
+    from dlpack_io.reader import Dataset, Loader, RandomHorizontalFlip, RandomResizedCrop
+    from dlpack_io.reader.batch.targets import Assembler
+
+    ds = Dataset(str(root / "packed"))
+    images = torch.zeros((64, 3, CROP, CROP), dtype=torch.uint8)
+    labels = torch.zeros(64, dtype=torch.int64)
+    out = {}
+    for fields in (("image", "label"), ("image", "boxes", "categories"), ("image", "mask")):
+        loader = Loader(ds, batch_size=64, num_workers=0, fields=fields,
+                        transforms=[RandomResizedCrop(CROP), RandomHorizontalFlip()])
+        step = Assembler(ds, fields, loader.spec, loader.options, False)  # what the Loader runs
+        rng, times = np.random.default_rng(0), []
+        for _ in range(repeats + 1):
+            idx = np.sort(rng.choice(len(ds), 64, replace=False))
+            t0 = time.process_time()  # CPU time: the step is one thread; load-proof
+            step(images, labels, idx, 0)
+            times.append((time.process_time() - t0) * 1000.0 / 64)
+        out[", ".join(fields)] = round(statistics.median(times[1:]), 3)
+    return out
+
+
 def main(argv=None) -> None:
     """Make the data once, time every contender, print a JSON table with the ratios."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -183,10 +210,14 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--sized", action="store_true", help="also Resize(800, max_size=1333) + pad")
+    p.add_argument("--step", action="store_true", help="only the consumer's targets step")
     a = p.parse_args(argv)
     root = Path(a.root)
     if not (root / "targets.json").exists():
         make(root, a.images)
+    if a.step:
+        print(json.dumps({"cpu_ms_per_image_of_the_targets_step": step_ms(root)}, indent=1))
+        return
     w = a.workers
     runs = {"Loader image only": ours(root, w),
             "Loader detection (image, boxes, categories)":
