@@ -186,4 +186,11 @@ def epilogue_rows(spec: TransformSpec, plan: BatchPlan, a: int, b: int, u8, out)
 
     if a == b:
         return
+    if plan.params.sizes is not None:  # padded: each sample's own area (contrast's mean)
+        for pos in range(a, b):
+            h, w = (int(v) for v in plan.params.sizes[pos])
+            one = reference.epilogue(u8[pos:pos + 1, :, :h, :w].contiguous(),
+                                     **epilogue_kwargs(spec, plan.params, pos, pos + 1))
+            out[pos, :, :h, :w] = one[0]
+        return
     reference.epilogue(u8[a:b], out=out[a:b], **epilogue_kwargs(spec, plan.params, a, b))

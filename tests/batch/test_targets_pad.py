@@ -11,8 +11,8 @@ import torch
 
 from dlpack_io.packer import Writer
 from dlpack_io.reader.batch.options import LoaderOptions
-from dlpack_io.reader import (Dataset, Loader, Normalize, RandAugment, RandomHorizontalFlip,
-                              RandomResizedCrop, Resize)
+from dlpack_io.reader import (ColorJitter, Dataset, Loader, Normalize, RandAugment,
+                              RandomHorizontalFlip, RandomResizedCrop, Resize)
 
 SHAPES = [(40, 60), (61, 30), (50, 50), (33, 90), (70, 41)]
 
@@ -134,3 +134,18 @@ def test_pad_on_a_data_set_without_fields(tmp_path):
     assert [tuple(s) for s in sizes.tolist()] == [(12, 18), (24, 12), (12, 12)]
     assert images.shape == (3, 3, 24, 24)
     assert (images[0, :, :12, :18] == 9).all() and images[0, :, 12:].sum() == 0
+
+
+def test_colour_jitter_on_padded_images_sees_only_their_own_area(tmp_path):
+    """Contrast blends towards the image's grayscale mean: a uniform image keeps its value,
+    unless the padding were counted in the mean."""
+    dst = tmp_path / "uniform"
+    with Writer(dst, mode="raw") as w:
+        for h, wd in SHAPES[:3]:
+            w.write(image=np.full((h, wd, 3), 200, np.uint8), label=0)
+    loader = Loader(Dataset(dst), batch_size=3, shuffle=False, num_workers=0, pad=True,
+                    transforms=[Resize(12), ColorJitter(contrast=(0.5, 0.5))])
+    (images, _, sizes), = list(loader)
+    for k, (h, w) in enumerate(sizes.tolist()):
+        assert (images[k, :, :h, :w] == 200).all()
+        assert images[k, :, h:].sum() == 0 and images[k, :, :, w:].sum() == 0
