@@ -68,7 +68,7 @@ class TransformSpec:
         indices = np.asarray(indices, dtype=np.int64)
         exact = windows = None
         if self.geometry is None:
-            boxes, size = full_image_boxes(heights, widths, indices)
+            boxes, size = full_image_boxes(heights, widths, indices, one_size=not self.pad)
             resize = False
         else:
             boxes = self.geometry.boxes(heights, widths, seed, epoch, indices)
@@ -129,10 +129,11 @@ def draw_jitter(jitter: ColorJitter | None, seed: int, epoch: int, indices):
     return factors, order
 
 
-def full_image_boxes(heights, widths, indices) -> tuple[np.ndarray, tuple]:
-    """Boxes covering whole images (no geometry transform); all images must be one size."""
+def full_image_boxes(heights, widths, indices, one_size=True) -> tuple[np.ndarray, tuple]:
+    """Boxes covering whole images (no geometry transform); all images must be one size
+    (unless ``one_size`` is False: a padded batch)."""
     hs, ws = np.asarray(heights, np.int64), np.asarray(widths, np.int64)
-    if len(hs) and (np.any(hs != hs[0]) or np.any(ws != ws[0])):
+    if one_size and len(hs) and (np.any(hs != hs[0]) or np.any(ws != ws[0])):
         i = int(np.flatnonzero((hs != hs[0]) | (ws != ws[0]))[0])
         raise TransformError(f"without a crop or Resize every image must have one size, but "
                              f"this one is {int(hs[i])}x{int(ws[i])} and sample "

@@ -149,3 +149,13 @@ def test_colour_jitter_on_padded_images_sees_only_their_own_area(tmp_path):
     for k, (h, w) in enumerate(sizes.tolist()):
         assert (images[k, :, :h, :w] == 200).all()
         assert images[k, :, h:].sum() == 0 and images[k, :, :, w:].sum() == 0
+
+
+def test_pad_without_geometry_keeps_stored_sizes(sized):
+    loader = Loader(Dataset(sized), batch_size=5, shuffle=False, num_workers=0, pad=True,
+                    fields=("image", "boxes", "mask"), pad_multiple=4)
+    (images, boxes, masks, sizes), = list(loader)
+    assert [tuple(s) for s in sizes.tolist()] == SHAPES
+    assert images.shape == (5, 3, 72, 92) and masks.shape == (5, 72, 92)
+    assert [b.tolist() for b in boxes] == [[[0.0, 0.0, float(w), float(h)]] for h, w in SHAPES]
+    assert (masks[1, :61, :30] == 2).all() and (masks[1, 61:] == 255).all()
