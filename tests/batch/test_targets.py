@@ -77,7 +77,8 @@ def _check_sample(image, boxes, cats, mask, label, height=None, width=None):
     assert set(cats.tolist()) <= {10 + label, 99}  # each box kept with its own category
     big = [k for k in range(len(cats)) if cats[k].item() == 10 + label]
     if not rect.any() or not big:
-        assert not rect.any() or _near(~rect).all() or rect.sum() <= 2 * max(h, w)
+        # no box left: at most a resampling sliver of the rectangle shows (< 2 rows/cols)
+        assert rect.sum() <= 2 * max(h, w)
         return
     x0, y0, x1, y1 = boxes[big[0]].tolist()
     ys, xs = np.nonzero(rect)
