@@ -266,7 +266,10 @@ def prepare_inputs(src, list_file, options: dict, labels: bool = True):
     if "shard_size" in options:
         options["shard_size"] = parse_size(options["shard_size"])
     opts = PackOptions(**options)
-    return opts, with_fields(_scan(src, list_file, labels), opts.fields)
+    from dlpack_io.packer.targetinputs import scan_targets, with_targets
+
+    inputs = scan_targets(src, list_file, opts) or _scan(src, list_file, labels)
+    return opts, with_targets(with_fields(inputs, opts.fields), opts)
 
 
 def plan_inputs(inputs, opts: PackOptions):
