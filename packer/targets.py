@@ -119,11 +119,10 @@ def _boxes_fields(ann: dict, width: int, height: int, orientation: int) -> dict:
     where = ann.get("where", "")
     boxes = as_box_list(ann["boxes"], f"{where}boxes")
     n = len(boxes)
-    cats = int_list(ann.get("categories", []), n, "categories", np.int64, where)
-    crowd = int_list(ann.get("iscrowd", [0] * n), n, "iscrowd", np.uint8, where)
+    out = {k: int_list(ann[k], n, k, dtype, where) for k, dtype in
+           (("categories", np.int64), ("iscrowd", np.uint8)) if k in ann}
     xyxy = checked_boxes(boxes, ann.get("ids"), width, height, ann.get("xywh", False))
-    out = {"boxes": orient_boxes(xyxy, orientation, width, height), "categories": cats,
-           "iscrowd": crowd}
+    out["boxes"] = orient_boxes(xyxy, orientation, width, height)
     if ann.get("image_id") is not None:
         out["image_id"] = int(ann["image_id"])
     return out
@@ -164,3 +163,50 @@ def subset(inputs, keep: list):
     return dataclasses.replace(inputs, paths=pick(inputs.paths), labels=pick(inputs.labels),
                                field_values=pick(inputs.field_values), bad=bad,
                                targets=targets)
+
+
+def writer_targets(image, fields: dict, where: str, max_pixels: int) -> dict:
+    """``Writer.write``'s fields with "boxes" (+ "categories", "iscrowd") and "mask"
+    checked against the image and turned upright with it, as ``dlpack convert`` does;
+    ValueError naming the sample and the reason."""
+    if "boxes" not in fields and "mask" not in fields:
+        return fields
+    from dlpack_io.packer.samples import image_bytes
+
+    out = dict(fields)
+    try:
+        img = open_image(image_bytes(image, where)[0], max_pixels)
+        (width, height), orientation = img.size, exif_orientation(img)
+        if "boxes" in fields:
+            ann = {k: fields[k] for k in TARGET_KEYS if k in fields}
+            out.update(_boxes_fields(dict(ann, where=""), width, height, orientation))
+        if "mask" in fields:
+            out["mask"] = orient_mask(_mask_array(fields["mask"], (width, height)), orientation)
+    except RejectedInput as exc:
+        raise ValueError(f"{where}: {str(exc).lstrip(': ')}") from None
+    return out
+
+
+def _mask_array(mask, size: tuple) -> np.ndarray:
+    if hasattr(mask, "mode") and hasattr(mask, "size"):  # a PIL image
+        mask = np.asarray(mask)
+    if not isinstance(mask, np.ndarray) or mask.ndim != 2 or mask.dtype.name not in (
+            "uint8", "uint16", "bool"):
+        raise RejectedInput(f"mask: expected an H x W uint8 or uint16 array, found "
+                            f"{getattr(mask, 'dtype', type(mask).__name__)} "
+                            f"{getattr(mask, 'shape', '')}")
+    if mask.shape != (size[1], size[0]):
+        raise RejectedInput(f"mask is {mask.shape[1]}x{mask.shape[0]}, its image is "
+                            f"{size[0]}x{size[1]} (width x height, as stored)")
+    return mask.astype(np.uint8) if mask.dtype == bool else mask
+
+
+def target_schema(schema: dict) -> dict:
+    """A Writer's first schema with the targets' specs: per-sample box and category
+    arrays (never stacked), masks compressed."""
+    for name in ("boxes", "categories", "iscrowd"):
+        if name in schema and schema[name]["type"] == "array":
+            schema[name]["shape"] = None
+    if "mask" in schema and schema["mask"].get("ndim") == 2:
+        schema["mask"] = mask_spec(schema["mask"]["dtype"])
+    return schema
