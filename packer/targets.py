@@ -165,48 +165,39 @@ def subset(inputs, keep: list):
                                targets=targets)
 
 
-def writer_targets(image, fields: dict, where: str, max_pixels: int) -> dict:
-    """``Writer.write``'s fields with "boxes" (+ "categories", "iscrowd") and "mask"
-    checked against the image and turned upright with it, as ``dlpack convert`` does;
-    ValueError naming the sample and the reason."""
+def writer_targets(image, fields: dict, where: str, max_pixels: int) -> tuple:
+    """(``Writer.write``'s fields, whether "mask" is a segmentation mask): "boxes" (+
+    "categories", "iscrowd") checked against the image and turned upright with it, as
+    ``dlpack convert`` does, and so is a 2-D uint8/uint16 "mask" of the image's stored
+    size (a "mask" of another shape stays an ordinary array field); ValueError naming the
+    sample and the reason."""
     if "boxes" not in fields and "mask" not in fields:
-        return fields
+        return fields, False
     from dlpack_io.packer.samples import image_bytes
 
-    out = dict(fields)
+    out, seg = dict(fields), False
     try:
         img = open_image(image_bytes(image, where)[0], max_pixels)
         (width, height), orientation = img.size, exif_orientation(img)
         if "boxes" in fields:
             ann = {k: fields[k] for k in TARGET_KEYS if k in fields}
             out.update(_boxes_fields(dict(ann, where=""), width, height, orientation))
-        if "mask" in fields:
-            out["mask"] = orient_mask(_mask_array(fields["mask"], (width, height)), orientation)
+        mask = fields.get("mask")
+        mask = np.asarray(mask) if hasattr(mask, "mode") and hasattr(mask, "size") else mask
+        if isinstance(mask, np.ndarray) and mask.shape == (height, width) \
+                and mask.dtype.name in ("uint8", "uint16"):
+            out["mask"], seg = orient_mask(mask, orientation), True
     except RejectedInput as exc:
         raise ValueError(f"{where}: {str(exc).lstrip(': ')}") from None
-    return out
+    return out, seg
 
 
-def _mask_array(mask, size: tuple) -> np.ndarray:
-    if hasattr(mask, "mode") and hasattr(mask, "size"):  # a PIL image
-        mask = np.asarray(mask)
-    if not isinstance(mask, np.ndarray) or mask.ndim != 2 or mask.dtype.name not in (
-            "uint8", "uint16", "bool"):
-        raise RejectedInput(f"mask: expected an H x W uint8 or uint16 array, found "
-                            f"{getattr(mask, 'dtype', type(mask).__name__)} "
-                            f"{getattr(mask, 'shape', '')}")
-    if mask.shape != (size[1], size[0]):
-        raise RejectedInput(f"mask is {mask.shape[1]}x{mask.shape[0]}, its image is "
-                            f"{size[0]}x{size[1]} (width x height, as stored)")
-    return mask.astype(np.uint8) if mask.dtype == bool else mask
-
-
-def target_schema(schema: dict) -> dict:
+def target_schema(schema: dict, seg: bool) -> dict:
     """A Writer's first schema with the targets' specs: per-sample box and category
-    arrays (never stacked), masks compressed."""
+    arrays (never stacked), segmentation masks (``seg``) compressed."""
     for name in ("boxes", "categories", "iscrowd"):
         if name in schema and schema[name]["type"] == "array":
             schema[name]["shape"] = None
-    if "mask" in schema and schema["mask"].get("ndim") == 2:
+    if seg:
         schema["mask"] = mask_spec(schema["mask"]["dtype"])
     return schema

@@ -68,8 +68,8 @@ class Writer:
         n = len(self._labels)
         where = f"{self.dst}: sample {n}"
         label = self._check_label(label, where)
-        fields = writer_targets(image, fields, where, self.options.max_pixels)
-        schema = target_schema(first_schema(fields, where)) if self._schema is None \
+        fields, seg = writer_targets(image, fields, where, self.options.max_pixels)
+        schema = target_schema(first_schema(fields, where), seg) if self._schema is None \
             else self._schema
         record, block, path = encode_sample(image, fields, schema,
                                             {"where": where, "encode": self._encode})
