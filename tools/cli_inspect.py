@@ -15,6 +15,10 @@ from dlpack_io.tools.cli_common import DATASET, echo_json, fail
 @click.option("--grid", type=click.Path(dir_okay=False),
               help="Write a contact sheet of sample images with their labels to FILE (.png "
                    "is added when FILE has no extension).")
+@click.option("--augmented", is_flag=True,
+              help="With --grid: draw what a Loader yields after RandomResizedCrop(224) and "
+                   "RandomHorizontalFlip() (boxes and masks as it yields them), to see that "
+                   "they still sit on their objects.")
 @click.option("--grid-count", type=int, default=48, show_default=True, help="Images on the sheet.")
 @click.option("--order", is_flag=True, help="Show what a rank's epoch reads and how well its "
               "batches mix shards and classes (global vs block shuffle vs none).")
@@ -34,7 +38,7 @@ from dlpack_io.tools.cli_common import DATASET, echo_json, fail
               help="Refuse records larger than this many pixels (height x width); default "
                    "89478485, the default of convert --max-pixels.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def inspect(dst, shard, sample, grid, grid_count, order, shuffle, epoch, world_size, rank,
+def inspect(dst, shard, sample, grid, augmented, grid_count, order, shuffle, epoch, world_size, rank,
             batch_size, drop_last, seed, max_pixels, as_json):
     """Summarise the packed data set in DST, a folder or s3://bucket/prefix (or one shard,
     one sample, a contact sheet, or the sample order a Loader will read)."""
@@ -42,6 +46,8 @@ def inspect(dst, shard, sample, grid, grid_count, order, shuffle, epoch, world_s
     from dlpack_io.tools import inspection, render
 
     limit = {"max_pixels": max_pixels or DEFAULT_MAX_PIXELS}
+    if augmented and not grid:
+        fail("--augmented draws the contact sheet as the Loader yields it: give --grid FILE too")
     try:
         if order:
             from dlpack_io.tools.order_report import format_order_report, order_report
@@ -50,6 +56,13 @@ def inspect(dst, shard, sample, grid, grid_count, order, shuffle, epoch, world_s
                                 batch_size=batch_size, drop_last=drop_last,
                                 shuffle=None if shuffle == "none" else shuffle)
             text = format_order_report(data)
+        elif grid and augmented:
+            from dlpack_io.tools.targetsheet import augmented_sheet
+
+            data = augmented_sheet(dst, inspection.sheet_path(grid), count=grid_count,
+                                   seed=seed, **limit)
+            text = f"wrote {data['path']} ({data['width']}x{data['height']}, " \
+                   f"{render.plural(len(data['samples']), 'image')} as the Loader yields them)"
         elif grid:
             data = inspection.contact_sheet(dst, grid, count=grid_count, seed=seed, **limit)
             text = f"wrote {data['path']} ({data['width']}x{data['height']}, " \
