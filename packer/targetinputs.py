@@ -72,6 +72,11 @@ def with_targets(inputs, opts):
         inputs, targets = list_targets(inputs, opts.max_pixels)
     if targets is None and masks is None:
         return inputs
+    if opts.size is not None or opts.max_side is not None:
+        raise ValueError(f"{inputs.list_file or inputs.root}: boxes and masks are kept in the "
+                         f"pixels of the image as it is stored, and --size / --max-side would "
+                         f"resize the image without them; convert without those options "
+                         f"(the Loader's Resize and crops move boxes and masks with the image)")
     targets = targets or TargetSource({}, None, None, opts.max_pixels)
     schema = dict(targets.schema)
     if masks is not None:

@@ -242,3 +242,10 @@ def test_exif_orientation_moves_boxes_and_mask_with_the_image(tmp_path, orientat
     np.testing.assert_array_equal(s["mask"], expected)  # every pixel pinned
     bright = s["image"].mean(axis=2) > 127
     np.testing.assert_array_equal(bright, expected == 5)  # the image's object is there too
+
+
+def test_resizing_options_are_refused_with_targets(tmp_path):
+    coco = _coco(tmp_path, GOOD)
+    with pytest.raises(ValueError, match="--size / --max-side would resize the image"):
+        convert(tmp_path / "src", tmp_path / "ds", coco=str(coco), max_side=32, workers=0,
+                progress=False)
