@@ -57,7 +57,11 @@ def as_box_list(value, where: str) -> list:
                 for b in value):
             raise RejectedInput(f"{where}: expected a list of [x0, y0, x1, y1] boxes (4 "
                                 f"numbers each, at most {MAX_BOXES}), found {str(value)[:60]}")
-        return [[float(v) for v in b] for b in value]
+        try:
+            return [[float(v) for v in b] for b in value]
+        except OverflowError:  # an integer of hundreds of digits (JSON allows it)
+            raise RejectedInput(f"{where}: a box holds an integer too large for a float "
+                                f"({str(value)[:60]})") from None
     if arr.ndim != 2 or arr.shape[1] != 4 or arr.shape[0] > MAX_BOXES or arr.dtype.kind not in "iuf":
         raise RejectedInput(f"{where}: expected an [N, 4] number array, found {arr.dtype} "
                             f"{arr.shape}")

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 from pathlib import Path
 
 import numpy as np
@@ -28,22 +27,36 @@ from dlpack_io.reader.format.schema import MAX_JSON_DEPTH
 log = logging.getLogger(__name__)
 
 MAX_COCO_BYTES = 4 * 2**30  # a COCO file is parsed whole; 4 GiB is 9x COCO train2017's
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
-_STEP = np.zeros(256, dtype=np.int32)
+_STEP = np.zeros(256, dtype=np.int8)
 _STEP[[ord("["), ord("{")]], _STEP[[ord("]"), ord("}")]] = 1, -1
-_CHUNK = 64 * 2**20
+_CHUNK = 8 * 2**20
+
+
+def _backslashes_before(a: np.ndarray, carry: int) -> np.ndarray:
+    """For each byte of ``a``, how many backslashes directly precede it (``carry``: the
+    run at the end of the previous chunk)."""
+    idx = np.arange(len(a), dtype=np.int64)
+    last = np.maximum.accumulate(np.where(a != 92, idx, -1))  # last non-backslash <= i
+    run = np.empty(len(a), dtype=np.int64)
+    run[0] = carry
+    run[1:] = idx[:-1] - last[:-1] + np.where(last[:-1] < 0, carry, 0)
+    return run
 
 
 def json_depth_large(data: bytes) -> int:
-    """How deep the brackets of JSON text ``data`` nest (strings left out), in chunks so
-    that a file of gigabytes needs a few hundred MB at most."""
-    bare = _STRING.sub(b'""', data)
+    """How deep the brackets of JSON text ``data`` nest, brackets inside strings left
+    out, in 8 MB chunks with numpy (a 448 MB COCO file in seconds, without recursion)."""
     depth = top = 0
-    for start in range(0, len(bare), _CHUNK):
-        steps = np.cumsum(_STEP[np.frombuffer(bare, np.uint8, min(_CHUNK, len(bare) - start),
-                                              start)], dtype=np.int64) + depth
-        if len(steps):
-            top, depth = max(top, int(steps.max())), int(steps[-1])
+    in_string, run = 0, 0
+    for start in range(0, len(data), _CHUNK):
+        a = np.frombuffer(data, np.uint8, min(_CHUNK, len(data) - start), start)
+        before = _backslashes_before(a, run)
+        quotes = ((a == 34) & (before % 2 == 0)).astype(np.int64)  # unescaped quotes
+        inside = (in_string + np.cumsum(quotes) - quotes) % 2  # in a string before byte i
+        steps = np.cumsum(np.where(inside == 0, _STEP[a], 0), dtype=np.int64) + depth
+        top, depth = max(top, int(steps.max())), int(steps[-1])
+        in_string = (in_string + int(quotes.sum())) % 2
+        run = int(before[-1]) + 1 if a[-1] == 92 else 0
     return top
 
 
@@ -87,7 +100,7 @@ def category_names(cats: list, path) -> dict:
     return names
 
 
-def _image_problem(img, ids: set, names: set) -> str | None:
+def _image_problem(img, ids: dict, names: set) -> str | None:
     if not isinstance(img, dict) or not _int(img.get("id")):
         return "no integer \"id\""
     name = img.get("file_name")
@@ -106,21 +119,25 @@ def _image_problem(img, ids: set, names: set) -> str | None:
     return None
 
 
-def _annotation_problem(a, cats: dict) -> str | None:
-    if not _int(a.get("category_id")):
-        return f"category_id {str(a.get('category_id'))[:30]} is not an integer"
-    if str(a["category_id"]) not in cats:
-        return f"category_id {a['category_id']} is not one of the file's categories"
+def _annotation_problem(a: dict, cat_ids: set) -> str | None:
+    # type() rather than isinstance: a bool is not a number here, and this runs 10^6 times
+    cat = a.get("category_id")
+    if type(cat) is not int or cat not in cat_ids:
+        return (f"category_id {str(cat)[:30]} is not one of the file's categories"
+                if type(cat) is int else f"category_id {str(cat)[:30]} is not an integer")
     box = a.get("bbox")
-    if not isinstance(box, list) or len(box) != 4 or any(
-            isinstance(v, bool) or not isinstance(v, (int, float)) for v in box):
+    if type(box) is not list or len(box) != 4 or not all(type(v) in (int, float) for v in box):
         return f"bbox {str(box)[:60]} is not 4 numbers (x, y, width, height)"
-    if a.get("iscrowd", 0) not in (0, 1) or isinstance(a.get("iscrowd"), bool):
-        return f"iscrowd {str(a.get('iscrowd'))[:20]}, expected 0 or 1"
+    if any(type(v) is int and not -2**53 <= v <= 2**53 for v in box):  # beyond a float
+        return f"bbox {str(box)[:60]} holds an integer beyond 2^53 pixels"
+    crowd = a.get("iscrowd", 0)
+    if type(crowd) is not int or crowd not in (0, 1):
+        return f"iscrowd {str(crowd)[:20]}, expected 0 or 1"
     return None
 
 
 def _attach(anns: list, by_id: dict, per_image: list, cats: dict, orphans: list) -> None:
+    cat_ids = {int(k) for k in cats}
     for k, a in enumerate(anns):
         if not isinstance(a, dict) or not _int(a.get("id")) or not _int(a.get("image_id")):
             orphans.append((f"annotations[{k}]", "expected an object with integer \"id\" "
@@ -134,11 +151,11 @@ def _attach(anns: list, by_id: dict, per_image: list, cats: dict, orphans: list)
         entry = per_image[i]
         if isinstance(entry, str):
             continue
-        why = _annotation_problem(a, cats)
+        why = _annotation_problem(a, cat_ids)
         if why:
             per_image[i] = f"annotation {a['id']}: {why}"
             continue
-        entry["boxes"].append([float(v) for v in a["bbox"]])
+        entry["boxes"].append(a["bbox"])
         entry["ids"].append(a["id"])
         entry["categories"].append(a["category_id"])
         entry["iscrowd"].append(a.get("iscrowd", 0))
@@ -153,7 +170,7 @@ def read_coco(root, coco_file, *, skip_empty: bool = False, max_pixels: int = 0)
     cats = category_names(obj.get("categories", []), coco_file)
     paths, per_image, by_id, seen_names, bad = [], [], {}, set(), {}
     for k, img in enumerate(obj["images"]):
-        why = _image_problem(img, set(by_id), seen_names)
+        why = _image_problem(img, by_id, seen_names)
         if why:
             bad[len(paths)] = f"{coco_file}: images[{k}]: {why}"
             paths.append(f"{coco_file.name}:images[{k}]")

@@ -88,9 +88,12 @@ def test_bad_annotations_reject_their_image_naming_id_and_reason(tmp_path):
     anns = [a for a, _ in BAD] + [
         {"id": 11, "image_id": 99, "category_id": 1, "bbox": [1, 1, 1, 1]},
         {"id": 12, "image_id": 13, "category_id": 2, "bbox": [1, 1, 1, 1]},
-        {"id": 13, "image_id": 14, "category_id": 1, "bbox": [1, 1, 1, 1]}]
+        {"id": 13, "image_id": 14, "category_id": 1, "bbox": [1, 1, 1, 1]},
+        {"id": 14, "image_id": 15, "category_id": 1, "bbox": [10**400, 1, 1, 1]},
+        {"id": 15, "image_id": 16, "category_id": 1, "bbox": [1, 1, 1, "1"]},
+        {"id": 16, "image_id": 17, "category_id": 1, "bbox": [1, 1, 1, 1], "iscrowd": True}]
     images = [{"id": 10 + k, "file_name": f"imgs/{k}.jpg", "width": 64, "height": 48}
-              for k in range(5)]
+              for k in range(8)]
     coco = _coco(tmp_path, anns, images)
     convert(tmp_path / "src", tmp_path / "ds", coco=str(coco), workers=0, progress=False)
     ds = Dataset(tmp_path / "ds")
@@ -101,6 +104,11 @@ def test_bad_annotations_reject_their_image_naming_id_and_reason(tmp_path):
                                     "categories"
     assert rejects["instances.json:annotation 11"].endswith(
         "annotation 11: image_id 99 is not an image of the file")
+    assert rejects["imgs/5.jpg"].startswith("annotation 14: bbox [1000000000")
+    assert rejects["imgs/5.jpg"].endswith("holds an integer beyond 2^53 pixels")
+    assert rejects["imgs/6.jpg"] == "annotation 15: bbox [1, 1, 1, '1'] is not 4 numbers " \
+                                    "(x, y, width, height)"
+    assert rejects["imgs/7.jpg"] == "annotation 16: iscrowd True, expected 0 or 1"
     assert list(_by_path(ds)) == ["imgs/4.jpg"]
     with pytest.raises(ConversionError, match="annotation 7: box .* lies outside"):
         convert(tmp_path / "src", tmp_path / "ds2", coco=str(coco), workers=0,
