@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +27,7 @@ from dlpack_io.reader.format.schema import MAX_JSON_DEPTH
 
 log = logging.getLogger(__name__)
 
+SAFE_RECURSION_LIMIT = 10_000  # C stack the JSON decoder may use before a RecursionError
 MAX_COCO_BYTES = 4 * 2**30  # a COCO file is parsed whole; 4 GiB is 9x COCO train2017's
 _STEP = np.zeros(256, dtype=np.int8)
 _STEP[[ord("["), ord("{")]], _STEP[[ord("]"), ord("}")]] = 1, -1
@@ -68,13 +70,20 @@ def load_coco(path) -> dict:
                          f"the file or convert from a JSON Lines list")
     with open(path, "rb") as f:
         data = f.read()
-    depth = json_depth_large(data)
-    if depth > MAX_JSON_DEPTH:
-        raise ValueError(f"--coco {path}: JSON nested {depth} levels, at most "
-                         f"{MAX_JSON_DEPTH}: not a COCO file")
+    # Python's JSON decoder stops at the recursion limit with a RecursionError; only where
+    # something raised that limit high could deep nesting overflow the C stack, so only
+    # then is the depth measured first (it costs about as much as the parse itself)
+    if sys.getrecursionlimit() > SAFE_RECURSION_LIMIT:
+        depth = json_depth_large(data)
+        if depth > MAX_JSON_DEPTH:
+            raise ValueError(f"--coco {path}: JSON nested {depth} levels, at most "
+                             f"{MAX_JSON_DEPTH}: not a COCO file")
     try:
         obj = json.loads(data)
-    except (ValueError, RecursionError) as exc:
+    except RecursionError:
+        raise ValueError(f"--coco {path}: JSON nested deeper than Python's recursion limit "
+                         f"({sys.getrecursionlimit()}): not a COCO file") from None
+    except ValueError as exc:
         raise ValueError(f"--coco {path}: not valid JSON ({str(exc)[:120]})") from None
     if not isinstance(obj, dict) or not isinstance(obj.get("images"), list) \
             or not isinstance(obj.get("annotations", []), list) \

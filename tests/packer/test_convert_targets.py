@@ -116,7 +116,7 @@ def test_bad_annotations_reject_their_image_naming_id_and_reason(tmp_path):
 
 
 @pytest.mark.parametrize("text, match", [
-    ("[" * 100_000 + "]" * 100_000, "nested 100000 levels"),
+    ("[" * 100_000 + "]" * 100_000, "nested deeper than Python's recursion limit"),
     ('{"images": 3}', "expected an object with lists"),
     ('{"images": [], "categories": [{"id": 1, "name": "a"}, {"id": 1, "name": "b"}]}',
      r"categories\[1\]"),
@@ -257,3 +257,21 @@ def test_resizing_options_are_refused_with_targets(tmp_path):
     with pytest.raises(ValueError, match="--size / --max-side would resize the image"):
         convert(tmp_path / "src", tmp_path / "ds", coco=str(coco), max_side=32, workers=0,
                 progress=False)
+
+
+def test_deep_coco_is_measured_before_parsing_where_the_recursion_limit_is_high(
+        tmp_path, monkeypatch):
+    import sys
+
+    from dlpack_io.packer import coco
+
+    monkeypatch.setattr(coco, "_CHUNK", 4096)  # several chunks, a carry across each
+    (tmp_path / "src").mkdir()
+    # a string of brackets ending in an escaped backslash, then the real nesting
+    text = '{"images": [], "x": "' + "[" * 9000 + chr(92) * 2 + '"}' + "[" * 100_000 \
+        + "]" * 100_000
+    (tmp_path / "deep.json").write_text(text)
+    monkeypatch.setattr(sys, "getrecursionlimit", lambda: 1_000_000)  # never parsed
+    with pytest.raises(ValueError, match="deep.json: JSON nested 100000 levels"):
+        convert(tmp_path / "src", tmp_path / "ds", coco=str(tmp_path / "deep.json"),
+                workers=0, progress=False)
