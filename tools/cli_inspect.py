@@ -63,6 +63,10 @@ def inspect(dst, shard, sample, grid, augmented, grid_count, order, shuffle, epo
                                    seed=seed, **limit)
             text = f"wrote {data['path']} ({data['width']}x{data['height']}, " \
                    f"{render.plural(len(data['samples']), 'image')} as the Loader yields them)"
+            if data["masks_not_moved"]:
+                text += (f"\nWARNING: {render.plural(data['masks_not_moved'], 'mask')} not of "
+                         f"the size of the image after the transforms (not drawn): this "
+                         f"Loader does not move masks with the image")
         elif grid:
             data = inspection.contact_sheet(dst, grid, count=grid_count, seed=seed, **limit)
             text = f"wrote {data['path']} ({data['width']}x{data['height']}, " \

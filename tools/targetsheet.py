@@ -130,12 +130,14 @@ def augmented_sheet(path, out_png, *, count: int = 48, cell: int = 160, columns:
     cat_names = ds.fields.get("categories", {}).get("names")
     rows = (len(indices) + columns - 1) // columns
     sheet = Image.new("RGB", (columns * cell, rows * (cell + 16)), "white")
-    draw, boxes = ImageDraw.Draw(sheet), []
+    draw, boxes, unmoved = ImageDraw.Draw(sheet), [], 0
     for n, i in enumerate(indices):
         pixels = _hwc_uint8(got["image"][n])
         thumb = Image.fromarray(pixels)
         thumb.thumbnail((cell, cell))
         fields = {k: _per_sample(got.get(k), n) for k in TARGET_FIELDS}
+        if fields["mask"] is not None and tuple(fields["mask"].shape) != pixels.shape[:2]:
+            unmoved += 1  # a mask that did not follow the image's geometry: not drawn
         thumb, drawn = decorate(thumb, fields, cat_names, (pixels.shape[1], pixels.shape[0]))
         x, y = (n % columns) * cell, (n // columns) * (cell + 16)
         left, top = x + (cell - thumb.width) // 2, y + (cell - thumb.height) // 2
@@ -145,4 +147,4 @@ def augmented_sheet(path, out_png, *, count: int = 48, cell: int = 160, columns:
     sheet.save(out_png)
     return {"path": os.path.abspath(out_png), "samples": [int(i) for i in indices],
             "width": sheet.width, "height": sheet.height, "boxes": boxes,
-            "fields": [n for n in names if n in TARGET_FIELDS]}
+            "fields": [n for n in names if n in TARGET_FIELDS], "masks_not_moved": unmoved}

@@ -64,5 +64,10 @@ def test_augmented_grid_draws_what_the_loader_yields(tmp_path):
     assert data["samples"] == [0] and data["fields"] == ["boxes", "categories", "mask"]
     assert Image.open(out).size == (data["width"], data["height"]) == (1280, 176)
     assert len(data["boxes"]) == 1 and len(data["boxes"][0]) <= 1  # a crop may remove it
+    # a mask the Loader did not move (not the 224 x 224 of the image) is named, not drawn
+    assert data["masks_not_moved"] in (0, 1)
+    text = CliRunner().invoke(main, ["inspect", ds, "--grid", str(out), "--augmented"]).output
+    assert ("WARNING: 1 mask not of the size of the image after the transforms" in text) \
+        == (data["masks_not_moved"] == 1)
     result = CliRunner().invoke(main, ["inspect", ds, "--augmented"])
     assert result.exit_code != 0 and "give --grid FILE too" in result.output
