@@ -275,3 +275,16 @@ def test_deep_coco_is_measured_before_parsing_where_the_recursion_limit_is_high(
     with pytest.raises(ValueError, match="deep.json: JSON nested 100000 levels"):
         convert(tmp_path / "src", tmp_path / "ds", coco=str(tmp_path / "deep.json"),
                 workers=0, progress=False)
+
+
+def test_skip_empty_with_a_list(tmp_path):
+    src = tmp_path / "src"
+    for k in range(3):
+        _image(src / f"{k}.jpg", 32, 16)
+    lines = [{"path": f"{k}.jpg", "boxes": [[1, 1, 2, 2]] * k, "categories": [1] * k}
+             for k in range(3)]
+    (tmp_path / "l.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
+    convert(src, tmp_path / "ds", list_file=str(tmp_path / "l.jsonl"), skip_empty=True,
+            workers=0, progress=False)
+    got = _by_path(Dataset(tmp_path / "ds"))
+    assert sorted(got) == ["1.jpg", "2.jpg"] and got["2.jpg"]["boxes"].shape == (2, 4)
