@@ -8,7 +8,7 @@ Cheap to import: every public name is imported on first use, so a process that n
 the byte spec (the packer's workers, the ``dlpack`` command's option lists: they import
 ``dlpack_io.reader.format``) does not pay for the Dataset, the Loader or torch.
 """
-__all__ = ["Dataset", "Loader", "LoaderOptions", "LoaderStats", "FormatError", "LoaderError",
+__all__ = ["Dataset", "Mixture", "Loader", "LoaderOptions", "LoaderStats", "FormatError", "LoaderError",
            "LoaderTimeout", "SampleError", "WorkerError", "Resize", "RandomResizedCrop",
            "RandomCrop", "CenterCrop", "RandomHorizontalFlip", "RandomVerticalFlip",
            "ColorJitter", "Normalize", "RandomErasing", "MixUp", "CutMix", "SampleTransform",
@@ -16,7 +16,8 @@ __all__ = ["Dataset", "Loader", "LoaderOptions", "LoaderStats", "FormatError", "
 
 _TRANSFORMS = "dlpack_io.reader.batch.transforms"
 _ERRORS = "dlpack_io.reader.batch.errors"
-_LAZY = {"Dataset": "dlpack_io.reader.dataset", "FormatError": "dlpack_io.reader.format",
+_LAZY = {"Dataset": "dlpack_io.reader.dataset", "Mixture": "dlpack_io.reader.mixture",
+         "FormatError": "dlpack_io.reader.format",
          "Loader": "dlpack_io.reader.batch.loader", "LoaderOptions": "dlpack_io.reader.batch.options",
          "LoaderStats": "dlpack_io.reader.batch.stats",
          "SampleTransform": "dlpack_io.reader.batch.sampleio",
