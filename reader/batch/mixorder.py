@@ -15,8 +15,8 @@ Set ``s`` of ``n`` samples draws ``q = counts[s]`` samples an epoch:
     different samples, and a tour of L epochs reads ``L*r`` distinct samples (every one of
     them when r divides n; the few left over differ from tour to tour).
 The permutations are ``shuffle``'s: "global" a uniform one, "block" the shard-block order of
-order.py over the set's own shards, None storage order (the windows then rotate through the
-set).
+order.py over the set's own shards. Without shuffle the copies are in storage order and the
+``r`` more are the window ``[e*r, (e+1)*r)`` modulo n, rotating through the set.
 
 Interleave (stratified): the i-th sample of set s gets the key ``(i + u) / q`` with ``u``
 uniform in [0, 1) (0.5 without shuffle) and the epoch is all samples sorted by key, so every
@@ -63,7 +63,9 @@ def set_draw(n: int, count: int, s: int, *, shuffle, seed: int, epoch: int, shar
     copies, rest = divmod(count, n) if n else (0, 0)
     parts = [_permutation(n, shuffle, seed, epoch, _SALT_COPY, s, c, sizes, block_size, window)
              for c in range(copies)]
-    if rest:
+    if rest and shuffle is None:  # storage order: a window rotating through the set
+        parts.append((np.arange(rest, dtype=np.int64) + int(epoch) * rest % n) % n)
+    elif rest:
         per_tour = n // rest
         tour, j = divmod(epoch, per_tour)
         perm = _permutation(n, shuffle, seed, tour, _SALT_TOUR, s, 0, sizes, block_size, window)
