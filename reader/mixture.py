@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from fractions import Fraction
 
 import numpy as np
@@ -36,7 +37,9 @@ def _check_weights(weights, count: int) -> list[Fraction]:
         if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(w) \
                 or w < 0:
             raise ValueError(f"Mixture: weight {w!r} of set {s}: expected a finite number >= 0")
-        out.append(Fraction(w))
+        # as written: 0.7 is 7/10 (not the binary float just below), so shares of decimal
+        # weights round as the decimals say
+        out.append(Fraction(w) if isinstance(w, numbers.Rational) else Fraction(str(float(w))))
     if sum(out) <= 0:
         raise ValueError(f"Mixture: weights {list(weights)} add up to 0; at least one set "
                          f"needs a positive weight")
@@ -76,15 +79,18 @@ class Mixture:
     (``weights[s]`` of ``samples_per_epoch``, largest-remainder rounding), a set smaller
     than its share repeated, a larger one subsampled without replacement.
 
-    ``weights``: one number >= 0 per set (normalised; default: proportional to the sets'
-    sizes). Epoch length: ``samples_per_epoch=N`` or ``epoch=`` "sum" (default), "largest"
+    ``datasets``: Dataset objects (or paths / URLs, opened with the defaults). ``weights``:
+    one number >= 0 per set (normalised; default: proportional to the sets' sizes). Epoch length: ``samples_per_epoch=N`` or ``epoch=`` "sum" (default), "largest"
     or "smallest" (see ``epoch_length``). ``classes``: None keeps each set's labels,
     "union" or a list remaps them by name (reader/mixlabels.py).
     """
 
     def __init__(self, datasets, weights=None, *, samples_per_epoch=None, epoch=None,
                  classes=None):
-        self.datasets = list(datasets)
+        if isinstance(datasets, (str, os.PathLike, Dataset)):
+            raise TypeError(f"Mixture({datasets!r}): expected a list of data sets")
+        self.datasets = [Dataset(ds) if isinstance(ds, (str, os.PathLike)) else ds
+                         for ds in datasets]
         self._check_sets()
         self.sizes = tuple(len(ds) for ds in self.datasets)
         exact = _check_weights(list(self.sizes) if weights is None else list(weights),

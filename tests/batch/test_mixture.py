@@ -175,7 +175,16 @@ def test_bad_arguments_are_refused_with_the_fix(sets):
         Mixture([a, b], samples_per_epoch=0)
     with pytest.raises(ValueError, match="indices"):
         Loader(Mixture([a, b]), batch_size=4, indices=[0, 1])
+    with pytest.raises(TypeError, match="does not nest"):
+        Mixture([a, Mixture([b])])
+    with pytest.raises(TypeError, match="a list of data sets"):
+        Mixture(a.path)
     assert Mixture([a, b]).counts == (30, 12)                  # default: sizes, "sum"
+    assert Mixture([a.path, b.path], [0.25, 0.75], samples_per_epoch=2).counts == (1, 1)
+    assert Mixture([a, b], [1, 2], samples_per_epoch=10).counts == (3, 7)  # 3.33, 6.67
+    # decimal weights are taken as written: 0.15 x 10 = 1.5 ties 8.5, the lower set wins
+    # (the binary floats 0.1499.. and 0.8499.. would give 1 and 9)
+    assert Mixture([a, b], [0.15, 0.85], samples_per_epoch=10).counts == (2, 8)
     assert Mixture([a, b], [1, 1], epoch="largest").counts == (30, 30)
     assert Mixture([a, b], [1, 1], epoch="smallest").counts == (12, 12)
 
