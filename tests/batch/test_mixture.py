@@ -194,3 +194,17 @@ def test_a_mixture_pickles_to_the_same_shares(sets):
     back = pickle.loads(pickle.dumps(mix))
     assert (back.counts, back.classes, back.sizes) == (mix.counts, mix.classes, mix.sizes)
     assert "Mixture set 1: " in back.where(int(mix.offsets[1]) + 3 + mix.total)
+
+
+@pytest.mark.parametrize("workers,kind", [(0, "thread"), (2, "process")])
+def test_the_device_path_reads_the_same_samples(sets, workers, kind):
+    """device_transforms=True (the kernels' torch reference on the CPU): the gather path
+    finds every (set, index) in the mixture's shards as the host path does."""
+    mix = _mix(sets, classes="union")
+    loader = Loader(mix, batch_size=8, return_index=True, device_transforms=True,
+                    num_workers=workers, worker_kind=kind)
+    batches = _epoch(loader, 1)
+    assert np.bincount(np.concatenate([i for _, _, i in batches])[:, 0]).tolist() == [35, 15]
+    for x, y, i in batches:
+        assert x[:, 0, 0, 0].tolist() == [100 * s + j for s, j in i.tolist()]
+        assert y.tolist() == [j % 3 if s == 0 else (1, 3)[j % 2] for s, j in i.tolist()]
