@@ -80,8 +80,9 @@ class Mixture:
     than its share repeated, a larger one subsampled without replacement.
 
     ``datasets``: Dataset objects (or paths / URLs, opened with the defaults). ``weights``:
-    one number >= 0 per set (normalised; default: proportional to the sets' sizes). Epoch length: ``samples_per_epoch=N`` or ``epoch=`` "sum" (default), "largest"
-    or "smallest" (see ``epoch_length``). ``classes``: None keeps each set's labels,
+    one number >= 0 per set (normalised; default: proportional to the sets' sizes). Epoch
+    length: ``samples_per_epoch=N`` or ``epoch=`` "sum" (default), "largest" or "smallest"
+    (see ``epoch_length``). ``classes``: None keeps each set's labels,
     "union" or a list remaps them by name (reader/mixlabels.py).
     """
 
