@@ -235,6 +235,7 @@ class Loader(DataLoaderAttributes):
             clock.waited(now - since)  # inside next(): the loop waited for this batch
             since = now
             self.skipped.add(hb.skipped)
+            clock.delivered_sets(sources.set_counts(self.dataset, hb.indices))
             self._cursor = self._cursor[:3] + (k + 1, len(batches))
             if not len(hb.indices) and len(batches[k]):  # on_error="skip" left nothing
                 continue

@@ -3,7 +3,8 @@
 The Loader asks these few questions of its source and nothing else about its kind: what
 to read (``unwrap``), which fields it offers (``check_fields``), how many samples an epoch
 has and in which order (``epoch_items``, ``epoch_positions``), what a saved state must
-match (``identity``) and what ``return_index`` shows (``public_indices``).
+match (``identity``), what ``return_index`` shows (``public_indices``) and what
+``loader.stats()`` counts per set (``set_counts``).
 """
 from __future__ import annotations
 
@@ -79,3 +80,11 @@ def public_indices(dataset, indices):
         return indices
     sets, local, _ = dataset.split(indices)
     return np.stack([sets, local], axis=1).astype(np.int64)
+
+
+def set_counts(dataset, indices):
+    """Images of each set in a batch of a Mixture (``loader.stats().images_per_set``);
+    None for a Dataset."""
+    if not isinstance(dataset, Mixture):
+        return None
+    return np.bincount(dataset.split(indices)[0], minlength=len(dataset.datasets))

@@ -208,3 +208,19 @@ def test_the_device_path_reads_the_same_samples(sets, workers, kind):
     for x, y, i in batches:
         assert x[:, 0, 0, 0].tolist() == [100 * s + j for s, j in i.tolist()]
         assert y.tolist() == [j % 3 if s == 0 else (1, 3)[j % 2] for s, j in i.tolist()]
+
+
+def test_stats_count_the_images_of_each_set(sets):
+    mix = _mix(sets)
+    loader = Loader(mix, batch_size=8)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    assert sum(loader.stats().images_per_set) == 24
+    list(it)
+    stats = loader.stats()
+    assert stats.images_per_set == [35, 15] and "images per set 35, 15" in str(stats)
+    list(loader)
+    assert loader.stats().run.images_per_set == [70, 30]
+    assert loader.stats().as_dict()["images_per_set"] == [35, 15]
+    assert "images_per_set" not in Loader(sets[0], batch_size=8).stats().as_dict()
