@@ -74,6 +74,20 @@ def epoch_length(rule, weights, sizes) -> int:
         int(min(math.floor(r) for r in ratios))
 
 
+class Figures(list):
+    """A list of per-set figures (a fresh copy: changing it changes no Mixture) that also
+    compares equal to a tuple of the same values."""
+
+    def __eq__(self, other):
+        return list.__eq__(self, list(other) if isinstance(other, tuple) else other)
+
+    def __ne__(self, other):
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+    __hash__ = None
+
+
 class Mixture:
     """Data sets read as one: each epoch draws exactly ``counts[s]`` samples of set ``s``
     (``weights[s]`` of ``samples_per_epoch``, largest-remainder rounding), a set smaller
@@ -93,19 +107,19 @@ class Mixture:
         self.datasets = [Dataset(ds) if isinstance(ds, (str, os.PathLike)) else ds
                          for ds in datasets]
         self._check_sets()
-        self.sizes = tuple(len(ds) for ds in self.datasets)
-        exact = _check_weights(list(self.sizes) if weights is None else list(weights),
+        self._sizes = tuple(len(ds) for ds in self.datasets)
+        exact = _check_weights(list(self._sizes) if weights is None else list(weights),
                                len(self.datasets))
-        self.weights = tuple(float(w) for w in exact)
+        self._weights = tuple(float(w) for w in exact)
         self.samples_per_epoch = self._length(samples_per_epoch, epoch, exact)
         self.epoch_rule = epoch if samples_per_epoch is None else None
-        self.counts = tuple(largest_remainder(exact, self.samples_per_epoch))
+        self._counts = tuple(largest_remainder(exact, self.samples_per_epoch))
         for s, (n, q) in enumerate(zip(self.sizes, self.counts)):
             if q and not n:
                 raise ValueError(f"Mixture set {s} ({self.datasets[s].path}) is empty but its "
                                  f"weight asks {q} samples an epoch; give it weight 0")
-        self.offsets = np.concatenate([[0], np.cumsum(self.sizes)[:-1]]).astype(np.int64)
-        self.total = int(sum(self.sizes))
+        self.offsets = np.concatenate([[0], np.cumsum(self._sizes)[:-1]]).astype(np.int64)
+        self.total = int(sum(self._sizes))
         copies = max((-(-q // n) for n, q in zip(self.sizes, self.counts) if n), default=1)
         if (copies + 1) * max(self.total, 1) >= _INDEX_LIMIT:
             raise ValueError(f"Mixture: {self.samples_per_epoch} samples per epoch repeat a set "
@@ -134,7 +148,7 @@ class Mixture:
             raise ValueError(f"Mixture: samples_per_epoch={samples_per_epoch!r} and "
                              f"epoch={rule!r} both given; pass one of them")
         if samples_per_epoch is None:
-            n = epoch_length("sum" if rule is None else rule, exact, self.sizes)
+            n = epoch_length("sum" if rule is None else rule, exact, self._sizes)
         elif isinstance(samples_per_epoch, bool) or \
                 not isinstance(samples_per_epoch, numbers.Integral):
             raise ValueError(f"Mixture samples_per_epoch={samples_per_epoch!r}: expected an "
@@ -142,7 +156,7 @@ class Mixture:
         else:
             n = int(samples_per_epoch)
         if not 1 <= n <= MAX_SAMPLES_PER_EPOCH:
-            raise ValueError(f"Mixture: {n} samples per epoch (sets of {list(self.sizes)} "
+            raise ValueError(f"Mixture: {n} samples per epoch (sets of {list(self._sizes)} "
                              f"samples): expected 1 to {MAX_SAMPLES_PER_EPOCH}")
         return n
 
@@ -151,6 +165,21 @@ class Mixture:
         first = self.datasets[0].fields
         return {n: spec for n, spec in first.items()
                 if all(ds.fields.get(n) == spec for ds in self.datasets[1:])}
+
+    @property
+    def sizes(self) -> "Figures":
+        """Samples of each set."""
+        return Figures(self._sizes)
+
+    @property
+    def weights(self) -> "Figures":
+        """Each set's weight, normalised to sum to 1 (floats)."""
+        return Figures(self._weights)
+
+    @property
+    def counts(self) -> "Figures":
+        """Samples each set gives every epoch (they add up to ``samples_per_epoch``)."""
+        return Figures(self._counts)
 
     # ---- the Dataset face the Loader reads ---------------------------------------------
     def __len__(self) -> int:
@@ -238,5 +267,5 @@ class Mixture:
 
     def __repr__(self) -> str:
         sets = ", ".join(f"{ds.path!s} x{w:.3g} ({q} of {n})" for ds, w, q, n in
-                         zip(self.datasets, self.weights, self.counts, self.sizes))
+                         zip(self.datasets, self.weights, self.counts, self._sizes))
         return f"Mixture({sets}; {self.samples_per_epoch} samples per epoch)"

@@ -47,7 +47,9 @@ def _epoch(loader, epoch=None):
 def test_each_epoch_draws_the_exact_shares_with_the_right_samples(sets):
     mix = _mix(sets, classes="union")
     assert mix.counts == (35, 15) and mix.weights == (0.7, 0.3) and len(mix) == 50
-    assert mix.sizes == (30, 12) and mix.classes == ["cat", "dog", "owl", "emu"]
+    assert mix.sizes == [30, 12] and mix.classes == ["cat", "dog", "owl", "emu"]
+    mix.counts[0] = 1                                  # a copy: the mixture keeps its shares
+    assert mix.counts == [35, 15] and mix.weights == pytest.approx([0.7, 0.3])
     loader = Loader(mix, batch_size=8, return_index=True)
     for epoch in range(4):
         batches = _epoch(loader, epoch)
