@@ -3,6 +3,7 @@
 elastic resume, labels kept or remapped, and the errors at construction."""
 from __future__ import annotations
 
+import json
 import logging
 import pickle
 from collections import Counter
@@ -128,7 +129,7 @@ def test_resume_mid_epoch_exact_and_elastic(sets, new_world):
     later = []
     for r in range(new_world):
         ld = Loader(mix, rank=r, world_size=new_world, **opts)
-        ld.load_state_dict(pickle.loads(pickle.dumps(state)))
+        ld.load_state_dict(json.loads(json.dumps(state)))  # JSON-friendly
         later += _epoch(ld)
     rest = _pairs(later)
     assert sum(Counter(map(tuple, np.concatenate(done).tolist())).values()) == 24
