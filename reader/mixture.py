@@ -101,7 +101,7 @@ class Mixture:
     """
 
     def __init__(self, datasets, weights=None, *, samples_per_epoch=None, epoch=None,
-                 classes=None):
+                 classes=None, _resolved=None):
         if isinstance(datasets, (str, os.PathLike, Dataset)):
             raise TypeError(f"Mixture({datasets!r}): expected a list of data sets")
         self.datasets = [Dataset(ds) if isinstance(ds, (str, os.PathLike)) else ds
@@ -125,7 +125,8 @@ class Mixture:
             raise ValueError(f"Mixture: {self.samples_per_epoch} samples per epoch repeat a set "
                              f"{copies} times over {self.total} samples: too many to number; "
                              f"ask fewer samples_per_epoch")
-        self.classes, self._tables = resolve_classes(self.datasets, classes)
+        # a worker process's copy takes the owner's labels (no second warning per worker)
+        self.classes, self._tables = _resolved or resolve_classes(self.datasets, classes)
         self.shards = [sh for ds in self.datasets for sh in ds.shards]
         self._shard_offsets = np.concatenate(
             [[0], np.cumsum([len(ds.shards) for ds in self.datasets])]).astype(np.int64)
@@ -258,12 +259,13 @@ class Mixture:
             ds.close()
 
     def __getstate__(self):
-        return {"datasets": self.datasets, "args": self._args}
+        return {"datasets": self.datasets, "args": self._args,
+                "resolved": (self.classes, self._tables)}
 
     def __setstate__(self, state):
         weights, samples, rule, classes = state["args"]
         self.__init__(state["datasets"], weights, samples_per_epoch=samples, epoch=rule,
-                      classes=classes)
+                      classes=classes, _resolved=state.get("resolved"))
 
     def __repr__(self) -> str:
         sets = ", ".join(f"{ds.path!s} x{w:.3g} ({q} of {n})" for ds, w, q, n in
