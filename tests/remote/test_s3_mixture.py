@@ -55,3 +55,16 @@ def test_local_and_s3_sets_mix_as_on_disk(s3_env, packed, kind, num_workers):
     assert sum(int((i[:, 0] == 1).sum()) for i, _, _ in got) == 14
     session = remote._remote.session.dir  # the prefetch was closed with the epoch
     assert [f for _, _, fs in os.walk(session) for f in fs if f != ".lock"] == []
+
+
+def test_batches_without_a_sample_of_the_s3_set(s3_env, packed):
+    """A small share leaves most batches with nothing of the remote set: its prefetch gets
+    empty batches there and the epoch still reads every batch."""
+    a, b = packed
+    on_disk = Mixture([Dataset(a), Dataset(b)], weights=[0.95, 0.05], samples_per_epoch=60)
+    mixed = Mixture([Dataset(a), Dataset(URL)], weights=[0.95, 0.05], samples_per_epoch=60)
+    want, got = _epoch(on_disk, num_workers=2), _epoch(mixed, num_workers=2)
+    assert sum(1 for i, _, _ in got if not (i[:, 0] == 1).any()) >= 6   # empty for set 1
+    for (ia, xa, _), (ib, xb, _) in zip(want, got):
+        assert np.array_equal(ia, ib) and torch.equal(xa, xb)
+    assert sum(int((i[:, 0] == 1).sum()) for i, _, _ in got) == 3
