@@ -112,7 +112,7 @@ class Mixture:
                                len(self.datasets))
         self._weights = tuple(float(w) for w in exact)
         self.samples_per_epoch = self._length(samples_per_epoch, epoch, exact)
-        self.epoch_rule = epoch if samples_per_epoch is None else None
+        self.epoch_rule = (epoch or "sum") if samples_per_epoch is None else None
         self._counts = tuple(largest_remainder(exact, self.samples_per_epoch))
         for s, (n, q) in enumerate(zip(self.sizes, self.counts)):
             if q and not n:

@@ -183,6 +183,7 @@ def test_bad_arguments_are_refused_with_the_fix(sets):
     with pytest.raises(TypeError, match="a list of data sets"):
         Mixture(a.path)
     assert Mixture([a, b]).counts == (30, 12)                  # default: sizes, "sum"
+    assert (Mixture([a, b]).epoch_rule, _mix(sets).epoch_rule) == ("sum", None)
     assert Mixture([a.path, b.path], [0.25, 0.75], samples_per_epoch=2).counts == (1, 1)
     assert Mixture([a, b], [1, 2], samples_per_epoch=10).counts == (3, 7)  # 3.33, 6.67
     # decimal weights are taken as written: 0.15 x 10 = 1.5 ties 8.5, the lower set wins
