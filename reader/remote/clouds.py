@@ -7,8 +7,8 @@ are resolved, how a client is opened, how settings are shown in messages (secret
 out) and the words the error messages use.
 
 GCS, first found wins: ``storage_options`` (endpoint, service_account, service_account_key,
-application_credentials, bearer_token); ``STORAGE_EMULATOR_HOST`` (an emulator: anonymous
-requests to that address, as Google's own libraries do); then obstore's own chain, which
+application_credentials, bearer_token, anonymous); ``STORAGE_EMULATOR_HOST`` (an emulator:
+anonymous requests to that address, as Google's own libraries do); then obstore's own chain, which
 reads ``GOOGLE_SERVICE_ACCOUNT`` / ``GOOGLE_SERVICE_ACCOUNT_PATH``,
 ``GOOGLE_SERVICE_ACCOUNT_KEY``, ``GOOGLE_APPLICATION_CREDENTIALS`` (else
 ``~/.config/gcloud/application_default_credentials.json``), ``GOOGLE_BASE_URL``, and finally
@@ -36,7 +36,7 @@ from dlpack_io.reader.remote import s3client
 log = logging.getLogger(__name__)
 
 GCS_KEYS = ("endpoint", "service_account", "service_account_key", "application_credentials",
-            "bearer_token", "allow_http")
+            "bearer_token", "anonymous", "allow_http")
 AZURE_KEYS = ("account_name", "account_key", "sas_token", "endpoint", "use_emulator",
               "connection_string", "allow_http")
 _SECRETS = ("secret_access_key", "session_token", "service_account_key", "bearer_token",
@@ -81,7 +81,9 @@ def _gcs_resolve(storage_options: dict | None) -> dict:
     if emulator and "endpoint" not in out and not out.keys() & {"service_account",
                                                                  "service_account_key"}:
         out["endpoint"] = emulator if "://" in emulator else f"http://{emulator}"
-        out["emulator"] = True
+        out["anonymous"] = True
+    if "endpoint" not in out and os.environ.get("GOOGLE_BASE_URL"):
+        out["endpoint"] = os.environ["GOOGLE_BASE_URL"]  # for allow_http and the messages
     return out
 
 
@@ -91,12 +93,13 @@ def _gcs_open(bucket: str, settings: dict, client: dict, retry: dict):
     config = {k: settings[k] for k in ("service_account", "service_account_key",
                                        "application_credentials", "bearer_token")
               if settings.get(k)}
-    if settings.get("emulator"):
-        # obstore reaches an emulator through a service account file that names the base
-        # URL and turns OAuth off (anonymous requests, as with STORAGE_EMULATOR_HOST)
+    if settings.get("anonymous"):
+        # obstore sends unsigned requests only through a service account file that names
+        # the base URL and turns OAuth off (as STORAGE_EMULATOR_HOST does for Google's
+        # own libraries)
         config["service_account_key"] = json.dumps({
-            "gcs_base_url": settings["endpoint"], "disable_oauth": True, "client_email": "",
-            "private_key": "", "private_key_id": ""})
+            "gcs_base_url": settings.get("endpoint") or "https://storage.googleapis.com",
+            "disable_oauth": True, "client_email": "", "private_key": "", "private_key_id": ""})
     elif settings.get("endpoint"):
         config["base_url"] = settings["endpoint"]
     return obstore.store.GCSStore(bucket, config=config, client_options=client,
@@ -126,6 +129,9 @@ def _azure_resolve(storage_options: dict | None) -> dict:
     text = given.pop("connection_string", None) or os.environ.get("AZURE_STORAGE_CONNECTION_STRING")
     from_string = parse_connection_string(text) if text else {}
     out = {**from_string, **given}
+    env_endpoint = os.environ.get("AZURE_STORAGE_ENDPOINT") or os.environ.get("AZURE_ENDPOINT")
+    if "endpoint" not in out and env_endpoint:
+        out["endpoint"] = env_endpoint  # obstore reads it too; here for allow_http, messages
     if "endpoint" not in out and (out.get("use_emulator") or os.environ.get(
             "AZURE_STORAGE_USE_EMULATOR", "").lower() in ("1", "true")):
         base = os.environ.get("AZURITE_BLOB_STORAGE_URL", "http://127.0.0.1:10000").rstrip("/")

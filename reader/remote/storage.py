@@ -100,7 +100,7 @@ class Store:
         resolved. Credentials found in this process's environment or files are left out:
         they are not sent over a cluster; each node uses its own."""
         shared = {k: self.options[k] for k in ("endpoint", "region", "allow_http",
-                                               "account_name", "use_emulator")
+                                               "account_name", "use_emulator", "anonymous")
                   if k in self.options}
         return {**shared, **self._given}
 

@@ -113,3 +113,31 @@ def test_bucket_names_are_checked_per_cloud(cloud_env):
         Dataset("az://Bad_Name/x")
     with pytest.raises(ValueError, match="GCS bucket name 'ab'"):
         Dataset("gs://ab/x")
+
+
+def _variants(server):
+    """Each cloud's usual ways of naming the endpoint and the credentials."""
+    from emulators import AZURITE_ACCOUNT, AZURITE_KEY
+
+    if hasattr(server, "shim"):  # GCS
+        host = server.endpoint.split("://", 1)[1]
+        return [({"STORAGE_EMULATOR_HOST": host}, None),  # host:port, as gcloud writes it
+                ({}, {"endpoint": server.endpoint, "anonymous": True})]
+    base = server.endpoint.rsplit("/", 1)[0]
+    return [({"AZURE_STORAGE_ACCOUNT_NAME": AZURITE_ACCOUNT, "AZURE_STORAGE_ACCOUNT_KEY": AZURITE_KEY,
+              "AZURE_STORAGE_ENDPOINT": server.endpoint}, None),
+            ({"AZURE_STORAGE_USE_EMULATOR": "true", "AZURITE_BLOB_STORAGE_URL": base}, None),
+            ({}, {"connection_string": server.env()["AZURE_STORAGE_CONNECTION_STRING"]})]
+
+
+def test_each_clouds_usual_variables_reach_it(cloud, folders, cloud_env, tmp_path, monkeypatch):
+    scheme, server = cloud
+    url = f"{scheme}://dlpack-test/variables/{tmp_path.name}"
+    convert(folders[0], url, shard_size="30KB", workers=1, progress=False)
+    for env, options in _variants(server):
+        for key in ("STORAGE_EMULATOR_HOST", "AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_"
+                    "ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_ENDPOINT"):
+            monkeypatch.delenv(key, raising=False)
+        cloud_env(env)
+        ds = Dataset(url, storage_options=options)
+        assert len(ds) == 24 and ds[5][1] == Dataset(folders[1])[5][1], (env, options)
