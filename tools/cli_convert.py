@@ -88,7 +88,7 @@ from dlpack_io.tools.cli_common import LazyChoice, echo_json, fail
                    "cluster on this machine with --workers CPUs.")
 @click.option("--resume", is_flag=True, help="Finish an interrupted conversion into DST.")
 @click.option("--staging", type=click.Path(file_okay=False),
-              help="DST s3://...: local folder for shards waiting to be uploaded (default: the "
+              help="DST s3://, gs:// or az://...: local folder for shards waiting to be uploaded (default: the "
                    "system temp folder; needs room for about two shards).")
 @click.option("--overwrite", is_flag=True, help="Replace a data set already in DST.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")

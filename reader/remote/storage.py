@@ -82,9 +82,18 @@ class Store:
 
     def _client(self):
         if self._store is None:
-            self._store = clouds.open_client(self.scheme, self.bucket, self.options,
-                                             request_timeout=self.policy.request_timeout,
-                                             connect_timeout=self.policy.connect_timeout)
+            try:
+                self._store = clouds.open_client(self.scheme, self.bucket, self.options,
+                                                 request_timeout=self.policy.request_timeout,
+                                                 connect_timeout=self.policy.connect_timeout)
+            except (ImportError, StorageError):
+                raise
+            except Exception as exc:  # settings obstore refuses: no request would help
+                hints = self.backend.hints
+                raise StorageError(f"{self.url}: cannot set up the {self.backend.service} "
+                                   f"client: {first_line(exc)}. Check the credentials "
+                                   f"({hints['credentials']}) and the endpoint "
+                                   f"({hints['endpoint']})") from None
             self._pid = os.getpid()
         elif self._pid != os.getpid():
             raise StorageError(f"{self.url}: network access from a forked process (pid "

@@ -104,3 +104,15 @@ def test_a_missing_manifest_in_an_existing_bucket_is_still_not_a_data_set(s3_ser
     assert report.exit_code == 3 and report.not_a_dataset
     with pytest.raises(FileNotFoundError, match="is not a dlpack data set"):
         Dataset("s3://dlpack-test/nothing-here")
+
+
+def test_settings_the_client_refuses_are_named_at_once_without_retries(cloud_env):
+    from dlpack_io.reader.remote.storage import StorageError
+
+    with pytest.raises(StorageError, match=r"az://dlpack-test/x: cannot set up the Azure Blob "
+                                           r"Storage client: .*Account must be specified.*"
+                                           r"AZURE_STORAGE_ACCOUNT_NAME") as caught:
+        Dataset("az://dlpack-test/x")  # no account anywhere
+    assert "attempts" not in str(caught.value)
+    report = verify("az://dlpack-test/x", progress=False)
+    assert report.exit_code == 4 and "cannot set up" in report.problems[0]["problem"]
