@@ -12,6 +12,7 @@ reader/remote/clouds.py), never secrets.
 """
 from __future__ import annotations
 
+import asyncio
 import re
 
 
@@ -83,8 +84,6 @@ def classify(exc: BaseException, op: str, hints: dict) -> tuple[bool, type, str]
     if isinstance(exc, ox.PreconditionError):
         return False, ObjectChangedError, ("The object was replaced since this data set was "
                                            "opened: open it again")
-    import asyncio
-
     if isinstance(exc, (asyncio.TimeoutError, TimeoutError, ConnectionError)) or \
             _UNREACHABLE_RE.search(_first_line(exc)):
         return True, EndpointUnreachableError, (f"Check that the endpoint is reachable and the "
@@ -95,7 +94,7 @@ def classify(exc: BaseException, op: str, hints: dict) -> tuple[bool, type, str]
 def what_failed(cls: type) -> str:
     """The failure in a few words, for the first line of a message."""
     return {EndpointUnreachableError: "endpoint unreachable",
-            CredentialsError: "credentials refused",
+            CredentialsError: "credentials refused (or none found)",
             BucketNotFoundError: "bucket or container does not exist"}.get(cls, "failed")
 
 
