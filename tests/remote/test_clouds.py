@@ -127,7 +127,8 @@ def _variants(server):
     return [({"AZURE_STORAGE_ACCOUNT_NAME": AZURITE_ACCOUNT, "AZURE_STORAGE_ACCOUNT_KEY": AZURITE_KEY,
               "AZURE_STORAGE_ENDPOINT": server.endpoint}, None),
             ({"AZURE_STORAGE_USE_EMULATOR": "true", "AZURITE_BLOB_STORAGE_URL": base}, None),
-            ({}, {"connection_string": server.env()["AZURE_STORAGE_CONNECTION_STRING"]})]
+            ({}, {"connection_string": server.env()["AZURE_STORAGE_CONNECTION_STRING"]}),
+            ({"AZURITE_BLOB_STORAGE_URL": base}, {"connection_string": "UseDevelopmentStorage=true"})]
 
 
 def test_each_clouds_usual_variables_reach_it(cloud, folders, cloud_env, tmp_path, monkeypatch):
@@ -136,7 +137,8 @@ def test_each_clouds_usual_variables_reach_it(cloud, folders, cloud_env, tmp_pat
     convert(folders[0], url, shard_size="30KB", workers=1, progress=False)
     for env, options in _variants(server):
         for key in ("STORAGE_EMULATOR_HOST", "AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_"
-                    "ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_ENDPOINT"):
+                    "ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_ENDPOINT",
+                    "AZURE_STORAGE_USE_EMULATOR", "AZURITE_BLOB_STORAGE_URL"):
             monkeypatch.delenv(key, raising=False)
         cloud_env(env)
         ds = Dataset(url, storage_options=options)
