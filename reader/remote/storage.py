@@ -218,8 +218,11 @@ class Store:
             return {"size": int(meta["size"]), "etag": meta.get("e_tag")}
         found = self._retry("HEAD", name, once)
         if found is None and not self._bucket_seen:
-            self._retry("LIST", "", lambda: next(iter(obstore.list(
-                self._client(), self.prefix or None, chunk_size=1)), None))
+            try:
+                self._retry("LIST", "", lambda: next(iter(obstore.list(
+                    self._client(), self.prefix or None, chunk_size=1)), None))
+            except CredentialsError:
+                pass  # may read but not list: the missing object is all we can tell
             self._bucket_seen = True
         return found
 
