@@ -44,8 +44,8 @@ from dlpack_io.tools.cli_common import DATASET, echo_json, fail
 def inspect(dst, shard, sample, grid, grid_count, order, shuffle, epoch, world_size, rank,
             batch_size, drop_last, seed, max_pixels, as_json, mix, weights, samples_per_epoch,
             mix_epoch):
-    """Summarise the packed data set in DST, a folder or s3://bucket/prefix (or one shard,
-    one sample, a contact sheet, or the sample order a Loader will read)."""
+    """Summarise the packed data set in DST, a folder or s3://, gs:// or az://bucket/prefix
+    (or one shard, one sample, a contact sheet, or the sample order a Loader will read)."""
     from dlpack_io.reader.format import DEFAULT_MAX_PIXELS, FormatError
     from dlpack_io.tools import inspection, render
 
