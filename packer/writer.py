@@ -19,6 +19,7 @@ from dlpack_io.packer.cutting import ShardCutter
 from dlpack_io.packer.finalize import build_manifest, write_dataset_files
 from dlpack_io.packer.options import PackOptions, parse_size
 from dlpack_io.packer.samples import encode_sample, first_schema, note_shapes
+from dlpack_io.packer.targets import target_schema, writer_targets
 from dlpack_io.packer.writers import open_writer
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,9 @@ class Writer:
         n = len(self._labels)
         where = f"{self.dst}: sample {n}"
         label = self._check_label(label, where)
-        schema = first_schema(fields, where) if self._schema is None else self._schema
+        fields, seg = writer_targets(image, fields, where, self.options.max_pixels)
+        schema = target_schema(first_schema(fields, where), seg) if self._schema is None \
+            else self._schema
         record, block, path = encode_sample(image, fields, schema,
                                             {"where": where, "encode": self._encode})
         self._schema = schema

@@ -63,6 +63,18 @@ from dlpack_io.tools.cli_common import LazyChoice, echo_json, fail
               help="Fields to pack beside image and label: sidecar files next to each image "
                    "(name.txt, .json, .cls, .npy: fields txt, json, cls, npy) or a list's "
                    "extra keys/columns. Default: every one found; 'none'; or e.g. txt,json.")
+@click.option("--coco", type=click.Path(exists=True, dir_okay=False), metavar="JSON",
+              help="COCO object detection annotations (instances_*.json): every image of the "
+                   "file, found under SRC by file_name, with fields boxes (float32 [N, 4] "
+                   "x0, y0, x1, y1 pixels of the upright image), categories (COCO ids; names "
+                   "in the manifest), iscrowd and image_id. A bad annotation rejects its "
+                   "image, naming the annotation id and the reason.")
+@click.option("--masks", "masks", type=click.Path(exists=True, file_okay=False), metavar="DIR",
+              help="Semantic masks: a tree mirroring SRC with one PNG label map per image "
+                   "(a/x.jpg -> DIR/a/x.png; modes P, L, I;16), stored losslessly as field "
+                   "mask. Without it, a sidecar x.mask.png beside x.jpg is the mask.")
+@click.option("--skip-empty", is_flag=True,
+              help="Leave out images without any box (default: packed with N = 0 boxes).")
 @click.option("--on-error", type=LazyChoice("dlpack_io.packer.options", "ON_ERROR"), default="skip", show_default=True,
               help="skip: list bad inputs in rejects.tsv and go on; fail: stop at the first.")
 @click.option("--max-rejects", default="0", show_default=True, metavar="N|P%",
@@ -88,21 +100,22 @@ from dlpack_io.tools.cli_common import LazyChoice, echo_json, fail
                    "cluster on this machine with --workers CPUs.")
 @click.option("--resume", is_flag=True, help="Finish an interrupted conversion into DST.")
 @click.option("--staging", type=click.Path(file_okay=False),
-              help="DST s3://...: local folder for shards waiting to be uploaded (default: the "
+              help="DST s3://, gs:// or az://...: local folder for shards waiting to be uploaded (default: the "
                    "system temp folder; needs room for about two shards).")
 @click.option("--overwrite", is_flag=True, help="Replace a data set already in DST.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def convert(src, dst, list_file, data_format, mode, size, max_side, quality, shard_size,
             workers, seed, shuffle, validate, restart_markers, non_jpeg, max_pixels, fields,
-            on_error, max_rejects, no_labels, no_provenance, engine, ray_address, resume,
+            coco, masks, skip_empty, on_error, max_rejects, no_labels, no_provenance, engine, ray_address, resume,
             staging, overwrite, quiet, as_json):
     """Pack the images under SRC (class sub-folders, --list, or --no-labels) into shards in
     DST. DST must lie outside SRC. Symlinks in SRC are followed (each real folder once) and
     counted in the summary.
 
-    DST may be s3://bucket/prefix (needs pip install 'dlpack-io[s3]'; credentials and endpoint
-    from the AWS_* variables or ~/.aws): each shard is uploaded as it is finished, the
+    DST may be s3://bucket/prefix, gs://bucket/prefix or az://container/prefix (needs pip
+    install 'dlpack-io[s3]'; credentials and endpoint from each cloud's usual variables, see
+    docs/remote.md): each shard is uploaded as it is finished, the
     manifest last, and the journal kept in the bucket so --resume works from any machine.
 
     Files and folders whose name starts with "." are skipped and counted in the summary.
@@ -126,7 +139,8 @@ def convert(src, dst, list_file, data_format, mode, size, max_side, quality, sha
                      format=data_format, mode=mode, size=size, max_side=max_side,
                      quality=quality, shard_size=shard_size, workers=workers, seed=seed,
                      shuffle=shuffle, validate=validate, jpeg_restarts=restart_markers,
-                     non_jpeg=non_jpeg, fields=fields,
+                     non_jpeg=non_jpeg, fields=fields, coco=coco, masks=masks,
+                     skip_empty=skip_empty,
                      **({"max_pixels": max_pixels} if max_pixels is not None else {}),
                      on_error=on_error, progress=not quiet, engine=engine,
                      ray_address=ray_address, **({"staging": staging} if staging else {}))

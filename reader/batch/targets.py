@@ -21,8 +21,9 @@ from __future__ import annotations
 import numpy as np
 
 from dlpack_io.reader.batch import targetgeometry as tg
-from dlpack_io.reader.batch.fieldbatch import DEFAULT_FIELDS, check_fields, collate
+from dlpack_io.reader.batch.fieldbatch import DEFAULT_FIELDS, collate
 from dlpack_io.reader.batch.padding import zero_padding
+from dlpack_io.reader.batch.sources import public_indices
 from dlpack_io.reader.samplefields import read_record_fields
 
 BOXES, MASK = "boxes", "mask"
@@ -43,24 +44,30 @@ def _refuse(spec, sample_transform, names) -> None:
                          f"pad transforms, but not {what}; leave it out for this Loader")
 
 
+def is_label_map(spec) -> bool:
+    """True when a ``"mask"`` field's spec is a label map that follows the image (a 2-D
+    uint8 / uint16 array); any other ``"mask"`` is an ordinary field, passed through."""
+    return spec.get("type") == "array" and spec.get("ndim") == 2 and \
+        spec.get("dtype") in MASK_DTYPES
+
+
 def check_targets(dataset, names, spec, sample_transform=None) -> None:
     """ValueError unless ``names``' targets can follow ``spec`` (schema and transforms)."""
     schema = dataset.fields
-    targets = [n for n in names if n in schema and (n in (BOXES, MASK) or n in PER_BOX_FIELDS)]
+    targets = [n for n in names if n in schema and (n == BOXES or n in PER_BOX_FIELDS or
+                                                    n == MASK and is_label_map(schema[n]))]
     if not targets:
         return
     _refuse(spec, sample_transform, tuple(names))
     for name in targets:
         s = schema[name]
         ndim = s.get("ndim")
-        ok = s["type"] == "array" and (
-            ndim == 2 and s["dtype"] in MASK_DTYPES if name == MASK else
+        ok = name == MASK or s["type"] == "array" and (
             ndim == 2 and (s.get("shape") is None or s["shape"][1] == 4) if name == BOXES else
             isinstance(ndim, int) and ndim >= 1)
         if not ok:
-            want = {MASK: "a 2-D uint8 or uint16 array (H x W)",
-                    BOXES: "a float array of shape [N, 4] (x0, y0, x1, y1)"}.get(
-                name, "an array with one row per box")
+            want = "a float array of shape [N, 4] (x0, y0, x1, y1)" if name == BOXES else \
+                "an array with one row per box"
             raise ValueError(f"{dataset.path}: field {name!r} is {s}; as a detection target "
                              f"it must be {want}")
 
@@ -78,7 +85,7 @@ class Assembler:
         schema = dataset.fields
         self.per_box = tuple(n for n in self.names if n in PER_BOX_FIELDS and n in schema
                              and BOXES in schema)
-        self.mask = MASK in self.names and MASK in schema
+        self.mask = MASK in self.names and MASK in schema and is_label_map(schema[MASK])
         self.boxes = BOXES in self.names and BOXES in schema
         self.geometric = self.boxes or self.mask or bool(self.per_box) or bool(spec.pad)
         extra = [n for n in self.names if n not in DEFAULT_FIELDS]
@@ -88,7 +95,7 @@ class Assembler:
     def __call__(self, images, labels, indices, epoch: int) -> tuple:
         """(fields in order[, true sizes][, indices]) of one delivered batch."""
         out = (images, labels) if self.plain else self._fields(images, labels, indices, epoch)
-        return (*out, indices) if self.return_index else out
+        return (*out, public_indices(self.dataset, indices)) if self.return_index else out
 
     def _fields(self, images, labels, indices, epoch: int) -> tuple:
         import torch
@@ -99,7 +106,7 @@ class Assembler:
                 if self.read else {}
                 for i, k, j in zip(indices.tolist(), shard_ids.tolist(), local.tolist())]
         out = {n: collate([r[n] for r in rows], self.dataset.fields[n], device)
-               for n in self.read if n not in (BOXES, MASK) + self.per_box}
+               for n in self.read if n not in (BOXES,) + (MASK,) * self.mask + self.per_box}
         sizes = None
         if self.geometric:
             params = self.spec.draw(self.seed, epoch, indices, entries["height"],
