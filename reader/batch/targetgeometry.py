@@ -35,18 +35,18 @@ def sample_geometry(params, on_device: bool):
     return src, sizes
 
 
-def map_boxes(boxes: np.ndarray, src, size, flip_h: bool, flip_v: bool) -> np.ndarray:
-    """(n, 4) float64 boxes (x0, y0, x1, y1) after the crop/resize ``src`` -> ``size``,
-    clipped to the output and flipped."""
-    top, left, bh, bw = (float(v) for v in src)
-    oh, ow = float(size[0]), float(size[1])
+def map_boxes(boxes: np.ndarray, owner: np.ndarray, src, sizes, flip_h, flip_v) -> np.ndarray:
+    """(n, 4) float64 boxes (x0, y0, x1, y1) of a whole batch after their sample's crop /
+    resize ``src[owner]`` -> ``sizes[owner]``, clipped to the output and flipped (one
+    vectorised pass; ``owner`` is each box's row in the batch)."""
     b = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
-    x = np.clip((b[:, 0::2] - left) * (ow / bw), 0.0, ow)
-    y = np.clip((b[:, 1::2] - top) * (oh / bh), 0.0, oh)
-    if flip_h:
-        x = ow - x[:, ::-1]
-    if flip_v:
-        y = oh - y[:, ::-1]
+    top, left, bh, bw = (np.asarray(src, np.float64)[owner, k][:, None] for k in range(4))
+    oh = np.asarray(sizes, np.float64)[owner, 0][:, None]
+    ow = np.asarray(sizes, np.float64)[owner, 1][:, None]
+    x = np.minimum(np.maximum((b[:, 0::2] - left) * (ow / bw), 0.0), ow)
+    y = np.minimum(np.maximum((b[:, 1::2] - top) * (oh / bh), 0.0), oh)
+    x = np.where(np.asarray(flip_h, bool)[owner][:, None], ow - x[:, ::-1], x)
+    y = np.where(np.asarray(flip_v, bool)[owner][:, None], oh - y[:, ::-1], y)
     return np.stack([x[:, 0], y[:, 0], x[:, 1], y[:, 1]], axis=1)
 
 

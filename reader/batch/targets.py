@@ -140,24 +140,31 @@ class Assembler:
 
     def _boxes(self, rows, geo, indices, device) -> dict:
         """name -> list of per-sample tensors for "boxes" and the per-box fields."""
+        if not rows:
+            return {n: [] for n in self.per_box + (BOXES,) * self.boxes}
         src, sizes, fh, fv = geo
-        mapped, columns = [], {n: [] for n in self.per_box}
-        for i, row in enumerate(rows):
-            b = self._box_rows(row[BOXES], indices[i])
-            m = tg.map_boxes(b, src[i], sizes[i], bool(fh[i]), bool(fv[i]))
-            keep = tg.kept(m)
-            mapped.append(m[keep].astype(np.float32))
-            for n in self.per_box:
-                v = np.asarray(row[n])
-                if v.shape[:1] != (len(b),):
-                    raise ValueError(f"{self._where(indices[i])}: field {n!r} has "
-                                     f"{v.shape[:1] or 'no'} rows for {len(b)} boxes; a "
-                                     f"per-box field needs one row per box")
-                columns[n].append(v[keep])
-        out = {n: _split(v, device) for n, v in columns.items()}
+        boxes = [self._box_rows(row[BOXES], indices[i]) for i, row in enumerate(rows)]
+        counts = np.array([len(b) for b in boxes], dtype=np.int64)
+        owner = np.repeat(np.arange(len(boxes)), counts)
+        mapped = tg.map_boxes(np.concatenate(boxes) if boxes else np.zeros((0, 4)), owner,
+                              src, sizes, fh, fv)
+        keep = tg.kept(mapped)
+        kept_counts = np.bincount(owner[keep], minlength=len(boxes)).tolist()
+        out = {n: _split(np.concatenate(self._column(rows, n, counts, indices))[keep],
+                         kept_counts, device) for n in self.per_box}
         if self.boxes:
-            out[BOXES] = _split(mapped, device)
+            out[BOXES] = _split(mapped[keep].astype(np.float32), kept_counts, device)
         return out
+
+    def _column(self, rows, name: str, counts, indices) -> list:
+        """The per-box field ``name`` of every sample, checked to hold one row per box."""
+        values = [np.asarray(row[name]) for row in rows]
+        for i, v in enumerate(values):
+            if v.shape[:1] != (int(counts[i]),):
+                raise ValueError(f"{self._where(indices[i])}: field {name!r} has "
+                                 f"{v.shape[:1] or 'no'} rows for {int(counts[i])} boxes; a "
+                                 f"per-box field needs one row per box")
+        return values
 
     def _masks(self, rows, geo, entries, indices, out_size, device):
         """The (B, OH, OW) mask batch on ``device``."""
@@ -185,11 +192,10 @@ class Assembler:
                                    self.fill, validate=False)
 
 
-def _split(arrays: list, device) -> list:
-    """Per-sample arrays as a list of tensors on ``device`` (one copy for the batch)."""
+def _split(whole: np.ndarray, counts: list, device) -> list:
+    """Rows of ``whole`` as a list of per-sample tensors on ``device`` (one copy)."""
     import torch
 
-    if not arrays:
+    if not counts:
         return []
-    whole = torch.from_numpy(np.ascontiguousarray(np.concatenate(arrays))).to(device)
-    return list(torch.split(whole, [len(a) for a in arrays]))
+    return list(torch.split(torch.from_numpy(np.ascontiguousarray(whole)).to(device), counts))
