@@ -16,9 +16,10 @@ import datetime
 import hashlib
 import os
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from dlpack_io.packer.dstfiles import kept_shard_meta
 from dlpack_io.packer.names import shown
 from dlpack_io.packer.options import PackOptions
 from dlpack_io.packer.pipeline import ConversionError
@@ -54,6 +55,24 @@ def parse_base(data: bytes, where: str) -> dict:
         return fmt.validate_manifest(fmt.decode_json(data, where), where)
     except fmt.FormatError as exc:
         raise ConversionError(f"{exc}; run 'dlpack verify' on it, or convert again") from None
+
+
+def shard_metas(dst: str, shards: list) -> list:
+    """(shard entry, its metadata or None) of every shard of the data set at ``dst``.
+
+    py-lmdb refuses to open an LMDB file twice in one process, so the shards a Dataset of
+    this process holds open are read again by one fresh (spawned) process."""
+    metas = [kept_shard_meta(dst, s) for s in shards]
+    again = [s for s, m in zip(shards, metas) if m is None and
+             s["name"].endswith(fmt.SHARD_SUFFIX["lmdb"])]
+    if again:
+        import multiprocessing
+
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            found = dict(zip([s["name"] for s in again],
+                             pool.map(kept_shard_meta, [dst] * len(again), again)))
+        metas = [found.get(s["name"], m) for s, m in zip(shards, metas)]
+    return list(zip(shards, metas))
 
 
 def known_inputs(metas) -> dict:

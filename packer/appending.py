@@ -20,7 +20,7 @@ import numpy as np
 
 from dlpack_io.packer import appendbase as base_
 from dlpack_io.packer import finalize, journal
-from dlpack_io.packer.dstfiles import check_src_dst, clear_outputs, kept_shard_meta
+from dlpack_io.packer.dstfiles import check_src_dst, clear_outputs
 from dlpack_io.packer.engines import engine_context
 from dlpack_io.packer.fieldsource import check_engine_fields
 from dlpack_io.packer.names import shown
@@ -84,7 +84,7 @@ def convert_append(src, dst, *, list_file=None, resume: bool = False, overwrite:
     try:
         base = base_.read_base(dst)  # under the lock: another append may have just landed
         check_no_journal(dst, journal.read_journal(dst)[0], resume)
-        metas = [(s, kept_shard_meta(dst, s)) for s in base["shards"]]
+        metas = base_.shard_metas(dst, base["shards"])
         app = plan_append(src, list_file, labels, options, base, metas)
         check_engine_fields(src, engine, app.inputs)
         if not app.inputs.paths:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 
 from dlpack_io.packer import appendbase as base_
-from dlpack_io.packer.dstfiles import kept_shard_meta
 from dlpack_io.packer.names import shown
 
 
@@ -27,7 +26,7 @@ class AppendBase:
         self.classes = [str(c) for c in classes] if classes is not None else old
         self.fields = m.get("fields") or None
         self.has_label = bool(old)  # a data set without classes takes no labels
-        self.known = base_.known_inputs((s, kept_shard_meta(dst, s)) for s in m["shards"])
+        self.known = base_.known_inputs(base_.shard_metas(dst, m["shards"]))
         self.duplicates = 0
 
     @property
