@@ -28,7 +28,6 @@ from dlpack_io.packer.packing import State, plan_inputs, prepare_inputs
 from dlpack_io.packer.pipeline import ConversionError
 from dlpack_io.packer.resumestate import resume_state
 from dlpack_io.reader import format as fmt
-from dlpack_io.reader.remote.urls import is_remote
 
 log = logging.getLogger(__name__)
 CHANGED_SHOWN = 20  # changed paths named in the summary (all are counted)
@@ -59,17 +58,7 @@ def convert_append(src, dst, *, list_file=None, resume: bool = False, overwrite:
                    ray_address=None, replace_changed: bool = False, **options) -> dict:
     """Append the inputs of ``src`` not yet in the data set at ``dst``; the summary dict
     of convert() plus ``append`` (what was added, skipped and reported)."""
-    if overwrite:
-        raise ConversionError(f"{dst}: --append adds to the data set there and --overwrite "
-                              f"replaces it; use one or the other")
-    if replace_changed:
-        raise ConversionError(REPLACE_REFUSED.format(where=dst))
-    if is_remote(dst):
-        from dlpack_io.packer.upload_append import append_remote
-
-        return append_remote(src, dst, list_file=list_file, resume=resume, labels=labels,
-                             provenance=provenance, engine=engine, ray_address=ray_address,
-                             **options)
+    check_request(dst, overwrite, replace_changed)
     if options.pop("staging", None) is not None:
         raise ValueError("--staging is for s3:// destinations (shards waiting for upload)")
     check_src_dst(src, dst)
@@ -93,6 +82,15 @@ def convert_append(src, dst, *, list_file=None, resume: bool = False, overwrite:
             return _append_locked(dst, base, app, pack, engine, provenance)
     finally:
         lock.release(remove=True)
+
+
+def check_request(dst, overwrite: bool, replace_changed: bool) -> None:
+    """Refuse what an append cannot do (both destinations, before anything is read)."""
+    if overwrite:
+        raise ConversionError(f"{dst}: --append adds to the data set there and --overwrite "
+                              f"replaces it; use one or the other")
+    if replace_changed:
+        raise ConversionError(REPLACE_REFUSED.format(where=dst))
 
 
 def check_no_journal(where: str, plan, resume: bool) -> None:

@@ -60,6 +60,18 @@ def _remove_if_empty(dst: str) -> None:
         pass
 
 
+def _other_route(dst, append: bool):
+    """What converts into ``dst`` unless it is a new local data set: an append
+    (appending.py; upload_append.py for s3://) or an s3:// DST (upload.py); else None."""
+    if not (append or is_remote(dst)):
+        return None
+    from dlpack_io.packer import appending, upload, upload_append
+
+    if append:
+        return upload_append.append_remote if is_remote(dst) else appending.convert_append
+    return upload.convert_remote
+
+
 def convert(src, dst, *, list_file=None, resume: bool = False, overwrite: bool = False,
             labels: bool = True, provenance: bool = True, engine: str = "local",
             ray_address: str | None = None, append: bool = False, **options) -> dict:
@@ -75,10 +87,9 @@ def convert(src, dst, *, list_file=None, resume: bool = False, overwrite: bool =
     the file and the fix when the job cannot complete; a run that completed no shard
     leaves nothing behind, so the advice is to run it again. ``append``: appending.py.
     """
-    if append or is_remote(dst):  # appending.py; s3://bucket/prefix: upload.py
-        from dlpack_io.packer import appending, upload
-
-        return (appending.convert_append if append else upload.convert_remote)(
+    route = _other_route(dst, append)
+    if route is not None:
+        return route(
             src, dst, list_file=list_file, resume=resume, overwrite=overwrite, labels=labels,
             provenance=provenance, engine=engine, ray_address=ray_address, **options)
     if options.pop("staging", None) is not None:

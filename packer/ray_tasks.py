@@ -98,10 +98,10 @@ def _write_shard(dst, data_format, shard_number, first_sample, shard_size, items
     try:
         views = [memoryview(p) for p in payloads]
         for array, offset, length, label, path, crc, height, width, kind, orientation, \
-                colour, source_sha in items:
+                colour, *sha in items:  # sha: [the input's SHA-256], absent in older items
             record = EncodedRecord(views[array][offset:offset + length], height, width, kind,
                                    crc=crc, orientation=orientation, colour=colour,
-                                   source_sha=source_sha)
+                                   source_sha=sha[0] if sha else "")
             writer.add(record, label, path)
         return writer.finish()
     except BaseException:  # cancelled, disk full...: no temp file stays behind

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from helpers import convert_stopped_at, dataset_fingerprint
+from helpers import convert_stopped_at, dataset_fingerprint, gone, wait_until
 
 from dlpack_io.packer import Writer, convert, writers
 from dlpack_io.packer.pipeline import ConversionError
@@ -139,7 +139,9 @@ def test_kill_9_during_an_append_then_resume_gives_the_same_bytes(tmp_path):
     shutil.copytree(dst, other)
     convert(src, dst, append=True, **OPTS)
     cli = [src, other, "--append", "--workers", "1", "--quiet"]
-    convert_stopped_at("journal:1", cli)  # killed -9 after its first new shard
+    children = convert_stopped_at("journal:1", cli)  # killed -9 after its first new shard
+    # its workers hold the DST lock until they notice the parent is gone
+    wait_until(lambda: all(gone(pid) for pid in children), what="the killed run's workers")
     assert 0 < len(_shard_hashes(dst)) - len(_shard_hashes(other)) < 3
     out = CliRunner().invoke(main, ["convert", *map(str, cli)])
     assert out.exit_code == 1 and "--resume" in out.output  # no silent restart
@@ -193,3 +195,27 @@ def test_writer_appends_returns_the_index_of_duplicates_and_refuses_changed(tmp_
         Writer(dst, append=True, classes=["b", "a"])
     assert json.loads((dst / fmt.MANIFEST_NAME).read_bytes()) == m
     assert np.array_equal(Dataset(dst).labels, [0, 1, 0, 1, 0, 1, 2, 2, 2, 2])
+
+
+def test_append_to_s3_uploads_new_shards_and_the_manifest_last(s3_env, tmp_path):
+    from dlpack_io.reader.remote.storage import Store
+
+    src, local, _ = _pack_and_grow(tmp_path)
+    url = "s3://dlpack-test/append/small"
+    make_image_folder(tmp_path / "first", 30, 2, seed=0, size=(48, 64))
+    convert(tmp_path / "first", url, **OPTS)
+    store = Store(url)
+    before = {n: store.get(n) for n in store.list() if n.startswith("shard-")}
+    convert(tmp_path / "first", local, overwrite=True, **OPTS)
+    mine = convert(src, url, append=True, **OPTS)
+    theirs = convert(src, local, append=True, **OPTS)
+    assert mine["append"] == theirs["append"] and mine["append"]["new_samples"] == 24
+    objects = {n: store.get(n) for n in store.list()}
+    assert {n: objects[n] for n in before} == before  # old objects untouched
+    assert sorted(objects) == sorted(os.listdir(local))  # no journal left
+    for name in mine["append"]["new_shards"]:
+        assert objects[name] == (local / name).read_bytes()
+    m = json.loads(objects[fmt.MANIFEST_NAME])
+    assert m["num_samples"] == 54 and m["history"][0]["shards"] == mine["append"]["new_shards"]
+    assert verify(url, progress=False).ok
+    assert convert(src, url, append=True, **OPTS)["nothing_new"]
