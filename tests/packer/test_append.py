@@ -103,6 +103,20 @@ def test_changed_inputs_are_reported_and_replacing_them_is_refused(tmp_path):
     m = json.loads((dst / fmt.MANIFEST_NAME).read_bytes())
     assert m["num_samples"] == 54 and m["history"][0]["changed"] == 1
     assert m["history"][0]["duplicates"] == 29
+    out = CliRunner().invoke(main, ["inspect", str(dst)])
+    assert "+24 samples from 30 in" in out.output and "29 duplicates, 1 changed" in out.output
+
+
+def test_a_history_naming_a_shard_the_manifest_lacks_is_refused(tmp_path):
+    src, dst, _ = _pack_and_grow(tmp_path)
+    convert(src, dst, append=True, **OPTS)
+    m = json.loads((dst / fmt.MANIFEST_NAME).read_bytes())
+    m["history"][0]["shards"].append("shard-00099.rec")
+    m["checksum"] = fmt.manifest_checksum(m)
+    (dst / fmt.MANIFEST_NAME).write_bytes(fmt.encode_meta(m))
+    with pytest.raises(fmt.FormatError, match=r"history\[0\] lists shard 'shard-00099.rec'"):
+        Dataset(dst)
+    assert not verify(dst, progress=False).ok
 
 
 def test_an_option_other_than_the_data_sets_is_refused(tmp_path):
