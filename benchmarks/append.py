@@ -10,7 +10,8 @@ round: (a) ``convert`` of the ``--new`` images alone into a fresh folder, (b) ``
 --append`` of the whole source (base + new) onto a fresh copy of the data set (hard
 links: shards are never written in place, so a linked copy is a true copy for an append).
 (b) reads and hashes the base's files too (whether they changed), which (a) does not:
-that is the cost an append adds over converting the new images. Prints JSON.
+that is the cost an append adds over converting the new images; ``find_new`` times that
+part alone (scan of SRC, shard metadata, hashes) in the same round. Prints JSON.
 """
 from __future__ import annotations
 
@@ -55,6 +56,19 @@ def _base_set(root: str, base: int, size, workers: int) -> tuple[str, float]:
     return dst, time.perf_counter() - start
 
 
+def _find_new(everything: str, base_dst: str, workers: int) -> int:
+    """What an append does before packing: scan SRC, read the shards' metadata, hash the
+    files whose path is packed already. Returns the number of new inputs."""
+    from dlpack_io.packer import appendbase
+    from dlpack_io.packer.scan import scan_image_folder
+
+    inputs = scan_image_folder(everything)
+    base = appendbase.read_base(base_dst)
+    known = appendbase.known_inputs(appendbase.shard_metas(base_dst, base["shards"]))
+    threads = workers or len(os.sched_getaffinity(0))
+    return len(appendbase.split_inputs(inputs.root, inputs.paths, known, threads).todo)
+
+
 def _linked_copy(src: str, dst: str) -> None:
     shutil.rmtree(dst, ignore_errors=True)
     shutil.copytree(src, dst, copy_function=os.link)
@@ -70,10 +84,13 @@ def _round(root: str, base_dst: str, everything: str, only_new: str, workers: in
     start = time.perf_counter()
     appended = convert(everything, grown, append=True, workers=workers, progress=False)
     t_append = time.perf_counter() - start
+    start = time.perf_counter()  # of the append: finding what is new (scan + hashes)
+    _find_new(everything, base_dst, workers)
+    t_find = time.perf_counter() - start
     if appended["append"]["new_samples"] != alone["num_samples"]:
         raise SystemExit(f"append packed {appended['append']['new_samples']} images, the "
                          f"conversion of the new ones {alone['num_samples']}")
-    return {"convert_new": t_alone, "append_new": t_append,
+    return {"convert_new": t_alone, "append_new": t_append, "find_new": t_find,
             "duplicates": appended["append"]["duplicates"]}
 
 
@@ -92,7 +109,8 @@ def main(argv=None) -> None:
     base_dst, t_base = _base_set(a.root, a.base, size, a.workers)
     rounds = [_round(a.root, base_dst, everything, only_new, a.workers)
               for _ in range(a.repeats)]
-    med = {k: statistics.median(r[k] for r in rounds) for k in ("convert_new", "append_new")}
+    med = {k: statistics.median(r[k] for r in rounds)
+           for k in ("convert_new", "append_new", "find_new")}
     print(json.dumps({"base": a.base, "new": a.new, "size": a.size, "workers": a.workers,
                       "cores": len(os.sched_getaffinity(0)), "convert_base_s": round(t_base, 2),
                       "rounds": rounds, "median_s": med,

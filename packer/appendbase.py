@@ -28,7 +28,6 @@ from dlpack_io.reader.format.regular import open_regular
 from dlpack_io.reader.format.units import parse_size
 
 RUN_OPTIONS = ("workers", "on_error", "progress")  # how the work runs, not what it writes
-HASH_CHUNK = 4 * 2**20
 
 
 def read_base(dst: str) -> dict:
@@ -93,14 +92,17 @@ def known_inputs(metas) -> dict:
 
 def file_sha256(path: str) -> str | None:
     """SHA-256 (hex) of a file, None when it cannot be read (the encoder then says why)."""
-    h = hashlib.sha256()
     try:
         with open(path, "rb") as f:
-            while chunk := f.read(HASH_CHUNK):
-                h.update(chunk)
+            return hashlib.file_digest(f, "sha256").hexdigest()
     except OSError:
         return None
-    return h.hexdigest()
+
+
+def files_sha256(paths: list) -> list:
+    """file_sha256 of each of ``paths`` (one task's share: one future per file would cost
+    more than hashing a small JPEG)."""
+    return [file_sha256(p) for p in paths]
 
 
 @dataclass
@@ -125,8 +127,12 @@ def split_inputs(root: str, paths: list, known: dict, threads: int) -> Split:
             split.unverified += 1
         else:
             candidates.append(i)
+    files = [os.path.join(root, paths[i]) for i in candidates]
+    step = max(1, -(-len(files) // (4 * max(1, threads))))
     with ThreadPoolExecutor(max(1, threads)) as pool:  # hashlib releases the GIL
-        shas = list(pool.map(file_sha256, [os.path.join(root, paths[i]) for i in candidates]))
+        shas = [sha for part in pool.map(files_sha256, [files[k:k + step] for k in
+                                                          range(0, len(files), step)])
+                for sha in part]
     for i, sha in zip(candidates, shas):
         if sha is None:
             split.todo.append(i)  # unreadable now: the encoder rejects it, naming why
