@@ -28,6 +28,7 @@ from dlpack_io.reader.format.regular import open_regular
 from dlpack_io.reader.format.units import parse_size
 
 RUN_OPTIONS = ("workers", "on_error", "progress")  # how the work runs, not what it writes
+HASH_CHUNK = 4 * 2**20
 
 
 def read_base(dst: str) -> dict:
@@ -92,11 +93,14 @@ def known_inputs(metas) -> dict:
 
 def file_sha256(path: str) -> str | None:
     """SHA-256 (hex) of a file, None when it cannot be read (the encoder then says why)."""
+    h = hashlib.sha256()
     try:
-        with open(path, "rb") as f:
-            return hashlib.file_digest(f, "sha256").hexdigest()
+        with open(path, "rb") as f:  # (hashlib.file_digest is Python 3.11+)
+            while chunk := f.read(HASH_CHUNK):
+                h.update(chunk)
     except OSError:
         return None
+    return h.hexdigest()
 
 
 def files_sha256(paths: list) -> list:
