@@ -80,6 +80,8 @@ def test_append_packs_only_new_inputs_and_leaves_old_shards_alone(tmp_path, data
     assert len(ds) == 54 and (ds.labels[:30] == old_labels).all()  # never renumbered
     paths = [p for s in ds.shards for p in s.meta()["paths"]]
     assert sorted(paths[30:]) == sorted(added)
+    sources = [h for s in ds.shards for h in s.meta()[fmt.SOURCES_KEY]]
+    assert sources == [hashlib.sha256((src / p).read_bytes()).hexdigest() for p in paths]
     assert [m["classes"][label] for label in ds.labels[30:]] == [p.split("/")[0]
                                                                  for p in paths[30:]]
     assert verify(dst, progress=False).ok
