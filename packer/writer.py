@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from dlpack_io.packer.appendbase import base_counters
 from dlpack_io.packer.cutting import ShardCutter
 from dlpack_io.packer.finalize import build_manifest, write_dataset_files
 from dlpack_io.packer.options import PackOptions, parse_size
@@ -141,16 +142,20 @@ class Writer:
         labels = np.asarray(self._labels, dtype=np.int64)
         classes = self._class_names(labels)
         counts = np.bincount(labels, minlength=len(classes)).tolist() if classes else []
-        if self._base is not None:
+        rejects = []
+        if self._base is not None:  # the union's accounting starts from the data set's
             counts = self._base.class_counts(labels)
+            rejects, reencoded, lossless = base_counters(self._base.manifest)
+            self._reencoded.update(reencoded)
+            self._lossless.update(lossless)
         inputs = SimpleNamespace(classes=classes, root=None, list_file=None, paths=labels)
-        manifest = build_manifest(inputs, self.options, self._shards, [], self._reencoded,
+        manifest = build_manifest(inputs, self.options, self._shards, rejects, self._reencoded,
                                   counts, time.monotonic() - self._started, self._lossless,
                                   provenance=self.provenance, engine="writer",
                                   fields=self._schema)
         if self._base is not None:
             manifest = self._base.union(manifest, self._shards[len(self._base.shards):])
-        write_dataset_files(self.dst, manifest, [])
+        write_dataset_files(self.dst, manifest, rejects)
         log.info("%s: wrote %d samples in %d shards", self.dst, len(labels), len(self._shards))
         return manifest
 

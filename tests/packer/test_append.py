@@ -235,3 +235,18 @@ def test_append_to_s3_uploads_new_shards_and_the_manifest_last(s3_env, tmp_path)
     assert m["num_samples"] == 54 and m["history"][0]["shards"] == mine["append"]["new_shards"]
     assert verify(url, progress=False).ok
     assert convert(src, url, append=True, **OPTS)["nothing_new"]
+
+
+def test_writer_append_keeps_the_data_sets_rejects(tmp_path):
+    src = tmp_path / "src"
+    make_image_folder(src, 6, 1, seed=3, size=(40, 40))
+    (src / "class_00" / "broken.jpg").write_bytes(b"not a jpeg")
+    dst = tmp_path / "ds"
+    convert(src, dst, **OPTS)
+    with Writer(dst, append=True) as w:
+        assert w.write(image=str(src / "class_00" / "img_000000.jpg"), label=0) == 6
+    m = json.loads((dst / fmt.MANIFEST_NAME).read_bytes())
+    assert [r["path"] for r in m["rejects"]] == ["class_00/broken.jpg"]
+    assert m["num_samples"] == 7 and m["source"]["num_inputs"] == 8
+    assert (dst / fmt.REJECTS_NAME).read_text().splitlines()[1].startswith("class_00/broken.jpg")
+    assert verify(dst, progress=False).ok
