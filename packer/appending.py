@@ -63,7 +63,7 @@ def convert_append(src, dst, *, list_file=None, resume: bool = False, overwrite:
         raise ValueError("--staging is for s3:// destinations (shards waiting for upload)")
     check_src_dst(src, dst)
     dst = os.path.abspath(dst)
-    base = base_.read_base(dst)
+    base_.read_base(dst)  # no data set there: say so before taking the lock
     lock = journal.DstLock(dst)
     try:
         lock.acquire()
@@ -77,11 +77,22 @@ def convert_append(src, dst, *, list_file=None, resume: bool = False, overwrite:
         app = plan_append(src, list_file, labels, options, base, metas)
         check_engine_fields(src, engine, app.inputs)
         if not app.inputs.paths:
+            drop_leftovers(dst, base)
             return nothing_new(dst, base, app)
         with engine_context(engine, ray_address, app.opts) as pack:
             return _append_locked(dst, base, app, pack, engine, provenance)
     finally:
         lock.release(remove=True)
+
+
+def drop_leftovers(dst: str, base: dict) -> None:
+    """Nothing new, yet a journal (``--resume``): the append it belongs to was killed after
+    its manifest landed; drop the journal and any file the manifest does not list."""
+    if journal.read_journal(dst)[0] is None:
+        return
+    clear_outputs(dst, keep={s["name"] for s in base["shards"]}
+                  | {fmt.MANIFEST_NAME, fmt.REJECTS_NAME})
+    journal.Journal(dst).remove()
 
 
 def check_request(dst, overwrite: bool, replace_changed: bool) -> None:

@@ -74,6 +74,8 @@ def append_remote(src, url: str, *, list_file=None, resume: bool = False,
             app = appending.plan_append(src, list_file, labels, options, base,
                                         remote_metas(store, base["shards"], stage))
             if not app.inputs.paths:
+                if store.head(journal.JOURNAL_NAME):  # its append's manifest landed
+                    store.delete(journal.JOURNAL_NAME)
                 return appending.nothing_new(url, base, app)
             with engine_context(engine, ray_address, app.opts) as pack:
                 return _append_staged(store, stage, base, app, pack, provenance)

@@ -250,3 +250,17 @@ def test_writer_append_keeps_the_data_sets_rejects(tmp_path):
     assert m["num_samples"] == 7 and m["source"]["num_inputs"] == 8
     assert (dst / fmt.REJECTS_NAME).read_text().splitlines()[1].startswith("class_00/broken.jpg")
     assert verify(dst, progress=False).ok
+
+
+def test_kill_9_after_the_manifest_landed_then_resume_only_drops_the_journal(tmp_path):
+    src, dst, _ = _pack_and_grow(tmp_path)
+    other = tmp_path / "other"
+    shutil.copytree(dst, other)
+    convert(src, dst, append=True, **OPTS)
+    cli = [src, other, "--append", "--workers", "1", "--quiet"]
+    children = convert_stopped_at("manifest", cli)
+    wait_until(lambda: all(gone(pid) for pid in children), what="the killed run's workers")
+    out = CliRunner().invoke(main, ["convert", *map(str, cli), "--resume"])
+    assert out.exit_code == 0 and "nothing new" in out.output, out.output
+    assert sorted(os.listdir(other)) == sorted(os.listdir(dst))  # journal and lock gone
+    assert _shard_hashes(other) == _shard_hashes(dst)
