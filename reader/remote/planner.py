@@ -1,14 +1,12 @@
 """The prefetch planner: fetch what the next batches need, ahead, into the verified cache.
 
-It runs in the process that opened the data set, on one thread with an asyncio event loop
-(many requests in flight, no thread per request), never in a Loader worker. Mode "records"
-fetches each batch's records as coalesced byte ranges (records kept by an earlier epoch or
-run are not fetched again: keep.py); mode "shards" fetches whole shards into the shared pool.
-Batches are planned in consumption order and started only when their bytes fit in
-``cache_limit`` next to what unreleased batches hold; an item is evicted when the last batch
-needing it is released (nothing still needed is ever evicted). Every record is checked
-against its CRC before its file appears (atomic rename); a failed request (after the
-store's retries and deadline) fails every ``wait`` with the store's message.
+It runs in the process that opened the data set, on one thread with an asyncio event loop,
+never in a Loader worker. Mode "records" fetches each batch's records as coalesced byte
+ranges (records kept by an earlier epoch or run are not fetched again, see keep.py); mode
+"shards" fetches whole shards into the shared pool. Batches are planned in consumption
+order and started when their bytes fit in ``cache_limit`` next to what unreleased batches
+hold; an item is evicted when the last batch needing it is released. Every record is checked
+against its CRC before its file appears; a failed request fails every ``wait`` with its message.
 """
 from __future__ import annotations
 
@@ -20,10 +18,9 @@ import time
 
 import numpy as np
 
-from dlpack_io.reader.remote import cache as cache_mod
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.remote.fetchplan import range_requests
-from dlpack_io.reader.remote.keep import split_limit
+from dlpack_io.reader.remote.keep import READ_AHEAD, publish_records, read_ahead, split_limit
 from dlpack_io.reader.remote.planmsg import rewrap as _rewrap, timeout_message, warn_overcommit
 
 log = logging.getLogger(__name__)
@@ -45,6 +42,8 @@ class Planner:
         # only the transient rest, within what the kept records leave of cache_limit
         self.keep_budget, self.limit = split_limit(int(source.lengths.sum()), self.limit,
                                                    plan.max_batch_bytes()[0], plan.mode)
+        self.ahead = plan.mode == "records" and self.keep_budget >= int(source.lengths.sum())
+        self.ends = np.array([source.first_sample(k) + len(s) for k, s in enumerate(shards)])
         self.stats = {"requests": 0, "bytes_fetched": 0, "max_held": 0, "evicted": 0,
                       "cached": 0}
         self.cond = threading.Condition()
@@ -96,6 +95,11 @@ class Planner:
         pos = self.plan.first_pos[k][absent] if self.plan.first_pos else None
         if self.plan.mode != "records" or not len(todo):
             return todo, pos
+        if self.ahead and k > 0:  # not for batch 0: its first batch must come fast
+            with self.cond:
+                eligible = (self.state == ABSENT) & (self.plan.last_use > k)
+            todo, pos = read_ahead(todo, pos, eligible, self.plan.size,
+                                   self.ends[self.source.shard_of(todo)], READ_AHEAD)
         found = await self._loop.run_in_executor(None, self.source.keeper.present, todo,
                                                  self.source.dataset_lookup(todo))
         if found.any():
@@ -159,19 +163,8 @@ class Planner:
                     f"{shard.path} record {j} (bytes {int(e['offset'])}-{int(e['offset']) + length - 1}):"
                     f" checksum mismatch in the downloaded bytes: the object in the bucket is "
                     f"damaged or was replaced; run 'dlpack verify {self.source.url}'")
-        self._mark_present(samples, self._publish(k, samples, local, pieces))
-
-    def _publish(self, k: int, samples, local, pieces) -> np.ndarray:
-        """Publish verified records of shard ``k``: kept for later epochs while the keep
-        budget has room, else in this session. Returns the mask of those kept."""
-        keeper = self.source.keeper
-        admitted = keeper.admit([len(p) for p in pieces], self.keep_budget)
-        kept = np.zeros(len(pieces), dtype=bool)
-        for i, (sample, j, piece) in enumerate(zip(samples.tolist(), local.tolist(), pieces)):
-            kept[i] = admitted[i] and keeper.publish(sample, k, j, piece)
-            if not kept[i]:
-                cache_mod.publish(self.session.record_path(k, j), piece, base=self.session.dir)
-        return kept
+        self._mark_present(samples, publish_records(self.source.keeper, self.session, k, samples,
+                                                    local, pieces, self.keep_budget))
 
     async def _fetch_shard(self, k: int) -> None:
         from dlpack_io.reader.remote.shardfetch import fetch_shard

@@ -162,3 +162,15 @@ def test_a_limit_below_the_data_set_keeps_what_fits(s3_env, packed):
     assert _kept_bytes(remote) == (on_disk, counted)  # kept files stay, none churned
     session = remote._remote.session.dir  # the rest was evicted after use
     assert [f for _, _, fs in os.walk(session) for f in fs if f != ".lock"] == []
+
+
+def test_read_ahead_takes_the_following_eligible_records_within_the_bytes():
+    lengths = np.array([10, 10, 10, 10, 10, 10, 10, 10])
+    eligible = np.array([0, 1, 1, 0, 1, 1, 1, 1], dtype=bool)
+    todo, pos = keep.read_ahead(np.array([0, 4]), np.array([3, 1]), eligible, lengths,
+                                np.array([4, 8]), max_bytes=30)
+    # 0 takes 1, 2 (3 not eligible); 4 takes 5, 6 (30 bytes in all), never past its shard
+    assert todo.tolist() == [0, 4, 1, 2, 5, 6] and pos.tolist() == [3, 1, 3, 3, 1, 1]
+    todo, pos = keep.read_ahead(np.array([2]), np.array([0]), eligible, lengths,
+                                np.array([4]), max_bytes=100)
+    assert todo.tolist() == [2] and pos.tolist() == [0]  # shard ends at 4; 3 not eligible
