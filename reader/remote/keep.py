@@ -100,6 +100,7 @@ class KeptRecords:
         self.owner = owner
         cachefs.make_dirs(cache.root, self.dir)
         self.ledger = os.path.join(self.dir, ".ledger")
+        n_samples = n_samples if owner else 0  # workers only read (and discard) kept files
         self.kept = np.zeros(n_samples, dtype=bool)  # verified here, with this signature:
         self.sig = np.zeros((n_samples, 3), dtype=np.int64)  # (inode, size, mtime_ns)
         self.looked = np.zeros(n_samples, dtype=bool)  # absent when last looked for

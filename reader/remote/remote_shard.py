@@ -161,7 +161,8 @@ class RemoteShard:
         why = f"record {j} of {self.path} fails its checksum (damaged or edited locally)"
         keeper = self.source.keeper
         if path == keeper.path(self.number, j):
-            keeper.kept[self.source.first_sample(self.number) + j] = False
+            if keeper.owner:
+                keeper.kept[self.source.first_sample(self.number) + j] = False
             keeper.discard(path, length, why)
             return
         if path == self.source.session.pin_path(self.name):
