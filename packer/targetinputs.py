@@ -23,7 +23,15 @@ def scan_targets(src, list_file, opts):
         raise ValueError("--coco lists the images itself; give --coco or --list, not both")
     from dlpack_io.packer.coco import read_coco
 
-    return read_coco(src, opts.coco, skip_empty=opts.skip_empty, max_pixels=opts.max_pixels)
+    inputs = read_coco(src, opts.coco, skip_empty=opts.skip_empty, max_pixels=opts.max_pixels)
+    if opts.on_error == "fail" and inputs.targets.rejected:
+        from dlpack_io.packer.pipeline import ConversionError
+
+        path, why = inputs.targets.rejected[0]
+        raise ConversionError(f"{os.path.dirname(inputs.list_file)}/{path}: {why} (--on-error "
+                              f"fail stops at the first bad annotation; the default, skip, "
+                              f"leaves it out and packs its image with the others)")
+    return inputs
 
 
 def list_targets(inputs, max_pixels: int):
