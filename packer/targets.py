@@ -121,7 +121,7 @@ def _boxes_fields(ann: dict, width: int, height: int, orientation: int) -> dict:
     where = ann.get("where", "")
     boxes = as_box_list(ann["boxes"], f"{where}boxes")
     n = len(boxes)
-    out = {k: int_list(ann[k], n, k, dtype, where) for k, dtype in
+    out = {k: int_list(ann[k], n, k, dtype, where.rstrip(": ")) for k, dtype in
            (("categories", np.int64), ("iscrowd", np.uint8)) if k in ann}
     xyxy = checked_boxes(boxes, ann.get("ids"), width, height, ann.get("xywh", False))
     out["boxes"] = orient_boxes(xyxy, orientation, width, height)

@@ -203,22 +203,39 @@ def test_hostile_image_entries_are_rejects_and_nothing_outside_src_is_read(tmp_p
 
 def test_jsonl_boxes_are_checked_like_coco(tmp_path):
     src = tmp_path / "src"
-    for k in range(3):
+    for k in range(4):
         _image(src / f"{k}.jpg", 32, 16)
-    lines = [{"path": "0.jpg", "boxes": [[1, 2, 3.5, 4]], "categories": [7], "caption": "a"},
-             {"path": "1.jpg", "boxes": [[1, 2, 40, 4]], "categories": [7], "caption": "b"},
-             {"path": "2.jpg", "boxes": [], "categories": [], "caption": "c"}]
+    lines = [{"path": "0.jpg", "boxes": [[1, 2, 3.5, 4]], "categories": [7], "iscrowd": [0],
+              "caption": "a"},
+             {"path": "1.jpg", "boxes": [[1, 2, 40, 4], [2, 3, 5, 6], [4, 4, 4, 9]],
+              "categories": [7, 9, 8], "iscrowd": [0, 1, 0], "caption": "b"},
+             {"path": "2.jpg", "boxes": [], "categories": [], "iscrowd": [], "caption": "c"},
+             {"path": "3.jpg", "boxes": [[1, 2, 3, 4]], "categories": [7, 8], "iscrowd": [0],
+              "caption": "d"}]
     (tmp_path / "l.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
-    convert(src, tmp_path / "ds", list_file=str(tmp_path / "l.jsonl"), workers=0,
-            progress=False)
+    result = convert(src, tmp_path / "ds", list_file=str(tmp_path / "l.jsonl"), workers=0,
+                     progress=False)
+    assert (result["rejects"], result["annotation_rejects"]) == (1, 2)
     ds = Dataset(tmp_path / "ds")
-    assert set(ds.fields) == {"boxes", "categories", "caption"}
+    assert set(ds.fields) == {"boxes", "categories", "iscrowd", "caption"}
     got = _by_path(ds)
     assert got["0.jpg"]["boxes"].tolist() == [[1, 2, 3.5, 4]]
     assert got["0.jpg"]["categories"].tolist() == [7] and got["0.jpg"]["caption"] == "a"
+    kept = got["1.jpg"]  # box 1 alone is good: kept with its category and iscrowd
+    assert kept["boxes"].tolist() == [[2, 3, 5, 6]] and kept["categories"].tolist() == [9]
+    assert kept["iscrowd"].tolist() == [1] and kept["caption"] == "b"
     assert got["2.jpg"]["boxes"].shape == (0, 4)
-    assert _rejects(ds)["1.jpg"] == "box 0: box [1, 2, 40, 4] (x0, y0, x1, y1) lies outside " \
-                                    "the 32x16 image (width x height)"
+    assert _rejects(ds) == {"3.jpg": "3.jpg: categories [7, 8]: expected 1 integers "
+                                     "-9223372036854775808..9223372036854775807, one per box"}
+    assert {k: v for k, v in _tsv(tmp_path / "ds").items() if "box" in k} == {
+        "l.jsonl:1.jpg:box 0": "box 0 of 1.jpg: box [1, 2, 40, 4] (x0, y0, x1, y1) lies "
+                               "outside the 32x16 image (width x height)",
+        "l.jsonl:1.jpg:box 2": "box 2 of 1.jpg: box [4, 4, 4, 9] (x0, y0, x1, y1) has zero "
+                               "width (clipped to the 32x16 image)"}
+    with pytest.raises(ConversionError, match="l.jsonl:1.jpg:box 0: box 0 of 1.jpg: .* lies "
+                                              "outside"):
+        convert(src, tmp_path / "d2", list_file=str(tmp_path / "l.jsonl"), workers=0,
+                progress=False, on_error="fail")
 
 
 def _label_map(w, h, rect, value, mode="L"):
