@@ -10,9 +10,9 @@ moved by exactly the transpose ``ImageOps.exif_transpose`` applies to the image.
 A box with a non-finite number, a negative width or height, or a corner outside the
 image (beyond BOX_TOLERANCE pixels, which are clipped: float noise of tools that wrote
 ``x + w`` = 640.0000001), or zero width or height once clipped, is a reject naming the
-annotation and the reason. Which thing is rejected depends on the source: a COCO
-annotation alone (coco.py: the image is packed with its other boxes, as torchvision's
-detection references keep it), a JSON Lines row whole, a Writer call with a ValueError.
+annotation and the reason. A COCO annotation or a JSON Lines box is rejected alone,
+before packing (coco.py, listboxes.py: the image is packed with its other boxes, as
+torchvision's detection references keep it); a Writer call raises ValueError.
 """
 from __future__ import annotations
 
