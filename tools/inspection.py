@@ -54,7 +54,7 @@ def summary(path, *, max_pixels: int = fmt.DEFAULT_MAX_PIXELS) -> dict:
         "options": m["options"], "source": m["source"], "reencoded": m["reencoded"],
         "storage": _storage(m, indices),
         "num_rejects": len(m["rejects"]), "rejects": m["rejects"], "created": m["created"],
-        "shards": m["shards"], "fields": field_summary(ds),
+        "shards": m["shards"], "fields": field_summary(ds), "history": m.get("history", []),
     }
 
 
