@@ -224,3 +224,27 @@ def test_samples_without_boxes_give_empty_tensors(tmp_path):
     assert [tuple(b.shape) for b in boxes] == [(0, 4), (2, 4), (0, 4)]
     assert boxes[1].tolist() == [[21.0, 5.0, 25.0, 9.0]] * 2  # x -> 30 - x, swapped
     assert [tuple(c.shape) for c in cats] == [(0,), (2,), (0,)]
+
+
+def test_targets_of_a_mixture_follow_their_own_sets(tmp_path):
+    """Indices of a Mixture are virtual: each sample's boxes and categories still come from
+    its own set, moved by its own crop and flip."""
+    from dlpack_io.reader import Mixture
+
+    for name, first in (("a", 0), ("b", 100)):
+        with Writer(tmp_path / name, mode="raw") as w:
+            for i in range(4):
+                w.write(image=np.zeros((20, 20, 3), np.uint8), label=0,
+                        boxes=np.array([[first % 7 + i, 2, 10 + i, 12]], np.float32),
+                        categories=np.array([first + i], np.int64))
+    loader = Loader(Mixture([Dataset(tmp_path / "a"), Dataset(tmp_path / "b")]), batch_size=8,
+                    num_workers=0, fields=("boxes", "categories"), return_index=True, seed=2,
+                    transforms=[CenterCrop(16), RandomHorizontalFlip()])
+    p = loader.spec
+    (boxes, cats, where), = list(loader)
+    flips = p.draw(2, 0, loader.indices(0), np.full(8, 20), np.full(8, 20)).flip_h
+    for k, (s, i) in enumerate(where.tolist()):
+        assert cats[k].tolist() == [100 * s + i]
+        x0, x1 = max((100 * s) % 7 + i - 2, 0), 10 + i - 2  # clipped at the crop's edge
+        want = [16 - x1, 0, 16 - x0, 10] if flips[k] else [x0, 0, x1, 10]
+        assert boxes[k].tolist() == [[float(v) for v in want]]
