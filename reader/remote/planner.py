@@ -23,6 +23,7 @@ import numpy as np
 from dlpack_io.reader.remote import cache as cache_mod
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.remote.fetchplan import range_requests
+from dlpack_io.reader.remote.recordspan import extents, mismatch
 from dlpack_io.reader.remote.storage import StorageError
 
 log = logging.getLogger(__name__)
@@ -136,13 +137,14 @@ class Planner:
         self.stats["requests"] += 1
         self.stats["bytes_fetched"] += end - start
         self.source.bytes_fetched += end - start
-        for sample, j, e in zip(samples.tolist(), local.tolist(), entries):
-            off, length = int(e["offset"]) - start, int(e["length"])
-            piece = data[off:off + length]
-            if fmt.crc32(piece) != int(e["crc"]):
+        for j, e, length in zip(local.tolist(), entries, extents(entries).tolist()):
+            off = int(e["offset"]) - start
+            piece = data[off:off + length]  # the image and its field block (recordspan.py)
+            bad = mismatch(piece, e)  # "image", "field block" or "span"
+            if bad is not None:
                 raise fmt.FormatError(
                     f"{shard.path} record {j} (bytes {int(e['offset'])}-{int(e['offset']) + length - 1}):"
-                    f" checksum mismatch in the downloaded bytes: the object in the bucket is "
+                    f" {bad} checksum mismatch in the downloaded bytes: the object in the bucket is "
                     f"damaged or was replaced; run 'dlpack verify {self.source.url}'")
             cache_mod.publish(self.session.record_path(k, j), piece, base=self.session.dir)
         self._mark_present(samples)
