@@ -7,6 +7,7 @@ import os
 import platform
 from collections import Counter
 
+from dlpack_io.packer.fieldshapes import settle
 from dlpack_io.packer.names import shown
 from dlpack_io.packer.nofollow import create_new
 from dlpack_io.packer.pipeline import ConversionError
@@ -108,7 +109,7 @@ def final_manifest(src, inputs, opts, state, progress, engine: str, provenance: 
     manifest = build_manifest(inputs, opts, state.shards, state.rejects, state.reencoded,
                               state.class_counts.tolist(), progress.elapsed, state.lossless,
                               provenance=provenance, engine=engine,
-                              fields=getattr(inputs, "fields", None))
+                              fields=settle(getattr(inputs, "fields", None), state.shapes))
     problem = fmt.accounting_problem(manifest)
     if problem:  # never a data set with an input silently gone
         raise ConversionError(f"{src}: {problem} (the packing state does not add up: a "
