@@ -131,4 +131,5 @@ def summary(dst, manifest, state, inputs, progress, resumed_from) -> dict:
             "repeated_dirs": inputs.repeated_dirs, "hidden_files": inputs.hidden_files,
             "hidden_dirs": inputs.hidden_dirs, "mode": manifest["mode"],
             "size": manifest["options"].get("size"),
-            "max_side": manifest["options"].get("max_side"), "fields": manifest.get("fields", {})}
+            "max_side": manifest["options"].get("max_side"), "fields": manifest.get("fields", {}),
+            "sidecars": dict(getattr(inputs, "sidecars", None) or {})}
