@@ -113,7 +113,7 @@ def convert(src, dst, *, list_file=None, resume: bool = False, overwrite: bool =
                               overwrite=overwrite, labels=labels, provenance=provenance,
                               engine=engine, ray_address=ray_address, **options)
     if options.pop("staging", None) is not None:
-        raise ValueError("--staging is for s3:// destinations (shards waiting for upload)")
+        raise ValueError("--staging is for s3://, gs://, az:// DSTs (shards waiting for upload)")
     check_src_dst(src, dst)
     opts, inputs = prepare_inputs(src, list_file, options, labels)
     check_engine_fields(src, engine, inputs)

@@ -88,7 +88,7 @@ from dlpack_io.tools.cli_common import LazyChoice, echo_json, fail
                    "cluster on this machine with --workers CPUs.")
 @click.option("--resume", is_flag=True, help="Finish an interrupted conversion into DST.")
 @click.option("--staging", type=click.Path(file_okay=False),
-              help="DST s3://...: local folder for shards waiting to be uploaded (default: the "
+              help="DST s3://, gs:// or az://...: local folder for shards waiting to be uploaded (default: the "
                    "system temp folder; needs room for about two shards).")
 @click.option("--overwrite", is_flag=True, help="Replace a data set already in DST.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
@@ -101,8 +101,9 @@ def convert(src, dst, list_file, data_format, mode, size, max_side, quality, sha
     DST. DST must lie outside SRC. Symlinks in SRC are followed (each real folder once) and
     counted in the summary.
 
-    DST may be s3://bucket/prefix (needs pip install 'dlpack-io[s3]'; credentials and endpoint
-    from the AWS_* variables or ~/.aws): each shard is uploaded as it is finished, the
+    DST may be s3://bucket/prefix, gs://bucket/prefix or az://container/prefix (needs pip
+    install 'dlpack-io[s3]'; credentials and endpoint from each cloud's usual variables, see
+    docs/remote.md): each shard is uploaded as it is finished, the
     manifest last, and the journal kept in the bucket so --resume works from any machine.
 
     Files and folders whose name starts with "." are skipped and counted in the summary.

@@ -34,16 +34,33 @@ from dlpack_io.tools.cli_common import DATASET, echo_json, fail
               help="Refuse records larger than this many pixels (height x width); default "
                    "89478485, the default of convert --max-pixels.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option("--mix", multiple=True, type=DATASET, help="With --order: read DST mixed with "
+              "this data set (repeat for more); shows each set's share per batch.")
+@click.option("--weights", help="With --mix: comma-separated weights, DST's first (default: "
+              "proportional to the sets' sizes).")
+@click.option("--samples-per-epoch", type=int, help="With --mix: the mixture's epoch length.")
+@click.option("--mix-epoch", type=click.Choice(["sum", "largest", "smallest"]),
+              help="With --mix: the epoch length rule instead (default sum).")
 def inspect(dst, shard, sample, grid, grid_count, order, shuffle, epoch, world_size, rank,
-            batch_size, drop_last, seed, max_pixels, as_json):
-    """Summarise the packed data set in DST, a folder or s3://bucket/prefix (or one shard,
-    one sample, a contact sheet, or the sample order a Loader will read)."""
+            batch_size, drop_last, seed, max_pixels, as_json, mix, weights, samples_per_epoch,
+            mix_epoch):
+    """Summarise the packed data set in DST, a folder or s3://, gs:// or az://bucket/prefix
+    (or one shard, one sample, a contact sheet, or the sample order a Loader will read)."""
     from dlpack_io.reader.format import DEFAULT_MAX_PIXELS, FormatError
     from dlpack_io.tools import inspection, render
 
     limit = {"max_pixels": max_pixels or DEFAULT_MAX_PIXELS}
     try:
-        if order:
+        if order and mix:
+            from dlpack_io.tools.mix_report import format_mixture_report, mixture_report
+
+            data = mixture_report([dst, *mix], weights=_weights(weights),
+                                  samples_per_epoch=samples_per_epoch, epoch_rule=mix_epoch,
+                                  seed=seed, epoch=epoch, world_size=world_size, rank=rank,
+                                  batch_size=batch_size, drop_last=drop_last,
+                                  shuffle=None if shuffle == "none" else shuffle)
+            text = format_mixture_report(data)
+        elif order:
             from dlpack_io.tools.order_report import format_order_report, order_report
 
             data = order_report(dst, seed=seed, epoch=epoch, world_size=world_size, rank=rank,
@@ -68,3 +85,14 @@ def inspect(dst, shard, sample, grid, grid_count, order, shuffle, epoch, world_s
     if as_json:
         return echo_json(data)
     click.echo(text)
+
+
+def _weights(text):
+    """--weights "0.7,0.3" as floats (None when not given)."""
+    if text is None:
+        return None
+    try:
+        return [float(w) for w in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--weights {text!r}: expected comma-separated numbers, e.g. "
+                         f"0.7,0.3") from None

@@ -143,6 +143,11 @@ def verify_text(report: dict) -> str:
         lines.append(f"NOT A DATA SET: {report['path']}")
         return "\n".join(lines)
     verdict = "OK" if report["ok"] else f"DAMAGED ({plural(len(report['problems']), 'problem')})"
+    from dlpack_io.tools.shardcheck import EXIT_UNREACHABLE
+
+    if report.get("exit_code") == EXIT_UNREACHABLE:  # storage unreadable: not damage
+        verdict = (f"NOT CHECKED, STORAGE UNREADABLE ({plural(len(report['problems']), 'problem')}"
+                   f"; nothing read was damaged)")
     lines.append(f"{verdict}: {report['path']}: {plural(report['shards_checked'], 'shard')}, "
                  f"{plural(report['records_checked'], 'record')}, "
                  f"{human_bytes(report['bytes_checked'])} checked")

@@ -48,6 +48,7 @@ class LoaderStats:
     queue_depth: float = 0.0   # mean built batches waiting when the loop asked
     num_workers: int = 0
     worker_kind: str = "thread"
+    images_per_set: list | None = None  # a Mixture's images of each set; None: one data set
     run: "LoaderStats | None" = field(default=None, repr=False)
 
     @property
@@ -80,7 +81,8 @@ class LoaderStats:
 
     def as_dict(self) -> dict:
         """Every figure, derived ones included (``run`` nested the same way)."""
-        out = {k: v for k, v in asdict(self).items() if k != "run"}
+        out = {k: v for k, v in asdict(self).items()
+               if k != "run" and not (k == "images_per_set" and v is None)}
         out.update(wait_fraction=self.wait_fraction, images_per_s=self.images_per_s,
                    cpu_ms_per_image=self.cpu_ms_per_image, workers_busy=self.workers_busy,
                    verdict=self.verdict())
@@ -108,7 +110,15 @@ class LoaderStats:
 
     def __str__(self) -> str:
         return (f"epoch {self.epoch}: {self.batches} batches, {self.images_per_s:,.0f} images/s, "
-                f"{self.cpu_ms_per_image:.2f} CPU-ms/image; {self.verdict()}")
+                f"{self.cpu_ms_per_image:.2f} CPU-ms/image; {self.verdict()}"
+                + ("" if self.images_per_set is None else
+                   f"; images per set {', '.join(map(str, self.images_per_set))}"))
+
+
+def _add(total, counts) -> list:
+    """Per-set image counts ``total`` (or None) plus ``counts``, as a new list."""
+    counts = [int(c) for c in counts]
+    return counts if total is None else [a + b for a, b in zip(total, counts)]
 
 
 SUMMED = ("batches", "images", "wall_s", "wait_s", "step_s", "finish_s", "cpu_s",
@@ -146,6 +156,11 @@ class StatsClock:
         e.batches, e.images, e.finish_s = e.batches + 1, e.images + images, e.finish_s + finish_s
         self._depths += depth
 
+    def delivered_sets(self, counts) -> None:
+        """A Mixture's batch held ``counts[s]`` images of set s (None: not a Mixture)."""
+        if counts is not None:
+            self.epoch.images_per_set = _add(self.epoch.images_per_set, counts)
+
     def end_epoch(self, pids) -> None:
         """The epoch ended (or was abandoned): fix its figures and add them to the run's."""
         if self.open:
@@ -154,6 +169,9 @@ class StatsClock:
             for name in SUMMED:
                 setattr(self.run, name, getattr(self.run, name) + getattr(self.epoch, name))
             self.run.epoch = self.epoch.epoch
+            if self.epoch.images_per_set is not None:
+                self.run.images_per_set = _add(self.run.images_per_set,
+                                               self.epoch.images_per_set)
 
     def _measure(self, pids, consumer_thread: bool) -> None:
         e = self.epoch
@@ -173,6 +191,8 @@ class StatsClock:
         if self.open:
             for name in SUMMED:
                 setattr(run, name, getattr(run, name) + getattr(self.epoch, name))
+            if self.epoch.images_per_set is not None:
+                run.images_per_set = _add(run.images_per_set, self.epoch.images_per_set)
         run.epoch = self.epoch.epoch
         run.queue_depth = self.epoch.queue_depth
         return LoaderStats(**{**vars(self.epoch), "run": run})
