@@ -18,9 +18,12 @@ from dlpack_io.reader.format.fields import field_spans
 _MAX_DIM = 2**32  # a dimension is stored as u4
 
 
-def array_names(schema) -> tuple:
-    """The names of ``schema``'s array fields, sorted (empty for no schema)."""
-    return tuple(sorted(n for n, s in (schema or {}).items() if s["type"] == "array"))
+def array_names(schema, skip=()) -> tuple:
+    """The names of ``schema``'s array fields, sorted (empty for no schema), less those of
+    ``skip``: detection targets (boxes, categories, masks), per-sample arrays never stacked
+    (packer/targets.py)."""
+    return tuple(sorted(n for n, s in (schema or {}).items()
+                        if s["type"] == "array" and n not in skip))
 
 
 def block_shapes(block, schema: dict, names: tuple) -> dict:
@@ -70,5 +73,26 @@ def settle(schema, shapes: dict | None):
             known = spec.get("shape")  # a list's arrays are checked before packing
             spec["shape"] = shape if shape is not None and len(shape) == spec["ndim"] \
                 and known in (None, shape) else None
+        out[name] = spec
+    return out
+
+
+def without_shapes(fields) -> dict | None:
+    """``fields`` with the arrays' ``shape`` left out: what must agree for an append (the
+    shape is a finding about the records, not a choice)."""
+    return {n: {k: v for k, v in s.items() if k != "shape"} for n, s in fields.items()} \
+        if fields else None
+
+
+def union(base, new):
+    """The schema of a data set after an append: ``new``'s (same fields as ``base``'s),
+    an array keeping a shape only where the old and the new records state the same one."""
+    if not new or not base:
+        return new
+    out = {}
+    for name, spec in new.items():
+        spec = dict(spec)
+        if spec["type"] == "array" and spec.get("shape") != base.get(name, {}).get("shape"):
+            spec["shape"] = None
         out[name] = spec
     return out

@@ -43,6 +43,7 @@ class Inputs:
     fields: dict | None = None   # field schema of the list's extra keys / columns (format 3)
     field_values: list | None = None  # per input: its fields, or why its line is rejected
     sidecars: dict | None = None  # kind -> files named like an image with a sidecar suffix
+    targets: object | None = None  # boxes and masks to attach (packer/targets.TargetSource)
 
 
 @dataclass

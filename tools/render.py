@@ -92,7 +92,12 @@ def summary_text(s: dict, max_classes: int = 30) -> str:
         f"source        {root} ({plural(source.get('num_inputs', 0), 'input')}"
         + (f", list {source['list']})" if source.get('list') else ")"),
         f"created       {s['created'].get('at')} in {s['created'].get('seconds')} s "
-        f"with {s['created'].get('pil')}",
+        f"with {s['created'].get('pil')}"
+        + "".join(f"\nappended      {h['at']}: +{h['num_samples']} samples from "
+                  f"{h['first_sample']} in {len(h['shards'])} shards ({h['duplicates']} "
+                  f"duplicates, {h['changed']} changed skipped; new classes: "
+                  f"{', '.join(h['new_classes'][:5]) or 'none'})"
+                  for h in s.get("history", [])),
         _storage_text(s["storage"], s["mode"], s["options"]),
         f"rejects       {s['num_rejects']}"
         + "".join(f"\n                {r['path']}: {r['reason']}" for r in s["rejects"][:10])
