@@ -126,3 +126,18 @@ def test_jsonl_numeric_lists_of_one_shape_become_arrays(tmp_path):
                                 transforms=[Resize((4, 4))], num_workers=0)))
     assert ids.shape == (4, 3) and ids.dtype == torch.int64 and ids[:, 0].tolist() == [0, 1, 2, 3]
     assert box.shape == (4, 1, 4) and box.dtype == torch.float64
+
+
+def test_append_keeps_a_shape_only_where_old_and_new_records_agree(tmp_path):
+    src = _src(tmp_path / "src")
+    convert(src, tmp_path / "ds", workers=1, progress=False, shard_size="2KB")
+    assert Dataset(tmp_path / "ds").fields["npy"]["shape"] == [3, 2]
+    for k, npy in ((20, np.full((3, 2), 20, np.float32)), (21, np.zeros((5, 2), np.float32))):
+        stem = src / "c0" / f"{k:02d}"
+        Image.fromarray(np.full((8, 8, 3), k, np.uint8)).save(f"{stem}.jpg", quality=90)
+        np.save(f"{stem}.npy", npy)
+        (src / f"{stem}.cls").write_text(f"{k} {k + 100}\n")
+    out = convert(src, tmp_path / "ds", append=True, workers=1, progress=False)  # not refused
+    fields = Dataset(tmp_path / "ds").fields
+    assert out["append"]["inputs"] >= 2 and len(Dataset(tmp_path / "ds")) == N + 2
+    assert fields["npy"]["shape"] is None and fields["cls"]["shape"] == [2]

@@ -180,3 +180,20 @@ def test_a_tampered_field_byte_on_the_server_is_caught(s3_env, fielded, tmp_path
                     transforms=[Resize((4, 4))], num_workers=0)
     with pytest.raises(fmt.FormatError, match=rf"{name} record 1 .*checksum"):
         next(iter(loader))
+
+
+def test_kept_records_bring_their_fields_to_the_next_epoch(s3_env, fielded):
+    remote = Dataset(URL)  # the default cache_limit keeps the whole (small) data set
+    local = Dataset(fielded)
+    first, _ = _epoch(remote, NAMES)
+    fetched = remote._remote.bytes_fetched
+    assert fetched >= int(remote._remote.lengths.sum())  # spans: images and field blocks
+    again, _ = _epoch(remote, NAMES)  # the same epoch (seed) from the kept records
+    assert remote._remote.bytes_fetched == fetched
+    reopened = Dataset(URL)  # another run: each kept span read back and checked (both CRCs)
+    third, _ = _epoch(reopened, NAMES)
+    assert reopened._remote.bytes_fetched == 0
+    for a, b, c, d in zip(_epoch(local, NAMES)[0], first, again, third):
+        _same_batch(a, b)
+        _same_batch(a, c)
+        _same_batch(a, d)
