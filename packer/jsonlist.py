@@ -12,6 +12,7 @@ rounded), so the Loader stacks it into one tensor. One line whose list differs (
 length, nesting, or holding a non-number, a bool, null or an empty list) keeps the whole
 field ``json``. The whole list is read before anything is packed, so this is decided
 before the first record is written and every record of the field has the same type.
+(``boxes``, ``categories`` and ``iscrowd`` are detection targets: packer/targets.py.)
 A line that is not a JSON object, lacks ``path``, names a field ``image``/``label``-like
 or lacks a field other lines have is a reject naming the file and the line
 (``--on-error`` applies); the rest is packed.
@@ -23,6 +24,7 @@ import os
 from pathlib import Path
 
 from dlpack_io.packer.names import MAX_LIST_LABEL
+from dlpack_io.packer.targets import TARGET_KEYS
 from dlpack_io.reader.format import FormatError
 from dlpack_io.reader.format.fieldschema import check_field_name
 from dlpack_io.reader.format.schema import MAX_JSON_DEPTH, json_depth
@@ -106,8 +108,8 @@ def list_schema(rows: list) -> dict:
     for name in sorted(kinds):
         k = kinds[name]
         kind = k.pop() if len(k) == 1 else "float" if k == {"int", "float"} else "json"
-        spec = _array_spec([f[name] for _, _, f in rows if name in f]) if kind == "json" \
-            else None
+        spec = _array_spec([f[name] for _, _, f in rows if name in f]) \
+            if kind == "json" and name not in TARGET_KEYS else None  # boxes: targets.py
         schema[name] = spec or {"type": kind}
     return schema
 

@@ -110,13 +110,15 @@ def test_jsonl_numeric_lists_of_one_shape_become_arrays(tmp_path):
         Image.fromarray(np.full((8, 8, 3), 30 * k, np.uint8)).save(src / f"{k}.jpg")
         rows.append({"path": f"{k}.jpg", "ids": [k, -k, 2**40], "box": [[k, 0.5, 1, 2]],
                      "ragged": [1] * (k + 1), "flags": [True, k], "huge": [2**63, k],
-                     "mixed": [0.5, 2**60], "empty": [], "deep": [[k], [k, 1]]})
+                     "mixed": [0.5, 2**60], "empty": [], "deep": [[k], [k, 1]],
+                     "boxes": [[0, 0, 4, 4]]})  # one box on every line: still a target
     listing = tmp_path / "list.jsonl"
     listing.write_text("".join(json.dumps(r) + "\n" for r in rows))
     convert(src, tmp_path / "ds", list_file=listing, workers=1, progress=False, shuffle=False)
     ds = Dataset(tmp_path / "ds")
     assert ds.fields["ids"] == {"type": "array", "dtype": "int64", "ndim": 1, "shape": [3]}
     assert ds.fields["box"] == {"type": "array", "dtype": "float64", "ndim": 2, "shape": [1, 4]}
+    assert ds.fields["boxes"]["shape"] is None and ds.fields["boxes"]["dtype"] == "float32"
     assert {n for n, s in ds.fields.items() if s["type"] == "json"} == {
         "ragged", "flags", "huge", "mixed", "empty", "deep"}  # each kept exactly as written
     s = ds.sample(3)
