@@ -7,6 +7,7 @@ import os
 import platform
 from collections import Counter
 
+from dlpack_io.packer.fieldshapes import settle
 from dlpack_io.packer.names import shown
 from dlpack_io.packer.nofollow import create_new
 from dlpack_io.packer.pipeline import ConversionError
@@ -110,7 +111,7 @@ def final_manifest(src, inputs, opts, state, progress, engine: str, provenance: 
     manifest = build_manifest(inputs, opts, state.shards, state.rejects, state.reencoded,
                               state.class_counts.tolist(), progress.elapsed, state.lossless,
                               provenance=provenance, engine=engine,
-                              fields=getattr(inputs, "fields", None))
+                              fields=settle(getattr(inputs, "fields", None), state.shapes))
     problem = fmt.accounting_problem(manifest)
     if problem:  # never a data set with an input silently gone
         raise ConversionError(f"{src}: {problem} (the packing state does not add up: a "
@@ -133,4 +134,5 @@ def summary(dst, manifest, state, inputs, progress, resumed_from) -> dict:
             "repeated_dirs": inputs.repeated_dirs, "hidden_files": inputs.hidden_files,
             "hidden_dirs": inputs.hidden_dirs, "mode": manifest["mode"],
             "size": manifest["options"].get("size"),
-            "max_side": manifest["options"].get("max_side"), "fields": manifest.get("fields", {})}
+            "max_side": manifest["options"].get("max_side"), "fields": manifest.get("fields", {}),
+            "sidecars": dict(getattr(inputs, "sidecars", None) or {})}

@@ -21,9 +21,6 @@ def read_fields(dataset, i: int, names=None) -> dict:
     check_names(dataset, names)
     if not dataset.fields or names == ():
         return {}
-    if dataset.is_remote:
-        raise fmt.FormatError(f"{dataset.path}: reading fields from object storage is not "
-                              f"supported yet; copy the data set to local disk")
     k, j = dataset.locate(i)
     return read_record_fields(dataset, i, k, j, names)
 

@@ -212,8 +212,11 @@ def echo_summary(result: dict) -> None:
                + (f" (resumed at input {result['resumed_from']})" if result["resumed_from"] else ""))
     click.echo(render.convert_counts(result))
     if result.get("fields"):
-        click.echo("fields: " + ", ".join(f"{name} ({spec['type']})"
-                                          for name, spec in result["fields"].items()))
+        found = result.get("sidecars") or {}  # sidecar files found per field: not "ignored"
+        click.echo("fields: " + ", ".join(
+            f"{name} ({spec['type']}" + (f", {plural(found[name], 'sidecar file')} found"
+                                         if name in found else "") + ")"
+            for name, spec in result["fields"].items()))
     if result["via_links"] or result["repeated_dirs"]:
         click.echo(f"symlinks: {plural(result['via_links'], 'input')} reached through a link, "
                    f"{result['outside_src']} of them outside SRC; "

@@ -30,9 +30,6 @@ def check_fields(dataset, names) -> tuple:
         check_names(dataset, [n for n in names if n not in DEFAULT_FIELDS])
     except KeyError as exc:
         raise ValueError(exc.args[0]) from None
-    if dataset.is_remote and set(names) - set(DEFAULT_FIELDS):
-        raise ValueError(f"{dataset.path}: reading fields from object storage is not "
-                         f"supported yet; copy the data set to local disk")
     return names
 
 
