@@ -32,6 +32,11 @@ def _proc_cpu(pids) -> float:
     return total
 
 
+def tree_cpu(pids) -> float:
+    """CPU seconds used so far by this process (every thread) and the processes ``pids``."""
+    return time.process_time() + _proc_cpu(pids)
+
+
 @dataclass
 class LoaderStats:
     """The Loader's figures for one span (an epoch, or the whole run in ``run``)."""
@@ -48,6 +53,7 @@ class LoaderStats:
     queue_depth: float = 0.0   # mean built batches waiting when the loop asked
     num_workers: int = 0
     worker_kind: str = "thread"
+    tuned: str = ""            # num_workers/prefetch="auto": what was chosen and why
     run: "LoaderStats | None" = field(default=None, repr=False)
 
     @property
@@ -128,8 +134,15 @@ class StatsClock:
         """Epoch ``epoch`` starts now (its first next() is being served)."""
         self.epoch = LoaderStats(epoch=epoch, **self.kind)
         self.open, self._start, self._depths = True, time.perf_counter(), 0
-        self._cpu0 = time.process_time() + _proc_cpu(pids)
+        self._cpu0 = tree_cpu(pids)
         self._thread0 = time.thread_time()
+
+    def setting(self, num_workers: int, worker_kind: str, tuned: str = "") -> None:
+        """The workers now building the batches (``tuned``: why, when chosen by "auto")."""
+        self.kind = dict(num_workers=num_workers, worker_kind=worker_kind, tuned=tuned)
+        for stats in (self.run, self.epoch):
+            for name, value in self.kind.items():
+                setattr(stats, name, value)
 
     def waited(self, seconds: float) -> None:
         """The loop waited ``seconds`` inside next()."""
@@ -158,7 +171,7 @@ class StatsClock:
     def _measure(self, pids, consumer_thread: bool) -> None:
         e = self.epoch
         e.wall_s = time.perf_counter() - self._start
-        e.cpu_s = time.process_time() + _proc_cpu(pids) - self._cpu0
+        e.cpu_s = tree_cpu(pids) - self._cpu0
         if consumer_thread:
             e.consumer_cpu_s = time.thread_time() - self._thread0
         e.queue_depth = self._depths / e.batches if e.batches else 0.0
