@@ -152,7 +152,7 @@ class Tuner:
         while not self.settled and k < len(batches):
             trial = self._current()
             if trial is None:
-                engine = self._settle(engine, swap)
+                engine = self.settle(engine, swap)
                 break
             if (trial.kind, trial.workers) != (self.options.worker_kind, self.options.num_workers):
                 self._use(self._concrete(trial, None))
@@ -165,7 +165,7 @@ class Tuner:
                                       Shifted(prefetch, k - start), epoch, on_batch)
             k = end
         if not self.settled and self._current() is None:
-            self._settle(engine, swap)  # settled at the end of an epoch: next one uses it
+            self.settle(engine, swap)  # settled at the end of an epoch: next one uses it
         if k < len(batches):
             yield from deliver(engine, batches, k, ticket0, Shifted(prefetch, k - start),
                                epoch, self.options.in_flight, on_batch)
@@ -181,7 +181,9 @@ class Tuner:
             last, cpu0 = now, cpu
             yield item  # the step runs here: the next interval spans it, as the loop sees it
 
-    def _settle(self, engine, swap):
+    def settle(self, engine, swap):
+        """Keep the best trial's setting (``prefetch="auto"``: its depth too), log why;
+        returns the engine to go on with (``swap``'s when the setting changes)."""
         best = choose(self.trials)
         prefetch = None
         if self.auto_prefetch:
