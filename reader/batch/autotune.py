@@ -14,8 +14,9 @@ candidate wins (the candidates are listed cheapest first: threads before process
 before more). A loop that is not data-bound therefore keeps the cheapest setting.
 
 The candidates, for ``cores`` = CPU cores this process may use / ``LOCAL_WORLD_SIZE`` (the
-ranks of one node share its cores): ``cores`` threads (decode, resize and copies release
-the GIL), ``2 x cores`` threads (covers reads that wait on a disk or the network), and
+ranks of one node share its cores): ``cores / 2`` threads (enough when the training loop
+itself needs a core, or the machine is shared), ``cores`` threads (decode, resize and
+copies release the GIL), ``2 x cores`` threads (covers reads that wait on a disk or the network), and
 ``cores`` processes (a Python ``sample_transform`` that holds the GIL runs in parallel only
 in processes). ``prefetch="auto"``: ``2 x workers`` batches in flight (one being built and
 one ready per worker), raised up to ``4 x workers`` by the irregularity the trial saw (the
@@ -59,7 +60,8 @@ def usable_cores() -> int:
 def candidates(cores: int, max_workers: int) -> list[tuple[str, int]]:
     """(worker kind, count) to try on ``cores`` cores, cheapest first."""
     c = max(1, min(cores, max_workers))
-    out = [("thread", c), ("thread", min(2 * c, max_workers)), ("process", c)]
+    out = [("thread", max(1, c // 2)), ("thread", c), ("thread", min(2 * c, max_workers)),
+           ("process", c)]
     return list(dict.fromkeys(out))  # no setting twice (max_workers may fold them)
 
 
