@@ -90,7 +90,7 @@ class Loader(DataLoaderAttributes):
         self._world = (opts.rank, opts.world_size)
         self.rank, self.world_size = order_mod.resolve_world(opts.rank, opts.world_size)
         self.skipped = SkipAccount()
-        self._stats = StatsClock(0, opts.worker_kind)  # the Tuner tells it the setting
+        self._stats = StatsClock(0, opts.worker_kind, self.device)  # Tuner: the setting
         self._tune = Tuner(opts, self._stats.setting)  # "auto": settled on the first batches
         self._log = LogSchedule(opts.log_every)
         self._consumer = threading.get_ident()  # the thread that iterates (updated per epoch)
@@ -227,7 +227,7 @@ class Loader(DataLoaderAttributes):
             if not self.options.persistent_workers:
                 self._close_engine()
         finally:
-            self._stats.end_epoch(self.worker_pids())
+            self._stats.end_epoch(self.worker_pids(), prefetch)
             if prefetch is not None:
                 prefetch.close()
             if not clean:  # abandoned mid-epoch (break, exception): drop the workers
