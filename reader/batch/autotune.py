@@ -77,8 +77,9 @@ class Trial:
     epochs: int = 0
 
     def needed(self) -> int:
-        """Intervals that make a trial: at least two rounds of the workers' batches."""
-        return max(4, 2 * self.workers)
+        """Intervals that make a trial: three rounds of the workers' batches (at least six:
+        one interval is one noisy sample of a shared machine)."""
+        return max(6, 3 * self.workers)
 
     def done(self) -> bool:
         """Measured enough (or for as many epochs as a short data set allows)."""

@@ -62,8 +62,8 @@ def test_auto_yields_the_batches_of_every_fixed_setting(packed, fmt, persistent,
     _same(auto, threads)
     _same(auto, processes)
     assert len(auto) == 3 * 12  # 72 images, batches of 6, three epochs
-    # the trials (on 2 cores 1, 2, 4 threads, 2 processes: at most 2 x 4 + 1 batches each)
-    # fit in the 36 batches, so the setting is settled, logged once, and visible in the stats
+    # the trials (on 2 cores 1, 2, 4 threads, 2 processes: 7 + 7 + 13 + 7 batches) fit in
+    # the 36 batches, so the setting is settled, logged once, and visible in the stats
     chosen = [r.getMessage() for r in caplog.records if "auto setting" in r.getMessage()]
     assert len(chosen) == 1
     assert stats.tuned in chosen[0]
@@ -79,7 +79,7 @@ def test_a_resume_in_the_middle_of_the_trials_reads_the_same_batches(packed, mon
                     return_index=True, num_workers="auto")
     it = iter(loader)
     head = [(np.array(i), x.numpy().copy(), y.numpy().copy())
-            for x, y, i in (next(it) for _ in range(7))]  # inside the second trial (2 threads)
+            for x, y, i in (next(it) for _ in range(9))]  # inside the second trial (2 threads)
     state = loader.state_dict()
     del it
     loader.close()
