@@ -103,7 +103,7 @@ class LoaderStats:
         out = {k: v for k, v in asdict(self).items() if k != "run"}
         out.update(wait_fraction=self.wait_fraction, images_per_s=self.images_per_s,
                    cpu_ms_per_image=self.cpu_ms_per_image, workers_busy=self.workers_busy,
-                   verdict=self.verdict())
+                   stage_shares=self.stage_shares(), verdict=self.verdict())
         if self.run is not None:
             out["run"] = self.run.as_dict()
         return out
@@ -119,8 +119,18 @@ class LoaderStats:
         else:
             advice = (f"workers idle part of the time: more workers (num_workers > "
                       f"{self.num_workers}) or a deeper prefetch would help")
+        where = self.stage_shares()
+        if where:
+            advice += "; worker time: " + ", ".join(f"{name} {100 * share:.0f}%"
+                                                     for name, share in where.items())
         return (f"data-bound: {waiting} of step time spent waiting for data; workers busy "
                 f"{100 * busy:.0f}%: {advice}")
+
+    def stage_shares(self) -> dict:
+        """Each stage's share of the workers' seconds (STAGES order; empty when unmeasured)."""
+        seconds = {name: getattr(self, f"{name}_s") for name in STAGES}
+        total = sum(seconds.values())
+        return {n: v / total for n, v in seconds.items() if v > 0} if total > 0 else {}
 
     def postfix(self) -> dict:
         """Short figures for a progress bar: ``tqdm(...).set_postfix(loader.stats().postfix())``."""
