@@ -1,15 +1,18 @@
 """``num_workers="auto"`` and ``prefetch="auto"``: the Loader settles its own worker setting.
 
-The Loader delivers its first batches with a few candidate settings in turn (a short
-*trial* each, at batch boundaries: one engine is closed after its last trial batch, the
-next is started), measures each one as the training loop sees it, then keeps the best for
-the rest of the run and logs what it chose and why (one line; also ``loader.stats().tuned``).
+The Loader delivers its first batches with a few candidate settings taking turns (ROUNDS
+short pieces each, at batch boundaries: one engine is closed after the last batch of its
+piece, the next is started), measures each one as the training loop sees it, then keeps
+the best for the rest of the run and logs what it chose and why (one line; also
+``loader.stats().tuned``). Taking turns means a change in a shared machine's load hits
+every candidate alike, and the median over a candidate's pieces drops a piece that met a
+burst.
 
 What a trial measures: the seconds between two deliveries, which is the slower of the
 loader and the training step (the step is in the loop, not in our hands), over batches
 after the trial's first (start-up and pipeline fill are not counted), and the CPU seconds
 per image of this process and its worker processes. The best setting is the one with the
-shortest interval; settings within ``TIE`` of it are equal, and among equals the earlier
+shortest (median) interval; settings within ``TIE`` of it are equal, and among equals the earlier
 candidate wins (the candidates are listed cheapest first: threads before processes, fewer
 before more). A loop that is not data-bound therefore keeps the cheapest setting.
 
@@ -33,6 +36,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import statistics
 import time
 from dataclasses import dataclass, field, replace
 
@@ -42,7 +46,8 @@ from dlpack_io.reader.batch.stats import tree_cpu
 log = logging.getLogger(__name__)
 AUTO = "auto"
 TIE = 0.05            # intervals within 5% of the best are equal: the cheaper one wins
-MAX_TRIAL_EPOCHS = 2  # a candidate measured over this many epochs is done, however short
+ROUNDS = 3            # each candidate is measured in this many pieces, taken in turns
+MAX_TRIAL_EPOCHS = 3  # a candidate measured over this many epochs is done, however short
 
 
 def usable_cores() -> int:
@@ -72,6 +77,7 @@ class Trial:
     kind: str
     workers: int
     intervals: list = field(default_factory=list)   # seconds between deliveries
+    pieces: list = field(default_factory=list)      # mean interval of each measured piece
     cpu_s: float = 0.0
     images: int = 0
     epochs: int = 0
@@ -81,14 +87,20 @@ class Trial:
         one interval is one noisy sample of a shared machine)."""
         return max(6, 3 * self.workers)
 
+    def piece(self) -> int:
+        """Intervals measured per turn (the trial is ROUNDS turns)."""
+        return math.ceil(self.needed() / ROUNDS)
+
     def done(self) -> bool:
-        """Measured enough (or for as many epochs as a short data set allows)."""
-        return len(self.intervals) >= self.needed() or self.epochs >= MAX_TRIAL_EPOCHS
+        """Measured in every round (or for as many epochs as a short data set allows)."""
+        return len(self.pieces) >= ROUNDS or self.epochs >= MAX_TRIAL_EPOCHS
 
     @property
     def interval(self) -> float:
-        """Mean seconds between deliveries (inf when nothing was measured)."""
-        return sum(self.intervals) / len(self.intervals) if self.intervals else math.inf
+        """Median over the pieces of their mean seconds between deliveries (the pieces are
+        taken in turns with the other candidates, so a change in the machine's load hits
+        them all; the median drops a piece that met a burst); inf when nothing measured."""
+        return statistics.median(self.pieces) if self.pieces else math.inf
 
     @property
     def cpu_ms(self) -> float:
@@ -146,7 +158,9 @@ class Tuner:
                        prefetch=prefetch)
 
     def _current(self) -> Trial | None:
-        return next((t for t in self.trials if not t.done()), None)
+        """The next turn: the candidate with the fewest pieces (the first of those)."""
+        left = [t for t in self.trials if not t.done()]
+        return min(left, key=lambda t: len(t.pieces)) if left else None
 
     def deliver(self, engine, swap, batches, start, ticket0, prefetch, epoch, on_batch):
         """engine.deliver's batches, in order, with the trials in between; ``swap(options)``
@@ -163,7 +177,7 @@ class Tuner:
             if id(trial) not in seen:
                 seen.add(id(trial))
                 trial.epochs += 1
-            end = min(len(batches), k + trial.needed() + 1 - len(trial.intervals))
+            end = min(len(batches), k + trial.piece() + 1)
             yield from self._measured(trial, engine, batches[:end], k, ticket0,
                                       Shifted(prefetch, k - start), epoch, on_batch)
             k = end
@@ -175,14 +189,18 @@ class Tuner:
 
     def _measured(self, trial, engine, batches, k, ticket0, prefetch, epoch, on_batch):
         last = cpu0 = None
+        piece = []
         for item in deliver(engine, batches, k, ticket0, prefetch, epoch,
                             self.options.in_flight, on_batch):
             now, cpu = time.perf_counter(), tree_cpu(engine.runner.pids)
             if last is not None:  # the first delivery of a piece pays start-up and fill
-                trial.intervals.append(now - last)
+                piece.append(now - last)
                 trial.cpu_s, trial.images = trial.cpu_s + cpu - cpu0, trial.images + len(item[2])
             last, cpu0 = now, cpu
             yield item  # the step runs here: the next interval spans it, as the loop sees it
+        if piece:
+            trial.intervals += piece
+            trial.pieces.append(sum(piece) / len(piece))
 
     def settle(self, engine, swap):
         """Keep the best trial's setting (``prefetch="auto"``: its depth too), log why;

@@ -30,7 +30,7 @@ def darken(image):
 
 def _epochs(path, epochs: int, **options):
     """[(indices, images, labels)] of ``epochs`` epochs, and the Loader's last stats."""
-    loader = Loader(Dataset(path), batch_size=6, seed=5, transforms=list(RECIPE),
+    loader = Loader(Dataset(path), batch_size=4, seed=5, transforms=list(RECIPE),
                     return_index=True, **options)
     out = [(np.array(i), x.numpy().copy(), y.numpy().copy())
            for _ in range(epochs) for x, y, i in loader]
@@ -61,9 +61,9 @@ def test_auto_yields_the_batches_of_every_fixed_setting(packed, fmt, persistent,
                            sample_transform=darken)
     _same(auto, threads)
     _same(auto, processes)
-    assert len(auto) == 3 * 12  # 72 images, batches of 6, three epochs
-    # the trials (on 2 cores 1, 2, 4 threads, 2 processes: 7 + 7 + 13 + 7 batches) fit in
-    # the 36 batches, so the setting is settled, logged once, and visible in the stats
+    assert len(auto) == 3 * 18  # 72 images, batches of 4, three epochs
+    # the trials (on 2 cores 1, 2, 4 threads, 2 processes, in three turns of 3, 3, 5 and 3
+    # batches: 42 batches) fit in the 54 batches, so the setting is settled, logged once, and visible in the stats
     chosen = [r.getMessage() for r in caplog.records if "auto setting" in r.getMessage()]
     assert len(chosen) == 1
     assert stats.tuned in chosen[0]
@@ -75,15 +75,15 @@ def test_auto_yields_the_batches_of_every_fixed_setting(packed, fmt, persistent,
 def test_a_resume_in_the_middle_of_the_trials_reads_the_same_batches(packed, monkeypatch):
     monkeypatch.setattr(autotune.os, "sched_getaffinity", lambda pid: {0, 1})
     fixed, _ = _epochs(packed["jpeg"], 1, num_workers=1)
-    loader = Loader(Dataset(packed["jpeg"]), batch_size=6, seed=5, transforms=list(RECIPE),
+    loader = Loader(Dataset(packed["jpeg"]), batch_size=4, seed=5, transforms=list(RECIPE),
                     return_index=True, num_workers="auto")
     it = iter(loader)
     head = [(np.array(i), x.numpy().copy(), y.numpy().copy())
-            for x, y, i in (next(it) for _ in range(9))]  # inside the second trial (2 threads)
+            for x, y, i in (next(it) for _ in range(9))]  # inside the third turn (4 threads)
     state = loader.state_dict()
     del it
     loader.close()
-    again = Loader(Dataset(packed["jpeg"]), batch_size=6, seed=5, transforms=list(RECIPE),
+    again = Loader(Dataset(packed["jpeg"]), batch_size=4, seed=5, transforms=list(RECIPE),
                    return_index=True, num_workers="auto")
     again.load_state_dict(state)
     rest = [(np.array(i), x.numpy().copy(), y.numpy().copy()) for x, y, i in again]
@@ -92,10 +92,11 @@ def test_a_resume_in_the_middle_of_the_trials_reads_the_same_batches(packed, mon
 
 
 def test_the_shortest_interval_wins_and_the_cheaper_setting_wins_a_tie():
-    a, b, c = Trial("thread", 2, [0.10] * 4), Trial("thread", 4, [0.08] * 8), \
-        Trial("process", 2, [0.05] * 4)
+    a, b = Trial("thread", 2, pieces=[0.10, 0.11, 0.10]), Trial("thread", 4, pieces=[0.08] * 3)
+    c = Trial("process", 2, pieces=[0.05, 0.50, 0.06])  # one piece met a burst: the median
+    assert (a.interval, c.interval) == (0.10, 0.06)
     assert choose([a, b, c]) is c
-    c.intervals = [0.079] * 4  # within 5% of b's 0.08: b is listed first, so b wins
+    c.pieces = [0.079] * 3  # within 5% of b's 0.08: b is listed first, so b wins
     assert choose([a, b, c]) is b
     assert choose([Trial("thread", 2), Trial("process", 2)]).kind == "thread"  # nothing measured
 

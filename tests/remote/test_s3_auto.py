@@ -29,7 +29,7 @@ def packed(tmp_path_factory, s3_server):
 
 
 def _epochs(ds, epochs: int, **kw):
-    loader = Loader(ds, batch_size=4, seed=3, return_index=True,
+    loader = Loader(ds, batch_size=2, seed=3, return_index=True,
                     transforms=[RandomResizedCrop(24), RandomHorizontalFlip()], **kw)
     out, fetched, waited = [], [], []
     for _ in range(epochs):
@@ -47,11 +47,11 @@ def test_auto_over_s3_reads_what_a_fixed_setting_reads_on_disk(s3_env, packed, m
     local, _, _, _ = _epochs(Dataset(packed), 3, num_workers=2)
     remote = Dataset(URL, cache_limit=10_000_000)
     auto, fetched, waited, stats = _epochs(remote, 3, num_workers="auto")
-    assert len(auto) == len(local) == 30
+    assert len(auto) == len(local) == 60
     for (ia, xa), (ib, xb) in zip(local, auto):
         np.testing.assert_array_equal(ia, ib)
         np.testing.assert_array_equal(xa, xb)
-    # 1, 2 and 4 threads and 2 processes had their trials (5 + 5 + 9 + 5 of 30 batches)
+    # 1, 2 and 4 threads and 2 processes had their turns (3 x (3 + 3 + 5 + 3) of 60 batches)
     assert stats.tuned.startswith("num_workers=")
     assert "2 processes" in stats.tuned
     # every record of the data set came over the network in the first epoch, at least
