@@ -19,9 +19,11 @@ before more). A loop that is not data-bound therefore keeps the cheapest setting
 The candidates, for ``cores`` = CPU cores this process may use / ``LOCAL_WORLD_SIZE`` (the
 ranks of one node share its cores): ``cores / 2`` threads (enough when the training loop
 itself needs a core, or the machine is shared), ``cores`` threads (decode, resize and
-copies release the GIL), ``2 x cores`` threads (covers reads that wait on a disk or the network), and
-``cores`` processes (a Python ``sample_transform`` that holds the GIL runs in parallel only
-in processes). ``prefetch="auto"``: ``2 x workers`` batches in flight (one being built and
+copies release the GIL), ``2 x cores`` threads (covers reads that wait on a disk or the network), and, only with a
+``sample_transform``, ``cores`` processes (Python that holds the GIL runs in parallel only
+in processes; without one, every heavy step of the host path releases the GIL and threads
+measured faster: docs/benchmarks.md, "Loader"; short trials also over-rated processes on
+this machine, docs/benchmarks.md, "num_workers=auto"). ``prefetch="auto"``: ``2 x workers`` batches in flight (one being built and
 one ready per worker), raised up to ``4 x workers`` by the irregularity the trial saw (the
 slowest window of ``workers`` deliveries over the mean one): a deeper queue only absorbs
 jitter, the steady rate is the workers'.
@@ -62,11 +64,12 @@ def usable_cores() -> int:
     return max(1, cores // ranks)
 
 
-def candidates(cores: int, max_workers: int) -> list[tuple[str, int]]:
-    """(worker kind, count) to try on ``cores`` cores, cheapest first."""
+def candidates(cores: int, max_workers: int, processes: bool = True) -> list[tuple[str, int]]:
+    """(worker kind, count) to try on ``cores`` cores, cheapest first (``processes``: with
+    a process setting, worth a trial only where Python code may hold the GIL)."""
     c = max(1, min(cores, max_workers))
-    out = [("thread", max(1, c // 2)), ("thread", c), ("thread", min(2 * c, max_workers)),
-           ("process", c)]
+    out = [("thread", max(1, c // 2)), ("thread", c), ("thread", min(2 * c, max_workers))]
+    out += [("process", c)] if processes else []
     return list(dict.fromkeys(out))  # no setting twice (max_workers may fold them)
 
 
@@ -141,7 +144,7 @@ class Tuner:
         self.auto_prefetch = options.prefetch == AUTO
         if auto_workers:
             cores = usable_cores() if cores is None else cores
-            kinds = candidates(cores, MAX_WORKERS)
+            kinds = candidates(cores, MAX_WORKERS, options.sample_transform is not None)
         else:
             kinds = [(options.worker_kind, int(options.num_workers))]
         self.trials = [Trial(kind, n) for kind, n in kinds]

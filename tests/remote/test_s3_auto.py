@@ -28,6 +28,11 @@ def packed(tmp_path_factory, s3_server):
     return str(root / "local")
 
 
+def darken(image):
+    """A sample_transform (so that auto tries process workers too, gated on the cache)."""
+    return image // 2
+
+
 def _epochs(ds, epochs: int, **kw):
     loader = Loader(ds, batch_size=2, seed=3, return_index=True,
                     transforms=[RandomResizedCrop(24), RandomHorizontalFlip()], **kw)
@@ -44,9 +49,10 @@ def _epochs(ds, epochs: int, **kw):
 def test_auto_over_s3_reads_what_a_fixed_setting_reads_on_disk(s3_env, packed, monkeypatch):
     monkeypatch.setattr(autotune.os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    local, _, _, _ = _epochs(Dataset(packed), 3, num_workers=2)
+    local, _, _, _ = _epochs(Dataset(packed), 3, num_workers=2, sample_transform=darken)
     remote = Dataset(URL, cache_limit=10_000_000)
-    auto, fetched, waited, stats = _epochs(remote, 3, num_workers="auto")
+    auto, fetched, waited, stats = _epochs(remote, 3, num_workers="auto",
+                                           sample_transform=darken)
     assert len(auto) == len(local) == 60
     for (ia, xa), (ib, xb) in zip(local, auto):
         np.testing.assert_array_equal(ia, ib)
