@@ -80,7 +80,8 @@ def accounted(entries: list, plan: dict, num_classes: int, where: str) -> list:
     num_inputs = plan.get("num_inputs")
     if not isinstance(num_inputs, int):
         return []
-    kept, start, next_sample = [], 0, 0
+    # an append's shards follow the data set's samples (the plan line says where)
+    kept, start, next_sample = [], 0, plan.get("first_sample", 0)
     for i, entry in enumerate(entries):
         problem = line_problem(entry, start, next_sample, num_inputs, num_classes)
         if problem:

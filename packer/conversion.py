@@ -11,16 +11,13 @@ from __future__ import annotations
 import logging
 import os
 
-import numpy as np
-
-from dlpack_io.packer import accounting, finalize, journal
-from dlpack_io.packer.dstfiles import (check_src_dst, clear_outputs, existing_entries,
-                                       kept_shard_paths, not_empty_error, verify_kept_shard)
+from dlpack_io.packer import finalize, journal
+from dlpack_io.packer.dstfiles import check_src_dst, clear_outputs, existing_entries, not_empty_error
 from dlpack_io.packer.engines import engine_context
-from dlpack_io.packer.names import shown
 from dlpack_io.packer.fieldsource import check_engine_fields
 from dlpack_io.packer.options import PackOptions
-from dlpack_io.packer.packing import State, packing_order, plan_inputs, prepare_inputs
+from dlpack_io.packer.packing import State, plan_inputs, prepare_inputs
+from dlpack_io.packer.resumestate import resume_state
 from dlpack_io.packer.pipeline import ConversionError
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.remote.urls import is_remote
@@ -34,34 +31,6 @@ def _prepare_dst(dst: str, resume: bool, overwrite: bool) -> None:
         clear_outputs(dst)
     elif entries and not resume:
         raise not_empty_error(dst, entries)
-
-
-def _resume_state(dst: str, plan: dict, inputs, opts) -> State:
-    state = State(class_counts=np.zeros(len(inputs.classes), dtype=np.int64))
-    old_plan, done = journal.read_journal(dst)
-    refused = journal.refusal(dst, old_plan, plan) if old_plan is not None else None
-    if refused:
-        raise ConversionError(refused)
-    order = packing_order(len(inputs.paths), opts)
-    for entry in accounting.accounted(done, old_plan, len(inputs.classes), dst) \
-            if old_plan else []:
-        if not verify_kept_shard(dst, entry["shard"]):
-            log.warning("shard %s from the interrupted run is damaged; redoing from there",
-                        entry["shard"]["name"])
-            break
-        covered = [shown(inputs.paths[i])
-                   for i in order[state.position:entry["end_input"]].tolist()]
-        problem = accounting.paths_problem(entry, covered,
-                                           kept_shard_paths(dst, entry["shard"]))
-        if problem:
-            log.warning("%s: the journal line of shard %s disagrees with the shard (%s); "
-                        "redoing from there", dst, entry["shard"]["name"], problem)
-            break
-        state.take_over(entry)
-    kept = {s["name"] for s in state.shards}
-    clear_outputs(dst, keep=kept)
-    journal.Journal(dst, plan, [e for e in done if e["shard"]["name"] in kept])
-    return state
 
 
 def _retry_advice(dst: str, kept: int) -> str:
@@ -91,9 +60,21 @@ def _remove_if_empty(dst: str) -> None:
         pass
 
 
+def _other_route(dst, append: bool):
+    """What converts into ``dst`` unless it is a new local data set: an append
+    (appending.py; upload_append.py for s3://) or an s3:// DST (upload.py); else None."""
+    if not (append or is_remote(dst)):
+        return None
+    from dlpack_io.packer import appending, upload, upload_append
+
+    if append:
+        return upload_append.append_remote if is_remote(dst) else appending.convert_append
+    return upload.convert_remote
+
+
 def convert(src, dst, *, list_file=None, resume: bool = False, overwrite: bool = False,
             labels: bool = True, provenance: bool = True, engine: str = "local",
-            ray_address: str | None = None, **options) -> dict:
+            ray_address: str | None = None, append: bool = False, **options) -> dict:
     """Pack the images under ``src`` into a data set at ``dst``; return a summary dict.
 
     ``options`` are PackOptions fields (format, mode, size, max_side, quality, shard_size,
@@ -104,16 +85,15 @@ def convert(src, dst, *, list_file=None, resume: bool = False, overwrite: bool =
     ``engine="ray"`` runs the work as tasks on a Ray cluster (``ray_address``; none: a
     private one on this machine) with byte-identical output. Raises ConversionError with
     the file and the fix when the job cannot complete; a run that completed no shard
-    leaves nothing behind, so the advice is to run it again.
+    leaves nothing behind, so the advice is to run it again. ``append``: appending.py.
     """
-    if is_remote(dst):  # s3://bucket/prefix: pack locally, upload (packer/upload.py)
-        from dlpack_io.packer.upload import convert_remote
-
-        return convert_remote(src, dst, list_file=list_file, resume=resume,
-                              overwrite=overwrite, labels=labels, provenance=provenance,
-                              engine=engine, ray_address=ray_address, **options)
+    route = _other_route(dst, append)
+    if route is not None:
+        return route(
+            src, dst, list_file=list_file, resume=resume, overwrite=overwrite, labels=labels,
+            provenance=provenance, engine=engine, ray_address=ray_address, **options)
     if options.pop("staging", None) is not None:
-        raise ValueError("--staging is for s3:// destinations (shards waiting for upload)")
+        raise ValueError("--staging is for s3://, gs://, az:// DSTs (shards waiting for upload)")
     check_src_dst(src, dst)
     opts, inputs = prepare_inputs(src, list_file, options, labels)
     check_engine_fields(src, engine, inputs)
@@ -148,7 +128,7 @@ def _convert_locked(src, dst, inputs, stats, plan, opts, pack, engine, provenanc
     leave nothing behind when no shard was completed, and name the one retry command."""
     state = None
     try:
-        state = _resume_state(dst, plan, inputs, opts)
+        state = resume_state(dst, plan, inputs, opts)
         resumed_from = state.position
         progress = pack(dst, inputs, stats, opts, state, journal.Journal(dst))
         manifest = _finish(src, dst, inputs, opts, state, progress, engine, provenance)
@@ -168,7 +148,8 @@ def _finish(src, dst, inputs, opts: PackOptions, state: State, progress, engine:
     """Write rejects.tsv and, last, the manifest; drop the journal. Returns the manifest."""
     manifest = finalize.final_manifest(src, inputs, opts, state, progress, engine, provenance)
     try:
-        finalize.write_dataset_files(dst, manifest, state.rejects)
+        finalize.write_dataset_files(dst, manifest, state.rejects
+                                     + finalize.annotation_rejects(inputs))
     except OSError as exc:
         raise ConversionError(f"{dst}: cannot write the manifest ({exc.strerror or exc}); "
                               f"all shards are complete, free space") from exc

@@ -77,6 +77,14 @@ def verify_kept_shard(dst, entry: dict) -> bool:
 def kept_shard_paths(dst, entry: dict) -> list | None:
     """The source paths a kept shard's own metadata lists (checked against its CRC), or
     None when they cannot be read: what a journal line's accounting is compared with."""
+    meta = kept_shard_meta(dst, entry)
+    paths = None if meta is None else meta.get("paths")
+    return paths if isinstance(paths, list) else None
+
+
+def kept_shard_meta(dst, entry: dict) -> dict | None:
+    """A shard's own metadata dict (checked against its CRC), or None when it cannot be
+    read (record shards: the header's metadata CRC; LMDB: the B-tree checked first)."""
     path = os.path.join(dst, entry["name"])
     try:
         if entry["name"].endswith(fmt.SHARD_SUFFIX["record"]):
@@ -88,10 +96,9 @@ def kept_shard_paths(dst, entry: dict) -> list | None:
                 return None
         else:
             meta = _lmdb_meta(path)
-        paths = None if meta is None else fmt.decode_json(meta, path).get("paths")
-    except (OSError, fmt.FormatError, AttributeError):
+        return None if meta is None else fmt.decode_json(meta, path)
+    except (OSError, fmt.FormatError):
         return None
-    return paths if isinstance(paths, list) else None
 
 
 def _lmdb_meta(path: str):

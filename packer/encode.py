@@ -26,6 +26,7 @@ Pillow gives for the input**, ``ImageOps.exif_transpose(Image.open(f)).convert("
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import os
 import stat
@@ -183,7 +184,8 @@ def encode_path(item: tuple, options: dict, ship_passthrough: bool = True):
     try:
         data = _read_unchanged(path, size, mtime_ns)
         record = encode_file(data, **options)
-        record = dataclasses.replace(record, source_bytes=len(data), crc=crc32(record.payload))
+        record = dataclasses.replace(record, source_bytes=len(data), crc=crc32(record.payload),
+                                     source_sha=hashlib.sha256(data).hexdigest())
         if record.is_passthrough and not ship_passthrough:
             # The parent re-reads the file (page cache, ~40 us) and checks this CRC: cheaper
             # than pickling 110 KB through a pipe, and it catches a file changed meanwhile.

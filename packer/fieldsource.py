@@ -58,9 +58,11 @@ def with_fields(inputs, fields_option):
 
 def field_source(inputs):
     """The FieldSource of a conversion, or None when its inputs have no fields at all."""
-    if not inputs.fields and inputs.field_values is None:
+    targets = getattr(inputs, "targets", None)  # boxes, masks: packer/targets.py
+    if not inputs.fields and inputs.field_values is None and targets is None:
         return None
-    return FieldSource(inputs.fields or {}, inputs.root, inputs.paths, inputs.field_values)
+    return FieldSource(inputs.fields or {}, inputs.root, inputs.paths, inputs.field_values,
+                       targets)
 
 
 def _stem(root: str, rel: str) -> str:
@@ -135,8 +137,9 @@ class FieldSource:
     """The field block of input ``i``: from its sidecars, or from its list row's values
     (``values[i]``: a dict, or an error text for a list line that could not be read)."""
 
-    def __init__(self, schema: dict, root: str = "", paths=(), values=None):
+    def __init__(self, schema: dict, root: str = "", paths=(), values=None, targets=None):
         self.schema, self.root, self.paths, self.values = schema, root, paths, values
+        self.targets = targets
 
     def block(self, i: int) -> bytes | None:
         """The field block, None when there are no fields; RejectedInput when input ``i``
@@ -149,7 +152,11 @@ class FieldSource:
             fields = self.values[i]
         else:
             stem = _stem(self.root, self.paths[i])
-            fields = {k: sidecar_value(f"{stem}.{k}", k) for k in self.schema}
+            fields = {k: sidecar_value(f"{stem}.{k}", k) for k in self.schema
+                      if self.targets is None or k not in self.targets.schema}
+        if self.targets is not None:
+            fields = dict(fields, **self.targets.fields(i, os.path.join(self.root,
+                                                                        self.paths[i])))
         try:
             return encode_fields(fields, self.schema, "")
         except ValueError as exc:

@@ -10,6 +10,7 @@ from collections import Counter
 from dlpack_io.packer.names import shown
 from dlpack_io.packer.nofollow import create_new
 from dlpack_io.packer.pipeline import ConversionError
+from dlpack_io.packer.targets import annotation_rejects
 from dlpack_io.packer.writers import fsync_dir
 from dlpack_io.reader import format as fmt
 
@@ -45,7 +46,8 @@ def pil_flavour() -> str:
 
 
 def rejects_tsv(rejects: list) -> bytes:
-    """The rejects file: a header line, then ``path<TAB>reason`` per skipped input."""
+    """The rejects file: a header line, then ``path<TAB>reason`` per skipped input (and,
+    after them, per annotation left out of a packed image: targets.annotation_rejects)."""
     lines = ["path\treason"] + [f"{p}\t{r}".replace("\n", " ") for p, r in rejects]
     return ("\n".join(lines) + "\n").encode()
 
@@ -122,6 +124,7 @@ def summary(dst, manifest, state, inputs, progress, resumed_from) -> dict:
     empty = [c for c, n in zip(manifest["classes"], manifest["class_counts"]) if n == 0]
     return {"dst": dst, "num_samples": manifest["num_samples"], "num_shards": len(state.shards),
             "num_bytes": manifest["num_bytes"], "rejects": len(state.rejects),
+            "annotation_rejects": len(annotation_rejects(inputs)),
             "reencoded": dict(state.reencoded), "lossless": dict(state.lossless),
             "ignored": dict(inputs.ignored or {}), "resumed_from": resumed_from,
             "seconds": progress.elapsed, "images_per_s": progress.images_per_s,

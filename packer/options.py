@@ -40,6 +40,9 @@ class PackOptions:
     workers: int = 0               # 0 = all cores
     on_error: str = "skip"         # skip bad inputs (listed as rejects) or fail on the first
     progress: bool = True
+    coco: str | None = None        # COCO instances JSON: boxes, categories (packer/coco.py)
+    masks: str | None = None       # folder of PNG label maps mirroring SRC (sidecars: None)
+    skip_empty: bool = False       # leave out images without any box
 
     def __post_init__(self):
         if self.format not in FORMATS:
@@ -86,7 +89,10 @@ class PackOptions:
     def output_options(self) -> dict:
         """The options that determine the output bytes (recorded in the manifest)."""
         skip = {"workers", "on_error", "progress"}
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in skip}
+        for name in ("coco", "masks"):  # file names only: no absolute path in the manifest
+            out[name] = os.path.basename(os.path.normpath(out[name])) if out[name] else None
+        return out
 
     def to_dict(self) -> dict:
         """All options as a plain dict."""

@@ -19,12 +19,12 @@ import numpy as np
 
 from dlpack_io.packer import journal
 from dlpack_io.packer.cutting import ShardCutter
+from dlpack_io.packer.fieldahead import fields_ahead
 from dlpack_io.packer.fieldsource import field_source, with_fields
 from dlpack_io.packer.options import PackOptions
 from dlpack_io.packer.pilimage import require_pil
 from dlpack_io.packer.pipeline import ConversionError, encode_in_order
 from dlpack_io.packer.progress import Progress
-from dlpack_io.packer.records import RejectedInput
 from dlpack_io.packer.scan import read_list, scan_image_folder, stat_inputs
 from dlpack_io.packer.writers import open_writer
 from dlpack_io.packer.names import shown
@@ -156,14 +156,6 @@ class Packer:
             self.writer = None
 
 
-def _fields_of(source, i: int) -> tuple:
-    """("ok", field block) of input ``i``, or ("reject", why)."""
-    try:
-        return "ok", source.block(i)
-    except RejectedInput as exc:
-        return "reject", str(exc)
-
-
 def _fetch_passthrough(record, path: str):
     """Give a passthrough record its bytes back by re-reading the file; the CRC computed
     by the worker proves they are the bytes it validated. Returns None if they are not."""
@@ -209,12 +201,14 @@ def pack_local(dst, inputs, stats, options: PackOptions, state: State, journal_)
     progress = conversion_progress(dst, len(order), options, state.position)
     packer = Packer(dst, inputs, options, state, journal_)
     source, block = field_source(inputs), None
+    fields = fields_ahead(source, todo, min(4, options.num_workers)) \
+        if source is not None else None  # made ahead, in threads: packer/fieldahead.py
     try:
         results = encode_in_order(files, encode_options(options), options.num_workers)
         for position, i, (status, value) in zip(range(state.position, len(order)), todo, results):
             rel = inputs.paths[i]
             if source is not None:  # a bad field (or list line) is the reason given
-                field_status, block = _fields_of(source, i)
+                field_status, block = next(fields)
                 status, value = (status, value) if field_status == "ok" else ("reject", block)
             if status == "ok":
                 value = _fetch_passthrough(value, files[position - state.position][0])
@@ -266,7 +260,10 @@ def prepare_inputs(src, list_file, options: dict, labels: bool = True):
     if "shard_size" in options:
         options["shard_size"] = parse_size(options["shard_size"])
     opts = PackOptions(**options)
-    return opts, with_fields(_scan(src, list_file, labels), opts.fields)
+    from dlpack_io.packer.targetinputs import scan_targets, with_targets
+
+    inputs = scan_targets(src, list_file, opts) or _scan(src, list_file, labels)
+    return opts, with_targets(with_fields(inputs, opts.fields), opts)
 
 
 def plan_inputs(inputs, opts: PackOptions):

@@ -40,6 +40,7 @@ class PlannedRecord(NamedTuple):
     reencoded: str | None
     lossless: str | None
     source_bytes: int
+    source_sha: str = ""
 
 
 class RayPlanner(Packer):
@@ -65,7 +66,7 @@ class RayPlanner(Packer):
         # the item layout ray_tasks.assemble_shard unpacks
         self.items.append((slot, record.offset, record.length, label, rel, record.crc,
                            record.height, record.width, record.kind, record.orientation,
-                           record.colour))
+                           record.colour, record.source_sha))
         self.count(label, record.reencoded, record.lossless)
 
     def has_open_shard(self) -> bool:

@@ -29,7 +29,7 @@ def encode_segment(items: list, options: dict) -> tuple[list, np.ndarray]:
     """Encode ``items`` ((path, size, mtime_ns) each); return (outcomes, payloads).
 
     Outcome per input, in order: ``("ok", offset, length, crc, height, width, kind,
-    orientation, colour, reencoded, lossless, source_bytes)`` with the payload at
+    orientation, colour, reencoded, lossless, source_bytes, source_sha)`` with the payload at
     ``payloads[offset:offset + length]``, or ``("reject", reason)`` with the local engine's
     reason.
     """
@@ -42,7 +42,7 @@ def encode_segment(items: list, options: dict) -> tuple[list, np.ndarray]:
         length = len(value.payload)
         outcomes.append(("ok", offset, length, value.crc, value.height, value.width,
                          value.kind, value.orientation, value.colour, value.reencoded,
-                         value.lossless, value.source_bytes))
+                         value.lossless, value.source_bytes, value.source_sha))
         parts.append(value.payload)
         offset += length
     return outcomes, np.frombuffer(b"".join(parts), dtype=np.uint8)
@@ -53,7 +53,7 @@ def assemble_shard(dst, data_format: str, shard_number: int, first_sample: int,
     """Write shard ``shard_number``; return its manifest entry (the local writer's).
 
     ``items`` are ``(array, offset, length, label, path, crc, height, width, kind,
-    orientation, colour)`` in shard order, ``array`` indexing ``payloads`` (encode_segment's
+    orientation, colour, source_sha)`` in shard order, ``array`` indexing ``payloads`` (encode_segment's
     arrays, which Ray hands over without copying). ``upload``: ``(url, storage_options)``
     of an s3:// DST; the shard is then written under a temporary folder here (``dst`` is
     not used) and uploaded, and the local copy removed.
@@ -98,9 +98,10 @@ def _write_shard(dst, data_format, shard_number, first_sample, shard_size, items
     try:
         views = [memoryview(p) for p in payloads]
         for array, offset, length, label, path, crc, height, width, kind, orientation, \
-                colour in items:
+                colour, *sha in items:  # sha: [the input's SHA-256], absent in older items
             record = EncodedRecord(views[array][offset:offset + length], height, width, kind,
-                                   crc=crc, orientation=orientation, colour=colour)
+                                   crc=crc, orientation=orientation, colour=colour,
+                                   source_sha=sha[0] if sha else "")
             writer.add(record, label, path)
         return writer.finish()
     except BaseException:  # cancelled, disk full...: no temp file stays behind

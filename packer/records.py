@@ -29,6 +29,7 @@ class EncodedRecord:
     lossless: str | None = None   # lossless transform applied instead of the original bytes
     orientation: int = 1          # EXIF orientation the reader applies (jpeg records)
     colour: int = COLOUR_YCC      # format.COLOUR_* of a JPEG record's stored pixels
+    source_sha: str = ""          # SHA-256 (hex) of the input file: what an append compares
 
     @property
     def is_passthrough(self) -> bool:

@@ -39,6 +39,14 @@ def remote_shard_paths(store: Store, entry: dict) -> list | None:
     against its header's CRC; two range requests, bounded by the header the journal's size
     vouches for), or None when they cannot be read or the shard is LMDB (its metadata is
     not at a known range)."""
+    meta = remote_shard_meta(store, entry)
+    paths = None if meta is None else meta.get("paths")
+    return paths if isinstance(paths, list) else None
+
+
+def remote_shard_meta(store: Store, entry: dict) -> dict | None:
+    """A record shard's metadata dict in the bucket (remote_shard_paths' two range
+    requests), or None when it cannot be read or the shard is LMDB."""
     if not entry["name"].endswith(fmt.SHARD_SUFFIX["record"]):
         return None
     try:
@@ -48,8 +56,7 @@ def remote_shard_paths(store: Store, entry: dict) -> list | None:
                                header.meta_offset + header.meta_size)
         if fmt.crc32(meta) != header.meta_crc:
             return None
-        paths = fmt.decode_json(meta, store.where(entry["name"])).get("paths")
-    except (fmt.FormatError, StorageError, AttributeError):
+        return fmt.decode_json(meta, store.where(entry["name"]))
+    except (fmt.FormatError, StorageError):
         return None
-    return paths if isinstance(paths, list) else None
 

@@ -3,6 +3,7 @@ bytes and the fields as a field block, every check done before anything is writt
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import os
 
@@ -70,5 +71,6 @@ def encode_sample(image, fields: dict, schema: dict, options) -> tuple:
         record = encode_file(data, **options["encode"])
     except RejectedInput as exc:
         raise ValueError(f"{where}: image {path or '(bytes)'} cannot be packed: {exc}") from None
-    record = dataclasses.replace(record, source_bytes=len(data), crc=crc32(record.payload))
+    record = dataclasses.replace(record, source_bytes=len(data), crc=crc32(record.payload),
+                                 source_sha=hashlib.sha256(data).hexdigest())
     return record, block, path

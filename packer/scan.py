@@ -41,6 +41,7 @@ class Inputs:
     bad: dict | None = None      # input number -> why it is a reject before it is read
     fields: dict | None = None   # field schema of the list's extra keys / columns (format 3)
     field_values: list | None = None  # per input: its fields, or why its line is rejected
+    targets: object | None = None  # boxes and masks to attach (packer/targets.TargetSource)
 
 
 @dataclass

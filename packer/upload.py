@@ -119,10 +119,12 @@ def prepare_remote(store: Store, *, resume: bool, overwrite: bool) -> str | None
     return None
 
 
-def resume_remote(store: Store, plan: dict, num_classes: int, state, inputs=None, opts=None):
+def resume_remote(store: Store, plan: dict, num_classes: int, state, inputs=None, opts=None,
+                  keep=frozenset()):
     """Fill ``state`` (packing.State) from the bucket's journal; returns the kept lines.
     With ``inputs`` and ``opts``, each kept record shard's own source paths must match the
-    inputs its journal line covers (accounting.paths_problem)."""
+    inputs its journal line covers (accounting.paths_problem). Deletes our objects but the
+    kept shards and the names in ``keep`` (an append's data set)."""
     old_plan, done = _read_journal(store)
     refused = journal.refusal(store.url, old_plan, plan) if old_plan is not None else None
     if refused:
@@ -140,9 +142,10 @@ def resume_remote(store: Store, plan: dict, num_classes: int, state, inputs=None
             break
         kept.append(entry)
         state.take_over(entry)
-    names = {e["shard"]["name"] for e in kept}
+    names = {e["shard"]["name"] for e in kept} | set(keep)
     for name in _ours(store):
-        if name.startswith("shard-") and name not in names or name == fmt.MANIFEST_NAME:
+        if name.startswith("shard-") and name not in names or \
+                (name == fmt.MANIFEST_NAME and name not in names):
             store.delete(name)
     return kept
 
@@ -204,7 +207,8 @@ def _convert_staged(store: Store, stage: str, inputs, opts, provenance: bool, pa
         raise
     manifest = finalize.final_manifest(inputs.root, inputs, opts, state, progress, engine,
                                        provenance)
-    store.put(fmt.REJECTS_NAME, finalize.rejects_tsv(state.rejects))
+    store.put(fmt.REJECTS_NAME,
+              finalize.rejects_tsv(state.rejects + finalize.annotation_rejects(inputs)))
     store.put(fmt.MANIFEST_NAME, fmt.encode_meta(manifest))  # last: now it is a data set
     store.delete(journal.JOURNAL_NAME)
     if ray:

@@ -15,10 +15,13 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from dlpack_io.packer.appendbase import base_counters
 from dlpack_io.packer.cutting import ShardCutter
 from dlpack_io.packer.finalize import build_manifest, write_dataset_files
 from dlpack_io.packer.options import PackOptions, parse_size
 from dlpack_io.packer.samples import encode_sample, first_schema, note_shapes
+from dlpack_io.packer.targets import target_schema, writer_targets
+from dlpack_io.packer.writer_append import AppendBase
 from dlpack_io.packer.writers import open_writer
 
 log = logging.getLogger(__name__)
@@ -29,21 +32,37 @@ class Writer:
     """Write samples one by one into a new data set at ``dst`` (a local folder that is
     empty or absent). ``classes``: names of labels 0..n-1 (default: "0".."max label").
     Other keywords are ``dlpack convert``'s options (quality, max_side, size, non_jpeg,
-    max_pixels, validate, jpeg_restarts). Nothing is a data set until ``close()``."""
+    max_pixels, validate, jpeg_restarts). Nothing is a data set until ``close()``.
 
-    def __init__(self, dst, *, mode: str = "jpeg", format: str = "record",
-                 shard_size="256MB", classes=None, provenance: bool = True, **options):
-        size = parse_size(shard_size) if isinstance(shard_size, str) else shard_size
-        self.options = PackOptions(format=format, mode=mode, shard_size=size, shuffle=False,
-                                   **options)
+    ``append=True``: add to the data set already at ``dst`` (packer/writer_append.py):
+    its options, classes (``classes`` may add names after them) and fields hold; new
+    shards follow its own; a sample from a file already packed with the same content is
+    not packed again (``write`` returns its index); close() writes the union manifest."""
+
+    def __init__(self, dst, *, mode: str | None = None, format: str | None = None,
+                 shard_size=None, classes=None, provenance: bool = True, append: bool = False,
+                 **options):
         self.dst, self.classes, self.provenance = os.fspath(dst), classes, provenance
-        _check_empty(self.dst)
+        given = dict(options, mode=mode, format=format, shard_size=shard_size)
+        self._base = AppendBase(self.dst, given, classes) if append else None
+        if self._base is None:
+            _check_empty(self.dst)
+            given = dict({"mode": "jpeg", "format": "record", "shard_size": "256MB"},
+                         **{k: v for k, v in given.items() if v is not None}, shuffle=False)
+        else:
+            given, self.classes = self._base.options, self._base.classes
+        if isinstance(given["shard_size"], str):
+            given["shard_size"] = parse_size(given["shard_size"])
+        self.options = PackOptions(**given)
         os.makedirs(self.dst, exist_ok=True)
         self._encode = {k: getattr(self.options, k) for k in _ENCODE_KEYS}
         self._encode["restarts"] = self.options.jpeg_restarts
-        self._cutter = ShardCutter(format, self.options.shard_size)
+        self._cutter = ShardCutter(self.options.format, self.options.shard_size)
         self._shard, self._shards, self._labels = None, [], []
-        self._schema, self._has_label = None, None
+        self._schema, self._has_label, self._first = None, None, 0
+        if self._base is not None:
+            self._shards, self._first = self._base.shards, self._base.num_samples
+            self._schema, self._has_label = self._base.fields, self._base.has_label
         self._reencoded, self._lossless = Counter(), Counter()
         self._started, self._closed = time.monotonic(), False
 
@@ -64,15 +83,22 @@ class Writer:
         the sample and the field before anything is written for it."""
         if self._closed:
             raise ValueError(f"{self.dst}: the Writer is closed")
-        n = len(self._labels)
+        n = self._first + len(self._labels)
         where = f"{self.dst}: sample {n}"
         label = self._check_label(label, where)
-        schema = first_schema(fields, where) if self._schema is None else self._schema
+        fields, seg = writer_targets(image, fields, where, self.options.max_pixels)
+        schema = target_schema(first_schema(fields, where), seg) if self._schema is None \
+            else self._schema
         record, block, path = encode_sample(image, fields, schema,
                                             {"where": where, "encode": self._encode})
+        seen = self._base and self._base.seen(path, record.source_sha, where)
+        if seen is not None:  # this file, this content: packed already
+            return seen
         self._schema = schema
         note_shapes(schema, fields)
         self._add(record, label, path or f"sample-{n}", block)
+        if self._base is not None:
+            self._base.note(path, record.source_sha, n)
         return n
 
     def _check_label(self, label, where: str) -> int:
@@ -95,7 +121,8 @@ class Writer:
             self._shard = None
         if self._shard is None:
             self._shard = open_writer(self.options.format, self.dst, len(self._shards),
-                                      len(self._labels), self.options.shard_size)
+                                      self._first + len(self._labels),
+                                      self.options.shard_size)
         self._shard.add(record, label, path, block)
         self._labels.append(label)
         if record.reencoded:
@@ -107,6 +134,9 @@ class Writer:
         """Finish the last shard, then write the manifest (last, atomically); returns it."""
         if self._closed:
             raise ValueError(f"{self.dst}: the Writer is closed")
+        if self._shard is None and self._base is not None:  # nothing new: unchanged
+            self._closed = True
+            return self._base.manifest
         if self._shard is None:
             raise ValueError(f"{self.dst}: no sample was written; a data set needs one")
         self._closed = True
@@ -115,12 +145,20 @@ class Writer:
         labels = np.asarray(self._labels, dtype=np.int64)
         classes = self._class_names(labels)
         counts = np.bincount(labels, minlength=len(classes)).tolist() if classes else []
+        rejects = []
+        if self._base is not None:  # the union's accounting starts from the data set's
+            counts = self._base.class_counts(labels)
+            rejects, reencoded, lossless = base_counters(self._base.manifest)
+            self._reencoded.update(reencoded)
+            self._lossless.update(lossless)
         inputs = SimpleNamespace(classes=classes, root=None, list_file=None, paths=labels)
-        manifest = build_manifest(inputs, self.options, self._shards, [], self._reencoded,
+        manifest = build_manifest(inputs, self.options, self._shards, rejects, self._reencoded,
                                   counts, time.monotonic() - self._started, self._lossless,
                                   provenance=self.provenance, engine="writer",
                                   fields=self._schema)
-        write_dataset_files(self.dst, manifest, [])
+        if self._base is not None:
+            manifest = self._base.union(manifest, self._shards[len(self._base.shards):])
+        write_dataset_files(self.dst, manifest, rejects)
         log.info("%s: wrote %d samples in %d shards", self.dst, len(labels), len(self._shards))
         return manifest
 

@@ -43,6 +43,7 @@ class _ShardWriter:
         self.first_sample = first_sample
         self.entries: list[tuple] = []
         self.paths: list[str] = []
+        self.sources: list[str] = []  # SHA-256 of each input file (packer/appendbase.py)
         self.data_size = 0  # payload bytes so far, padding included (record) or not (lmdb)
         self.version = fmt.PLAIN_VERSION  # FORMAT_VERSION once records carry field blocks
 
@@ -63,6 +64,8 @@ class _ShardWriter:
         index = np.array(self.entries, dtype=fmt.index_dtype(self.version))
         meta = {"shard": self.shard_number, "first_sample": self.first_sample,
                 "paths": self.paths}
+        if all(self.sources):  # every record's input identity: what an append compares
+            meta[fmt.SOURCES_KEY] = self.sources
         return index, meta
 
     def _publish(self) -> dict:
@@ -110,6 +113,7 @@ class RecordShardWriter(_ShardWriter):
             self._file.write(b"\0" * (padded - size))
         self.entries.append(self._entry(record, label, offset, fields))
         self.paths.append(shown(path))  # names from the wild: recorded escaped
+        self.sources.append(getattr(record, "source_sha", ""))
         self.data_size += padded
 
     def finish(self) -> dict:
@@ -157,6 +161,7 @@ class LmdbShardWriter(_ShardWriter):
         self._txn.put(key, value, append=True)
         self.entries.append(self._entry(record, label, 0, fields))
         self.paths.append(shown(path))  # names from the wild: recorded escaped
+        self.sources.append(getattr(record, "source_sha", ""))
         self.data_size += len(value)
         self._uncommitted += len(value)
         if self._uncommitted >= self.COMMIT_BYTES:

@@ -1,6 +1,7 @@
 """dlpack_io.reader: read packed data sets.
 
-    from dlpack_io.reader import (Dataset, Loader, RandomResizedCrop, RandomCrop, CenterCrop,
+    from dlpack_io.reader import (Dataset, Mixture, Loader, RandomResizedCrop, RandomCrop,
+                                  CenterCrop,
                                   Resize, RandomHorizontalFlip, RandomVerticalFlip,
                                   ColorJitter, Normalize)
 
@@ -12,11 +13,12 @@ __all__ = ["Dataset", "Loader", "LoaderOptions", "LoaderStats", "FormatError", "
            "LoaderTimeout", "SampleError", "WorkerError", "Resize", "RandomResizedCrop",
            "RandomCrop", "CenterCrop", "RandomHorizontalFlip", "RandomVerticalFlip",
            "ColorJitter", "Normalize", "RandomErasing", "MixUp", "CutMix", "SampleTransform",
-           "AutoAugment", "RandAugment", "TrivialAugmentWide"]
+           "AutoAugment", "RandAugment", "TrivialAugmentWide", "Mixture"]
 
 _TRANSFORMS = "dlpack_io.reader.batch.transforms"
 _ERRORS = "dlpack_io.reader.batch.errors"
 _LAZY = {"Dataset": "dlpack_io.reader.dataset", "FormatError": "dlpack_io.reader.format",
+         "Mixture": "dlpack_io.reader.mixture",
          "Loader": "dlpack_io.reader.batch.loader", "LoaderOptions": "dlpack_io.reader.batch.options",
          "LoaderStats": "dlpack_io.reader.batch.stats",
          "SampleTransform": "dlpack_io.reader.batch.sampleio",

@@ -69,7 +69,8 @@ class Dataset(ImageFolderAttributes):
 
     @property
     def is_remote(self) -> bool:
-        """True for a data set read from object storage (s3://...), False on local disk."""
+        """True for a data set read from object storage (s3://, gs://, az://), False on
+        local disk."""
         return self._remote is not None
 
     def check_unchanged(self, shard_ids=None) -> None:

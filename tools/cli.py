@@ -1,9 +1,9 @@
 """The ``dlpack`` command: a thin click layer over importable functions.
 
-One module per command (cli_convert, cli_inspect, cli_verify, cli_bench, cli_doctor; cli_common holds
-what they share); this one is the group, its options and ``--version``. Heavy imports
-(numpy, PIL, torch, the benchmark package) happen inside the commands so ``--help`` is
-instant.
+One module per command (cli_convert, cli_inspect, cli_verify, cli_bench, cli_doctor,
+cli_cache; cli_common holds what they share); this one is the group, its options and
+``--version``. Heavy imports (numpy, PIL, torch, the benchmark package) happen inside the
+commands so ``--help`` is instant.
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import logging
 import click
 
 from dlpack_io.tools.cli_bench import bench
+from dlpack_io.tools.cli_cache import cache
 from dlpack_io.tools.cli_convert import convert
 from dlpack_io.tools.cli_doctor import doctor
 from dlpack_io.tools.cli_inspect import inspect
@@ -46,12 +47,13 @@ def main(verbose: bool):
     dlpack verify DST          prove every record is intact
     dlpack bench SRC           measure converters, loaders and S3 reading side by side
     dlpack doctor DST          how fast this machine feeds training from DST, and how
+    dlpack cache ls|du|clear   what remote data sets keep in the cache folder
     """
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s")
 
 
-for _command in (convert, inspect, verify, bench, doctor):
+for _command in (convert, inspect, verify, bench, doctor, cache):
     main.add_command(_command)
 
 

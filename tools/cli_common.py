@@ -20,15 +20,21 @@ def echo_json(data) -> None:
 
 
 class DatasetArg(click.ParamType):
-    """A data set folder that exists, or an s3://bucket/prefix URL (checked when opened)."""
+    """A data set folder that exists, or an s3://, gs:// or az:// URL (checked when opened);
+    a URL of another scheme is a usage error naming the supported ones."""
 
     name = "DST"
 
     def convert(self, value, param, ctx):
         """The value itself; a local path must be an existing folder (click's usage error
         otherwise), a URL is left for the reader to open."""
-        if isinstance(value, str) and value.startswith("s3://"):
-            return value
+        from dlpack_io.reader.remote.urls import is_remote
+
+        try:
+            if is_remote(value):
+                return value
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
         return click.Path(exists=True, file_okay=False).convert(value, param, ctx)
 
 

@@ -63,6 +63,18 @@ from dlpack_io.tools.cli_common import LazyChoice, echo_json, fail
               help="Fields to pack beside image and label: sidecar files next to each image "
                    "(name.txt, .json, .cls, .npy: fields txt, json, cls, npy) or a list's "
                    "extra keys/columns. Default: every one found; 'none'; or e.g. txt,json.")
+@click.option("--coco", type=click.Path(exists=True, dir_okay=False), metavar="JSON",
+              help="COCO object detection annotations (instances_*.json): every image of the "
+                   "file, found under SRC by file_name, with fields boxes (float32 [N, 4] "
+                   "x0, y0, x1, y1 pixels of the upright image), categories (COCO ids; names "
+                   "in the manifest), iscrowd and image_id. A bad annotation is left out "
+                   "(in rejects.tsv with its id and the reason) and its image packed.")
+@click.option("--masks", "masks", type=click.Path(exists=True, file_okay=False), metavar="DIR",
+              help="Semantic masks: a tree mirroring SRC with one PNG label map per image "
+                   "(a/x.jpg -> DIR/a/x.png; modes P, L, I;16), stored losslessly as field "
+                   "mask. Without it, a sidecar x.mask.png beside x.jpg is the mask.")
+@click.option("--skip-empty", is_flag=True,
+              help="Leave out images without any box (default: packed with N = 0 boxes).")
 @click.option("--on-error", type=LazyChoice("dlpack_io.packer.options", "ON_ERROR"), default="skip", show_default=True,
               help="skip: list bad inputs in rejects.tsv and go on; fail: stop at the first.")
 @click.option("--max-rejects", default="0", show_default=True, metavar="N|P%",
@@ -87,22 +99,32 @@ from dlpack_io.tools.cli_common import LazyChoice, echo_json, fail
                    "'auto' for the one running here). Default: $RAY_ADDRESS, else a private "
                    "cluster on this machine with --workers CPUs.")
 @click.option("--resume", is_flag=True, help="Finish an interrupted conversion into DST.")
+@click.option("--append", is_flag=True,
+              help="Add to the data set in DST the inputs of SRC it does not hold yet (same "
+                   "path and same content: skipped), as new shards after its own, then a new "
+                   "manifest; old shards are not touched, new class folders get new class "
+                   "indices, the packing options are the data set's. --resume finishes an "
+                   "interrupted append.")
+@click.option("--replace-changed", is_flag=True,
+              help="With --append: refused (shards are immutable and sample indices are the "
+                   "Loader's); changed inputs are reported and left as they are.")
 @click.option("--staging", type=click.Path(file_okay=False),
-              help="DST s3://...: local folder for shards waiting to be uploaded (default: the "
+              help="DST s3://, gs:// or az://...: local folder for shards waiting to be uploaded (default: the "
                    "system temp folder; needs room for about two shards).")
 @click.option("--overwrite", is_flag=True, help="Replace a data set already in DST.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def convert(src, dst, list_file, data_format, mode, size, max_side, quality, shard_size,
             workers, seed, shuffle, validate, restart_markers, non_jpeg, max_pixels, fields,
-            on_error, max_rejects, no_labels, no_provenance, engine, ray_address, resume,
-            staging, overwrite, quiet, as_json):
+            coco, masks, skip_empty, on_error, max_rejects, no_labels, no_provenance, engine,
+            ray_address, resume, append, replace_changed, staging, overwrite, quiet, as_json):
     """Pack the images under SRC (class sub-folders, --list, or --no-labels) into shards in
     DST. DST must lie outside SRC. Symlinks in SRC are followed (each real folder once) and
     counted in the summary.
 
-    DST may be s3://bucket/prefix (needs pip install 'dlpack-io[s3]'; credentials and endpoint
-    from the AWS_* variables or ~/.aws): each shard is uploaded as it is finished, the
+    DST may be s3://bucket/prefix, gs://bucket/prefix or az://container/prefix (needs pip
+    install 'dlpack-io[s3]'; credentials and endpoint from each cloud's usual variables, see
+    docs/remote.md): each shard is uploaded as it is finished, the
     manifest last, and the journal kept in the bucket so --resume works from any machine.
 
     Files and folders whose name starts with "." are skipped and counted in the summary.
@@ -120,16 +142,19 @@ def convert(src, dst, list_file, data_format, mode, size, max_side, quality, sha
         limit = outcome.parse_max_rejects(max_rejects)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--max-rejects") from None
+    packing = dict(format=data_format, mode=mode, size=size, max_side=max_side,
+                   quality=quality, shard_size=shard_size, seed=seed, shuffle=shuffle,
+                   validate=validate, jpeg_restarts=restart_markers, non_jpeg=non_jpeg,
+                   fields=fields, max_pixels=max_pixels, coco=coco, masks=masks,
+                   skip_empty=skip_empty)
+    packing = append_options(packing, append, replace_changed)
     try:
         result = run(src, dst, list_file=list_file, resume=resume, overwrite=overwrite,
                      labels=not no_labels, provenance=not no_provenance,
-                     format=data_format, mode=mode, size=size, max_side=max_side,
-                     quality=quality, shard_size=shard_size, workers=workers, seed=seed,
-                     shuffle=shuffle, validate=validate, jpeg_restarts=restart_markers,
-                     non_jpeg=non_jpeg, fields=fields,
-                     **({"max_pixels": max_pixels} if max_pixels is not None else {}),
-                     on_error=on_error, progress=not quiet, engine=engine,
-                     ray_address=ray_address, **({"staging": staging} if staging else {}))
+                     **{k: v for k, v in packing.items() if v is not None or k != "max_pixels"},
+                     workers=workers, on_error=on_error, progress=not quiet, engine=engine,
+                     ray_address=ray_address, append=append,
+                     **({"staging": staging} if staging else {}))
     except (ConversionError, ValueError, RuntimeError, FileNotFoundError, ImportError) as exc:
         fail(str(exc))
     except KeyboardInterrupt:
@@ -138,10 +163,28 @@ def convert(src, dst, list_file, data_format, mode, size, max_side, quality, sha
     finish(result, as_json, limit)
 
 
+def append_options(packing: dict, append: bool, replace_changed: bool) -> dict:
+    """``packing`` for this run: with --append, only the options given on the command line
+    (the others are the data set's, from its manifest)."""
+    if append:
+        from dlpack_io.tools.append_report import given_only
+        return dict(given_only(click.get_current_context(), packing),
+                    **({"replace_changed": True} if replace_changed else {}))
+    if replace_changed:
+        raise click.UsageError("--replace-changed goes with --append")
+    return packing
+
+
 def finish(result: dict, as_json: bool, limit) -> None:
     """Print the summary (or JSON), the rejects line, and exit 3 above ``limit``."""
     from dlpack_io.tools import convert_outcome as outcome
 
+    if result.get("append") is not None:
+        from dlpack_io.tools.append_report import append_lines
+        if not as_json:
+            click.echo("\n".join(append_lines(result)))
+        if result.get("nothing_new"):
+            return echo_json(result) if as_json else None
     if result.get("already_complete"):
         return echo_json(result) if as_json else \
             click.echo(f"{result['dst']} is already complete; nothing to resume")

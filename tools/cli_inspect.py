@@ -15,6 +15,10 @@ from dlpack_io.tools.cli_common import DATASET, echo_json, fail
 @click.option("--grid", type=click.Path(dir_okay=False),
               help="Write a contact sheet of sample images with their labels to FILE (.png "
                    "is added when FILE has no extension).")
+@click.option("--augmented", is_flag=True,
+              help="With --grid: draw what a Loader yields after RandomResizedCrop(224) and "
+                   "RandomHorizontalFlip() (boxes and masks as it yields them), to see that "
+                   "they still sit on their objects.")
 @click.option("--grid-count", type=int, default=48, show_default=True, help="Images on the sheet.")
 @click.option("--order", is_flag=True, help="Show what a rank's epoch reads and how well its "
               "batches mix shards and classes (global vs block shuffle vs none).")
@@ -34,16 +38,35 @@ from dlpack_io.tools.cli_common import DATASET, echo_json, fail
               help="Refuse records larger than this many pixels (height x width); default "
                    "89478485, the default of convert --max-pixels.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def inspect(dst, shard, sample, grid, grid_count, order, shuffle, epoch, world_size, rank,
-            batch_size, drop_last, seed, max_pixels, as_json):
-    """Summarise the packed data set in DST, a folder or s3://bucket/prefix (or one shard,
-    one sample, a contact sheet, or the sample order a Loader will read)."""
+@click.option("--mix", multiple=True, type=DATASET, help="With --order: read DST mixed with "
+              "this data set (repeat for more); shows each set's share per batch.")
+@click.option("--weights", help="With --mix: comma-separated weights, DST's first (default: "
+              "proportional to the sets' sizes).")
+@click.option("--samples-per-epoch", type=int, help="With --mix: the mixture's epoch length.")
+@click.option("--mix-epoch", type=click.Choice(["sum", "largest", "smallest"]),
+              help="With --mix: the epoch length rule instead (default sum).")
+def inspect(dst, shard, sample, grid, augmented, grid_count, order, shuffle, epoch,
+            world_size, rank, batch_size, drop_last, seed, max_pixels, as_json, mix, weights,
+            samples_per_epoch, mix_epoch):
+    """Summarise the packed data set in DST, a folder or s3://, gs:// or az://bucket/prefix
+    (or one shard, one sample, a contact sheet, or the sample order a Loader will read)."""
     from dlpack_io.reader.format import DEFAULT_MAX_PIXELS, FormatError
     from dlpack_io.tools import inspection, render
 
     limit = {"max_pixels": max_pixels or DEFAULT_MAX_PIXELS}
+    if augmented and not grid:
+        fail("--augmented draws the contact sheet as the Loader yields it: give --grid FILE too")
     try:
-        if order:
+        if order and mix:
+            from dlpack_io.tools.mix_report import format_mixture_report, mixture_report
+
+            data = mixture_report([dst, *mix], weights=_weights(weights),
+                                  samples_per_epoch=samples_per_epoch, epoch_rule=mix_epoch,
+                                  seed=seed, epoch=epoch, world_size=world_size, rank=rank,
+                                  batch_size=batch_size, drop_last=drop_last,
+                                  shuffle=None if shuffle == "none" else shuffle)
+            text = format_mixture_report(data)
+        elif order:
             from dlpack_io.tools.order_report import format_order_report, order_report
 
             data = order_report(dst, seed=seed, epoch=epoch, world_size=world_size, rank=rank,
@@ -51,9 +74,7 @@ def inspect(dst, shard, sample, grid, grid_count, order, shuffle, epoch, world_s
                                 shuffle=None if shuffle == "none" else shuffle)
             text = format_order_report(data)
         elif grid:
-            data = inspection.contact_sheet(dst, grid, count=grid_count, seed=seed, **limit)
-            text = f"wrote {data['path']} ({data['width']}x{data['height']}, " \
-                   f"{render.plural(len(data['samples']), 'image')})"
+            data, text = _sheet(dst, grid, augmented, grid_count, seed, limit)
         elif shard is not None:
             data = inspection.shard_detail(dst, shard, **limit)
             text = render.shard_text(data)
@@ -68,3 +89,35 @@ def inspect(dst, shard, sample, grid, grid_count, order, shuffle, epoch, world_s
     if as_json:
         return echo_json(data)
     click.echo(text)
+
+
+def _sheet(dst, grid, augmented: bool, count: int, seed: int, limit: dict) -> tuple:
+    """(data, text) of --grid: the contact sheet, or with --augmented what the Loader
+    yields (boxes and masks drawn, tools/targetsheet.py)."""
+    from dlpack_io.tools import inspection, render
+
+    if not augmented:
+        data = inspection.contact_sheet(dst, grid, count=count, seed=seed, **limit)
+        return data, (f"wrote {data['path']} ({data['width']}x{data['height']}, "
+                      f"{render.plural(len(data['samples']), 'image')})")
+    from dlpack_io.tools.targetsheet import augmented_sheet
+
+    data = augmented_sheet(dst, inspection.sheet_path(grid), count=count, seed=seed, **limit)
+    text = (f"wrote {data['path']} ({data['width']}x{data['height']}, "
+            f"{render.plural(len(data['samples']), 'image')} as the Loader yields them)")
+    if data["masks_not_moved"]:
+        text += (f"\nWARNING: {render.plural(data['masks_not_moved'], 'mask')} not of the "
+                 f"size of the image after the transforms (not drawn): this Loader does not "
+                 f"move masks with the image")
+    return data, text
+
+
+def _weights(text):
+    """--weights "0.7,0.3" as floats (None when not given)."""
+    if text is None:
+        return None
+    try:
+        return [float(w) for w in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--weights {text!r}: expected comma-separated numbers, e.g. "
+                         f"0.7,0.3") from None

@@ -1,5 +1,5 @@
 """``dlpack verify DST``: the click command over ``verification.verify``; its exit status
-is the report's (0 intact, 1 damaged, 3 not a data set)."""
+is the report's (0 intact, 1 damaged, 3 not a data set, 4 object storage unreadable)."""
 from __future__ import annotations
 
 import json
@@ -20,10 +20,13 @@ from dlpack_io.tools.cli_common import DATASET
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable report.")
 def verify(dst, decode, quiet, max_pixels, as_json):
     """Check the manifest, every shard and every record checksum in DST (a folder or
-    s3://bucket/prefix: each shard is streamed to a temporary file and checked the same way).
+    s3://, gs:// or az://bucket/prefix: each shard is streamed to a temporary file and
+    checked the same way).
 
     Exit status 0 when intact, 1 when anything is damaged (each problem is named), 3 when
-    DST is not a data set at all (no manifest.json).
+    DST is not a data set at all (no manifest.json), 4 when object storage could not be
+    read (endpoint unreachable, credentials refused, bucket or container missing: nothing
+    was found damaged, and what could not be read was not checked).
     """
     from dlpack_io.reader.format import DEFAULT_MAX_PIXELS
     from dlpack_io.tools.render import verify_text

@@ -58,7 +58,7 @@ def resume_command(argv: list[str], dst: str) -> str:
     from dlpack_io.reader.format import MANIFEST_NAME
 
     args = list(argv)
-    untouched = "--overwrite" in args and not dst.startswith("s3://") and \
+    untouched = "--overwrite" in args and "://" not in dst and \
         os.path.exists(os.path.join(dst, MANIFEST_NAME)) and \
         not os.path.exists(os.path.join(dst, JOURNAL_NAME))
     if untouched:

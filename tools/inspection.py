@@ -54,7 +54,7 @@ def summary(path, *, max_pixels: int = fmt.DEFAULT_MAX_PIXELS) -> dict:
         "options": m["options"], "source": m["source"], "reencoded": m["reencoded"],
         "storage": _storage(m, indices),
         "num_rejects": len(m["rejects"]), "rejects": m["rejects"], "created": m["created"],
-        "shards": m["shards"], "fields": field_summary(ds),
+        "shards": m["shards"], "fields": field_summary(ds), "history": m.get("history", []),
     }
 
 
@@ -132,10 +132,13 @@ def contact_sheet(path, out_png, *, count: int = 48, cell: int = 160, columns: i
     """
     from PIL import Image, ImageDraw
 
+    from dlpack_io.reader.samplefields import read_fields
     from dlpack_io.tools.captions import draw_caption
+    from dlpack_io.tools.targetsheet import decorate, has_targets
 
     out_png = sheet_path(out_png)
     ds = Dataset(path, max_pixels=max_pixels)
+    targets, boxes = has_targets(ds.fields), []  # boxes and masks drawn (issue 25)
     picks = np.sort(np.random.default_rng(seed).choice(len(ds), min(count, len(ds)), replace=False))
     rows = (len(picks) + columns - 1) // columns
     caption = 16
@@ -145,11 +148,19 @@ def contact_sheet(path, out_png, *, count: int = 48, cell: int = 160, columns: i
         pixels, label = ds[int(i)]
         thumb = Image.fromarray(pixels)
         thumb.thumbnail((cell, cell))
+        if targets:
+            thumb, drawn = decorate(thumb, read_fields(ds, int(i)),
+                                    ds.fields.get("categories", {}).get("names"),
+                                    (pixels.shape[1], pixels.shape[0]))
         x, y = (n % columns) * cell, (n // columns) * (cell + caption)
-        sheet.paste(thumb, (x + (cell - thumb.width) // 2, y + (cell - thumb.height) // 2))
+        left, top = x + (cell - thumb.width) // 2, y + (cell - thumb.height) // 2
+        sheet.paste(thumb, (left, top))
+        if targets:
+            boxes.append([[r[0] + left, r[1] + top, r[2] + left, r[3] + top] for r in drawn])
         name = ds.classes[label] if 0 <= label < len(ds.classes) else "(no label)"
         captions.append(draw_caption(draw, (x + 3, y + cell + 1), f"{int(i)}: {name}",
                                      width=cell - 6))
     sheet.save(out_png)
     return {"path": os.path.abspath(out_png), "samples": picks.tolist(),
-            "width": sheet.width, "height": sheet.height, "captions": captions}
+            "width": sheet.width, "height": sheet.height, "captions": captions,
+            **({"boxes": boxes} if targets else {})}

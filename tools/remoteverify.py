@@ -13,7 +13,8 @@ import tempfile
 import numpy as np
 
 from dlpack_io.reader import format as fmt
-from dlpack_io.reader.remote.storage import StorageError, Store, run_sync
+from dlpack_io.reader.remote.storage import (ObjectChangedError, StorageError, Store,
+                                             run_sync)
 from dlpack_io.tools.shardcheck import (VerifyReport, check_accounting, check_class_counts,
                                         check_shard)
 
@@ -54,6 +55,13 @@ def _read_manifest(store: Store, manifest_url: str, report) -> dict | None:
     return fmt.validate_manifest(fmt.decode_json(raw, manifest_url), manifest_url)
 
 
+def _unreadable(exc: BaseException) -> bool:
+    """True when ``exc`` says the storage could not be read (endpoint, credentials, bucket,
+    a server that failed every retry), not that the data set is damaged: a replaced or
+    truncated object (ObjectChangedError) and bad bytes (FormatError) are damage."""
+    return isinstance(exc, StorageError) and not isinstance(exc, ObjectChangedError)
+
+
 def verify_remote(url: str, *, decode: bool = False, progress: bool = True,
                   max_pixels: int = fmt.DEFAULT_MAX_PIXELS):
     """Verify the data set at ``url``; returns a shardcheck.VerifyReport."""
@@ -65,7 +73,7 @@ def verify_remote(url: str, *, decode: bool = False, progress: bool = True,
         store = Store(url)
         manifest = _read_manifest(store, manifest_url, report)
     except (fmt.FormatError, StorageError) as exc:
-        report.add(manifest_url, str(exc))
+        report.add(manifest_url, str(exc), storage=_unreadable(exc))
         return report
     if manifest is None:
         return report
@@ -102,7 +110,7 @@ def _check_remote_shard(store, tmp, entry, manifest, decode, report, bar, max_pi
             return None
         run_sync(download(store, name, entry["bytes"], os.path.join(tmp, name)))
     except StorageError as exc:
-        report.add(where, str(exc))
+        report.add(where, str(exc), storage=_unreadable(exc))
         return None
     first = len(report.problems)
     try:

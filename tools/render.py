@@ -47,6 +47,9 @@ def convert_counts(result: dict) -> str:
 
 def _skip_lines(result: dict) -> list:
     lines = [f"skipped {result['rejects']}" + (" (see rejects.tsv)" if result["rejects"] else "")]
+    if result.get("annotation_rejects"):
+        lines.append(f"annotations rejected: {result['annotation_rejects']} (their images "
+                     f"packed without them; see rejects.tsv)")
     if result.get("ignored"):
         lines.append(f"ignored {plural(sum(result['ignored'].values()), 'file')} without an "
                      f"image suffix ("
@@ -92,7 +95,12 @@ def summary_text(s: dict, max_classes: int = 30) -> str:
         f"source        {root} ({plural(source.get('num_inputs', 0), 'input')}"
         + (f", list {source['list']})" if source.get('list') else ")"),
         f"created       {s['created'].get('at')} in {s['created'].get('seconds')} s "
-        f"with {s['created'].get('pil')}",
+        f"with {s['created'].get('pil')}"
+        + "".join(f"\nappended      {h['at']}: +{h['num_samples']} samples from "
+                  f"{h['first_sample']} in {len(h['shards'])} shards ({h['duplicates']} "
+                  f"duplicates, {h['changed']} changed skipped; new classes: "
+                  f"{', '.join(h['new_classes'][:5]) or 'none'})"
+                  for h in s.get("history", [])),
         _storage_text(s["storage"], s["mode"], s["options"]),
         f"rejects       {s['num_rejects']}"
         + "".join(f"\n                {r['path']}: {r['reason']}" for r in s["rejects"][:10])
@@ -143,6 +151,11 @@ def verify_text(report: dict) -> str:
         lines.append(f"NOT A DATA SET: {report['path']}")
         return "\n".join(lines)
     verdict = "OK" if report["ok"] else f"DAMAGED ({plural(len(report['problems']), 'problem')})"
+    from dlpack_io.tools.shardcheck import EXIT_UNREACHABLE
+
+    if report.get("exit_code") == EXIT_UNREACHABLE:  # storage unreadable: not damage
+        verdict = (f"NOT CHECKED, STORAGE UNREADABLE ({plural(len(report['problems']), 'problem')}"
+                   f"; nothing read was damaged)")
     lines.append(f"{verdict}: {report['path']}: {plural(report['shards_checked'], 'shard')}, "
                  f"{plural(report['records_checked'], 'record')}, "
                  f"{human_bytes(report['bytes_checked'])} checked")

@@ -28,6 +28,7 @@ from dlpack_io.reader.shard import open_shard
 
 MAX_LISTED_PER_SHARD = 20
 EXIT_OK, EXIT_DAMAGED, EXIT_NOT_A_DATASET = 0, 1, 3  # 2 is click's usage error
+EXIT_UNREACHABLE = 4  # object storage could not be read: endpoint, credentials, bucket
 
 
 @dataclass
@@ -46,14 +47,23 @@ class VerifyReport:
         """True when nothing is wrong."""
         return not self.problems
 
-    def add(self, where: str, problem: str) -> None:
-        """Record one problem at ``where`` (a file, optionally with a record number)."""
-        self.problems.append({"where": where, "problem": problem})
+    def add(self, where: str, problem: str, *, storage: bool = False) -> None:
+        """Record one problem at ``where`` (a file, optionally with a record number);
+        ``storage``: not damage but object storage that could not be read (an endpoint
+        that did not answer, refused credentials, a missing bucket)."""
+        self.problems.append({"where": where, "problem": problem} |
+                             ({"kind": "storage"} if storage else {}))
 
     @property
     def exit_code(self) -> int:
-        """0 intact, 1 damaged, 3 not a data set at all."""
-        return EXIT_OK if self.ok else EXIT_NOT_A_DATASET if self.not_a_dataset else EXIT_DAMAGED
+        """0 intact, 1 damaged, 3 not a data set at all, 4 storage could not be read (and
+        nothing that was read is damaged)."""
+        if self.ok:
+            return EXIT_OK
+        if self.not_a_dataset:
+            return EXIT_NOT_A_DATASET
+        damaged = any(p.get("kind") != "storage" for p in self.problems)
+        return EXIT_DAMAGED if damaged else EXIT_UNREACHABLE
 
     def to_dict(self) -> dict:
         """Plain-data form for --json."""

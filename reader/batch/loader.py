@@ -24,14 +24,14 @@ from dataclasses import fields as dataclass_fields
 import numpy as np
 
 from dlpack_io.reader.batch import order as order_mod
-from dlpack_io.reader.batch import resume
+from dlpack_io.reader.batch import resume, sources
 from dlpack_io.reader.batch.compat import (DataLoaderAttributes, pin_ok, pinned,
                                            refuse_dataloader_only)
 from dlpack_io.reader.batch.autotune import Tuner
 from dlpack_io.reader.batch.engine import make_engine
-from dlpack_io.reader.batch.fieldbatch import DEFAULT_FIELDS, assemble, check_fields
+from dlpack_io.reader.batch.targets import Assembler
 from dlpack_io.reader.batch.options import (OPTION_DOCS, LoaderOptions, resolve_device,
-                                            unwrap_subset, use_device_transforms)
+                                            use_device_transforms)
 from dlpack_io.reader.batch.plan import compile_spec
 from dlpack_io.reader.batch.recipes import BatchFinish, place_transforms
 from dlpack_io.reader.batch.skips import SkipAccount
@@ -44,7 +44,8 @@ _D = LoaderOptions  # the defaults live in LoaderOptions alone; the signature re
 
 
 class Loader(DataLoaderAttributes):
-    """Shuffled, transformed batches of ``dataset`` (a Dataset, or a torch Subset of one) as
+    """Shuffled, transformed batches of ``dataset`` (a Dataset, a torch Subset of one, or a
+    Mixture of data sets: sources.py) as
     ``(images, labels)`` tensors, ``(images, labels, indices)`` with ``return_index=True``.
 
     Every option is keyword-only; they are listed below (``OPTION_DOCS`` of
@@ -65,10 +66,11 @@ class Loader(DataLoaderAttributes):
                  device_transforms: bool | None = _D.device_transforms,
                  reduced_decode: bool = _D.reduced_decode, block_size: int = _D.block_size,
                  block_window: int = _D.block_window, log_every=_D.log_every,
-                 pin_memory: bool = _D.pin_memory,
-                 prefetch_factor: int | None = _D.prefetch_factor,
+                 pin_memory: bool = _D.pin_memory, prefetch_factor: int | None = _D.prefetch_factor,
                  persistent_workers: bool = _D.persistent_workers, fields: tuple = _D.fields,
-                 options: LoaderOptions | None = None, **dataloader_only):
+                 pad: bool = _D.pad, pad_multiple: int = _D.pad_multiple,
+                 mask_pad_value: int = _D.mask_pad_value, options: LoaderOptions | None = None,
+                 **dataloader_only):
         args = locals()
         names = [f.name for f in dataclass_fields(LoaderOptions)]
         refuse_dataloader_only(dataloader_only, names)
@@ -76,15 +78,16 @@ class Loader(DataLoaderAttributes):
         if options is not None and any(v is not getattr(_D, k) for k, v in given.items()):
             raise TypeError("pass either options=LoaderOptions(...) or keyword options, not both")
         self.options = opts = options if options is not None else LoaderOptions(**given)
-        self.dataset, self.subset = unwrap_subset(dataset, opts.indices)
-        self.fields = check_fields(self.dataset, opts.fields)
+        self.dataset, self.subset = sources.unwrap(dataset, opts.indices)
+        self.fields = sources.check_fields(self.dataset, opts.fields)
         self.spec = compile_spec(opts.transforms, dtype=opts.dtype,
-                                 reduced_decode=opts.reduced_decode)
+                                 reduced_decode=opts.reduced_decode, pad=opts.pad_stride)
         self.device = resolve_device(opts.device)
         self.device_transforms = use_device_transforms(opts.device_transforms, self.device) \
             and opts.sample_transform is None
         self.device_transforms = place_transforms(self.spec, self.device_transforms,
                                                   opts.device_transforms)
+        self._batch = Assembler(self.dataset, self.fields, self.spec, opts, self.device_transforms)
         self._finish = BatchFinish(self.spec, opts.seed, len(self.dataset.classes),
                                    self.device_transforms)
         self._world = (opts.rank, opts.world_size)
@@ -113,15 +116,10 @@ class Loader(DataLoaderAttributes):
                                           self.options.drop_last) - start
 
     def _num_items(self) -> int:
-        return len(self.dataset) if self.subset is None else len(self.subset)
+        return sources.epoch_items(self.dataset, self.subset)
 
     def _epoch_order(self, epoch: int) -> np.ndarray:
-        o = self.options
-        sizes = [s["num_samples"] for s in self.dataset.manifest["shards"]] \
-            if self.subset is None else None
-        positions = order_mod.epoch_order(self._num_items(), o.shuffle, o.seed, epoch, sizes,
-                                          o.block_size, o.block_window)
-        return positions if self.subset is None else self.subset[positions]
+        return sources.epoch_positions(self.dataset, self.subset, self.options, epoch)
 
     def _sequence(self, epoch: int, segments) -> np.ndarray:
         return resume.remaining(self._epoch_order(epoch), segments)
@@ -145,10 +143,7 @@ class Loader(DataLoaderAttributes):
 
     # ---- resume ----------------------------------------------------------------------
     def _identity(self) -> dict:
-        o = self.options
-        return {"num_samples": len(self.dataset), "seed": o.seed, "shuffle": o.shuffle,
-                "block_size": o.block_size, "block_window": o.block_window,
-                "subset": resume.subset_digest(self.subset)}
+        return sources.identity(self.dataset, self.subset, self.options)
 
     def state_dict(self) -> dict:
         """Where the loader stands; the same on every rank (save one for the whole job).
@@ -242,15 +237,14 @@ class Loader(DataLoaderAttributes):
             clock.waited(now - since)  # inside next(): the loop waited for this batch
             since = now
             self.skipped.add(hb.skipped)
+            clock.delivered_sets(sources.set_counts(self.dataset, hb.indices))
             self._cursor = self._cursor[:3] + (k + 1, len(batches))
             if not len(hb.indices) and len(batches[k]):  # on_error="skip" left nothing
                 continue
             if self._finish.active:
                 images, labels = self._finish(images, labels, hb.indices, epoch,
                                               int(batches[k][0]))
-            out = (images, labels) if self.fields == DEFAULT_FIELDS else \
-                assemble(self.dataset, self.fields, images, labels, hb.indices)
-            batch = (*out, hb.indices) if self.options.return_index else out
+            batch = self._batch(images, labels, hb.indices, epoch)  # targets.py
             yield pinned(batch) if self._pin else batch
             since = time.perf_counter()
             clock.stepped(since - now)  # outside next(): the training step

@@ -35,6 +35,16 @@ def _proc_cpu(pids) -> float:
     return total
 
 
+def fetched_bytes(stats) -> int:
+    """Bytes fetched per a prefetch handle's ``stats``: a dict, or one per data set of a
+    Mixture (a list, None for a set on disk); 0 for none."""
+    if isinstance(stats, dict):
+        return int(stats.get("bytes_fetched", 0))
+    if isinstance(stats, (list, tuple)):
+        return sum(fetched_bytes(s) for s in stats)
+    return 0
+
+
 def tree_cpu(pids) -> float:
     """CPU seconds used so far by this process (every thread) and the processes ``pids``."""
     return time.process_time() + _proc_cpu(pids)
@@ -56,6 +66,7 @@ class LoaderStats:
     queue_depth: float = 0.0   # mean built batches waiting when the loop asked
     num_workers: int = 0
     worker_kind: str = "thread"
+    images_per_set: list | None = None  # a Mixture's images of each set; None: one data set
     tuned: str = ""            # num_workers/prefetch="auto": what was chosen and why
     plan_s: float = 0.0        # worker seconds per stage (stagetimes.py): lookups, draws
     decode_s: float = 0.0      # read + decode + crop/resize + CHW copy (device path: gather)
@@ -100,7 +111,8 @@ class LoaderStats:
 
     def as_dict(self) -> dict:
         """Every figure, derived ones included (``run`` nested the same way)."""
-        out = {k: v for k, v in asdict(self).items() if k != "run"}
+        out = {k: v for k, v in asdict(self).items()
+               if k != "run" and not (k == "images_per_set" and v is None)}
         out.update(wait_fraction=self.wait_fraction, images_per_s=self.images_per_s,
                    cpu_ms_per_image=self.cpu_ms_per_image, workers_busy=self.workers_busy,
                    stage_shares=self.stage_shares(), verdict=self.verdict())
@@ -138,7 +150,15 @@ class LoaderStats:
 
     def __str__(self) -> str:
         return (f"epoch {self.epoch}: {self.batches} batches, {self.images_per_s:,.0f} images/s, "
-                f"{self.cpu_ms_per_image:.2f} CPU-ms/image; {self.verdict()}")
+                f"{self.cpu_ms_per_image:.2f} CPU-ms/image; {self.verdict()}"
+                + ("" if self.images_per_set is None else
+                   f"; images per set {', '.join(map(str, self.images_per_set))}"))
+
+
+def _add(total, counts) -> list:
+    """Per-set image counts ``total`` (or None) plus ``counts``, as a new list."""
+    counts = [int(c) for c in counts]
+    return counts if total is None else [a + b for a, b in zip(total, counts)]
 
 
 SUMMED = ("batches", "images", "wall_s", "wait_s", "step_s", "finish_s", "cpu_s",
@@ -195,18 +215,25 @@ class StatsClock:
                 setattr(e, f"{name}_s", getattr(e, f"{name}_s") + seconds)
         self.gpu.resolve()
 
+    def delivered_sets(self, counts) -> None:
+        """A Mixture's batch held ``counts[s]`` images of set s (None: not a Mixture)."""
+        if counts is not None:
+            self.epoch.images_per_set = _add(self.epoch.images_per_set, counts)
+
     def end_epoch(self, pids, prefetch=None) -> None:
         """The epoch ended (or was abandoned): fix its figures and add them to the run's
         (``prefetch``: the remote data set's handle, for the bytes it fetched)."""
         if self.open:
             self.gpu.resolve(block=True)
             self._measure(pids, consumer_thread=True)
-            self.epoch.fetched_bytes = int((getattr(prefetch, "stats", None) or {}).get(
-                "bytes_fetched", 0))
+            self.epoch.fetched_bytes = fetched_bytes(getattr(prefetch, "stats", None))
             self.open = False
             for name in SUMMED:
                 setattr(self.run, name, getattr(self.run, name) + getattr(self.epoch, name))
             self.run.epoch = self.epoch.epoch
+            if self.epoch.images_per_set is not None:
+                self.run.images_per_set = _add(self.run.images_per_set,
+                                               self.epoch.images_per_set)
 
     def _measure(self, pids, consumer_thread: bool) -> None:
         e = self.epoch
@@ -227,6 +254,8 @@ class StatsClock:
         if self.open:
             for name in SUMMED:
                 setattr(run, name, getattr(run, name) + getattr(self.epoch, name))
+            if self.epoch.images_per_set is not None:
+                run.images_per_set = _add(run.images_per_set, self.epoch.images_per_set)
         run.epoch = self.epoch.epoch
         run.queue_depth = self.epoch.queue_depth
         return LoaderStats(**{**vars(self.epoch), "run": run})

@@ -33,6 +33,8 @@ from dlpack_io.reader.format.schema import (encode_meta, MAX_JSON_DEPTH, json_de
                                             MANIFEST_FIELDS, SHARD_ENTRY_FIELDS,
                                             VOLATILE_MANIFEST_KEYS, validate_manifest,
                                             accounting_problem)
+from dlpack_io.reader.format.history import (SOURCES_KEY, HISTORY_KEY, check_history,
+                                             sources_of)
 from dlpack_io.reader.format.fieldschema import (FIELD_TYPES, ARRAY_DTYPES, RESERVED_NAMES,
                                                  check_field_name, check_field_schema)
 from dlpack_io.reader.format.spec import (PLAIN_VERSION, READABLE_VERSIONS, FIELDS_INDEX_DTYPE,

@@ -15,6 +15,9 @@ from dlpack_io.reader.format.spec import FormatError
 # int: <i8; float: <f8; str: UTF-8 text; json: UTF-8 JSON text of any JSON value;
 # bytes: opaque bytes; array: ndim x <u4 shape, then the C-order little-endian elements.
 FIELD_TYPES = ("int", "float", "str", "json", "bytes", "array")
+# "codec" of an array spec: its elements stored compressed (lossless), e.g. masks (issue 25)
+ARRAY_CODECS = ("zlib",)
+MAX_NAMES, MAX_NAME_CHARS = 100_000, 256  # an id -> name table of an integer array field
 ARRAY_DTYPES = ("bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64",
                 "int64", "float16", "float32", "float64")
 MAX_NDIM = 8
@@ -41,6 +44,10 @@ def _check_array_spec(spec: dict, where: str) -> None:
     ndim = spec.get("ndim")
     if not isinstance(ndim, int) or isinstance(ndim, bool) or not 0 <= ndim <= MAX_NDIM:
         raise FormatError(f"{where}: ndim {ndim!r:.40}, expected an integer 0..{MAX_NDIM}")
+    if "codec" in spec and spec["codec"] not in ARRAY_CODECS:
+        raise FormatError(f"{where}: codec {spec['codec']!r:.40} is not one of {ARRAY_CODECS}")
+    if "names" in spec:
+        _check_names(spec["names"], spec["dtype"], where)
     shape = spec.get("shape")
     if shape is None:
         return
@@ -48,6 +55,18 @@ def _check_array_spec(spec: dict, where: str) -> None:
             not isinstance(d, int) or isinstance(d, bool) or not 0 <= d < 2**32 for d in shape):
         raise FormatError(f"{where}: shape {shape!r:.60}, expected null or {ndim} integers "
                           f"0..{2**32 - 1}")
+
+
+def _check_names(names, dtype: str, where: str) -> None:
+    """An id -> name table (COCO's categories): str(int) keys, short str names."""
+    if "int" not in dtype or not isinstance(names, dict) or len(names) > MAX_NAMES:
+        raise FormatError(f"{where}: names must be an object of at most {MAX_NAMES} "
+                          f"id -> name entries on an integer array")
+    for key, name in names.items():
+        if not re.fullmatch(r"-?[0-9]{1,19}", key) or not isinstance(name, str) \
+                or len(name) > MAX_NAME_CHARS:
+            raise FormatError(f"{where}: names entry {key!r:.30}: {name!r:.40}, expected a "
+                              f"decimal id and a name of at most {MAX_NAME_CHARS} characters")
 
 
 def check_field_schema(fields, where: str) -> dict:
@@ -60,7 +79,8 @@ def check_field_schema(fields, where: str) -> dict:
         check_field_name(name, at)
         if not isinstance(spec, dict) or spec.get("type") not in FIELD_TYPES:
             raise FormatError(f"{at}: expected an object with type one of {FIELD_TYPES}")
-        extra = set(spec) - ({"type", "dtype", "ndim", "shape"} if spec["type"] == "array"
+        extra = set(spec) - ({"type", "dtype", "ndim", "shape", "codec", "names"}
+                             if spec["type"] == "array"
                              else {"type"})
         if extra:
             raise FormatError(f"{at}: unknown keys {sorted(extra)} for type {spec['type']!r}")

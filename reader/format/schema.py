@@ -8,6 +8,7 @@ import re
 import numpy as np
 
 from dlpack_io.reader.format.fieldschema import check_field_schema
+from dlpack_io.reader.format.history import check_history
 from dlpack_io.reader.format.spec import (FORMAT_VERSION, FORMATS, MAGIC, MANIFEST_KIND,
                                           MAX_JSON_INT, MODES, PLAIN_VERSION, READABLE_VERSIONS,
                                           SHARD_NAME_RE, SHARD_SUFFIX, FormatError, crc32,
@@ -181,6 +182,7 @@ def validate_manifest(manifest: dict, where: str) -> dict:
                           f"{manifest['num_samples']}")
     _check_details(manifest, where)
     _check_fields_entry(manifest, where)
+    check_history(manifest, where)
     return manifest
 
 

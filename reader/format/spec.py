@@ -110,8 +110,24 @@ class FormatError(Exception):
 
 
 def crc32(data) -> int:
-    """CRC-32 (zlib polynomial) of a bytes-like object, as an unsigned int."""
-    return zlib.crc32(data) & 0xFFFFFFFF
+    """CRC-32 (zlib polynomial) of a bytes-like object, as an unsigned int. Computed by
+    zlib-ng when it is installed (about 3x zlib's speed here: every record a remote epoch
+    reads is checked, see docs/benchmarks.md), else by zlib: the same number either way."""
+    return (_CRC32 or _load_crc32())(data) & 0xFFFFFFFF
+
+
+_CRC32 = None
+
+
+def _load_crc32():
+    """The fastest CRC-32 at hand (imported on first use: an optional speed-up)."""
+    global _CRC32
+    try:
+        from zlib_ng import zlib_ng
+        _CRC32 = zlib_ng.crc32
+    except ImportError:
+        _CRC32 = zlib.crc32
+    return _CRC32
 
 
 def align_up(value: int, alignment: int = RECORD_ALIGN) -> int:

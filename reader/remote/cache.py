@@ -36,6 +36,7 @@ from dlpack_io.reader.remote import cachefs
 log = logging.getLogger(__name__)
 
 DEFAULT_LIMIT_CAP = 20 * 2**30  # default cache_limit: this, or half the free space if less
+SOURCE_NAME = "source.url"  # the data set's URL, beside its manifest (shown by `dlpack cache ls`)
 
 
 def default_cache_dir() -> str:
@@ -97,8 +98,20 @@ class DatasetCache:
 
     def __init__(self, cache_dir: str, key: str):
         self.root = os.path.join(cache_dir, key)
-        for sub in ("index", "shards", "sessions"):
-            cachefs.make_dirs(cache_dir, os.path.join(self.root, sub))
+        for _ in range(8):  # `dlpack cache clear` may move the folder away meanwhile
+            for sub in ("index", "shards", "sessions"):
+                cachefs.make_dirs(cache_dir, os.path.join(self.root, sub))
+            self.use_fd = hold_use(self.root)
+            if self.use_fd is not None:
+                return
+        raise cachefs.CacheEntryError(f"{self.root}: removed again and again while opening "
+                                      f"it (a 'dlpack cache clear' loop?)")
+
+    def close(self) -> None:
+        """Let `dlpack cache clear` remove this data set's folder again."""
+        if self.use_fd is not None:
+            os.close(self.use_fd)
+            self.use_fd = None
 
     def index_path(self, shard_name: str) -> str:
         """Cached header + index + metadata of a shard."""
@@ -123,6 +136,33 @@ class DatasetCache:
                 continue  # not ours: never counted, never trimmed
             out.append((name, st.st_size, st.st_mtime, st.st_nlink))
         return out
+
+
+def hold_use(root: str, *, exclusive: bool = False) -> int | None:
+    """An fd of ``root/.use`` flock'ed shared (a Dataset holds it while open) or, with
+    ``exclusive``, exclusive without waiting (`dlpack cache clear`: None when in use). None
+    too when ``root`` was moved away after we opened it (open it again)."""
+    path = os.path.join(root, ".use")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                     | os.O_CLOEXEC, 0o600)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise cachefs.CacheEntryError(f"{path}: {exc.strerror}: not the lock file dlpack "
+                                      f"makes there; remove it, or use another cache_dir")
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise cachefs.CacheEntryError(f"{path}: not a regular file (not made by dlpack); "
+                                          f"remove it, or use another cache_dir")
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB if exclusive else fcntl.LOCK_SH)
+        if os.path.samestat(os.fstat(fd), os.lstat(path)):
+            return fd
+    except (BlockingIOError, FileNotFoundError):
+        pass
+    os.close(fd)
+    return None
 
 
 class Session:

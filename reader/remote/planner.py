@@ -1,14 +1,12 @@
 """The prefetch planner: fetch what the next batches need, ahead, into the verified cache.
 
-It runs in the process that opened the data set, on one thread with an asyncio event loop
-(many requests in flight, no thread per request), never in a Loader worker. Mode "records"
-fetches each batch's records as coalesced byte ranges; mode "shards" fetches whole shards
-into the shared pool (reused by later epochs and processes). Either way batches are planned
-in consumption order and a batch is started only when its bytes fit in ``cache_limit`` next
-to what unreleased batches hold; an item is evicted when the last batch needing it is
-released (the future order is known, so nothing still needed is ever evicted). Every record
-is checked against its CRC before its file appears (atomic rename); a failed request (after
-the store's retries and deadline) fails every ``wait`` with the store's message.
+It runs in the process that opened the data set, on one thread with an asyncio event loop,
+never in a Loader worker. Mode "records" fetches each batch's records as coalesced byte
+ranges (records kept by an earlier epoch or run are not fetched again, see keep.py); mode
+"shards" fetches whole shards into the shared pool. Batches are planned in consumption
+order and started when their bytes fit in ``cache_limit`` next to what unreleased batches
+hold; an item is evicted when the last batch needing it is released. Every record is checked
+against its CRC before its file appears; a failed request fails every ``wait`` with its message.
 """
 from __future__ import annotations
 
@@ -20,10 +18,10 @@ import time
 
 import numpy as np
 
-from dlpack_io.reader.remote import cache as cache_mod
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.remote.fetchplan import range_requests
-from dlpack_io.reader.remote.storage import StorageError
+from dlpack_io.reader.remote.keep import READ_AHEAD, publish_records, read_ahead, split_limit
+from dlpack_io.reader.remote.planmsg import rewrap as _rewrap, timeout_message, warn_overcommit
 
 log = logging.getLogger(__name__)
 ABSENT, REQUESTED, PRESENT = 0, 1, 2
@@ -38,8 +36,16 @@ class Planner:
         self.max_inflight, self.gap, self.max_request = max_inflight, gap, max_request
         self.state = np.zeros(len(plan.size), dtype=np.int8)
         self.released = np.zeros(len(plan.needs), dtype=bool)
+        self.transient = np.zeros(len(plan.size), dtype=bool)  # in the session, not kept
         self.held = 0
-        self.stats = {"requests": 0, "bytes_fetched": 0, "max_held": 0, "evicted": 0}
+        # records mode: what epoch 0 fetched stays for later ones (keep.py); held counts
+        # only the transient rest, within what the kept records leave of cache_limit
+        self.keep_budget, self.limit = split_limit(int(source.lengths.sum()), self.limit,
+                                                   plan.max_batch_bytes()[0], plan.mode)
+        self.ahead = plan.mode == "records" and self.keep_budget >= int(source.lengths.sum())
+        self.ends = np.array([source.first_sample(k) + len(s) for k, s in enumerate(shards)])
+        self.stats = {"requests": 0, "bytes_fetched": 0, "max_held": 0, "evicted": 0,
+                      "cached": 0}
         self.cond = threading.Condition()
         self.error, self.closed, self.waiting_budget = None, False, None
         self.demand, self._warned = -1, False  # the highest batch a consumer waits for
@@ -67,14 +73,13 @@ class Planner:
                 if self.closed:
                     return
                 absent = self.state[items] == ABSENT
-                todo = items[absent]
+            todo, pos = await self._take_kept(k, items, absent)
             nbytes = int(self.plan.size[todo].sum())
             while True:  # clear first: a release() landing after the check wakes the wait
                 self._budget.clear()
                 if self._reserve(k, todo, nbytes):
                     break
                 await self._budget.wait()
-            pos = self.plan.first_pos[k][absent] if self.plan.first_pos else None
             for request in self._requests(todo, pos):
                 await sem.acquire()
                 task = asyncio.ensure_future(self._fetch(request, sem))
@@ -82,6 +87,27 @@ class Planner:
                 task.add_done_callback(tasks.discard)
         while tasks:
             await asyncio.gather(*list(tasks))
+
+    async def _take_kept(self, k: int, items: np.ndarray, absent: np.ndarray):
+        """(items to fetch, their positions in batch k): the absent ones less those kept
+        in the cache by an earlier epoch or run (verified, now PRESENT)."""
+        todo = items[absent]
+        pos = self.plan.first_pos[k][absent] if self.plan.first_pos else None
+        if self.plan.mode != "records" or not len(todo):
+            return todo, pos
+        if self.ahead and k > 0:  # not for batch 0: its first batch must come fast
+            with self.cond:
+                eligible = (self.state == ABSENT) & (self.plan.last_use > k)
+            todo, pos = read_ahead(todo, pos, eligible, self.plan.size,
+                                   self.ends[self.source.shard_of(todo)], READ_AHEAD)
+        found = await self._loop.run_in_executor(None, self.source.keeper.present, todo,
+                                                 self.source.dataset_lookup(todo))
+        if found.any():
+            with self.cond:
+                self.state[todo[found]] = PRESENT
+                self.stats["cached"] += int(found.sum())
+                self.cond.notify_all()
+        return todo[~found], pos[~found]
 
     def _reserve(self, k: int, todo: np.ndarray, nbytes: int) -> bool:
         with self.cond:
@@ -91,22 +117,14 @@ class Planner:
                 if k > self.demand:
                     self.waiting_budget = k
                     return False
-                self._overcommit(k, nbytes)
+                if not self._warned:  # holding more than the limit beats a deadlock
+                    self._warned = True
+                    warn_overcommit(self.source.url, self.limit, self.held + nbytes)
             self.waiting_budget = None
             self.state[todo] = REQUESTED
             self.held += nbytes
             self.stats["max_held"] = max(self.stats["max_held"], self.held)
             return True
-
-    def _overcommit(self, k: int, nbytes: int) -> None:
-        """A consumer blocks on batch k while the batches before it (not yet released)
-        fill cache_limit: holding more than the limit beats a deadlock. Say so once."""
-        if not self._warned:
-            self._warned = True
-            log.warning("%s: cache_limit %s bytes is smaller than the %s bytes of the batches "
-                        "the loader keeps in flight; holding them anyway (raise cache_limit to "
-                        "let the prefetcher run ahead)", self.source.url, f"{self.limit:,}",
-                        f"{self.held + nbytes:,}")
 
     def _requests(self, items: np.ndarray, positions) -> list:
         """The requests that fetch ``items`` (whole shards, or coalesced record ranges)."""
@@ -136,16 +154,17 @@ class Planner:
         self.stats["requests"] += 1
         self.stats["bytes_fetched"] += end - start
         self.source.bytes_fetched += end - start
-        for sample, j, e in zip(samples.tolist(), local.tolist(), entries):
+        pieces = []
+        for j, e in zip(local.tolist(), entries):
             off, length = int(e["offset"]) - start, int(e["length"])
-            piece = data[off:off + length]
-            if fmt.crc32(piece) != int(e["crc"]):
+            pieces.append(data[off:off + length])
+            if fmt.crc32(pieces[-1]) != int(e["crc"]):
                 raise fmt.FormatError(
                     f"{shard.path} record {j} (bytes {int(e['offset'])}-{int(e['offset']) + length - 1}):"
                     f" checksum mismatch in the downloaded bytes: the object in the bucket is "
                     f"damaged or was replaced; run 'dlpack verify {self.source.url}'")
-            cache_mod.publish(self.session.record_path(k, j), piece, base=self.session.dir)
-        self._mark_present(samples)
+        self._mark_present(samples, publish_records(self.source.keeper, self.session, k, samples,
+                                                    local, pieces, self.keep_budget))
 
     async def _fetch_shard(self, k: int) -> None:
         from dlpack_io.reader.remote.shardfetch import fetch_shard
@@ -158,11 +177,14 @@ class Planner:
         self.source.bytes_fetched += fetched["bytes"]
         self._mark_present(np.array([k]))
 
-    def _mark_present(self, items) -> None:
+    def _mark_present(self, items, kept=None) -> None:
         with self.cond:
             if self.closed:
                 return
             self.state[items] = PRESENT
+            self.transient[items if kept is None else items[~kept]] = True
+            if kept is not None:  # reserved as transient, but kept: not held against the budget
+                self.held -= int(self.plan.size[items[kept]].sum())
             last = self.plan.last_use[items]
             self._evict(items[self.released[np.maximum(last, 0)] & (last >= 0)])  # released early
             self.cond.notify_all()
@@ -187,7 +209,8 @@ class Planner:
                     return
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise TimeoutError(self._timeout_message(k, limit))
+                    raise TimeoutError(timeout_message(
+                        self, k, limit, int(np.count_nonzero(self.state[items] != PRESENT))))
                 self.cond.wait(left)
 
     def ready(self, k: int) -> bool:
@@ -217,18 +240,6 @@ class Planner:
                 self.cond.wait(left)
             return True
 
-    def _timeout_message(self, k: int, waited: float) -> str:
-        items = self.plan.needs[k]
-        missing = int(np.count_nonzero(self.state[items] != PRESENT))
-        stall = ""
-        if self.waiting_budget is not None and self.waiting_budget <= k:
-            stall = (f"; the prefetcher is waiting for cache space (cache_limit "
-                     f"{self.limit:,} bytes, {self.held:,} held by batches not yet released): "
-                     f"release delivered batches or raise cache_limit")
-        return (f"{self.source.url}: batch {k} not ready after {waited:.1f} s: {missing} of its "
-                f"{len(items)} {self.plan.mode} not in the cache yet{stall}. Check that the "
-                f"endpoint ({self.store.options.get('endpoint') or 'AWS default'}) is reachable")
-
     def release(self, k: int) -> None:
         items = self.plan.needs[k]
         with self.cond:
@@ -247,7 +258,11 @@ class Planner:
             pass  # not started yet (it checks the budget itself) or already finished
 
     def _evict(self, items) -> None:
-        """Delete cached items (lock held) and give their bytes back to the budget."""
+        """Delete cached items (lock held) and give their bytes back to the budget; kept
+        records stay (they were never held against it)."""
+        self.state[items] = ABSENT
+        items = items[self.transient[items]]
+        self.transient[items] = False
         for item in items.tolist():
             if self.plan.mode == "records":
                 k, j = self.source.locate(item)
@@ -258,7 +273,6 @@ class Planner:
                 os.unlink(path)
             except FileNotFoundError:
                 pass
-        self.state[items] = ABSENT
         self.held -= int(self.plan.size[items].sum())
         self.stats["evicted"] += len(items)
 
@@ -276,15 +290,3 @@ class Planner:
             self.thread.join(timeout=self.store.policy.request_timeout + 5)
         with self.cond:
             self._evict(np.flatnonzero(self.state == PRESENT))
-
-
-def _rewrap(exc: BaseException, k: int) -> BaseException:
-    """The planner's error, raised again in the waiting thread (same type and message)."""
-    if isinstance(exc, (StorageError, fmt.FormatError, ValueError, OSError)):
-        try:
-            new = type(exc)(f"{exc} (while prefetching batch {k} and earlier)")
-            new.__cause__ = exc
-            return new
-        except TypeError:
-            pass
-    return RuntimeError(f"prefetch failed before batch {k}: {exc!r}")

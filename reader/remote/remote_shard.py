@@ -134,7 +134,7 @@ class RemoteShard:
         if data is None and self._planned(j):  # the prefetcher brings it: don't fetch twice
             data, origin = self._cached(j, offset, length)
         if data is not None and (len(data) != length or fmt.crc32(data) != crc):
-            self._discard(origin, j)
+            self._discard(origin, j, length)
             data = None
         if data is None:
             data = self._fetch_now(j, offset, length)
@@ -145,20 +145,26 @@ class RemoteShard:
         return data
 
     def _cached(self, j: int, offset: int, length: int) -> tuple[bytes | None, str]:
-        """(bytes of record ``j`` from this session's cache or None, the file they came
-        from); unverified: the caller checks them."""
+        """(bytes of record ``j`` from the kept records or this session's cache, or None;
+        the file they came from); unverified: the caller checks them."""
         session = self.source.session
-        path = session.record_path(self.number, j)
-        data = cache_mod.read_file(path, length)
-        if data is not None:
-            return data, path
+        for path in (self.source.keeper.path(self.number, j), session.record_path(self.number, j)):
+            data = cache_mod.read_file(path, length)
+            if data is not None:
+                return data, path
         pin = session.pin_path(self.name)
         return cachefs.pread_exact(pin, offset, length, self.size), pin
 
-    def _discard(self, path: str, j: int) -> None:
+    def _discard(self, path: str, j: int, length: int) -> None:
         """Drop a cache file whose bytes failed their checksum (and the pooled shard it
         links, when it is the same file), so no later run trusts it either."""
         why = f"record {j} of {self.path} fails its checksum (damaged or edited locally)"
+        keeper = self.source.keeper
+        if path == keeper.path(self.number, j):
+            if keeper.owner:
+                keeper.kept[self.source.first_sample(self.number) + j] = False
+            keeper.discard(path, length, why)
+            return
         if path == self.source.session.pin_path(self.name):
             pool = self.source.cache.pool_path(self.name)
             try:

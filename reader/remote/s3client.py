@@ -22,13 +22,13 @@ Secrets are never logged, never put in an error message and never written to the
 from __future__ import annotations
 
 import configparser
-import datetime
 import logging
 import os
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = "reading or writing s3:// needs the S3 extra: pip install 'dlpack-io[s3]'"
+INSTALL_HINT = ("reading or writing s3://, gs:// or az:// needs the object-storage extra: "
+                "pip install 'dlpack-io[s3]'")
 OPTION_KEYS = ("endpoint", "region", "access_key_id", "secret_access_key", "session_token",
                "profile", "allow_http")
 # patience settings, also accepted in storage_options (see storage.Policy)
@@ -104,21 +104,15 @@ def describe(options: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(shown.items())) or "defaults"
 
 
-def open_store(bucket: str, options: dict, *, request_timeout: float, connect_timeout: float):
-    """An obstore S3Store for ``bucket`` (retries are ours: see storage.Store)."""
+def open_store(bucket: str, options: dict, *, client: dict, retry: dict):
+    """An obstore S3Store for ``bucket``; ``client`` and ``retry`` are obstore's client and
+    retry options (clouds.open_client: our timeouts, obstore's retries off)."""
     obstore = import_obstore()
-    endpoint = options.get("endpoint")
-    allow_http = options.get("allow_http")
-    if allow_http is None:
-        allow_http = bool(endpoint and endpoint.startswith("http://"))
     config = {"region": options.get("region") or "us-east-1"}
     for key in ("endpoint", "access_key_id", "secret_access_key", "session_token"):
         if options.get(key):
             config[key] = options[key]
-    if endpoint:  # custom endpoints (MinIO, SeaweedFS, R2...) want path-style requests
+    if options.get("endpoint"):  # custom endpoints (MinIO, SeaweedFS, R2...) want path-style
         config["virtual_hosted_style_request"] = False
-    client = {"allow_http": bool(allow_http), "timeout": f"{request_timeout}s",
-              "connect_timeout": f"{connect_timeout}s", "pool_max_idle_per_host": "256"}
-    retry = {"max_retries": 0, "retry_timeout": datetime.timedelta(seconds=request_timeout)}
     log.debug("S3 store for bucket %s (%s)", bucket, describe(options))
     return obstore.store.S3Store(bucket, config=config, client_options=client, retry_config=retry)

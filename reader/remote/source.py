@@ -16,6 +16,7 @@ import numpy as np
 
 from dlpack_io.reader.remote import cache as cache_mod
 from dlpack_io.reader import format as fmt
+from dlpack_io.reader.remote.keep import KeptRecords
 from dlpack_io.reader.remote.remote_shard import RemoteShard
 from dlpack_io.reader.remote.storage import Policy, Store, run_sync
 
@@ -44,15 +45,18 @@ class RemoteSource:
         self.cache = cache_mod.DatasetCache(self.cache_dir, self.key)
         if attach is None:
             cache_mod.publish(os.path.join(self.cache.root, fmt.MANIFEST_NAME), raw)
+            cache_mod.publish(os.path.join(self.cache.root, cache_mod.SOURCE_NAME),
+                              self.url.encode())  # for `dlpack cache ls` (no secrets in it)
         self.cache_limit = _parse_limit(cache_limit, self.cache_dir)
         self.session = cache_mod.Session(self.cache, None if attach is None else attach["sid"])
-        self._finalizer = weakref.finalize(self, self.session.close)
+        self._finalizer = weakref.finalize(self, _close_cache, self.session, self.cache)
         self.shards = [RemoteShard(self, k, e) for k, e in enumerate(self.manifest["shards"])]
         if attach is None:
             self._load_indexes()
         self._starts = np.array([e["first_sample"] for e in self.manifest["shards"]], np.int64)
         self.lengths = np.concatenate([s.index["length"] for s in self.shards]).astype(np.int64) \
             if self.shards else np.zeros(0, np.int64)
+        self.keeper = KeptRecords(self.cache, len(self.lengths), owner=self.session.owner)
         self.fetch_mode, self._active = None, None
         self.bytes_fetched = 0  # by prefetches of this data set (closed ones included)
         # Coalesce neighbours whose gap is under 1/8 of a typical record (capped at 64 KiB):
@@ -148,6 +152,11 @@ class RemoteSource:
             async with sem:
                 await shard.fetch_index()
         await asyncio.gather(*(one(s) for s in shards))
+
+
+def _close_cache(session, cache) -> None:
+    session.close()
+    cache.close()
 
 
 def open_remote(url: str, *, cache_dir=None, cache_limit=None, storage_options=None,

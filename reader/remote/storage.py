@@ -17,21 +17,16 @@ import asyncio
 import dataclasses
 import os
 import random
-import re
 import time
 from dataclasses import dataclass
 
-from dlpack_io.reader.remote import s3client
-from dlpack_io.reader.remote.bounded import BodyOverrun, aread_body, read_body
-from dlpack_io.reader.remote.urls import parse_url
-
-class StorageError(OSError):
-    """A request to object storage failed; the message names URL, key, range and a fix."""
-
-
-class ObjectChangedError(StorageError):
-    """An object differs from what we saw before (size, ETag or checksum)."""
-
+from dlpack_io.reader.remote import clouds, s3client
+from dlpack_io.reader.remote.bounded import aread_body, read_body
+# the failure classes live in failures.py; importing them from here keeps working
+from dlpack_io.reader.remote.failures import (BucketNotFoundError, CredentialsError,  # noqa: F401
+                                              EndpointUnreachableError, ObjectChangedError,
+                                              StorageError, classify, first_line, what_failed)
+from dlpack_io.reader.remote.urls import parse_url, scheme_of
 
 def run_sync(coro):
     """Run ``coro`` to completion from synchronous code, even where an event loop is already
@@ -62,45 +57,22 @@ class Policy:
         return random.uniform(0, min(self.max_backoff, self.backoff * 2 ** (attempt - 1)))
 
 
-# An HTTP 403 or the S3 error codes of refused credentials, as words: a bare "403" also
-# occurs in a duration ("in 371.403µs"), which once made a refused connection look like
-# refused credentials (no retries, the wrong advice).
-_REFUSED_RE = re.compile(r"\b403 Forbidden\b|\bstatus(?: code)?:? ?403\b|\bForbidden\b|"
-                         r"\bInvalidAccessKeyId\b|\bSignatureDoesNotMatch\b|\bAccessDenied\b")
-
-
-def _classify(exc: BaseException) -> tuple[bool, str]:
-    """(transient?, what to check) for an exception raised by a request."""
-    import obstore.exceptions as ox
-
-    # obstore raises its own classes for some errors and Python's builtins for others
-    if isinstance(exc, (ox.NotFoundError, FileNotFoundError)):
-        return False, "Check that the bucket and prefix exist and the data set was uploaded completely"
-    if isinstance(exc, (ox.PermissionDeniedError, ox.UnauthenticatedError, PermissionError)):
-        return False, ("Check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, "
-                       "AWS_PROFILE or storage_options) and that they may use this bucket")
-    if isinstance(exc, BodyOverrun):
-        return False, "Check the endpoint (AWS_ENDPOINT_URL): it does not answer like S3"
-    if isinstance(exc, ox.PreconditionError):
-        return False, "The object was replaced since this data set was opened: open it again"
-    if _REFUSED_RE.search(str(exc)):
-        return False, "Check the credentials and that they may use this bucket"
-    return True, "Check that the endpoint (AWS_ENDPOINT_URL) is reachable and the server is up"
-
-
 class Store:
     """One bucket + prefix; requests only from the process that created the client."""
 
     def __init__(self, url: str, *, storage_options: dict | None = None, policy: Policy | None = None):
         self.url = url.rstrip("/")
         self.bucket, self.prefix = parse_url(url)
+        self.scheme = scheme_of(url)  # "s3", "gs" or "az": see clouds.py
+        self.backend = clouds.backend(self.scheme)
         s3client.import_obstore()  # the install hint, before anything else can fail
-        self.options = s3client.resolve_options(storage_options)
+        self.options = self.backend.resolve(storage_options)
         self._given = dict(storage_options or {})
         tuned = {k: float(v) if k != "retries" else int(v)
                  for k, v in (storage_options or {}).items() if k in s3client.POLICY_KEYS}
         self.policy = dataclasses.replace(policy or Policy(), **tuned)
         self._store, self._pid = None, None
+        self._bucket_seen = False  # head() proved the bucket exists (see there)
 
     @property
     def owner_pid(self) -> int | None:
@@ -110,13 +82,22 @@ class Store:
 
     def _client(self):
         if self._store is None:
-            self._store = s3client.open_store(self.bucket, self.options,
-                                              request_timeout=self.policy.request_timeout,
-                                              connect_timeout=self.policy.connect_timeout)
+            try:
+                self._store = clouds.open_client(self.scheme, self.bucket, self.options,
+                                                 request_timeout=self.policy.request_timeout,
+                                                 connect_timeout=self.policy.connect_timeout)
+            except (ImportError, StorageError):
+                raise
+            except Exception as exc:  # settings obstore refuses: no request would help
+                hints = self.backend.hints
+                raise StorageError(f"{self.url}: cannot set up the {self.backend.service} "
+                                   f"client: {first_line(exc)}. Check the credentials "
+                                   f"({hints['credentials']}) and the endpoint "
+                                   f"({hints['endpoint']})") from None
             self._pid = os.getpid()
         elif self._pid != os.getpid():
             raise StorageError(f"{self.url}: network access from a forked process (pid "
-                               f"{os.getpid()}); the S3 client is not fork-safe, so only the "
+                               f"{os.getpid()}); the storage client is not fork-safe, so only the "
                                f"process that opened the data set fetches (Loader workers read "
                                f"the local cache the main process filled)")
         return self._store
@@ -127,7 +108,8 @@ class Store:
         explicit storage_options, plus the endpoint, region and allow_http this process
         resolved. Credentials found in this process's environment or files are left out:
         they are not sent over a cluster; each node uses its own."""
-        shared = {k: self.options[k] for k in ("endpoint", "region", "allow_http")
+        shared = {k: self.options[k] for k in ("endpoint", "region", "allow_http",
+                                               "account_name", "use_emulator", "anonymous")
                   if k in self.options}
         return {**shared, **self._given}
 
@@ -136,17 +118,16 @@ class Store:
         return self.prefix + name
 
     def where(self, name: str, start=None, end=None) -> str:
-        """``s3://bucket/key`` plus the byte range, for messages."""
+        """``s3://bucket/key`` (or gs://, az://) plus the byte range, for messages."""
         rng = f" bytes {start}-{end - 1}" if start is not None else ""
-        return f"s3://{self.bucket}/{self.key(name)}{rng}"
+        return f"{self.scheme}://{self.bucket}/{self.key(name)}{rng}"
 
     def _error(self, op, name, exc, attempts, t0, start=None, end=None) -> StorageError:
-        transient, check = _classify(exc)
-        cls = ObjectChangedError if "replaced" in check else StorageError
+        transient, cls, check = classify(exc, op, self.backend.hints)
         tries = f" after {attempts} attempts over {time.monotonic() - t0:.1f} s" if transient else ""
-        first = (str(exc).strip().splitlines() or [""])[0][:300]  # obstore appends debug dumps
-        return cls(f"{op} {self.where(name, start, end)} failed{tries}: {type(exc).__name__}: "
-                   f"{first}. {check} (endpoint: {self.options.get('endpoint') or 'AWS default'})")
+        endpoint = self.options.get("endpoint") or f"{self.backend.service} default"
+        return cls(f"{op} {self.where(name, start, end)} {what_failed(cls)}{tries}: "
+                   f"{type(exc).__name__}: {first_line(exc)}. {check} (endpoint: {endpoint})")
 
     def _retry(self, op: str, name: str, fn, start=None, end=None):
         t0, attempt = time.monotonic(), 0
@@ -157,7 +138,7 @@ class Store:
             except StorageError:
                 raise
             except Exception as exc:
-                transient, _ = _classify(exc)
+                transient = classify(exc, op, self.backend.hints)[0]
                 pause = self.policy.pause(attempt)
                 if not transient or attempt > self.policy.retries or \
                         time.monotonic() + pause - t0 > self.policy.deadline:
@@ -175,7 +156,7 @@ class Store:
                 error = exc
             except Exception as exc:
                 error = exc
-            transient, _ = _classify(error)
+            transient = classify(error, op, self.backend.hints)[0]
             pause = self.policy.pause(attempt)
             if not transient or attempt > self.policy.retries or \
                     time.monotonic() + pause - t0 > self.policy.deadline:
@@ -223,7 +204,9 @@ class Store:
         return data
 
     def head(self, name: str) -> dict | None:
-        """{"size", "etag"} of ``name``, or None when it does not exist."""
+        """{"size", "etag"} of ``name``, or None when it does not exist; BucketNotFoundError
+        when the bucket (container) itself does not exist: a missing object is then not
+        the news (one LIST request, the first time an object is missing)."""
         import obstore
         import obstore.exceptions as ox
 
@@ -233,7 +216,15 @@ class Store:
             except (ox.NotFoundError, FileNotFoundError):
                 return None
             return {"size": int(meta["size"]), "etag": meta.get("e_tag")}
-        return self._retry("HEAD", name, once)
+        found = self._retry("HEAD", name, once)
+        if found is None and not self._bucket_seen:
+            try:
+                self._retry("LIST", "", lambda: next(iter(obstore.list(
+                    self._client(), self.prefix or None, chunk_size=1)), None))
+            except CredentialsError:
+                pass  # may read but not list: the missing object is all we can tell
+            self._bucket_seen = True
+        return found
 
     def list(self, sub: str = "") -> dict:
         """{name relative to the prefix: size} of every object under prefix + ``sub``."""

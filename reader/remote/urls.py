@@ -1,24 +1,61 @@
-"""Remote data set URLs (``s3://bucket/prefix``): recognised and parsed without importing
-the object-storage client, so ``import dlpack_io.reader`` and the packer stay light."""
+"""Remote data set URLs (``s3://bucket/prefix``, ``gs://bucket/prefix``,
+``az://container/prefix``): recognised and parsed without importing the object-storage
+client, so ``import dlpack_io.reader`` and the packer stay light. A URL of any other scheme
+is refused naming the ones we support, never taken for a local folder."""
 from __future__ import annotations
 
-SCHEMES = ("s3://",)
+import re
+
+SCHEMES = ("s3://", "gs://", "az://")
+_URL_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+# bucket (container) names, as each service allows them (checked before any request)
+_NAMES = {"s3": (re.compile(r"^[A-Za-z0-9.-]{3,}$"), "S3 bucket",
+                 "3+ characters: letters, digits, '-', '.'"),
+          "gs": (re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$"), "GCS bucket",
+                 "3-222 characters: lowercase letters, digits, '-', '_', '.'"),
+          "az": (re.compile(r"^[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){2,62}$"), "Azure container",
+                 "3-63 characters: lowercase letters, digits, single '-' between them")}
+
+
+def unsupported_scheme(path) -> str | None:
+    """The refusal for a URL whose scheme we do not read (``gcs://``, ``https://``...), or
+    None for a supported URL or a local path."""
+    if not isinstance(path, str):
+        return None
+    match = _URL_RE.match(path)
+    if match is None or path.startswith(SCHEMES):
+        return None
+    return (f"{path}: the scheme {match.group(1)}:// is not supported; data sets in object "
+            f"storage are read and written at {', '.join(s + '...' for s in SCHEMES)} (S3 "
+            f"and S3-compatible stores, Google Cloud Storage, Azure Blob Storage; see "
+            f"docs/remote.md), local ones at a folder path")
 
 
 def is_remote(path) -> bool:
-    """True for ``s3://...`` URLs."""
+    """True for ``s3://``, ``gs://`` and ``az://`` URLs; ValueError for a URL of any other
+    scheme (naming the supported ones); False for a local path."""
+    refusal = unsupported_scheme(path)
+    if refusal:
+        raise ValueError(refusal)
     return isinstance(path, str) and path.startswith(SCHEMES)
 
 
-def parse_url(url: str) -> tuple[str, str]:
-    """(bucket, prefix) of ``s3://bucket[/prefix]``; the prefix ends with "/" unless empty."""
+def scheme_of(url: str) -> str:
+    """"s3", "gs" or "az" of a remote URL."""
     if not is_remote(url):
-        raise ValueError(f"{url!r} is not an s3:// URL")
-    rest = url[len("s3://"):]
+        raise ValueError(f"{url!r} is not an s3:// URL (nor gs:// or az://)")
+    return url.split("://", 1)[0]
+
+
+def parse_url(url: str) -> tuple[str, str]:
+    """(bucket, prefix) of ``s3://bucket[/prefix]`` (or gs://, az://container); the prefix
+    ends with "/" unless empty."""
+    scheme = scheme_of(url)
+    rest = url[len(scheme) + 3:]
     bucket, _, prefix = rest.partition("/")
-    if len(bucket) < 3 or not all(c.isalnum() or c in "-." for c in bucket):
-        raise ValueError(f"{url}: bucket name {bucket!r} is not a valid S3 bucket name "
-                         f"(3+ characters: letters, digits, '-', '.')")
+    pattern, what, rule = _NAMES[scheme]
+    if not pattern.match(bucket):
+        raise ValueError(f"{url}: {what} name {bucket!r} is not valid ({rule})")
     prefix = prefix.strip("/")
     if any(part in ("", ".", "..") for part in prefix.split("/")) and prefix:
         raise ValueError(f"{url}: prefix {prefix!r} has empty, '.' or '..' parts")

@@ -114,3 +114,11 @@ def test_the_verdict_names_where_the_worker_time_goes():
     gpu = LoaderStats(wall_s=10, wait_s=3.4, step_s=6.6, gpu_wait_s=0.2, gpu_step_s=9.8)
     assert gpu.wait_fraction == pytest.approx(0.02)
     assert gpu.verdict() == "not data-bound: 2.0% of step time spent waiting for data"
+
+
+def test_fetched_bytes_reads_a_handle_or_a_mixtures_handles():
+    from dlpack_io.reader.batch.stats import fetched_bytes
+
+    assert fetched_bytes({"bytes_fetched": 700, "requests": 3}) == 700
+    assert fetched_bytes([{"bytes_fetched": 700}, {"bytes_fetched": 50}]) == 750
+    assert fetched_bytes(None) == 0 and fetched_bytes([]) == 0

@@ -12,7 +12,7 @@ import pytest
 from dlpack_io.packer import convert
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.dataset import Dataset
-from dlpack_io.reader.remote.storage import StorageError, Store
+from dlpack_io.reader.remote.storage import EndpointUnreachableError, StorageError, Store
 from dlpack_io.tools.synth import make_image_folder
 
 from helpers import upload_folder
@@ -238,8 +238,9 @@ def test_server_killed_mid_epoch_gives_a_clear_error_within_the_deadline(tmp_pat
         prefetch.release(0)
         server.kill()
         t0 = time.monotonic()
-        with pytest.raises(StorageError, match=r"GET s3://dying/ds/shard-\d+\.rec bytes \d+-\d+ "
-                                               r"failed.*Check that the endpoint"):
+        with pytest.raises(EndpointUnreachableError,
+                           match=r"GET s3://dying/ds/shard-\d+\.rec bytes \d+-\d+ endpoint "
+                                 r"unreachable after.*Check that the endpoint"):
             for k in range(1, len(batches)):
                 prefetch.wait(k, timeout=60)
                 prefetch.release(k)

@@ -163,12 +163,16 @@ def test_a_refused_connection_is_transient_whatever_its_timing_says():
     """obstore's message for a refused connection carries its duration: "in 371.403µs"
     once read as HTTP 403, so the request was not retried and the advice named the
     credentials instead of the endpoint."""
-    from dlpack_io.reader.remote.storage import _classify
+    from dlpack_io.reader.remote.clouds import backend
+    from dlpack_io.reader.remote.failures import (CredentialsError, EndpointUnreachableError,
+                                                  classify)
 
+    hints = backend("s3").hints
     refused = RuntimeError("Generic S3 error: Error performing GET http://127.0.0.1:48907/b/x in "
                            "371.403µs - HTTP error: error sending request")
-    assert _classify(refused) == (True, "Check that the endpoint (AWS_ENDPOINT_URL) is reachable "
-                                        "and the server is up")
+    assert classify(refused, "GET", hints) == (
+        True, EndpointUnreachableError,
+        "Check that the endpoint is reachable and the server is up (AWS_ENDPOINT_URL)")
     for text in ("Client error with status 403 Forbidden: <Error><Code>AccessDenied</Code>",
                  "<Code>SignatureDoesNotMatch</Code>", "<Code>InvalidAccessKeyId</Code>"):
-        assert _classify(RuntimeError(text))[0] is False, text
+        assert classify(RuntimeError(text), "GET", hints)[:2] == (False, CredentialsError), text

@@ -201,11 +201,14 @@ def test_remote_section_without_seaweedfs_fails_with_the_fix(tiny_folder, tmp_pa
 
 
 @pytest.mark.slow
-def test_remote_section_runs_registry_contenders_against_a_real_server(tmp_path):
+def test_remote_section_runs_registry_contenders_against_a_real_server(tmp_path, monkeypatch):
     """SeaweedFS + proxy + one child per contender: our whole-shard fetch downloads exactly
-    the shards once, ours on local disk downloads nothing, both deliver every image."""
+    the shards once and nothing in epoch 1, ours on local disk downloads nothing, both
+    deliver every image in both epochs, and no temporary cache folder is left behind."""
     from dlpack_io.tools.bench.runner import run_bench
 
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # the children's temporary folders
     src = tmp_path / "src"
     make_image_folder(src, 20, 2, seed=1, size=(48, 64))
     result = run_bench(str(src), str(tmp_path / "out"), sections=("remote",),
@@ -216,6 +219,9 @@ def test_remote_section_runs_registry_contenders_against_a_real_server(tmp_path)
     manifest = json.loads((tmp_path / "out" / "remote" / "ours" / "manifest.json").read_text())
     assert runs["ours-shards"]["bytes_fetched"] == sum(s["bytes"] for s in manifest["shards"])
     assert runs["ours-local"]["bytes_fetched"] is None
+    assert runs["ours-shards"]["bytes_fetched_e1"] == 0
+    assert runs["ours-shards"]["images_e1"] == runs["ours-local"]["images_e1"] == 20
+    assert [n.name for n in (tmp_path / "tmp").iterdir() if n.name.startswith("dlpack-remote")] == []
     text = (tmp_path / "out" / "bench.md").read_text()
     assert "### Remote: first epoch from S3" in text and "| ours-shards @ 0 ms |" in text
     assert "### Convert" not in text and "20 images" in text

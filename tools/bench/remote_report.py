@@ -20,8 +20,39 @@ def summarize(result: dict) -> list:
                      "images_per_s": med("images_per_s"), "first_batch_s": med("first_batch_s"),
                      "cpu_s": med("cpu_s"), "server_cpu_s": med("server_cpu_s"),
                      "proxy_cpu_s": med("proxy_cpu_s"),
-                     "images_per_cpu_s": statistics.median(r["images"] / r["cpu_s"] for r in ok)})
+                     "images_per_cpu_s": statistics.median(r["images"] / r["cpu_s"] for r in ok),
+                     **_warm(ok)})
     return rows
+
+
+def _warm(ok: list) -> dict:
+    """Medians of the epoch-1 (warm cache) figures of runs that have them."""
+    warm = [r for r in ok if "images_per_s_e1" in r]
+    if not warm:
+        return {}
+    med = lambda k: statistics.median(r[k] for r in warm)  # noqa: E731
+    return {"images_per_s_e1": med("images_per_s_e1"), "first_batch_s_e1": med("first_batch_s_e1"),
+            "cpu_ms_per_image_e1": statistics.median(1e3 * r["cpu_s_e1"] / r["images_e1"]
+                                                     for r in warm),
+            "bytes_fetched_e1": med("bytes_fetched_e1") if warm[0]["bytes_fetched_e1"] is not None
+            else None}
+
+
+def warm_markdown(rows: list) -> list:
+    """Lines of the epoch-0 / epoch-1 table: images/s and CPU-ms per image per contender
+    and RTT, epoch 1 (warm cache) beside epoch 0 (cold) for those that keep a cache."""
+    out = ["", "| contender @ RTT | epoch 0 images/s | CPU ms/image | epoch 1 (warm) images/s | "
+           "CPU ms/image | epoch 1 MB fetched |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            continue
+        e1 = ("| - | - | - |" if "images_per_s_e1" not in r else
+              f"| {r['images_per_s_e1']:.0f} | {r['cpu_ms_per_image_e1']:.2f} | "
+              + ("-" if r["bytes_fetched_e1"] is None else f"{r['bytes_fetched_e1'] / 1e6:.2f}")
+              + " |")
+        out.append(f"| {r['contender']} @ {r['rtt_ms']} ms | {r['images_per_s']:.0f} | "
+                   f"{1e3 / r['images_per_cpu_s']:.2f} " + e1)
+    return out
 
 
 def markdown(result: dict) -> str:
@@ -43,6 +74,7 @@ def markdown(result: dict) -> str:
             out.append(f"| {r['contender']} @ {r['rtt_ms']} ms | {r['first_batch_s']:.2f} | "
                        f"{r['cpu_s']:.1f} | {r['images_per_cpu_s']:.0f} | "
                        f"{r['server_cpu_s']:.1f} | {r['proxy_cpu_s']:.1f} |")
+    out += warm_markdown(rows)
     out += ["", "| ratio (median over rounds, each within one round) | value |", "|---|---|"]
     out += [f"| {k} | {v} |" for k, v in ratios(result).items()]
     total = result["data"]["bytes"]
@@ -83,11 +115,15 @@ def chart(result: dict, path: str) -> bool:
 
 
 def _per_round(result: dict) -> dict:
-    """{(round, rtt): {contender: images/s}} of the successful runs."""
+    """{(round, rtt): {contender: images/s}} of the successful runs; epoch 1 (warm cache)
+    as contender ``name + "@e1"``."""
     out = {}
     for r in result["runs"]:
         if "error" not in r:
-            out.setdefault((r["round"], r["rtt_ms"]), {})[r["contender"]] = r["images_per_s"]
+            cell = out.setdefault((r["round"], r["rtt_ms"]), {})
+            cell[r["contender"]] = r["images_per_s"]
+            if "images_per_s_e1" in r:
+                cell[r["contender"] + "@e1"] = r["images_per_s_e1"]
     return out
 
 
@@ -106,4 +142,8 @@ def ratios(result: dict, rtt: int = 20) -> dict:
             f"records / local disk @ {rtt} ms": med("ours-records", "ours-local"),
             f"shards / local disk @ {rtt} ms": med("ours-shards", "ours-local"),
             "records @ 50 ms / records @ 0 ms (target >= 0.9)":
-                med("ours-records", "ours-records", 50, 0)}
+                med("ours-records", "ours-records", 50, 0),
+            f"records epoch 1 / local disk epoch 1 @ {rtt} ms (target >= 0.95)":
+                med("ours-records@e1", "ours-local@e1"),
+            f"shards epoch 1 / local disk epoch 1 @ {rtt} ms": med("ours-shards@e1", "ours-local@e1"),
+            f"streaming epoch 1 / local disk epoch 1 @ {rtt} ms": med("streaming@e1", "ours-local@e1")}

@@ -1,0 +1,223 @@
+"""The data set an append adds to (``convert(..., append=True)`` and ``Writer(dst,
+append=True)`` share it): its manifest, the identity of every input already packed (source
+path + SHA-256 of the file, from each shard's metadata), which inputs of a new source are
+new, duplicates or changed, the union of the classes, the history entry and the union
+manifest (old shard entries unchanged, new ones after them).
+
+Identity: two inputs are the same when their paths (as recorded: relative to SRC,
+escaped like the shard metadata) and the SHA-256 of their files are equal. Shards packed
+before the hash was recorded (``"sources"`` missing from their metadata) identify their
+inputs by path only: such a path is skipped as ``unverified`` (it is there; whether its
+content changed cannot be told without the original file).
+"""
+from __future__ import annotations
+
+import datetime
+import hashlib
+import os
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from dlpack_io.packer.dstfiles import kept_shard_meta
+from dlpack_io.packer.names import shown
+from dlpack_io.packer.options import PackOptions
+from dlpack_io.packer.pipeline import ConversionError
+from dlpack_io.reader import format as fmt
+from dlpack_io.reader.format.regular import open_regular
+from dlpack_io.reader.format.units import parse_size
+
+RUN_OPTIONS = ("workers", "on_error", "progress")  # how the work runs, not what it writes
+HASH_CHUNK = 4 * 2**20
+
+
+def read_base(dst: str) -> dict:
+    """The validated manifest of the data set in local folder ``dst``; ConversionError
+    naming the folder when there is none to append to (or it is damaged)."""
+    path = os.path.join(dst, fmt.MANIFEST_NAME)
+    try:
+        fd, st = open_regular(path)
+    except FileNotFoundError:
+        raise ConversionError(f"{dst}: no {fmt.MANIFEST_NAME}, so no data set to append to; "
+                              f"convert SRC into it without --append first") from None
+    except fmt.FormatError as exc:
+        raise ConversionError(str(exc)) from None
+    with open(fd, "rb") as f:
+        if st.st_size > fmt.MAX_MANIFEST_BYTES:
+            raise ConversionError(f"{path}: {st.st_size} bytes, more than a manifest may have "
+                                  f"({fmt.MAX_MANIFEST_BYTES}); not a data set of ours")
+        return parse_base(f.read(fmt.MAX_MANIFEST_BYTES + 1), path)
+
+
+def parse_base(data: bytes, where: str) -> dict:
+    """Decode and validate a base manifest's bytes (ConversionError naming ``where``)."""
+    try:
+        return fmt.validate_manifest(fmt.decode_json(data, where), where)
+    except fmt.FormatError as exc:
+        raise ConversionError(f"{exc}; run 'dlpack verify' on it, or convert again") from None
+
+
+def shard_metas(dst: str, shards: list) -> list:
+    """(shard entry, its metadata or None) of every shard of the data set at ``dst``.
+
+    py-lmdb refuses to open an LMDB file twice in one process, so the shards a Dataset of
+    this process holds open are read again by one fresh (spawned) process."""
+    metas = [kept_shard_meta(dst, s) for s in shards]
+    again = [s for s, m in zip(shards, metas) if m is None and
+             s["name"].endswith(fmt.SHARD_SUFFIX["lmdb"])]
+    if again:
+        import multiprocessing
+
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            found = dict(zip([s["name"] for s in again],
+                             pool.map(kept_shard_meta, [dst] * len(again), again)))
+        metas = [found.get(s["name"], m) for s, m in zip(shards, metas)]
+    return list(zip(shards, metas))
+
+
+def known_inputs(metas) -> dict:
+    """path -> {SHA-256 or None: global sample index} of every packed input, from
+    ``metas``: (shard entry, shard metadata dict or None) pairs in manifest order."""
+    known: dict = {}
+    for entry, meta in metas:
+        paths = meta.get("paths") if isinstance(meta, dict) else None
+        if not isinstance(paths, list) or len(paths) != entry["num_samples"]:
+            raise ConversionError(f"shard {entry['name']}: its metadata (source paths) cannot "
+                                  f"be read or does not match the manifest; run 'dlpack "
+                                  f"verify' on the data set before appending to it")
+        sources = fmt.sources_of(meta, len(paths)) or [None] * len(paths)
+        for k, (path, sha) in enumerate(zip(paths, sources)):
+            known.setdefault(str(path), {})[sha] = entry["first_sample"] + k
+    return known
+
+
+def file_sha256(path: str) -> str | None:
+    """SHA-256 (hex) of a file, None when it cannot be read (the encoder then says why)."""
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:  # (hashlib.file_digest is Python 3.11+)
+            while chunk := f.read(HASH_CHUNK):
+                h.update(chunk)
+    except OSError:
+        return None
+    return h.hexdigest()
+
+
+def files_sha256(paths: list) -> list:
+    """file_sha256 of each of ``paths`` (one task's share: one future per file would cost
+    more than hashing a small JPEG)."""
+    return [file_sha256(p) for p in paths]
+
+
+@dataclass
+class Split:
+    """What an append does with each input of SRC."""
+
+    todo: list = field(default_factory=list)        # input numbers to pack
+    duplicates: int = 0                             # same path, same content: skipped
+    changed: list = field(default_factory=list)     # same path, other content: reported
+    unverified: int = 0                             # path packed without a hash: skipped
+
+
+def split_inputs(root: str, paths: list, known: dict, threads: int) -> Split:
+    """Sort ``paths`` (relative to ``root``) into new, duplicate, changed, unverified; the
+    files whose path is already packed are hashed (``threads`` at a time)."""
+    split, candidates = Split(), []
+    for i, path in enumerate(paths):
+        hashes = known.get(shown(path))
+        if hashes is None:
+            split.todo.append(i)
+        elif None in hashes:
+            split.unverified += 1
+        else:
+            candidates.append(i)
+    files = [os.path.join(root, paths[i]) for i in candidates]
+    step = max(1, -(-len(files) // (4 * max(1, threads))))
+    with ThreadPoolExecutor(max(1, threads)) as pool:  # hashlib releases the GIL
+        shas = [sha for part in pool.map(files_sha256, [files[k:k + step] for k in
+                                                          range(0, len(files), step)])
+                for sha in part]
+    for i, sha in zip(candidates, shas):
+        if sha is None:
+            split.todo.append(i)  # unreadable now: the encoder rejects it, naming why
+        elif sha in known[shown(paths[i])]:
+            split.duplicates += 1
+        else:
+            split.changed.append(shown(paths[i]))
+    split.todo.sort()
+    return split
+
+
+def union_classes(old: list, new: list) -> tuple[list, list]:
+    """(old classes + the names of ``new`` not among them, in ``new``'s order; the union
+    index of each class of ``new``): old labels are never renumbered."""
+    union = list(old)
+    position = {name: k for k, name in enumerate(union)}
+    for name in new:
+        if name not in position:
+            position[name] = len(union)
+            union.append(name)
+    return union, [position[name] for name in new]
+
+
+def append_options(base: dict, given: dict) -> dict:
+    """PackOptions keywords of an append: the data set's own output options (its shards
+    must match), plus the run options in ``given``; ConversionError naming the option
+    when ``given`` asks for another value than the data set was packed with."""
+    names = set(PackOptions.__dataclass_fields__)
+    out = {k: v for k, v in base["options"].items() if k in names and k not in RUN_OPTIONS}
+    for key, value in given.items():
+        if value is None:  # not given: the data set's value
+            continue
+        if key == "shard_size" and isinstance(value, str):
+            value = parse_size(value)
+        if key not in RUN_OPTIONS and key in out and out[key] != value:
+            raise ConversionError(f"{key}={value!r}, but the data set was packed with "
+                                  f"{key}={out[key]!r}: an append writes shards like the old "
+                                  f"ones; leave {key} out (its manifest's value is used)")
+        out[key] = value
+    return out
+
+
+def check_fields(base: dict, fields, where: str) -> None:
+    """Refuse new samples whose field schema is not the data set's."""
+    if (base.get("fields") or None) != (fields or None):
+        raise ConversionError(f"{where}: the new samples carry fields {sorted(fields or {})} "
+                              f"but the data set has {sorted(base.get('fields') or {})} (with "
+                              f"their types): an append must give every sample the same "
+                              f"fields; use --fields to choose them")
+
+
+def history_entry(base: dict, new_shards: list, new_classes: list, split_counts: dict,
+                  source: str | None) -> dict:
+    """One append in the manifest's history: when, from where, what it saw and wrote."""
+    return {"at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "source": source, "first_sample": base["num_samples"],
+            "num_samples": sum(s["num_samples"] for s in new_shards),
+            "shards": [s["name"] for s in new_shards], "new_classes": list(new_classes),
+            **split_counts}
+
+
+def union_manifest(base: dict, built: dict, entry: dict) -> dict:
+    """The manifest after an append: ``built`` (finalize.build_manifest over all shards,
+    classes, counts and rejects) keeping the data set's creation record, options and
+    source, with the inputs counted and ``entry`` added to the history."""
+    manifest = dict(built, created=base["created"], options=base["options"],
+                    version=base["version"], source=dict(base["source"]))
+    if "num_inputs" in base["source"]:
+        manifest["source"]["num_inputs"] = base["source"]["num_inputs"] + entry["inputs"]
+    manifest[fmt.HISTORY_KEY] = list(base.get(fmt.HISTORY_KEY, [])) + [entry]
+    manifest.pop("checksum", None)
+    manifest["checksum"] = fmt.manifest_checksum(manifest)
+    problem = fmt.accounting_problem(manifest)
+    if problem:
+        raise ConversionError(f"{problem} (the data set's and the append's counts do not add "
+                              f"up); no manifest was written")
+    return manifest
+
+
+def base_counters(base: dict) -> tuple[list, Counter, Counter]:
+    """(rejects as (path, reason), reencoded, lossless) of the data set: where the union
+    manifest's accounting starts."""
+    rejects = [(r["path"], r["reason"]) for r in base["rejects"]]
+    return rejects, Counter(base["reencoded"]), Counter(base["lossless"])

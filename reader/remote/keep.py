@@ -1,0 +1,266 @@
+"""Records kept for later epochs and later runs: the lasting part of a remote data set's cache.
+
+Epoch 0 fetches every record once; without this, later epochs would fetch them all again.
+A record the planner fetched is published (verified, atomically) into ``<key>/records/<shard>/
+<record>`` when the data set's keep budget has room, and then stays: later epochs of this
+process, and later runs or other ranks and jobs sharing ``cache_dir``, read it from there.
+
+Which records stay: when the data set fits ``cache_limit`` all of them. When it does not,
+the first ones fetched, up to ``cache_limit`` minus room for the batches in flight
+(``ROOM_BATCHES`` of the largest batch), and then no others: with a shuffled order every
+record is equally likely to be needed next, so a fixed subset serves the same share of each
+epoch as any eviction policy would, without deleting and fetching again all the time (LRU
+under a random order would churn the whole budget every epoch for the same hit rate).
+
+How many bytes are kept is counted in ``records/.ledger`` (20 digits), updated under an
+exclusive ``flock`` by every process, so ranks and jobs sharing the folder stay within the
+budget together. Kept files are never evicted by a planner: only ``dlpack cache clear`` (which
+skips data sets in use) removes them, and a file whose bytes fail their checksum is
+discarded (and fetched again). The cachefs rules hold: no link followed, nothing trusted
+before its checksum passed; a kept file is verified once per process and re-verified when
+its inode, size or modification time changes.
+"""
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import stat
+import uuid
+
+import numpy as np
+
+from dlpack_io.reader import format as fmt
+from dlpack_io.reader.remote import cache as cache_mod
+from dlpack_io.reader.remote import cachefs
+
+log = logging.getLogger(__name__)
+ROOM_BATCHES = 16  # room kept free for batches in flight when the data set does not fit
+READ_AHEAD = 2 * 2**20  # per record a batch needs: its neighbours, when all is kept anyway
+_LEDGER_WIDTH = 20
+
+
+def keep_budget(total: int, limit: int, max_batch: int) -> int:
+    """Bytes of records that may stay: all when the data set (``total`` record bytes) fits
+    ``limit``, else ``limit`` less room for ROOM_BATCHES batches of ``max_batch`` bytes."""
+    if total <= limit:
+        return limit
+    return max(0, limit - ROOM_BATCHES * max_batch)
+
+
+def split_limit(total: int, limit: int, max_batch: int, mode: str) -> tuple[int, int]:
+    """(bytes records may keep, bytes the planner may hold for batches in flight) of
+    ``limit``: kept records are never held, and when the data set fits, nothing is held
+    for long (a record that cannot be kept, e.g. another job filled the ledger, is held)."""
+    if mode != "records":
+        return 0, limit
+    keep = keep_budget(total, limit, max_batch)
+    return keep, (limit if total <= limit else limit - keep)
+
+
+def read_ahead(todo, positions, eligible, lengths, ends, max_bytes: int):
+    """``todo`` (sample numbers) plus, after each, the records that follow it in its shard
+    (which ends before sample ``ends[i]``) while ``eligible`` (absent, needed later) and
+    within ``max_bytes`` in all, with
+    the batch position of the record they follow. When everything fetched is kept, the
+    records a later batch needs come with this one's in one range: no byte is fetched
+    twice, many fewer requests are made."""
+    extra, extra_pos, taken = [], [], set(todo.tolist())
+    for s, p, end in zip(todo.tolist(), positions.tolist(), ends.tolist()):
+        nxt, room = s + 1, max_bytes - int(lengths[s])
+        while nxt < end and eligible[nxt] and nxt not in taken and lengths[nxt] <= room:
+            taken.add(nxt)
+            extra.append(nxt)
+            extra_pos.append(p)
+            room -= int(lengths[nxt])
+            nxt += 1
+    if not extra:
+        return todo, positions
+    return (np.concatenate([todo, np.asarray(extra, np.int64)]),
+            np.concatenate([positions, np.asarray(extra_pos, positions.dtype)]))
+
+
+def publish_records(keeper, session, k: int, samples, local, pieces, budget: int) -> np.ndarray:
+    """Publish verified records (``pieces``) of shard ``k``: kept for later epochs while the
+    keep ``budget`` has room, else in ``session``. Returns the mask of those kept."""
+    admitted = keeper.admit([len(p) for p in pieces], budget)
+    kept = np.zeros(len(pieces), dtype=bool)
+    for i, (sample, j, piece) in enumerate(zip(samples.tolist(), local.tolist(), pieces)):
+        kept[i] = admitted[i] and keeper.publish(sample, k, j, piece)
+        if not kept[i]:
+            cache_mod.publish(session.record_path(k, j), piece, base=session.dir)
+    return kept
+
+
+class KeptRecords:
+    """The kept records of one data set (``cache.root/records``), as one process sees them."""
+
+    def __init__(self, cache, n_samples: int, *, owner: bool):
+        self.dir = os.path.join(cache.root, "records")
+        self.owner = owner
+        cachefs.make_dirs(cache.root, self.dir)
+        self.ledger = os.path.join(self.dir, ".ledger")
+        n_samples = n_samples if owner else 0  # workers only read (and discard) kept files
+        self.kept = np.zeros(n_samples, dtype=bool)  # verified here, with this signature:
+        self.sig = np.zeros((n_samples, 3), dtype=np.int64)  # (inode, size, mtime_ns)
+        self.looked = np.zeros(n_samples, dtype=bool)  # absent when last looked for
+        self._dirs: set[str] = set()
+        self._broken = False
+
+    def path(self, shard: int, record: int) -> str:
+        """Where record ``record`` of shard number ``shard`` is kept."""
+        return os.path.join(self.dir, str(shard), str(record))
+
+    # ---- what is kept (the planner asks before it fetches) ----------------------------
+    def present(self, samples: np.ndarray, lookup) -> np.ndarray:
+        """Mask of ``samples`` kept and verified: known ones whose file is unchanged (one
+        ``lstat``), others read and checked against their CRC. ``lookup`` = (shard numbers,
+        record numbers, index entries) of ``samples``."""
+        shard_ids, local, entries = lookup
+        out = np.zeros(len(samples), dtype=bool)
+        for i, (s, k, j) in enumerate(zip(samples.tolist(), shard_ids.tolist(), local.tolist())):
+            if self.kept[s]:
+                try:
+                    st = os.lstat(self.path(k, j))
+                    if (st.st_ino, st.st_size, st.st_mtime_ns) == tuple(self.sig[s]):
+                        out[i] = True
+                        continue
+                except FileNotFoundError:
+                    pass
+                self.kept[s] = False
+            elif self.looked[s]:
+                continue
+            out[i] = self._verify(s, k, j, int(entries["length"][i]), int(entries["crc"][i]))
+        return out
+
+    def _verify(self, sample: int, k: int, j: int, length: int, crc: int) -> bool:
+        """Read kept record (k, j) and check it; remember it when it passes."""
+        path = self.path(k, j)
+        opened = cachefs.open_regular(path)
+        self.looked[sample] = True
+        if opened is None:
+            return False
+        fd, st = opened
+        try:
+            data = os.pread(fd, length + 1, 0) if st.st_size == length else None
+        finally:
+            os.close(fd)
+        if data is None or len(data) != length or fmt.crc32(data) != crc:
+            self.discard(path, length, f"kept record {j} of shard {k} fails its checksum or "
+                                       f"size (damaged or edited locally)")
+            return False
+        self.remember(sample, path)
+        return True
+
+    def remember(self, sample: int, path: str) -> None:
+        """Record that ``sample``'s kept file at ``path`` was verified (its signature now)."""
+        st = os.lstat(path)
+        self.kept[sample], self.looked[sample] = True, False
+        self.sig[sample] = (st.st_ino, st.st_size, st.st_mtime_ns)
+
+    # ---- keeping more ------------------------------------------------------------------
+    def admit(self, sizes: list[int], budget: int) -> list[bool]:
+        """Which of records of ``sizes`` bytes may be kept (first come, while the ledger
+        stays within ``budget``); their bytes are added to the ledger now."""
+        if not self.owner or self._broken or budget <= 0:
+            return [False] * len(sizes)
+        out = []
+
+        def take(total):
+            for size in sizes:
+                fits = total + size <= budget
+                out.append(fits)
+                total += size if fits else 0
+            return total
+        if self._update(take) is None:
+            return [False] * len(sizes)
+        return out
+
+    def publish(self, sample: int, k: int, j: int, data) -> bool:
+        """Publish verified record (k, j) as kept; False when the place is not usable (the
+        caller keeps it in its session instead). An existing file is replaced, never
+        written through, and its bytes are taken off the ledger again."""
+        path = self.path(k, j)
+        directory = os.path.dirname(path)
+        try:
+            if directory not in self._dirs:
+                cachefs.make_dirs(self.dir, directory)
+                self._dirs.add(directory)
+            tmp = os.path.join(directory, f".tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            try:
+                with open(fd, "wb") as f:
+                    f.write(data)
+                try:
+                    os.link(tmp, path)  # exclusive: a second process's copy is not counted twice
+                except FileExistsError:
+                    os.replace(tmp, path)  # ours is verified: it wins over whatever is there
+                    self._update(lambda total: max(0, total - len(data)))
+            finally:
+                try:
+                    os.unlink(tmp)
+                except FileNotFoundError:
+                    pass
+        except OSError as exc:  # a planted folder or link in the way: keep it in the session
+            log.warning("%s: cannot keep a record here (%s); it is kept for this run only",
+                        path, exc)
+            self._update(lambda total: max(0, total - len(data)))
+            return False
+        self.remember(sample, path)
+        return True
+
+    def discard(self, path: str, length: int, why: str) -> None:
+        """Remove a kept file whose bytes failed their checks and take it off the ledger."""
+        cachefs.discard(path, why)
+        self._update(lambda total: max(0, total - length))
+
+    def _update(self, change) -> int | None:
+        """Apply ``change(total) -> new total`` to the ledger under its lock; None (and
+        nothing kept from now on) when the ledger is not a regular file of ours."""
+        try:
+            fd = os.open(self.ledger, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                         | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            return self._give_up(exc.strerror)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+                return self._give_up("not a regular file of ours")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            raw = os.pread(fd, _LEDGER_WIDTH + 1, 0)
+            total = int(raw) if len(raw) == _LEDGER_WIDTH and raw.isdigit() else self.recount()
+            new = int(change(total))
+            os.pwrite(fd, f"{new:0{_LEDGER_WIDTH}d}".encode(), 0)
+            return new
+        finally:
+            os.close(fd)  # also drops the lock
+
+    def _give_up(self, why: str) -> None:
+        if not self._broken:
+            log.warning("%s: %s; records are not kept for later epochs in this run (remove "
+                        "it, or use another cache_dir)", self.ledger, why)
+        self._broken = True
+        return None
+
+    def recount(self) -> int:
+        """Bytes of the kept files, counted on disk (a missing or damaged ledger)."""
+        return usage(self.dir)[0]
+
+
+def usage(records_dir: str) -> tuple[int, int]:
+    """(bytes, files) of kept records under ``records_dir``: regular files of ours only,
+    temporary files and links not counted, nothing followed."""
+    total = files = 0
+    try:
+        shards = os.listdir(records_dir)
+    except FileNotFoundError:
+        return 0, 0
+    for shard in shards:
+        folder = os.path.join(records_dir, shard)
+        if not shard.isdigit() or not stat.S_ISDIR(os.lstat(folder).st_mode):
+            continue
+        for name in os.listdir(folder):
+            st = os.lstat(os.path.join(folder, name))
+            if name.isdigit() and stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+                total, files = total + st.st_size, files + 1
+    return total, files

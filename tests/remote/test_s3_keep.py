@@ -1,0 +1,176 @@
+"""What epoch 0 fetched stays in cache_dir: later epochs and later runs fetch ~nothing,
+a changed data set is never served stale, tampered files are refetched, a cache_limit
+smaller than the data set keeps what fits, and processes share one cache_dir safely
+(real SeaweedFS, real processes)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from dlpack_io.reader import Loader, RandomHorizontalFlip, RandomResizedCrop
+from dlpack_io.reader.dataset import Dataset
+from dlpack_io.reader.remote import keep
+from dlpack_io.tools.synth import make_image_folder
+
+from helpers import upload_folder
+
+URL = "s3://dlpack-test/keep/base"
+
+
+def _pack(root, url, env, seed):
+    from dlpack_io.packer import convert
+
+    make_image_folder(root / "src", 40, 3, seed=seed, size=(48, 64))
+    convert(root / "src", root / "local", shard_size="30KB", workers=1, progress=False)
+    upload_folder(root / "local", url, env)
+    return str(root / "local")
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory, s3_server):
+    return _pack(tmp_path_factory.mktemp("keep"), URL, s3_server.env(), seed=21)
+
+
+def _epoch(ds, epoch, batch_size=8, **kw):
+    loader = Loader(ds, batch_size=batch_size, seed=3, transforms=[RandomResizedCrop(24),
+                                                          RandomHorizontalFlip()],
+                    return_index=True, **kw)
+    loader.set_epoch(epoch)
+    out = [(idx.copy(), images.clone(), labels.clone()) for images, labels, idx in loader]
+    loader.close()
+    return out
+
+
+def _equal(a, b):
+    assert len(a) == len(b) > 0
+    for (ia, xa, la), (ib, xb, lb) in zip(a, b):
+        assert np.array_equal(ia, ib) and torch.equal(la, lb) and torch.equal(xa, xb)
+
+
+def _kept_bytes(ds) -> tuple[int, int]:
+    """(bytes on disk, bytes the ledger counts) of the kept records."""
+    keeper = ds._remote.keeper
+    with open(keeper.ledger, "rb") as f:
+        return keep.usage(keeper.dir)[0], int(f.read())
+
+
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_later_epochs_fetch_nothing_and_equal_local(s3_env, packed, kind):
+    local, remote = Dataset(packed), Dataset(URL)
+    total = int(remote._remote.lengths.sum())
+    kw = dict(num_workers=2, worker_kind=kind)
+    _equal(_epoch(local, 0, **kw), _epoch(remote, 0, **kw))
+    first = remote._remote.bytes_fetched
+    assert total <= first < 1.15 * total  # coalesced ranges may span small gaps
+    assert _kept_bytes(remote) == (total, total)
+    for epoch in (1, 2):
+        _equal(_epoch(local, epoch, **kw), _epoch(remote, epoch, **kw))
+    assert remote._remote.bytes_fetched == first  # epochs 1 and 2: not one byte
+
+
+def _child(cache_dir, *args) -> dict:
+    """Run tests/remote/keep_child.py in a new process; its JSON report."""
+    script = os.path.join(os.path.dirname(__file__), "keep_child.py")
+    out = subprocess.run([sys.executable, script, URL, str(cache_dir), *map(str, args)],
+                         capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+def test_a_second_process_reads_what_the_first_kept(s3_env, packed, tmp_path):
+    cache = tmp_path / "shared"
+    first = _child(cache, 0, 1)
+    second = _child(cache, 0, 1)
+    assert first["fetched"] > 0 and second["fetched"] == 0
+    assert second["digest"] == first["digest"]  # the same batches, from the cache
+
+
+def test_ranks_of_one_node_fill_one_cache_together(s3_env, packed, tmp_path):
+    """Two ranks run at the same time (each waits for the other's start file): each
+    fetches its half, the ledger counts every byte once, and a later single-rank run
+    fetches nothing."""
+    cache, script = tmp_path / "shared", os.path.join(os.path.dirname(__file__), "keep_child.py")
+    procs = [subprocess.Popen([sys.executable, script, URL, str(cache), str(rank), "2",
+                               str(tmp_path / f"start{rank}"), str(tmp_path / f"start{1 - rank}")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank in (0, 1)]
+    reports = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+        reports.append(json.loads(out.splitlines()[-1]))
+    remote = Dataset(URL, cache_dir=cache)
+    total = int(remote._remote.lengths.sum())
+    assert all(r["fetched"] > 0 for r in reports)
+    assert _kept_bytes(remote) == (total, total)  # counted once, though written by two
+    assert _child(cache, 0, 1)["fetched"] == 0
+
+
+def test_a_changed_data_set_is_never_served_stale(s3_env, tmp_path):
+    url = "s3://dlpack-test/keep/changing"
+    old = _pack(tmp_path / "old", url, s3_env.env(), seed=1)
+    ds = Dataset(url)
+    _equal(_epoch(Dataset(old), 0), _epoch(ds, 0))
+    new = _pack(tmp_path / "new", url, s3_env.env(), seed=2)  # same URL, other photos
+    again = Dataset(url)
+    assert again._remote.key != ds._remote.key
+    _equal(_epoch(Dataset(new), 0), _epoch(again, 0))
+    assert again._remote.bytes_fetched >= int(again._remote.lengths.sum())
+
+
+@pytest.mark.parametrize("reopen", [False, True])
+def test_a_tampered_kept_record_is_detected_and_fetched_again(s3_env, packed, caplog, reopen):
+    local, remote = Dataset(packed), Dataset(URL)
+    _epoch(remote, 0)
+    keeper = remote._remote.keeper
+    path = keeper.path(1, 2)
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:  # same size, other bytes: only the checksum can tell
+        f.write(bytes(size))
+    if reopen:
+        remote = Dataset(URL)
+    before = remote._remote.bytes_fetched
+    with caplog.at_level("WARNING"):
+        _equal(_epoch(local, 1), _epoch(remote, 1))
+    assert "fails its checksum" in caplog.text and path in caplog.text
+    assert remote._remote.bytes_fetched - before == size  # that record, and only it
+    assert _kept_bytes(remote) == (int(remote._remote.lengths.sum()),) * 2
+
+
+def test_a_limit_below_the_data_set_keeps_what_fits(s3_env, packed):
+    """Batches of one record, so the room for ROOM_BATCHES batches is small next to the
+    data set: the limit leaves room for about a third of the records to stay."""
+    lengths = Dataset(URL)._remote.lengths
+    total, room = int(lengths.sum()), keep.ROOM_BATCHES * int(lengths.max())
+    limit = room + total // 3
+    remote = Dataset(URL, cache_limit=limit, fetch_mode="records")  # one shard per batch
+    _epoch(remote, 0, batch_size=1)
+    on_disk, counted = _kept_bytes(remote)
+    budget = keep.keep_budget(total, limit, int(lengths.max()))
+    assert budget == total // 3
+    assert on_disk == counted and budget - int(lengths.max()) < counted <= budget
+    before = remote._remote.bytes_fetched
+    _epoch(remote, 1, batch_size=1)
+    again = remote._remote.bytes_fetched - before
+    assert again == total - counted  # one record per batch: exactly what was not kept
+    assert _kept_bytes(remote) == (on_disk, counted)  # kept files stay, none churned
+    session = remote._remote.session.dir  # the rest was evicted after use
+    assert [f for _, _, fs in os.walk(session) for f in fs if f != ".lock"] == []
+
+
+def test_read_ahead_takes_the_following_eligible_records_within_the_bytes():
+    lengths = np.array([10, 10, 10, 10, 10, 10, 10, 10])
+    eligible = np.array([0, 1, 1, 0, 1, 1, 1, 1], dtype=bool)
+    todo, pos = keep.read_ahead(np.array([0, 4]), np.array([3, 1]), eligible, lengths,
+                                np.array([4, 8]), max_bytes=30)
+    # 0 takes 1, 2 (3 not eligible); 4 takes 5, 6 (30 bytes in all), never past its shard
+    assert todo.tolist() == [0, 4, 1, 2, 5, 6] and pos.tolist() == [3, 1, 3, 3, 1, 1]
+    todo, pos = keep.read_ahead(np.array([2]), np.array([0]), eligible, lengths,
+                                np.array([4]), max_bytes=100)
+    assert todo.tolist() == [2] and pos.tolist() == [0]  # shard ends at 4; 3 not eligible

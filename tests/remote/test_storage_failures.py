@@ -1,0 +1,118 @@
+"""Honest failure words (issue 30): an endpoint that cannot be reached, refused credentials
+and a missing bucket are each reported as that, naming the URL and what to check, by
+Dataset, convert, inspect and verify (exit 4, never 1 "damaged"), against real servers:
+a closed port, SeaweedFS and Azurite with a wrong key, a bucket that does not exist."""
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from dlpack_io.packer import convert
+from dlpack_io.packer.pipeline import ConversionError
+from dlpack_io.reader.dataset import Dataset
+from dlpack_io.reader.remote.storage import (BucketNotFoundError, CredentialsError,
+                                             EndpointUnreachableError)
+from dlpack_io.tools.bench.seaweed import free_ports
+from dlpack_io.tools.cli import main
+from dlpack_io.tools.synth import make_image_folder
+from dlpack_io.tools.verification import verify
+
+from emulators import AZURITE_ACCOUNT
+
+SERVERS = {"s3": "s3_server", "gs": "gcs_server", "az": "azure_server"}
+WRONG_KEY = "d3Jvbmcta2V5LW5vdC10aGUtZGV2ZWxvcG1lbnQtb25l"  # base64, not Azurite's key
+EXPECTED = {  # failure -> (error class, words of the first line, words of the advice)
+    "unreachable": (EndpointUnreachableError, "endpoint unreachable after",
+                    "Check that the endpoint is reachable"),
+    "credentials": (CredentialsError, "credentials refused", "Check the credentials"),
+    "no-bucket": (BucketNotFoundError, "does not exist", "name: it does not exist"),
+}
+
+
+def _setup(scheme, failure, server, closed_port):
+    """(URL, environment) that produce ``failure`` on ``scheme``'s real server."""
+    env = server.env()
+    bucket = "no-such-bucket" if failure == "no-bucket" else "dlpack-test"
+    if failure == "unreachable":
+        dead = f"http://127.0.0.1:{closed_port}"
+        if scheme == "s3":
+            env = {**env, "AWS_ENDPOINT_URL": dead}
+        elif scheme == "gs":
+            env = {"STORAGE_EMULATOR_HOST": dead}
+        else:
+            env = {"AZURE_STORAGE_CONNECTION_STRING": env["AZURE_STORAGE_CONNECTION_STRING"]
+                   .replace(server.endpoint, f"{dead}/{AZURITE_ACCOUNT}")}
+    elif failure == "credentials":
+        env = server.env(key=WRONG_KEY) if scheme == "az" else \
+            {**env, "AWS_SECRET_ACCESS_KEY": "not-the-secret"}
+    return f"{scheme}://{bucket}/some/prefix", env
+
+
+@pytest.fixture(scope="module")
+def closed_port():
+    """A port nobody listens on (picked free, never opened)."""
+    return free_ports(1)[0]
+
+
+@pytest.fixture(scope="module")
+def three_images(tmp_path_factory):
+    root = tmp_path_factory.mktemp("three")
+    make_image_folder(root, 3, 1, seed=2, size=(32, 32))
+    return root
+
+
+# fake-gcs-server takes any credentials, so "refused credentials" runs on S3 and Azure
+CASES = [(s, f) for s in SERVERS for f in EXPECTED if not (s == "gs" and f == "credentials")]
+
+
+@pytest.mark.parametrize("scheme,failure", CASES)
+def test_each_failure_is_named_as_what_it_is(scheme, failure, request, cloud_env, closed_port,
+                                             three_images):
+    server = request.getfixturevalue(SERVERS[scheme])
+    url, env = _setup(scheme, failure, server, closed_port)
+    cloud_env(env)
+    cls, first, advice = EXPECTED[failure]
+    with pytest.raises(cls) as caught:
+        Dataset(url, storage_options={"retries": 1})
+    message = str(caught.value)
+    assert f"{scheme}://{url.split('://')[1]}" in message and first in message, message
+    assert advice in message and "damaged" not in message.lower()
+    if failure == "unreachable":
+        assert f"127.0.0.1:{closed_port}" in message  # the endpoint that did not answer
+    report = verify(url, progress=False)
+    assert report.exit_code == 4 and all(p["kind"] == "storage" for p in report.problems)
+    assert first in report.problems[0]["problem"]
+    with pytest.raises(ConversionError, match=first):
+        convert(three_images, url, workers=1, progress=False, storage_options={"retries": 1})
+
+
+def test_the_cli_says_it_and_verify_exits_4(s3_server, cloud_env):
+    cloud_env(s3_server.env())
+    url = "s3://no-such-bucket/data"
+    result = CliRunner().invoke(main, ["verify", "--quiet", url])
+    assert result.exit_code == 4, result.output
+    assert "bucket or container does not exist" in result.output
+    assert "STORAGE UNREADABLE" in result.output and "DAMAGED" not in result.output
+    result = CliRunner().invoke(main, ["inspect", url])
+    assert result.exit_code == 1 and "s3://no-such-bucket/data/" in result.output
+    assert "bucket or container does not exist" in result.output
+
+
+def test_a_missing_manifest_in_an_existing_bucket_is_still_not_a_data_set(s3_server, cloud_env):
+    cloud_env(s3_server.env())
+    report = verify("s3://dlpack-test/nothing-here", progress=False)
+    assert report.exit_code == 3 and report.not_a_dataset
+    with pytest.raises(FileNotFoundError, match="is not a dlpack data set"):
+        Dataset("s3://dlpack-test/nothing-here")
+
+
+def test_settings_the_client_refuses_are_named_at_once_without_retries(cloud_env):
+    from dlpack_io.reader.remote.storage import StorageError
+
+    with pytest.raises(StorageError, match=r"az://dlpack-test/x: cannot set up the Azure Blob "
+                                           r"Storage client: .*Account must be specified.*"
+                                           r"AZURE_STORAGE_ACCOUNT_NAME") as caught:
+        Dataset("az://dlpack-test/x")  # no account anywhere
+    assert "attempts" not in str(caught.value)
+    report = verify("az://dlpack-test/x", progress=False)
+    assert report.exit_code == 4 and "cannot set up" in report.problems[0]["problem"]
