@@ -3,8 +3,11 @@
     python -m benchmarks.stats_cost [--repeats 5]
 
 Prints the minimum over repeats of ``timeit`` runs of exactly what the Loader does per batch
-(clock reads, counters, the ``log_every`` check), at each epoch's start and end, and for one
-``loader.stats()`` snapshot (docs/benchmarks.md, "Cost of loader.stats()").
+(clock reads, counters, the stage seconds a batch carries, the ``log_every`` check), what a
+worker adds per batch part to time its stages, at each epoch's start and end, and for one
+``loader.stats()`` snapshot (docs/benchmarks.md, "Cost of loader.stats()"). Without CUDA
+the GPU timeline does nothing; with it, two event records and queries per batch are added
+(measured with ``--cuda`` where a GPU is present).
 """
 from __future__ import annotations
 
@@ -12,18 +15,38 @@ import argparse
 import time
 import timeit
 
+from dlpack_io.reader.batch import stagetimes
 from dlpack_io.reader.batch.stats import LogSchedule, StatsClock
 
 
-def measure(repeats: int) -> dict:
-    """Seconds per operation: {"per_batch", "per_epoch", "stats_call"}."""
-    clock, schedule = StatsClock(2, "thread"), LogSchedule(None)
+def _device(cuda: bool):
+    import torch
+
+    return torch.device("cuda") if cuda else None
+
+
+def worker_part(parts: int = 2):
+    """What the workers add to one batch to time its stages: the table, the clock reads of
+    each part (plan, decode, user, transforms) and the totals."""
+    stages = stagetimes.new(parts)
+    stages[0, stagetimes.PLAN] = time.perf_counter() - time.perf_counter()
+    for row in stages:
+        t0, user0 = time.perf_counter(), stagetimes.user_seconds()
+        t1, user = time.perf_counter(), stagetimes.user_seconds() - user0
+        row[stagetimes.DECODE:] = (t1 - t0 - user, user, time.perf_counter() - t1)
+    return stagetimes.totals(stages)
+
+
+def measure(repeats: int, cuda: bool = False) -> dict:
+    """Seconds per operation: {"per_batch", "worker_stages", "per_epoch", "stats_call"}."""
+    clock, schedule = StatsClock(2, "thread", _device(cuda)), LogSchedule(None)
     clock.start_epoch(0, [])
+    stages = worker_part()
 
     def per_batch():
         now = time.perf_counter()
         clock.waited(now - now)
-        clock.delivered(256, 0.0, 1)
+        clock.delivered(256, 0.0, 1, stages, 0.0)
         later = time.perf_counter()
         clock.stepped(later - now)
         schedule.due(clock.epoch.batches)
@@ -34,7 +57,9 @@ def measure(repeats: int) -> dict:
 
     def best(fn, number):
         return min(timeit.repeat(fn, number=number, repeat=repeats)) / number
-    return {"per_batch": best(per_batch, 200_000), "per_epoch": best(per_epoch, 2_000),
+    number = 20_000 if cuda else 200_000
+    return {"per_batch": best(per_batch, number), "worker_stages": best(worker_part, 50_000),
+            "per_epoch": best(per_epoch, 2_000),
             "stats_call": best(lambda: clock.snapshot([], True), 2_000)}
 
 
@@ -42,7 +67,9 @@ def main(argv=None) -> int:
     """Run and print the table."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--repeats", type=int, default=5)
-    costs = measure(p.parse_args(argv).repeats)
+    p.add_argument("--cuda", action="store_true", help="with the CUDA event timeline")
+    a = p.parse_args(argv)
+    costs = measure(a.repeats, a.cuda)
     print("| what | cost |\n|---|---|")
     for name, seconds in costs.items():
         print(f"| {name} | {seconds * 1e6:.1f} us |")

@@ -14,6 +14,7 @@ import numpy as np
 from dlpack_io.reader import nativecopy
 from dlpack_io.reader.batch.plan import BatchPlan, TransformSpec, sample_error
 from dlpack_io.reader.batch.skips import check_record_crc, skipped_from
+from dlpack_io.reader.batch.stagetimes import timed_user
 from dlpack_io.reader.decode import decode_record
 from dlpack_io.reader.nativecopy import guarded_array
 from dlpack_io.reader.safeio import ShardChangedError
@@ -59,7 +60,7 @@ def record_payload(ctx: BuildContext, plan: BatchPlan, pos: int):
 def user_pixels(ctx: BuildContext, plan: BatchPlan, pos: int, epoch: int, payload) -> np.ndarray:
     """Decode sample ``pos`` whole, run the user's sample_transform, and redraw its box for
     the new size (the flips and jitter do not depend on the size)."""
-    pixels = ctx.sample_transform(decode_record(payload, plan.entries[pos]))
+    pixels = timed_user(ctx.sample_transform, decode_record(payload, plan.entries[pos]))
     if not isinstance(pixels, np.ndarray) or pixels.dtype != np.uint8 or pixels.ndim != 3 \
             or pixels.shape[2] != 3 or 0 in pixels.shape:
         got = (f"{type(pixels).__name__} {getattr(pixels, 'dtype', '')} "

@@ -85,6 +85,12 @@ class DataLoaderAttributes:
 
     options = None
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     @property
     def batch_size(self) -> int:
         """Samples per batch (the last batch of a rank may hold fewer unless drop_last)."""

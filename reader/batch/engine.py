@@ -86,12 +86,21 @@ def stage_next(runner, finisher, ticket):
     return hb
 
 
+def timed_wait(prefetch, k: int) -> float:
+    """``prefetch.wait(k)``: the seconds it took (records still on their way from storage)."""
+    t0 = time.perf_counter()
+    prefetch.wait(k)
+    return time.perf_counter() - t0
+
+
 def deliver(engine: Engine, batches, start: int, ticket0: int, prefetch, epoch: int,
             in_flight: int, on_batch=None):
     """Run ``batches[start:]`` (runner tickets from ``ticket0 + start``) and yield
     ``(k, built batch, images, labels)`` in order; ``prefetch`` (or None) is the remote
-    data set's prefetch of ``batches[start:]``. ``on_batch(images, finish_s, depth)`` hears
-    of each batch: its size, the seconds its finish took, the built batches behind it."""
+    data set's prefetch of ``batches[start:]``. ``on_batch(images, finish_s, depth, stages,
+    fetch_wait_s)`` hears of each batch: its size, the seconds its finish took, the built
+    batches behind it, its workers' seconds per stage (stagetimes.py) and the seconds this
+    loop waited for its records to arrive from object storage."""
     runner, finisher, total = engine.runner, engine.finisher, len(batches)
     # Remote data: thread workers read records as the prefetcher lands them (they wait
     # per record in this process); worker processes only read the local cache, so a
@@ -101,6 +110,7 @@ def deliver(engine: Engine, batches, start: int, ticket0: int, prefetch, epoch: 
     submitted, staged = start, None
     for k in range(start, total):
         finisher.reclaim()
+        fetch_wait = 0.0  # seconds this batch waited for records from object storage
         while submitted < min(total, k + in_flight):
             if not runner.can_submit():
                 if submitted > k:
@@ -109,11 +119,11 @@ def deliver(engine: Engine, batches, start: int, ticket0: int, prefetch, epoch: 
             if gated and submitted > k and not prefetch.ready(submitted - start):
                 break
             if gated:
-                prefetch.wait(submitted - start)
+                fetch_wait += timed_wait(prefetch, submitted - start)
             runner.submit(ticket0 + submitted, batches[submitted], epoch)
             submitted += 1
-        if prefetch is not None:
-            prefetch.wait(k - start)  # the batch due next: the prefetcher may overcommit
+        if prefetch is not None:  # the batch due next: the prefetcher may overcommit
+            fetch_wait += timed_wait(prefetch, k - start)
         if staged is None and not runner.ready(ticket0 + k):
             finisher.reclaim(block=True)  # a worker may be waiting for a held buffer
         hb = staged if staged is not None else runner.get(ticket0 + k)
@@ -126,7 +136,8 @@ def deliver(engine: Engine, batches, start: int, ticket0: int, prefetch, epoch: 
         images, labels = finisher.finish(hb)
         if on_batch is not None:
             on_batch(len(hb.indices), time.perf_counter() - t0,
-                     sum(runner.ready(ticket0 + j) for j in range(k + 1, submitted)))
+                     sum(runner.ready(ticket0 + j) for j in range(k + 1, submitted)),
+                     hb.stages, fetch_wait)
         yield k, hb, images, labels
         if prefetch is not None:  # after the consumer read the batch's fields from the cache
             prefetch.release(k - start)

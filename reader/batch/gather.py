@@ -34,6 +34,7 @@ class GatherMeta:
     nbytes: int             # bytes of the buffer in use (pixels + records)
     indices: np.ndarray     # (N,) global indices of the samples in the buffer
     skipped: list           # Skipped entries of samples left out (on_error="skip")
+    stages: object = None   # worker seconds per stage (stagetimes.py)
 
 
 def is_dense(entries, ctx: BuildContext) -> bool:

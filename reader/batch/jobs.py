@@ -16,6 +16,7 @@ Both offer the same two faces to the runners (runners.py):
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -30,6 +31,7 @@ from dlpack_io.reader.batch.erasing import erase_rows
 from dlpack_io.reader.batch.host import epilogue_rows, fill_range
 from dlpack_io.reader.batch.plan import plan_batch
 from dlpack_io.reader.batch.skips import keep_mask
+from dlpack_io.reader.batch import stagetimes
 
 
 def _noop() -> None:
@@ -55,6 +57,7 @@ class HostBatch:
     data: object = None             # gathered layout: flat uint8 tensor (the bytes in use)
     meta: GatherMeta | None = None  # gathered layout: geometry
     release: Callable[[], None] = field(default=_noop)  # give the buffer back
+    stages: object = None           # worker seconds per stage (stagetimes.py)
 
 
 def _scratch(state: dict) -> Scratch:
@@ -82,27 +85,36 @@ class FinishedJob:
     def __init__(self, ctx: BuildContext, pool: BufferPool, parts: int):
         self.ctx, self.pool, self.parts = ctx, pool, max(1, int(parts))
 
-    def _fill(self, plan, a, b, epoch, u8, out, failed, state) -> None:
+    def _fill(self, plan, a, b, epoch, u8, out, failed, row, state) -> None:
+        t0, user0 = time.perf_counter(), stagetimes.user_seconds()
         fill_range(self.ctx, plan, a, b, epoch, u8.numpy(), _scratch(state),
                    state.get("progress"), failed)
+        t1, user = time.perf_counter(), stagetimes.user_seconds() - user0
         augment_rows(self.ctx.spec.augment, self.ctx.seed, epoch, plan.indices[a:b], u8[a:b])
         if out is not u8:
             epilogue_rows(self.ctx.spec, plan, a, b, u8, out)
         erase_rows(self.ctx.spec.erasing, self.ctx.seed, epoch, plan.indices[a:b], out[a:b])
+        row[stagetimes.DECODE:] = (t1 - t0 - user, user, time.perf_counter() - t1)
 
     def split(self, k: int, indices, epoch: int):
         """(parts, finalize) of batch ``k``; lookups and random draws happen here."""
         import torch
 
+        t0 = time.perf_counter()
         plan = plan_checked(self.ctx, indices, epoch)
         u8 = self.pool.take(plan.shape, torch.uint8)
         out = self.pool.take(plan.shape, self.ctx.spec.dtype) if self.ctx.spec.has_epilogue else u8
         failed = []  # (position, Skipped) from any thread
-        parts = [functools.partial(self._fill, plan, a, b, epoch, u8, out, failed)
-                 for a, b in split_ranges(len(plan.indices), self.parts)]
+        ranges = split_ranges(len(plan.indices), self.parts)
+        stages = stagetimes.new(len(ranges))  # one row per part: no two threads add to one
+        stages[0, stagetimes.PLAN] = time.perf_counter() - t0
+        parts = [functools.partial(self._fill, plan, a, b, epoch, u8, out, failed, stages[i])
+                 for i, (a, b) in enumerate(ranges)]
 
         def finalize():
-            return self._result(plan, _compact(out, failed, len(plan.indices)), failed)
+            batch = self._result(plan, _compact(out, failed, len(plan.indices)), failed)
+            batch.stages = stagetimes.totals(stages)
+            return batch
         return parts, finalize
 
     def _result(self, plan, images, failed) -> HostBatch:
@@ -121,7 +133,10 @@ class FinishedJob:
         """(In a worker) fill the slot with the finished batch; return its metadata."""
         import torch
 
+        t0 = time.perf_counter()
         plan = plan_checked(self.ctx, indices, epoch)
+        stages = stagetimes.new()
+        stages[0, stagetimes.PLAN] = time.perf_counter() - t0
         n = int(np.prod(plan.shape))
         out = torch.frombuffer(slot, dtype=self.ctx.spec.dtype, count=max(n, 1))[:n]
         out = out.view(plan.shape)
@@ -129,15 +144,16 @@ class FinishedJob:
             _scratch_u8(state, n)).view(plan.shape)
         failed = []
         state["progress"] = progress
-        self._fill(plan, 0, len(plan.indices), epoch, u8, out, failed, state)
+        self._fill(plan, 0, len(plan.indices), epoch, u8, out, failed, stages[0], state)
         batch = self._result(plan, _compact(out, failed, len(plan.indices)), failed)
-        return tuple(batch.images.shape), batch.labels, batch.indices, batch.skipped
+        return (tuple(batch.images.shape), batch.labels, batch.indices, batch.skipped,
+                stagetimes.totals(stages))
 
     def collect(self, slot, meta, release) -> HostBatch:
         """(In the consumer) copy the finished batch out of the slot; free the slot."""
         import torch
 
-        shape, labels, indices, skipped = meta
+        shape, labels, indices, skipped, stages = meta
         n = int(np.prod(shape))
         try:
             src = torch.frombuffer(slot, dtype=self.ctx.spec.dtype, count=max(n, 1))[:n]
@@ -145,7 +161,14 @@ class FinishedJob:
             images.copy_(src.view(shape))
         finally:
             release()
-        return HostBatch(labels, indices, skipped, images=images)
+        return HostBatch(labels, indices, skipped, images=images, stages=stages)
+
+
+def _gather_stages(plan_s: float, gather_s: float):
+    """The stage seconds of a gathered batch (gathering counts as reading and decoding)."""
+    stages = stagetimes.new()
+    stages[0, stagetimes.PLAN], stages[0, stagetimes.DECODE] = plan_s, gather_s
+    return stagetimes.totals(stages)
 
 
 def _scratch_u8(state: dict, n: int) -> np.ndarray:
@@ -180,14 +203,17 @@ class GatherJob:
         self.slots = SlotPool(num_slots, pin=pin)
 
     def _gather(self, indices, epoch, out: list, state: dict) -> None:
+        t0 = time.perf_counter()
         plan = plan_checked(self.ctx, indices, epoch)
         slot = self.slots.acquire(gather_bytes(plan.entries))
+        t1 = time.perf_counter()  # a free slot was waited for: not the worker's work
         try:
             meta = gather_batch(self.ctx, plan, epoch, self.slots.array(slot), _scratch(state),
                                 state.get("progress"))
         except BaseException:
             self.slots.release(slot)
             raise
+        meta.stages = _gather_stages(t1 - t0, time.perf_counter() - t1)
         out.extend((slot, meta))
 
     def split(self, k: int, indices, epoch: int):
@@ -198,7 +224,8 @@ class GatherJob:
             slot, meta = out
             return HostBatch(meta.labels, meta.indices, meta.skipped,
                              data=self.slots.tensor(slot)[:meta.nbytes], meta=meta,
-                             release=functools.partial(self.slots.release, slot))
+                             release=functools.partial(self.slots.release, slot),
+                             stages=meta.stages)
         return [functools.partial(self._gather, indices, epoch, out)], finalize
 
     def slot_bytes(self, batch_size: int) -> int:
@@ -209,9 +236,13 @@ class GatherJob:
 
     def build(self, slot, progress, state, indices, epoch) -> GatherMeta:
         """(In a worker) gather the batch into the shared slot; return its GatherMeta."""
+        t0 = time.perf_counter()
         plan = plan_checked(self.ctx, indices, epoch)
-        return gather_batch(self.ctx, plan, epoch, np.frombuffer(slot, dtype=np.uint8),
+        t1 = time.perf_counter()
+        meta = gather_batch(self.ctx, plan, epoch, np.frombuffer(slot, dtype=np.uint8),
                             _scratch(state), progress)
+        meta.stages = _gather_stages(t1 - t0, time.perf_counter() - t1)
+        return meta
 
     def collect(self, slot, meta: GatherMeta, release) -> HostBatch:
         """(In the consumer) a view of the slot's bytes; the slot stays held until
@@ -220,4 +251,4 @@ class GatherJob:
 
         data = torch.frombuffer(slot, dtype=torch.uint8, count=max(meta.nbytes, 1))[:meta.nbytes]
         return HostBatch(meta.labels, meta.indices, meta.skipped, data=data, meta=meta,
-                         release=release)
+                         release=release, stages=meta.stages)

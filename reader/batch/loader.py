@@ -27,7 +27,8 @@ from dlpack_io.reader.batch import order as order_mod
 from dlpack_io.reader.batch import resume, sources
 from dlpack_io.reader.batch.compat import (DataLoaderAttributes, pin_ok, pinned,
                                            refuse_dataloader_only)
-from dlpack_io.reader.batch.engine import deliver, make_engine
+from dlpack_io.reader.batch.autotune import Tuner
+from dlpack_io.reader.batch.engine import make_engine
 from dlpack_io.reader.batch.targets import Assembler
 from dlpack_io.reader.batch.options import (OPTION_DOCS, LoaderOptions, resolve_device,
                                             use_device_transforms)
@@ -92,7 +93,8 @@ class Loader(DataLoaderAttributes):
         self._world = (opts.rank, opts.world_size)
         self.rank, self.world_size = order_mod.resolve_world(opts.rank, opts.world_size)
         self.skipped = SkipAccount()
-        self._stats = StatsClock(opts.num_workers, opts.worker_kind)
+        self._stats = StatsClock(0, opts.worker_kind, self.device)  # Tuner: the setting
+        self._tune = Tuner(opts, self._stats.setting)  # "auto": settled on the first batches
         self._log = LogSchedule(opts.log_every)
         self._consumer = threading.get_ident()  # the thread that iterates (updated per epoch)
         self._pin = pin_ok(opts.pin_memory, self.device)
@@ -205,9 +207,7 @@ class Loader(DataLoaderAttributes):
         self.skipped.start_epoch(epoch)
         batches = [part[bounds[k]:bounds[k + 1]] for k in range(len(bounds) - 1)]
         if self._engine is None:
-            o = self.options
-            self._engine = make_engine(o, self.dataset, self.spec, self.device,
-                                       self.device_transforms)
+            self._swap(self._tune.options)
         self._consumer = threading.get_ident()
         self._stats.start_epoch(epoch, self.worker_pids())
         self._stats.waited(time.perf_counter() - asked)
@@ -222,7 +222,7 @@ class Loader(DataLoaderAttributes):
             if not self.options.persistent_workers:
                 self._close_engine()
         finally:
-            self._stats.end_epoch(self.worker_pids())
+            self._stats.end_epoch(self.worker_pids(), prefetch)
             if prefetch is not None:
                 prefetch.close()
             if not clean:  # abandoned mid-epoch (break, exception): drop the workers
@@ -231,8 +231,8 @@ class Loader(DataLoaderAttributes):
     def _deliver(self, batches, start, prefetch, epoch):
         ticket0, self._tickets = self._tickets, self._tickets + len(batches)
         clock, since = self._stats, time.perf_counter()
-        for k, hb, images, labels in deliver(self._engine, batches, start, ticket0, prefetch,
-                                             epoch, self.options.in_flight, clock.delivered):
+        for k, hb, images, labels in self._tune.deliver(self._engine, self._swap, batches, start,
+                                                        ticket0, prefetch, epoch, clock.delivered):
             now = time.perf_counter()
             clock.waited(now - since)  # inside next(): the loop waited for this batch
             since = now
@@ -258,6 +258,12 @@ class Loader(DataLoaderAttributes):
                                     threading.get_ident() == self._consumer)
 
     # ---- resources ---------------------------------------------------------------------
+    def _swap(self, opts):  # the engine for concrete options (autotune.py may change them)
+        self._close_engine()
+        self._engine = make_engine(opts, self.dataset, self.spec, self.device,
+                                   self.device_transforms)
+        return self._engine
+
     def _close_engine(self) -> None:
         engine, self._engine = self._engine, None
         if engine is not None:
@@ -266,12 +272,6 @@ class Loader(DataLoaderAttributes):
     def close(self) -> None:
         """Stop the workers and free the buffers (the Loader can still iterate again)."""
         self._close_engine()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def __del__(self):
         try:

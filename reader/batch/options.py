@@ -21,6 +21,7 @@ from dlpack_io.reader.batch.stats import parse_log_every
 log = logging.getLogger(__name__)
 WORKER_KINDS = ("thread", "process")
 MAX_PREFETCH, MAX_WORKERS = 4096, 1024  # beyond these: a typo, not a setting
+AUTO = "auto"  # num_workers / prefetch: settled by measuring the first batches (autotune.py)
 
 
 OPTION_DOCS = """
@@ -30,7 +31,8 @@ OPTION_DOCS = """
     shuffle: "global"/True (a full permutation), "block" (shard-local, for data sets
         larger than RAM), False/None/"none" (storage order).
     seed: seeds the order and the random transforms.
-    num_workers: worker threads or processes; 0 builds batches in the calling thread.
+    num_workers: worker threads or processes; 0 builds batches in the calling thread;
+        "auto": measured on the first batches (count and kind; docs/loader.md).
     drop_last: as torch's DataLoader: True drops each rank's short last batch.
     transforms: the fused transforms (RandomResizedCrop, ..., Normalize), in order.
     sample_transform: your fn(HWC uint8 ndarray) -> HWC uint8 ndarray, run in the workers
@@ -39,7 +41,7 @@ OPTION_DOCS = """
     device: where batches are delivered; "cuda" means cuda:LOCAL_RANK under torchrun.
     indices: read only these global sample indices (a split).
     rank, world_size: this process's share; None: torch.distributed's, else torchrun's.
-    prefetch: batches in flight; None: 2 x num_workers (at least 2).
+    prefetch: batches in flight; None: 2 x num_workers (at least 2); "auto": measured.
     worker_kind: "thread" or "process".
     timeout: seconds to wait for one batch before LoaderTimeout; None waits.
     on_error: "raise" a SampleError for an unreadable sample, or "skip" it.
@@ -98,14 +100,15 @@ class LoaderOptions:
     mask_pad_value: int = 255         # the "mask" field's padding (an ignore index)
 
     def __post_init__(self):
-        if int(self.batch_size) < 1 or int(self.num_workers) < 0 or int(self.seed) < 0:
+        check_auto(self)
+        if int(self.batch_size) < 1 or self.workers < 0 or int(self.seed) < 0:
             raise ValueError(f"batch_size {self.batch_size} must be >= 1, num_workers "
                              f"{self.num_workers} >= 0, seed {self.seed} >= 0")
         if self.worker_kind not in WORKER_KINDS:
             raise ValueError(f"worker_kind {self.worker_kind!r}: expected one of {WORKER_KINDS}")
-        if self.prefetch is not None and not 1 <= int(self.prefetch) <= MAX_PREFETCH:
+        if self.prefetch not in (None, AUTO) and not 1 <= int(self.prefetch) <= MAX_PREFETCH:
             raise ValueError(f"prefetch {self.prefetch}: expected 1 to {MAX_PREFETCH} batches")
-        if int(self.num_workers) > MAX_WORKERS:  # each is a thread or process, each has buffers
+        if self.workers > MAX_WORKERS:  # each is a thread or process, each has buffers
             raise ValueError(f"num_workers {self.num_workers}: expected at most {MAX_WORKERS}")
         if self.timeout == 0:  # DataLoader's "wait forever"
             object.__setattr__(self, "timeout", None)
@@ -132,11 +135,26 @@ class LoaderOptions:
         return check_pad(self.pad, self.pad_multiple, self.mask_pad_value)
 
     @property
+    def workers(self) -> int:
+        """num_workers as a count ("auto": the most it may settle on, MAX_WORKERS)."""
+        return MAX_WORKERS if self.num_workers == AUTO else int(self.num_workers)
+
+    @property
     def in_flight(self) -> int:
-        """Batches submitted ahead of the one being consumed."""
+        """Batches submitted ahead of the one being consumed ("auto": a bound until the
+        Loader has settled the setting; autotune.py)."""
+        workers = 1 if self.num_workers == AUTO else int(self.num_workers)
         if self.prefetch_factor is not None:
-            return int(self.prefetch_factor) * max(1, int(self.num_workers))
-        return max(2, 2 * self.num_workers) if self.prefetch is None else int(self.prefetch)
+            return int(self.prefetch_factor) * max(1, workers)
+        return max(2, 2 * workers) if self.prefetch in (None, AUTO) else int(self.prefetch)
+
+
+def check_auto(o) -> None:
+    """num_workers and prefetch: a count, or the string "auto" (nothing else)."""
+    for name in ("num_workers", "prefetch"):
+        value = getattr(o, name)
+        if isinstance(value, str) and value != AUTO:
+            raise ValueError(f"{name}={value!r}: expected a count or {AUTO!r}")
 
 
 def resolve_device(device):

@@ -15,6 +15,9 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 
+from dlpack_io.reader.batch.gputime import GpuTimeline
+from dlpack_io.reader.batch.stagetimes import STAGES
+
 DATA_BOUND = 0.10   # waiting this share of the loop's time or more: data-bound
 BUSY = 0.90         # workers this busy are the limit: more workers will not help
 
@@ -30,6 +33,21 @@ def _proc_cpu(pids) -> float:
             continue
         total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime (fields 14, 15)
     return total
+
+
+def fetched_bytes(stats) -> int:
+    """Bytes fetched per a prefetch handle's ``stats``: a dict, or one per data set of a
+    Mixture (a list, None for a set on disk); 0 for none."""
+    if isinstance(stats, dict):
+        return int(stats.get("bytes_fetched", 0))
+    if isinstance(stats, (list, tuple)):
+        return sum(fetched_bytes(s) for s in stats)
+    return 0
+
+
+def tree_cpu(pids) -> float:
+    """CPU seconds used so far by this process (every thread) and the processes ``pids``."""
+    return time.process_time() + _proc_cpu(pids)
 
 
 @dataclass
@@ -49,11 +67,23 @@ class LoaderStats:
     num_workers: int = 0
     worker_kind: str = "thread"
     images_per_set: list | None = None  # a Mixture's images of each set; None: one data set
+    tuned: str = ""            # num_workers/prefetch="auto": what was chosen and why
+    plan_s: float = 0.0        # worker seconds per stage (stagetimes.py): lookups, draws
+    decode_s: float = 0.0      # read + decode + crop/resize + CHW copy (device path: gather)
+    user_s: float = 0.0        # the user's sample_transform
+    transforms_s: float = 0.0  # host transforms after the pixels (jitter, normalise, ...)
+    fetch_wait_s: float = 0.0  # the loop waited for records from object storage
+    fetched_bytes: int = 0     # bytes fetched from object storage (remote data sets)
+    gpu_wait_s: float = 0.0    # device="cuda": the GPU waited for data (CUDA events)
+    gpu_step_s: float = 0.0    # device="cuda": the GPU ran the training step
     run: "LoaderStats | None" = field(default=None, repr=False)
 
     @property
     def wait_fraction(self) -> float:
-        """wait_s / (wait_s + step_s): the share of the loop's time spent waiting for data."""
+        """wait_s / (wait_s + step_s): the share of the loop's time spent waiting for data;
+        on a CUDA device the GPU's (gpu_wait_s / (gpu_wait_s + gpu_step_s), gputime.py)."""
+        if self.gpu_wait_s + self.gpu_step_s > 0:
+            return self.gpu_wait_s / (self.gpu_wait_s + self.gpu_step_s)
         total = self.wait_s + self.step_s
         return self.wait_s / total if total > 0 else 0.0
 
@@ -85,7 +115,7 @@ class LoaderStats:
                if k != "run" and not (k == "images_per_set" and v is None)}
         out.update(wait_fraction=self.wait_fraction, images_per_s=self.images_per_s,
                    cpu_ms_per_image=self.cpu_ms_per_image, workers_busy=self.workers_busy,
-                   verdict=self.verdict())
+                   stage_shares=self.stage_shares(), verdict=self.verdict())
         if self.run is not None:
             out["run"] = self.run.as_dict()
         return out
@@ -101,8 +131,18 @@ class LoaderStats:
         else:
             advice = (f"workers idle part of the time: more workers (num_workers > "
                       f"{self.num_workers}) or a deeper prefetch would help")
+        where = self.stage_shares()
+        if where:
+            advice += "; worker time: " + ", ".join(f"{name} {100 * share:.0f}%"
+                                                     for name, share in where.items())
         return (f"data-bound: {waiting} of step time spent waiting for data; workers busy "
                 f"{100 * busy:.0f}%: {advice}")
+
+    def stage_shares(self) -> dict:
+        """Each stage's share of the workers' seconds (STAGES order; empty when unmeasured)."""
+        seconds = {name: getattr(self, f"{name}_s") for name in STAGES}
+        total = sum(seconds.values())
+        return {n: v / total for n, v in seconds.items() if v > 0} if total > 0 else {}
 
     def postfix(self) -> dict:
         """Short figures for a progress bar: ``tqdm(...).set_postfix(loader.stats().postfix())``."""
@@ -122,14 +162,16 @@ def _add(total, counts) -> list:
 
 
 SUMMED = ("batches", "images", "wall_s", "wait_s", "step_s", "finish_s", "cpu_s",
-          "consumer_cpu_s")
+          "consumer_cpu_s") + tuple(f"{s}_s" for s in STAGES) + (
+          "fetch_wait_s", "fetched_bytes", "gpu_wait_s", "gpu_step_s")
 
 
 class StatsClock:
     """Accumulates a Loader's figures; the Loader's generator calls it around each yield."""
 
-    def __init__(self, num_workers: int, worker_kind: str):
+    def __init__(self, num_workers: int, worker_kind: str, device=None):
         self.kind = dict(num_workers=num_workers, worker_kind=worker_kind)
+        self.gpu = GpuTimeline(device)
         self.run = LoaderStats(**self.kind)       # epochs that have ended
         self.epoch = LoaderStats(**self.kind)     # the current (or last) epoch
         self.open, self._start, self._cpu0, self._thread0, self._depths = False, 0.0, 0.0, 0.0, 0
@@ -138,33 +180,53 @@ class StatsClock:
         """Epoch ``epoch`` starts now (its first next() is being served)."""
         self.epoch = LoaderStats(epoch=epoch, **self.kind)
         self.open, self._start, self._depths = True, time.perf_counter(), 0
-        self._cpu0 = time.process_time() + _proc_cpu(pids)
+        self._cpu0 = tree_cpu(pids)
         self._thread0 = time.thread_time()
+        self.gpu.restart()
+
+    def setting(self, num_workers: int, worker_kind: str, tuned: str = "") -> None:
+        """The workers now building the batches (``tuned``: why, when chosen by "auto")."""
+        self.kind = dict(num_workers=num_workers, worker_kind=worker_kind, tuned=tuned)
+        for stats in (self.run, self.epoch):
+            for name, value in self.kind.items():
+                setattr(stats, name, value)
 
     def waited(self, seconds: float) -> None:
         """The loop waited ``seconds`` inside next()."""
         self.epoch.wait_s += seconds
+        self.gpu.mark("wait")
 
     def stepped(self, seconds: float) -> None:
         """The loop spent ``seconds`` outside next() (its training step)."""
         self.epoch.step_s += seconds
+        self.gpu.mark("step")
 
-    def delivered(self, images: int, finish_s: float, depth: int) -> None:
+    def delivered(self, images: int, finish_s: float, depth: int, stages=None,
+                  fetch_wait_s: float = 0.0) -> None:
         """One batch of ``images`` left the loader after ``finish_s`` of finishing, with
-        ``depth`` more built batches waiting."""
+        ``depth`` more built batches waiting, its workers' ``stages`` seconds (STAGES
+        order, or None) and ``fetch_wait_s`` spent waiting for remote records."""
         e = self.epoch
         e.batches, e.images, e.finish_s = e.batches + 1, e.images + images, e.finish_s + finish_s
+        e.fetch_wait_s += fetch_wait_s
         self._depths += depth
+        if stages is not None:
+            for name, seconds in zip(STAGES, stages.tolist()):
+                setattr(e, f"{name}_s", getattr(e, f"{name}_s") + seconds)
+        self.gpu.resolve()
 
     def delivered_sets(self, counts) -> None:
         """A Mixture's batch held ``counts[s]`` images of set s (None: not a Mixture)."""
         if counts is not None:
             self.epoch.images_per_set = _add(self.epoch.images_per_set, counts)
 
-    def end_epoch(self, pids) -> None:
-        """The epoch ended (or was abandoned): fix its figures and add them to the run's."""
+    def end_epoch(self, pids, prefetch=None) -> None:
+        """The epoch ended (or was abandoned): fix its figures and add them to the run's
+        (``prefetch``: the remote data set's handle, for the bytes it fetched)."""
         if self.open:
+            self.gpu.resolve(block=True)
             self._measure(pids, consumer_thread=True)
+            self.epoch.fetched_bytes = fetched_bytes(getattr(prefetch, "stats", None))
             self.open = False
             for name in SUMMED:
                 setattr(self.run, name, getattr(self.run, name) + getattr(self.epoch, name))
@@ -176,10 +238,11 @@ class StatsClock:
     def _measure(self, pids, consumer_thread: bool) -> None:
         e = self.epoch
         e.wall_s = time.perf_counter() - self._start
-        e.cpu_s = time.process_time() + _proc_cpu(pids) - self._cpu0
+        e.cpu_s = tree_cpu(pids) - self._cpu0
         if consumer_thread:
             e.consumer_cpu_s = time.thread_time() - self._thread0
         e.queue_depth = self._depths / e.batches if e.batches else 0.0
+        e.gpu_wait_s, e.gpu_step_s = self.gpu.wait_s, self.gpu.step_s
 
     def snapshot(self, pids, consumer_thread: bool) -> LoaderStats:
         """The current epoch's figures so far, with the whole run's in ``.run``.

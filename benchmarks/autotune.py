@@ -1,0 +1,124 @@
+"""Is ``num_workers="auto"`` as good as the best fixed setting? (issue 28)
+
+    python -m benchmarks.autotune --root /tmp/autotune [--images 1024] [--repeats 5]
+
+Three workloads: ImageNet-sized JPEGs (about 500x375) with RandomResizedCrop(224) + flip,
+the same images packed raw at 256 px with a RandomResizedCrop(224) + flip, and the JPEGs
+with a slow Python ``sample_transform`` (a pure-Python loop over 4,000 values that holds
+the GIL for about a millisecond per image on this machine). Contenders: 1, 2 and 4 worker threads, 2 worker processes, and
+``num_workers="auto", prefetch="auto"``. Each contender is a fresh Loader that reads
+``--epochs`` epochs with no training step (the loop only takes batches: the hardest case
+for the tuner, whose trials are not hidden behind a step); images/s over all epochs
+(start-up and the tuner's trials included) and over the epochs after the first (steady
+state). Every round runs each contender once, in turn, so a change in the machine's load
+hits all alike; the figures are medians over ``--repeats`` rounds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+SETTINGS = {"1 thread": dict(num_workers=1), "2 threads": dict(num_workers=2),
+            "4 threads": dict(num_workers=4),
+            "2 processes": dict(num_workers=2, worker_kind="process"),
+            "auto": dict(num_workers="auto", prefetch="auto")}
+
+
+def slow_python(image):
+    """A sample_transform that holds the GIL: a Python loop over 4,000 pixels."""
+    flat = image.reshape(-1)
+    total = 0
+    for value in flat[:4_000].tolist():
+        total += value
+    return image if total >= 0 else image  # the image, unchanged, after the work
+
+
+def epochs(ds, settings: dict, transforms, sample_transform, count: int, batch: int) -> dict:
+    """Read ``count`` epochs with a fresh Loader; images/s over all and after the first."""
+    from dlpack_io.reader import Loader
+
+    loader = Loader(ds, batch_size=batch, transforms=list(transforms), seed=0,
+                    sample_transform=sample_transform, **settings)
+    marks, images = [time.perf_counter()], 0
+    for _ in range(count):
+        for x, _y in loader:
+            images += len(x)
+        marks.append(time.perf_counter())
+    tuned = loader.stats().tuned
+    loader.close()
+    per_epoch = images / count
+    return {"all": images / (marks[-1] - marks[0]),
+            "steady": per_epoch * (count - 1) / (marks[-1] - marks[1]) if count > 1 else 0.0,
+            "tuned": tuned}
+
+
+def workloads(root: Path, images: int):
+    """name -> (Dataset, transforms, sample_transform); packs the sets once under root."""
+    from dlpack_io.packer import convert
+    from dlpack_io.reader import Dataset, RandomHorizontalFlip, RandomResizedCrop
+    from dlpack_io.tools.synth import make_image_folder
+
+    if not (root / "raw").exists():
+        make_image_folder(root / "src", images, 10, seed=0)
+        convert(root / "src", root / "jpeg", workers=1, progress=False, overwrite=True)
+        convert(root / "src", root / "raw", mode="raw", size=256, workers=1, progress=False,
+                overwrite=True)
+    recipe = [RandomResizedCrop(224), RandomHorizontalFlip()]
+    jpeg, raw = Dataset(str(root / "jpeg")), Dataset(str(root / "raw"))
+    return {"JPEG, RRC 224 + flip": (jpeg, recipe, None),
+            "raw 256 px, RRC 224 + flip": (raw, recipe, None),
+            "JPEG + slow Python sample_transform": (jpeg, recipe, slow_python)}
+
+
+def run(root: Path, images: int, repeats: int, count: int, batch: int) -> dict:
+    """{workload: {setting: {"all": median images/s, "steady": ..., "tuned": [...]}}}."""
+    out = {}
+    for name, (ds, transforms, fn) in workloads(root, images).items():
+        rounds = {s: [] for s in SETTINGS}
+        for round_ in range(repeats):
+            for setting, options in SETTINGS.items():
+                rounds[setting].append(epochs(ds, options, transforms, fn, count, batch))
+            print(json.dumps({"workload": name, "round": round_}), flush=True)
+        out[name] = {s: {"all": statistics.median(r["all"] for r in runs),
+                         "steady": statistics.median(r["steady"] for r in runs),
+                         "tuned": [r["tuned"].split(" (")[0] for r in runs if r["tuned"]]}
+                     for s, runs in rounds.items()}
+    return out
+
+
+def table(results: dict) -> str:
+    """A Markdown table: images/s per setting, auto over the best fixed setting."""
+    lines = ["| workload | " + " | ".join(SETTINGS) + " | auto / best fixed (all, steady) "
+             "| auto chose |", "|---" * (len(SETTINGS) + 3) + "|"]
+    for name, row in results.items():
+        fixed = [s for s in SETTINGS if s != "auto"]
+        best_all = max(row[s]["all"] for s in fixed)
+        best_steady = max(row[s]["steady"] for s in fixed)
+        cells = [f"{row[s]['all']:,.0f} / {row[s]['steady']:,.0f}" for s in SETTINGS]
+        chose = "; ".join(sorted(set(row["auto"]["tuned"])))
+        lines.append(f"| {name} | " + " | ".join(cells) +
+                     f" | {row['auto']['all'] / best_all:.2f}x, "
+                     f"{row['auto']['steady'] / best_steady:.2f}x | {chose} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    """Pack once, run every workload and setting, print JSON and the table."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--root", required=True)
+    p.add_argument("--images", type=int, default=1024)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=32)
+    a = p.parse_args(argv)
+    results = run(Path(a.root), a.images, a.repeats, a.epochs, a.batch_size)
+    print(json.dumps(results, indent=1))
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,254 @@
+"""``num_workers="auto"`` and ``prefetch="auto"``: the Loader settles its own worker setting.
+
+The Loader delivers its first batches with a few candidate settings taking turns (ROUNDS
+short pieces each, at batch boundaries: one engine is closed after the last batch of its
+piece, the next is started), measures each one as the training loop sees it, then keeps
+the best for the rest of the run and logs what it chose and why (one line; also
+``loader.stats().tuned``). Taking turns means a change in a shared machine's load hits
+every candidate alike, and the median over a candidate's pieces drops a piece that met a
+burst.
+
+What a trial measures: the seconds between two deliveries, which is the slower of the
+loader and the training step (the step is in the loop, not in our hands), over batches
+after the trial's first (start-up and pipeline fill are not counted), and the CPU seconds
+per image of this process and its worker processes. The best setting is the one with the
+shortest (median) interval; settings within ``TIE`` of it are equal, and among equals the earlier
+candidate wins (the candidates are listed cheapest first: threads before processes, fewer
+before more). A loop that is not data-bound therefore keeps the cheapest setting.
+
+The candidates, for ``cores`` = CPU cores this process may use / ``LOCAL_WORLD_SIZE`` (the
+ranks of one node share its cores): ``cores / 2`` threads (enough when the training loop
+itself needs a core, or the machine is shared), ``cores`` threads (decode, resize and
+copies release the GIL), ``2 x cores`` threads (covers reads that wait on a disk or the network), and, only with a
+``sample_transform``, ``cores`` processes (Python that holds the GIL runs in parallel only
+in processes; without one, every heavy step of the host path releases the GIL and threads
+measured faster: docs/benchmarks.md, "Loader"; short trials also over-rated processes on
+this machine, docs/benchmarks.md, "num_workers=auto"). ``prefetch="auto"``: ``2 x workers`` batches in flight (one being built and
+one ready per worker), raised up to ``4 x workers`` by the irregularity the trial saw (the
+slowest window of ``workers`` deliveries over the mean one): a deeper queue only absorbs
+jitter, the steady rate is the workers'.
+
+Nothing here can change a batch: its samples are a pure function of (seed, epoch, rank,
+world size, batch size, drop_last, indices) and its augmentations of (seed, epoch, sample
+index), whichever engine builds it, so the tuning is invisible in the data and in
+``state_dict`` (a resumed epoch reads the same batches with whatever setting is running).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import statistics
+import time
+from dataclasses import dataclass, field, replace
+
+from dlpack_io.reader.batch.engine import deliver
+from dlpack_io.reader.batch.stats import tree_cpu
+
+log = logging.getLogger(__name__)
+AUTO = "auto"
+TIE = 0.05            # intervals within 5% of the best are equal: the cheaper one wins
+ROUNDS = 3            # each candidate is measured in this many pieces, taken in turns
+MAX_TRIAL_EPOCHS = 3  # a candidate measured over this many epochs is done, however short
+
+
+def usable_cores() -> int:
+    """CPU cores for this rank's workers: those this process may run on, shared by the
+    ``LOCAL_WORLD_SIZE`` ranks of the node (torchrun sets it)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux: every core the OS reports
+        cores = os.cpu_count() or 1
+    local = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    ranks = int(local) if local.strip().isdigit() and int(local) > 0 else 1
+    return max(1, cores // ranks)
+
+
+def candidates(cores: int, max_workers: int, processes: bool = True) -> list[tuple[str, int]]:
+    """(worker kind, count) to try on ``cores`` cores, cheapest first (``processes``: with
+    a process setting, worth a trial only where Python code may hold the GIL)."""
+    c = max(1, min(cores, max_workers))
+    out = [("thread", max(1, c // 2)), ("thread", c), ("thread", min(2 * c, max_workers))]
+    out += [("process", c)] if processes else []
+    return list(dict.fromkeys(out))  # no setting twice (max_workers may fold them)
+
+
+@dataclass
+class Trial:
+    """One candidate's measurements: pieces of consecutive deliveries."""
+
+    kind: str
+    workers: int
+    intervals: list = field(default_factory=list)   # seconds between deliveries
+    pieces: list = field(default_factory=list)      # mean interval of each measured piece
+    cpu_s: float = 0.0
+    images: int = 0
+    epochs: int = 0
+
+    def needed(self) -> int:
+        """Intervals that make a trial: three rounds of the workers' batches (at least six:
+        one interval is one noisy sample of a shared machine)."""
+        return max(6, 3 * self.workers)
+
+    def piece(self) -> int:
+        """Intervals measured per turn (the trial is ROUNDS turns)."""
+        return math.ceil(self.needed() / ROUNDS)
+
+    def done(self) -> bool:
+        """Measured in every round (or for as many epochs as a short data set allows)."""
+        return len(self.pieces) >= ROUNDS or self.epochs >= MAX_TRIAL_EPOCHS
+
+    @property
+    def interval(self) -> float:
+        """Median over the pieces of their mean seconds between deliveries (the pieces are
+        taken in turns with the other candidates, so a change in the machine's load hits
+        them all; the median drops a piece that met a burst); inf when nothing measured."""
+        return statistics.median(self.pieces) if self.pieces else math.inf
+
+    @property
+    def cpu_ms(self) -> float:
+        """CPU milliseconds per image over the measured intervals."""
+        return 1000 * self.cpu_s / self.images if self.images else 0.0
+
+    def jitter(self) -> float:
+        """The slowest window of ``workers`` deliveries over the mean window (>= 1)."""
+        w = max(1, self.workers)
+        windows = [sum(self.intervals[i:i + w]) for i in range(0, len(self.intervals) - w + 1, w)]
+        mean = sum(windows) / len(windows) if windows else 0.0
+        return max(windows) / mean if mean > 0 else 1.0
+
+
+def name(trial: Trial) -> str:
+    """'2 threads', '1 process': a trial's setting in words."""
+    plural = "" if trial.workers == 1 else ("es" if trial.kind == "process" else "s")
+    return f"{trial.workers} {trial.kind}{plural}"
+
+
+def choose(trials: list[Trial]) -> Trial:
+    """The trial with the shortest interval; the first of those within TIE of it."""
+    best = min(t.interval for t in trials)
+    return next(t for t in trials if t.interval <= best * (1 + TIE) or best == math.inf)
+
+
+class Tuner:
+    """Which setting builds the batches now; trials the candidates, then settles."""
+
+    def __init__(self, options, on_setting=None, cores: int | None = None):
+        """``options``: the LoaderOptions asked for; ``on_setting(num_workers, worker_kind,
+        reason)`` hears of every setting in use (the stats clock)."""
+        from dlpack_io.reader.batch.options import MAX_PREFETCH, MAX_WORKERS
+
+        self.asked, self._max_prefetch = options, MAX_PREFETCH
+        self._tell = on_setting or (lambda *args: None)
+        auto_workers = options.num_workers == AUTO
+        self.auto_prefetch = options.prefetch == AUTO
+        if auto_workers:
+            cores = usable_cores() if cores is None else cores
+            kinds = candidates(cores, MAX_WORKERS, options.sample_transform is not None)
+        else:
+            kinds = [(options.worker_kind, int(options.num_workers))]
+        self.trials = [Trial(kind, n) for kind, n in kinds]
+        self.settled = not (auto_workers or self.auto_prefetch) or not self.trials[0].workers
+        self.reason = "" if self.settled else "measuring " + ", ".join(
+            name(t) for t in self.trials)
+        self._use(self._concrete(self.trials[0], None))
+
+    def _concrete(self, trial: Trial, prefetch) -> object:
+        asked = self.asked
+        if prefetch is None:
+            prefetch = None if asked.prefetch == AUTO else asked.prefetch
+        return replace(asked, num_workers=trial.workers, worker_kind=trial.kind,
+                       prefetch=prefetch)
+
+    def _current(self) -> Trial | None:
+        """The next turn: the candidate with the fewest pieces (the first of those)."""
+        left = [t for t in self.trials if not t.done()]
+        return min(left, key=lambda t: len(t.pieces)) if left else None
+
+    def deliver(self, engine, swap, batches, start, ticket0, prefetch, epoch, on_batch):
+        """engine.deliver's batches, in order, with the trials in between; ``swap(options)``
+        closes the running engine and returns one built for ``options``."""
+        k, seen = start, set()
+        while not self.settled and k < len(batches):
+            trial = self._current()
+            if trial is None:
+                engine = self.settle(engine, swap)
+                break
+            if (trial.kind, trial.workers) != (self.options.worker_kind, self.options.num_workers):
+                self._use(self._concrete(trial, None))
+                engine = swap(self.options)
+            if id(trial) not in seen:
+                seen.add(id(trial))
+                trial.epochs += 1
+            end = min(len(batches), k + trial.piece() + 1)
+            yield from self._measured(trial, engine, batches[:end], k, ticket0,
+                                      Shifted(prefetch, k - start), epoch, on_batch)
+            k = end
+        if not self.settled and self._current() is None:
+            self.settle(engine, swap)  # settled at the end of an epoch: next one uses it
+        if k < len(batches):
+            yield from deliver(engine, batches, k, ticket0, Shifted(prefetch, k - start),
+                               epoch, self.options.in_flight, on_batch)
+
+    def _measured(self, trial, engine, batches, k, ticket0, prefetch, epoch, on_batch):
+        last = cpu0 = None
+        piece = []
+        for item in deliver(engine, batches, k, ticket0, prefetch, epoch,
+                            self.options.in_flight, on_batch):
+            now, cpu = time.perf_counter(), tree_cpu(engine.runner.pids)
+            if last is not None:  # the first delivery of a piece pays start-up and fill
+                piece.append(now - last)
+                trial.cpu_s, trial.images = trial.cpu_s + cpu - cpu0, trial.images + len(item[2])
+            last, cpu0 = now, cpu
+            yield item  # the step runs here: the next interval spans it, as the loop sees it
+        if piece:
+            trial.intervals += piece
+            trial.pieces.append(sum(piece) / len(piece))
+
+    def settle(self, engine, swap):
+        """Keep the best trial's setting (``prefetch="auto"``: its depth too), log why;
+        returns the engine to go on with (``swap``'s when the setting changes)."""
+        best = choose(self.trials)
+        prefetch = None
+        if self.auto_prefetch:
+            prefetch = min(self._max_prefetch, 4 * best.workers,
+                           max(2, math.ceil(2 * best.workers * best.jitter())))
+        chosen = self._concrete(best, prefetch)
+        self.settled = True
+        self.reason = "; ".join(f"{name(t)} {t.interval * 1000:.1f} ms/batch "
+                                f"{t.cpu_ms:.2f} CPU-ms/image" for t in self.trials)
+        self.reason = (f"num_workers={chosen.num_workers} worker_kind={chosen.worker_kind!r} "
+                       f"prefetch={chosen.in_flight} (measured: {self.reason})")
+        log.info("Loader auto setting: %s", self.reason)
+        same = (chosen.worker_kind, chosen.num_workers, chosen.in_flight) == \
+            (self.options.worker_kind, self.options.num_workers, self.options.in_flight)
+        self._use(chosen)
+        return engine if same else swap(chosen)
+
+    def _use(self, options) -> None:
+        self.options = options
+        self._tell(options.num_workers, options.worker_kind, self.reason)
+
+
+class Shifted:
+    """A remote prefetch handle seen from batch ``offset`` of its batches (None: no remote)."""
+
+    def __new__(cls, prefetch, offset: int):
+        if prefetch is None or offset == 0:
+            return prefetch
+        return super().__new__(cls)
+
+    def __init__(self, prefetch, offset: int):
+        self.inner, self.offset = prefetch, offset
+
+    def wait(self, k: int, timeout: float | None = None) -> None:
+        """The inner handle's wait for batch ``k + offset``."""
+        self.inner.wait(k + self.offset, timeout)
+
+    def ready(self, k: int) -> bool:
+        """The inner handle's ready for batch ``k + offset``."""
+        return self.inner.ready(k + self.offset)
+
+    def release(self, k: int) -> None:
+        """The inner handle's release of batch ``k + offset``."""
+        self.inner.release(k + self.offset)

@@ -1,0 +1,66 @@
+"""Over s3://, num_workers="auto" switches workers at batch boundaries while the prefetcher
+runs (threads that read records as they land, processes gated on the cache) and still
+yields the batches of a fixed setting on local disk; loader.stats() counts the bytes
+fetched and the seconds the loop waited for them."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dlpack_io.reader import Loader, RandomHorizontalFlip, RandomResizedCrop
+from dlpack_io.reader.batch import autotune
+from dlpack_io.reader.dataset import Dataset
+from dlpack_io.tools.synth import make_image_folder
+
+from helpers import upload_folder
+
+URL = "s3://dlpack-test/auto/base"
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory, s3_server):
+    from dlpack_io.packer import convert
+
+    root = tmp_path_factory.mktemp("s3auto")
+    make_image_folder(root / "src", 40, 3, seed=5, size=(48, 64))
+    convert(root / "src", root / "local", shard_size="30KB", workers=1, progress=False)
+    upload_folder(root / "local", URL, s3_server.env())
+    return str(root / "local")
+
+
+def darken(image):
+    """A sample_transform (so that auto tries process workers too, gated on the cache)."""
+    return image // 2
+
+
+def _epochs(ds, epochs: int, **kw):
+    loader = Loader(ds, batch_size=2, seed=3, return_index=True,
+                    transforms=[RandomResizedCrop(24), RandomHorizontalFlip()], **kw)
+    out, fetched, waited = [], [], []
+    for _ in range(epochs):
+        out += [(i.copy(), x.numpy().copy()) for x, _, i in loader]
+        fetched.append(loader.stats().fetched_bytes)
+        waited.append(loader.stats().fetch_wait_s)
+    stats = loader.stats()
+    loader.close()
+    return out, fetched, waited, stats
+
+
+def test_auto_over_s3_reads_what_a_fixed_setting_reads_on_disk(s3_env, packed, monkeypatch):
+    monkeypatch.setattr(autotune.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    local, _, _, _ = _epochs(Dataset(packed), 3, num_workers=2, sample_transform=darken)
+    remote = Dataset(URL, cache_limit=10_000_000)
+    auto, fetched, waited, stats = _epochs(remote, 3, num_workers="auto",
+                                           sample_transform=darken)
+    assert len(auto) == len(local) == 60
+    for (ia, xa), (ib, xb) in zip(local, auto):
+        np.testing.assert_array_equal(ia, ib)
+        np.testing.assert_array_equal(xa, xb)
+    # 1, 2 and 4 threads and 2 processes had their turns (3 x (3 + 3 + 5 + 3) of 60 batches)
+    assert stats.tuned.startswith("num_workers=")
+    assert "2 processes" in stats.tuned
+    # every record of the data set came over the network in the first epoch, at least
+    records = sum(int(shard.index["length"].sum()) for shard in Dataset(packed).shards)
+    assert fetched[0] >= records > 0 and min(fetched) >= 0
+    assert all(w >= 0 for w in waited) and stats.run.fetch_wait_s == pytest.approx(sum(waited))
