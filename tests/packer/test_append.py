@@ -167,7 +167,8 @@ def test_kill_9_during_an_append_then_resume_gives_the_same_bytes(tmp_path):
     mine, theirs = dataset_fingerprint(other), dataset_fingerprint(dst)
     # the input-stat record is no part of the data set: it names its manifest (whose time
     # differs), and a resumed append records none of the inputs its killed run read
-    recorded = [set(json.loads(fp.pop(INPUTSTAT_NAME))["paths"]) for fp in (mine, theirs)]
+    recorded = [set(json.loads((d / INPUTSTAT_NAME).read_bytes())["paths"])
+                for d in (other, dst)]
     assert recorded[0] < recorded[1] and len(recorded[1] - recorded[0]) == 24
     for fp in (mine, theirs):  # the time of the append is the one difference
         m = json.loads(fp[fmt.MANIFEST_NAME])
