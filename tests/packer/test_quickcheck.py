@@ -121,6 +121,11 @@ def test_an_oversized_record_is_refused_unread(tmp_path):
     with pytest.raises(ConversionError, match=f"{INPUTSTAT_NAME}: {MAX_INPUTSTAT_BYTES + 1} "
                                               f"bytes, more than an input-stat record"):
         convert(src, dst, append=True, **OPTS)
+    os.unlink(dst / INPUTSTAT_NAME)
+    os.mkdir(dst / INPUTSTAT_NAME)  # not a regular file: never opened as one
+    with pytest.raises(ConversionError, match=f"{INPUTSTAT_NAME}: a directory, not a regular "
+                                              f"file.*--checksum"):
+        convert(src, dst, append=True, **OPTS)
 
 
 def test_no_record_or_a_stale_one_falls_back_to_hashing(tmp_path):
