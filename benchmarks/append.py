@@ -9,9 +9,11 @@ Writes ``--base`` + ``--new`` synthetic ImageNet-like JPEGs (tools/synth.py; kep
 round: (a) ``convert`` of the ``--new`` images alone into a fresh folder, (b) ``convert
 --append`` of the whole source (base + new) onto a fresh copy of the data set (hard
 links: shards are never written in place, so a linked copy is a true copy for an append).
-(b) reads and hashes the base's files too (whether they changed), which (a) does not:
-that is the cost an append adds over converting the new images; ``find_new`` times that
-part alone (scan of SRC, shard metadata, hashes) in the same round. ``hash_cost``: the CPU
+(b) stats the base's files and hashes only those whose size or mtime differ from the data
+set's input-stat record (none here: the sources are hard links of the packed files); (c)
+is (b) with ``checksum=True`` (``--checksum``: hash every base file, as every append did
+before the record). ``find_new`` / ``find_new_checksum`` time what (b) / (c) do before
+packing (scan of SRC, shard metadata, stats, hashes) alone, in the same round. ``hash_cost``: the CPU
 time per image of the SHA-256 that every conversion's workers now compute, against their
 encode of the same files. Prints JSON.
 """
@@ -58,17 +60,20 @@ def _base_set(root: str, base: int, size, workers: int) -> tuple[str, float]:
     return dst, time.perf_counter() - start
 
 
-def _find_new(everything: str, base_dst: str, workers: int) -> int:
+def _find_new(everything: str, base_dst: str, workers: int, checksum: bool) -> int:
     """What an append does before packing: scan SRC, read the shards' metadata, hash the
-    files whose path is packed already. Returns the number of new inputs."""
-    from dlpack_io.packer import appendbase
+    files whose path is packed already (``checksum``; else only those whose size or mtime
+    differ from the input-stat record). Returns the number of new inputs."""
+    from dlpack_io.packer import appendbase, quickcheck
     from dlpack_io.packer.scan import scan_image_folder
 
     inputs = scan_image_folder(everything)
     base = appendbase.read_base(base_dst)
     known = appendbase.known_inputs(appendbase.shard_metas(base_dst, base["shards"]))
     threads = workers or len(os.sched_getaffinity(0))
-    return len(appendbase.split_inputs(inputs.root, inputs.paths, known, threads).todo)
+    recorded = None if checksum else quickcheck.read_local(base_dst, base)
+    return len(appendbase.split_inputs(inputs.root, inputs.paths, known, threads,
+                                       recorded).todo)
 
 
 def _linked_copy(src: str, dst: str) -> None:
@@ -82,18 +87,22 @@ def _round(root: str, base_dst: str, everything: str, only_new: str, workers: in
     start = time.perf_counter()
     alone = convert(only_new, fresh, workers=workers, progress=False)
     t_alone = time.perf_counter() - start
-    _linked_copy(base_dst, grown)
-    start = time.perf_counter()
-    appended = convert(everything, grown, append=True, workers=workers, progress=False)
-    t_append = time.perf_counter() - start
-    start = time.perf_counter()  # of the append: finding what is new (scan + hashes)
-    _find_new(everything, base_dst, workers)
-    t_find = time.perf_counter() - start
-    if appended["append"]["new_samples"] != alone["num_samples"]:
-        raise SystemExit(f"append packed {appended['append']['new_samples']} images, the "
-                         f"conversion of the new ones {alone['num_samples']}")
-    return {"convert_new": t_alone, "append_new": t_append, "find_new": t_find,
-            "duplicates": appended["append"]["duplicates"]}
+    times = {"convert_new": t_alone}
+    for name, checksum in (("append_new", False), ("append_checksum", True)):
+        _linked_copy(base_dst, grown)
+        start = time.perf_counter()
+        appended = convert(everything, grown, append=True, checksum=checksum, workers=workers,
+                           progress=False)
+        times[name] = time.perf_counter() - start
+        if appended["append"]["new_samples"] != alone["num_samples"]:
+            raise SystemExit(f"append packed {appended['append']['new_samples']} images, the "
+                             f"conversion of the new ones {alone['num_samples']}")
+        times[name.replace("append", "hashed")] = appended["append"]["hashed"]
+    for name, checksum in (("find_new", False), ("find_new_checksum", True)):
+        start = time.perf_counter()  # of the append: finding what is new (scan + hashes)
+        _find_new(everything, base_dst, workers, checksum)
+        times[name] = time.perf_counter() - start
+    return dict(times, duplicates=appended["append"]["duplicates"])
 
 
 def hash_cost(folder: str, count: int = 500, repeats: int = 3) -> dict:
@@ -143,11 +152,14 @@ def main(argv=None) -> None:
     rounds = [_round(a.root, base_dst, everything, only_new, a.workers)
               for _ in range(a.repeats)]
     med = {k: statistics.median(r[k] for r in rounds)
-           for k in ("convert_new", "append_new", "find_new")}
+           for k in ("convert_new", "append_new", "append_checksum", "find_new",
+                     "find_new_checksum")}
     print(json.dumps({"base": a.base, "new": a.new, "size": a.size, "workers": a.workers,
                       "cores": len(os.sched_getaffinity(0)), "convert_base_s": round(t_base, 2),
                       "rounds": rounds, "median_s": med,
                       "append_over_convert_new": round(med["append_new"] / med["convert_new"], 3),
+                      "checksum_over_convert_new": round(med["append_checksum"]
+                                                         / med["convert_new"], 3),
                       "append_over_convert_base": round(med["append_new"] / t_base, 3),
                       "hash_cost": hash_cost(only_new)},
                      indent=1))

@@ -19,6 +19,7 @@ from collections import Counter
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from dlpack_io.packer import quickcheck
 from dlpack_io.packer.dstfiles import kept_shard_meta
 from dlpack_io.packer.fieldshapes import without_shapes
 from dlpack_io.packer.names import shown
@@ -118,35 +119,54 @@ class Split:
     duplicates: int = 0                             # same path, same content: skipped
     changed: list = field(default_factory=list)     # same path, other content: reported
     unverified: int = 0                             # path packed without a hash: skipped
+    quick: int = 0                                  # of the duplicates: by size + mtime
+    hashed: int = 0                                 # files read and hashed
+    stats: dict = field(default_factory=dict)       # the next input-stat record
 
 
-def split_inputs(root: str, paths: list, known: dict, threads: int) -> Split:
+def split_inputs(root: str, paths: list, known: dict, threads: int,
+                 recorded: dict | None = None) -> Split:
     """Sort ``paths`` (relative to ``root``) into new, duplicate, changed, unverified; the
-    files whose path is already packed are hashed (``threads`` at a time)."""
+    files whose path is already packed are hashed (``threads`` at a time) unless their
+    size and mtime are those ``recorded`` (quickcheck.py; None: hash them all)."""
     split, candidates = Split(), []
-    for i, path in enumerate(paths):
-        hashes = known.get(shown(path))
+    keys = [shown(path) for path in paths]
+    for i, key in enumerate(keys):
+        hashes = known.get(key)
         if hashes is None:
             split.todo.append(i)
         elif None in hashes:
             split.unverified += 1
         else:
             candidates.append(i)
-    files = [os.path.join(root, paths[i]) for i in candidates]
-    step = max(1, -(-len(files) // (4 * max(1, threads))))
-    with ThreadPoolExecutor(max(1, threads)) as pool:  # hashlib releases the GIL
-        shas = [sha for part in pool.map(files_sha256, [files[k:k + step] for k in
-                                                          range(0, len(files), step)])
-                for sha in part]
+    looked = candidates + split.todo  # stat before any byte is read (hashed or packed)
+    now = quickcheck.stat_inputs(root, [paths[i] for i in looked], [keys[i] for i in looked])
+    quick = quickcheck.quick_duplicates(candidates, keys, recorded, now)
+    candidates = [i for i in candidates if i not in quick]
+    shas = hash_files([os.path.join(root, paths[i]) for i in candidates], threads)
+    split.stats = dict(recorded or {})
+    split.quick, split.duplicates, split.hashed = len(quick), len(quick), len(candidates)
     for i, sha in zip(candidates, shas):
         if sha is None:
             split.todo.append(i)  # unreadable now: the encoder rejects it, naming why
-        elif sha in known[shown(paths[i])]:
+        elif sha in known[keys[i]]:
             split.duplicates += 1
+            split.stats[keys[i]] = now.get(keys[i])
         else:
-            split.changed.append(shown(paths[i]))
+            split.changed.append(keys[i])  # its record (if any) stays the packed file's
+    split.stats.update((keys[i], now[keys[i]]) for i in split.todo if keys[i] in now)
+    split.stats = {k: v for k, v in split.stats.items() if v is not None}
     split.todo.sort()
     return split
+
+
+def hash_files(files: list, threads: int) -> list:
+    """file_sha256 of each of ``files``, ``threads`` at a time (hashlib releases the GIL)."""
+    step = max(1, -(-len(files) // (4 * max(1, threads))))
+    with ThreadPoolExecutor(max(1, threads)) as pool:
+        return [sha for part in pool.map(files_sha256, [files[k:k + step] for k in
+                                                         range(0, len(files), step)])
+                for sha in part]
 
 
 def union_classes(old: list, new: list) -> tuple[list, list]:

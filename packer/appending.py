@@ -19,7 +19,7 @@ import os
 import numpy as np
 
 from dlpack_io.packer import appendbase as base_
-from dlpack_io.packer import finalize, journal
+from dlpack_io.packer import finalize, journal, quickcheck
 from dlpack_io.packer.dstfiles import check_src_dst, clear_outputs
 from dlpack_io.packer.engines import engine_context
 from dlpack_io.packer.fieldshapes import settle, union
@@ -56,9 +56,12 @@ class Appending:
 
 def convert_append(src, dst, *, list_file=None, resume: bool = False, overwrite: bool = False,
                    labels: bool = True, provenance: bool = True, engine: str = "local",
-                   ray_address=None, replace_changed: bool = False, **options) -> dict:
+                   ray_address=None, replace_changed: bool = False, checksum: bool = False,
+                   **options) -> dict:
     """Append the inputs of ``src`` not yet in the data set at ``dst``; the summary dict
-    of convert() plus ``append`` (what was added, skipped and reported)."""
+    of convert() plus ``append`` (what was added, skipped and reported). ``checksum``:
+    hash every packed file of SRC, not only those whose size or mtime changed
+    (quickcheck.py)."""
     check_request(dst, overwrite, replace_changed)
     if options.pop("staging", None) is not None:
         raise ValueError("--staging is for s3:// destinations (shards waiting for upload)")
@@ -75,10 +78,12 @@ def convert_append(src, dst, *, list_file=None, resume: bool = False, overwrite:
         base = base_.read_base(dst)  # under the lock: another append may have just landed
         check_no_journal(dst, journal.read_journal(dst)[0], resume)
         metas = base_.shard_metas(dst, base["shards"])
-        app = plan_append(src, list_file, labels, options, base, metas)
+        app = plan_append(src, list_file, labels, options, base, metas,
+                          None if checksum else quickcheck.read_local(dst, base))
         check_engine_fields(src, engine, app.inputs)
         if not app.inputs.paths:
             drop_leftovers(dst, base)
+            quickcheck.write_local(dst, app.split.stats, base)  # what was hashed, for next time
             return nothing_new(dst, base, app)
         with engine_context(engine, ray_address, app.opts) as pack:
             return _append_locked(dst, base, app, pack, engine, provenance)
@@ -92,7 +97,7 @@ def drop_leftovers(dst: str, base: dict) -> None:
     if journal.read_journal(dst)[0] is None:
         return
     clear_outputs(dst, keep={s["name"] for s in base["shards"]}
-                  | {fmt.MANIFEST_NAME, fmt.REJECTS_NAME})
+                  | {fmt.MANIFEST_NAME, fmt.REJECTS_NAME, quickcheck.NAME})
     journal.Journal(dst).remove()
 
 
@@ -112,9 +117,11 @@ def check_no_journal(where: str, plan, resume: bool) -> None:
                               f"--resume (with the same SRC) to finish it")
 
 
-def plan_append(src, list_file, labels: bool, options: dict, base: dict, metas) -> Appending:
+def plan_append(src, list_file, labels: bool, options: dict, base: dict, metas,
+                recorded: dict | None = None) -> Appending:
     """Scan ``src`` with the data set's options, find what is new (``metas``: (shard
-    entry, its metadata) of the data set) and plan packing it."""
+    entry, its metadata) of the data set; ``recorded``: the input-stat record, None to
+    hash every packed file) and plan packing it."""
     opts, inputs = prepare_inputs(src, list_file, base_.append_options(base, options),
                                   labels and bool(base["classes"]))
     if base["classes"] and not inputs.classes:
@@ -122,7 +129,7 @@ def plan_append(src, list_file, labels: bool, options: dict, base: dict, metas) 
                               f"class folders (or a --list with labels)")
     base_.check_fields(base, inputs.fields, src)
     split = base_.split_inputs(inputs.root, inputs.paths, base_.known_inputs(metas),
-                               opts.num_workers)
+                               opts.num_workers, recorded)
     for path in split.changed[:CHANGED_SHOWN]:
         log.warning("%s: changed since it was packed (same path, other content); left as "
                     "it is", path)
@@ -166,7 +173,8 @@ def seeded_state(base: dict, num_classes: int) -> State:
 
 def _append_locked(dst: str, base: dict, app: Appending, pack, engine: str,
                    provenance: bool) -> dict:
-    keep = {s["name"] for s in base["shards"]} | {fmt.MANIFEST_NAME, fmt.REJECTS_NAME}
+    keep = {s["name"] for s in base["shards"]} | {fmt.MANIFEST_NAME, fmt.REJECTS_NAME,
+                                                   quickcheck.NAME}
     state = None
     try:
         state = resume_state(dst, app.plan, app.inputs, app.opts,
@@ -174,6 +182,7 @@ def _append_locked(dst: str, base: dict, app: Appending, pack, engine: str,
         resumed_from = state.position
         progress = pack(dst, app.inputs, app.stats, app.opts, state, journal.Journal(dst))
         manifest = union_of(base, app, state, progress, engine, provenance)
+        quickcheck.write_local(dst, record_of(app, resumed_from), manifest)
         finalize.write_dataset_files(dst, manifest, state.rejects)
     except BaseException:
         if state is None or len(state.shards) == len(base["shards"]):
@@ -182,6 +191,15 @@ def _append_locked(dst: str, base: dict, app: Appending, pack, engine: str,
         raise
     journal.Journal(dst).remove()
     return append_summary(dst, manifest, state, app, progress, resumed_from, engine)
+
+
+def record_of(app: Appending, resumed_from) -> dict:
+    """The input-stat record after the append: a resumed append did not stat the inputs
+    its killed run packed before reading them, so it records none of its new inputs."""
+    if not resumed_from:
+        return app.split.stats
+    new = {shown(p) for p in app.inputs.paths}
+    return {k: v for k, v in app.split.stats.items() if k not in new}
 
 
 def union_of(base: dict, app: Appending, state: State, progress, engine: str,
@@ -204,12 +222,18 @@ def split_counts(app: Appending) -> dict:
             "changed": len(app.split.changed), "unverified": app.split.unverified}
 
 
+def check_counts(app: Appending) -> dict:
+    """How the duplicates were found: by size + mtime (``quick``) or by hashing."""
+    return {"quick": app.split.quick, "hashed": app.split.hashed}
+
+
 def append_report(base: dict, app: Appending, new_shards: list) -> dict:
     """The ``append`` part of the summary: what was added, skipped and reported."""
     return {"base_samples": base["num_samples"], "base_shards": len(base["shards"]),
             "seen": app.seen, "new_samples": sum(s["num_samples"] for s in new_shards),
             "new_shards": [s["name"] for s in new_shards], "new_classes": app.new_classes,
-            "changed_paths": app.split.changed[:CHANGED_SHOWN], **split_counts(app)}
+            "changed_paths": app.split.changed[:CHANGED_SHOWN], **split_counts(app),
+            **check_counts(app)}
 
 
 def append_summary(dst, manifest, state, app: Appending, progress, resumed_from,

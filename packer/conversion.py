@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 
-from dlpack_io.packer import finalize, journal
+from dlpack_io.packer import finalize, journal, quickcheck
 from dlpack_io.packer.dstfiles import check_src_dst, clear_outputs, existing_entries, not_empty_error
 from dlpack_io.packer.engines import engine_context
 from dlpack_io.packer.fieldsource import check_engine_fields
@@ -129,9 +129,10 @@ def _convert_locked(src, dst, inputs, stats, plan, opts, pack, engine, provenanc
     state = None
     try:
         state = resume_state(dst, plan, inputs, opts)
-        resumed_from = state.position
+        resumed_from = state.position  # a resumed run cannot stat what was packed before it
+        seen = {} if resumed_from else quickcheck.stat_all(inputs)
         progress = pack(dst, inputs, stats, opts, state, journal.Journal(dst))
-        manifest = _finish(src, dst, inputs, opts, state, progress, engine, provenance)
+        manifest = _finish(src, dst, inputs, opts, state, progress, engine, provenance, seen)
     except ConversionError as exc:
         _discard_if_empty(dst, state)
         raise ConversionError(f"{exc}; {_retry_advice(dst, len(state.shards) if state else 0)}") \
@@ -144,10 +145,13 @@ def _convert_locked(src, dst, inputs, stats, plan, opts, pack, engine, provenanc
 
 
 def _finish(src, dst, inputs, opts: PackOptions, state: State, progress, engine: str,
-            provenance: bool) -> dict:
-    """Write rejects.tsv and, last, the manifest; drop the journal. Returns the manifest."""
+            provenance: bool, seen: dict) -> dict:
+    """Write the input-stat record (``seen``; none: quickcheck.py), rejects.tsv and, last,
+    the manifest; drop the journal. Returns the manifest."""
     manifest = finalize.final_manifest(src, inputs, opts, state, progress, engine, provenance)
     try:
+        if seen:
+            quickcheck.write_local(dst, seen, manifest)
         finalize.write_dataset_files(dst, manifest, state.rejects
                                      + finalize.annotation_rejects(inputs))
     except OSError as exc:

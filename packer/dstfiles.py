@@ -13,6 +13,7 @@ from dlpack_io.packer.journal import JOURNAL_NAME, JOURNAL_TMP_NAME, LOCK_NAME
 from dlpack_io.packer.pipeline import ConversionError
 from dlpack_io.packer.writers import PARTIAL_SUFFIX
 from dlpack_io.reader import format as fmt
+from dlpack_io.reader.format.inputstat import INPUTSTAT_NAME
 
 
 def _either(*names: str) -> str:
@@ -23,7 +24,7 @@ def _either(*names: str) -> str:
 # can never be left out of what a cleanup may delete. ("shard-NNNNN" is fmt.shard_name's.)
 _OURS = re.compile(rf"^(\.?shard-\d{{5,}}{_either(*fmt.SHARD_SUFFIX.values())}"
                    rf"({re.escape(PARTIAL_SUFFIX)})?"
-                   rf"|{_either(fmt.MANIFEST_NAME, fmt.REJECTS_NAME)}({re.escape(TMP_INFIX)}\d+)?"
+                   rf"|{_either(fmt.MANIFEST_NAME, fmt.REJECTS_NAME, INPUTSTAT_NAME)}({re.escape(TMP_INFIX)}\d+)?"
                    rf"|{_either(JOURNAL_NAME, JOURNAL_TMP_NAME)})$")
 
 

@@ -19,7 +19,7 @@ import shutil
 import tempfile
 import threading
 
-from dlpack_io.packer import accounting, finalize, journal, packing
+from dlpack_io.packer import accounting, finalize, journal, packing, quickcheck
 from dlpack_io.packer.dstfiles import not_empty_error
 from dlpack_io.packer.engines import engine_context
 from dlpack_io.packer.pipeline import ConversionError
@@ -29,7 +29,8 @@ from dlpack_io.reader import format as fmt
 from dlpack_io.reader.remote.storage import StorageError, Store
 
 log = logging.getLogger(__name__)
-_OURS_PREFIXES = ("shard-", fmt.MANIFEST_NAME, fmt.REJECTS_NAME, journal.JOURNAL_NAME)
+_OURS_PREFIXES = ("shard-", fmt.MANIFEST_NAME, fmt.REJECTS_NAME, journal.JOURNAL_NAME,
+                  quickcheck.NAME)
 
 
 class RemoteJournal:
@@ -192,6 +193,7 @@ def _convert_staged(store: Store, stage: str, inputs, opts, provenance: bool, pa
     state = packing.State(class_counts=np.zeros(len(inputs.classes), dtype=np.int64))
     kept = resume_remote(store, plan, len(inputs.classes), state, inputs, opts)
     resumed_from = state.position
+    seen = {} if resumed_from else quickcheck.stat_all(inputs)  # before a byte is read
     ray = engine == "ray"
     extra = {"upload": (store.url, store.explicit_options)} if ray else {}
     if ray:  # before the journal: a node that cannot write leaves the bucket as it was
@@ -207,6 +209,8 @@ def _convert_staged(store: Store, stage: str, inputs, opts, provenance: bool, pa
         raise
     manifest = finalize.final_manifest(inputs.root, inputs, opts, state, progress, engine,
                                        provenance)
+    if seen:
+        quickcheck.write_remote(store, seen, manifest)
     store.put(fmt.REJECTS_NAME,
               finalize.rejects_tsv(state.rejects + finalize.annotation_rejects(inputs)))
     store.put(fmt.MANIFEST_NAME, fmt.encode_meta(manifest))  # last: now it is a data set

@@ -13,7 +13,7 @@ import os
 import shutil
 import tempfile
 
-from dlpack_io.packer import appending, finalize, journal
+from dlpack_io.packer import appending, finalize, journal, quickcheck
 from dlpack_io.packer import appendbase as base_
 from dlpack_io.packer.dstfiles import kept_shard_meta
 from dlpack_io.packer.engines import engine_context
@@ -55,7 +55,8 @@ def _download(store: Store, entry: dict, stage: str) -> None:
 
 
 def append_remote(src, url: str, *, list_file=None, resume: bool = False,
-                  overwrite: bool = False, replace_changed: bool = False, staging=None,
+                  overwrite: bool = False, replace_changed: bool = False, checksum=False,
+                  staging=None,
                   storage_options=None, labels: bool = True, provenance: bool = True,
                   engine: str = "local", ray_address=None, **options) -> dict:
     """Append the inputs of ``src`` not yet in the data set at ``url``; appending's summary."""
@@ -72,8 +73,10 @@ def append_remote(src, url: str, *, list_file=None, resume: bool = False,
         stage = tempfile.mkdtemp(prefix="dlpack-append-", dir=staging)
         try:
             app = appending.plan_append(src, list_file, labels, options, base,
-                                        remote_metas(store, base["shards"], stage))
+                                        remote_metas(store, base["shards"], stage),
+                                        None if checksum else quickcheck.read_remote(store, base))
             if not app.inputs.paths:
+                quickcheck.write_remote(store, app.split.stats, base)
                 if store.head(journal.JOURNAL_NAME):  # its append's manifest landed
                     store.delete(journal.JOURNAL_NAME)
                 return appending.nothing_new(url, base, app)
@@ -100,6 +103,7 @@ def _append_staged(store: Store, stage: str, base: dict, app, pack, provenance: 
         journal_.abort()
         raise
     manifest = appending.union_of(base, app, state, progress, "local", provenance)
+    quickcheck.write_remote(store, appending.record_of(app, resumed_from), manifest)
     store.put(fmt.REJECTS_NAME, finalize.rejects_tsv(state.rejects))
     store.put(fmt.MANIFEST_NAME, fmt.encode_meta(manifest))  # last: now readers see it
     store.delete(journal.JOURNAL_NAME)

@@ -117,7 +117,28 @@ def s3_server(tmp_path_factory):
     from dlpack_io.tools.bench.seaweed import SeaweedServer
 
     with SeaweedServer(tmp_path_factory.mktemp("seaweed"), buckets=["dlpack-test"]) as server:
+        _wait_for_bucket(server, "dlpack-test")
         yield server
+
+
+def _wait_for_bucket(server, bucket: str) -> None:
+    """Until a signed LIST of ``bucket`` succeeds: the server's own readiness probe is
+    unsigned, and an unsigned request is answered 403 before the bucket exists, so a test
+    that lists first could meet "bucket does not exist" (seen on a loaded machine)."""
+    from helpers import wait_until
+
+    from dlpack_io.reader.remote.storage import StorageError, Store
+
+    def lists() -> bool:
+        try:
+            Store(f"s3://{bucket}/ready-probe").list()
+        except StorageError:
+            return False
+        return True
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in server.env().items():
+            mp.setenv(key, value)
+        wait_until(lists, what=f"bucket {bucket} of the S3 server")
 
 
 @pytest.fixture

@@ -5,15 +5,20 @@ import json
 import os
 
 from dlpack_io.reader import format as fmt
+from dlpack_io.reader.format.inputstat import INPUTSTAT_NAME
 
 
 def dataset_fingerprint(dst) -> dict:
     """Every file of a data set by name -> bytes, with the manifest's volatile keys dropped.
 
-    Two conversions of the same input must have equal fingerprints.
+    Two conversions of the same input must have equal fingerprints. The input-stat record
+    (inputstat.json: the source files' sizes and times, naming its manifest) is no part of
+    the data set and is left out.
     """
     out = {}
     for name in sorted(os.listdir(dst)):
+        if name == INPUTSTAT_NAME:
+            continue
         path = os.path.join(dst, name)
         with open(path, "rb") as f:
             data = f.read()

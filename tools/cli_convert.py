@@ -108,6 +108,11 @@ from dlpack_io.tools.cli_common import LazyChoice, echo_json, fail
 @click.option("--replace-changed", is_flag=True,
               help="With --append: refused (shards are immutable and sample indices are the "
                    "Loader's); changed inputs are reported and left as they are.")
+@click.option("--checksum", is_flag=True,
+              help="With --append: hash every file of SRC whose path is packed already (like "
+                   "rsync -c). Without it, a file whose size and modification time are those "
+                   "recorded when it was packed counts as already there unread; a file "
+                   "rewritten with the same size and its old mtime restored is then missed.")
 @click.option("--staging", type=click.Path(file_okay=False),
               help="DST s3://, gs:// or az://...: local folder for shards waiting to be uploaded (default: the "
                    "system temp folder; needs room for about two shards).")
@@ -117,7 +122,8 @@ from dlpack_io.tools.cli_common import LazyChoice, echo_json, fail
 def convert(src, dst, list_file, data_format, mode, size, max_side, quality, shard_size,
             workers, seed, shuffle, validate, restart_markers, non_jpeg, max_pixels, fields,
             coco, masks, skip_empty, on_error, max_rejects, no_labels, no_provenance, engine,
-            ray_address, resume, append, replace_changed, staging, overwrite, quiet, as_json):
+            ray_address, resume, append, replace_changed, checksum, staging, overwrite, quiet,
+            as_json):
     """Pack the images under SRC (class sub-folders, --list, or --no-labels) into shards in
     DST. DST must lie outside SRC. Symlinks in SRC are followed (each real folder once) and
     counted in the summary.
@@ -147,7 +153,7 @@ def convert(src, dst, list_file, data_format, mode, size, max_side, quality, sha
                    validate=validate, jpeg_restarts=restart_markers, non_jpeg=non_jpeg,
                    fields=fields, max_pixels=max_pixels, coco=coco, masks=masks,
                    skip_empty=skip_empty)
-    packing = append_options(packing, append, replace_changed)
+    packing = append_options(packing, append, replace_changed, checksum)
     try:
         result = run(src, dst, list_file=list_file, resume=resume, overwrite=overwrite,
                      labels=not no_labels, provenance=not no_provenance,
@@ -163,15 +169,17 @@ def convert(src, dst, list_file, data_format, mode, size, max_side, quality, sha
     finish(result, as_json, limit)
 
 
-def append_options(packing: dict, append: bool, replace_changed: bool) -> dict:
+def append_options(packing: dict, append: bool, replace_changed: bool,
+                   checksum: bool = False) -> dict:
     """``packing`` for this run: with --append, only the options given on the command line
     (the others are the data set's, from its manifest)."""
     if append:
         from dlpack_io.tools.append_report import given_only
         return dict(given_only(click.get_current_context(), packing),
-                    **({"replace_changed": True} if replace_changed else {}))
-    if replace_changed:
-        raise click.UsageError("--replace-changed goes with --append")
+                    **({"replace_changed": True} if replace_changed else {}),
+                    **({"checksum": True} if checksum else {}))
+    if replace_changed or checksum:
+        raise click.UsageError("--replace-changed and --checksum go with --append")
     return packing
 
 

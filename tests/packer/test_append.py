@@ -18,6 +18,7 @@ from dlpack_io.packer import Writer, convert, writers
 from dlpack_io.packer.pipeline import ConversionError
 from dlpack_io.reader import Dataset, Loader, RandomCrop
 from dlpack_io.reader import format as fmt
+from dlpack_io.reader.format.inputstat import INPUTSTAT_NAME
 from dlpack_io.tools.cli import main
 from dlpack_io.tools.synth import make_image_folder
 from dlpack_io.tools.verification import verify
@@ -164,6 +165,11 @@ def test_kill_9_during_an_append_then_resume_gives_the_same_bytes(tmp_path):
     out = CliRunner().invoke(main, ["convert", *map(str, cli), "--resume"])
     assert out.exit_code == 0, out.output
     mine, theirs = dataset_fingerprint(other), dataset_fingerprint(dst)
+    # the input-stat record is no part of the data set: it names its manifest (whose time
+    # differs), and a resumed append records none of the inputs its killed run read
+    recorded = [set(json.loads((d / INPUTSTAT_NAME).read_bytes())["paths"])
+                for d in (other, dst)]
+    assert recorded[0] < recorded[1] and len(recorded[1] - recorded[0]) == 24
     for fp in (mine, theirs):  # the time of the append is the one difference
         m = json.loads(fp[fmt.MANIFEST_NAME])
         m["history"][0].pop("at")

@@ -69,7 +69,8 @@ def _cli(cluster, src, dst, *extra):
 
 def _assert_finished_cleanly(dst):
     names = set(os.listdir(dst))
-    assert {n for n in names if not n.startswith("shard-")} == {"manifest.json", "rejects.tsv"}
+    assert {n for n in names if not n.startswith("shard-")} == {"manifest.json", "rejects.tsv",
+                                                                 "inputstat.json"}
 
 
 @pytest.mark.parametrize("data_format", ["record", "lmdb"])
