@@ -212,7 +212,15 @@ class KeptRecords:
     def discard(self, path: str, length: int, why: str) -> None:
         """Remove a kept file whose bytes failed their checks and take it off the ledger."""
         cachefs.discard(path, why)
+        self.discard_bytes(length)
+
+    def discard_bytes(self, length: int) -> None:
+        """Take ``length`` bytes off the ledger (files removed, or admitted and not used)."""
         self._update(lambda total: max(0, total - length))
+
+    def forget_dir(self, directory: str) -> None:
+        """``directory`` was removed: create it again before the next publish into it."""
+        self._dirs.discard(directory)
 
     def _update(self, change) -> int | None:
         """Apply ``change(total) -> new total`` to the ledger under its lock; None (and
@@ -257,6 +265,11 @@ def usage(records_dir: str) -> tuple[int, int]:
         return 0, 0
     for shard in shards:
         folder = os.path.join(records_dir, shard)
+        if shard.endswith(".shard") and shard[:-6].isdigit():  # assembled (assembled.py)
+            st = os.lstat(folder)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+                total, files = total + st.st_size, files + 1
+            continue
         if not shard.isdigit() or not stat.S_ISDIR(os.lstat(folder).st_mode):
             continue
         for name in os.listdir(folder):

@@ -120,9 +120,10 @@ class RemoteShard:
 
     # -- records ----------------------------------------------------------------------------
     def file_view(self):
-        """None: records are separate verified files, not one mapped shard (the Loader then
+        """The assembled shard (all records kept, verified: assembled.py) as one zero-copy
+        buffer, like a local shard's; None while records are separate files (the Loader then
         reads record by record)."""
-        return None
+        return self.source.whole.view(self.number)
 
     def payload(self, j: int) -> bytes:
         """Verified bytes of record ``j``: from this session's cache, else (main process
@@ -130,6 +131,9 @@ class RemoteShard:
         names the file) and fetched again; FormatError when the fetched bytes fail too."""
         entry = self.index[j]
         offset, length, crc = int(entry["offset"]), int(entry["length"]), int(entry["crc"])
+        whole = self.source.whole.view(self.number)
+        if whole is not None:  # verified when mapped, as a local shard: zero-copy
+            return whole[offset:offset + length]
         data, origin = self._cached(j, offset, length)
         if data is None and self._planned(j):  # the prefetcher brings it: don't fetch twice
             data, origin = self._cached(j, offset, length)
@@ -153,7 +157,11 @@ class RemoteShard:
             if data is not None:
                 return data, path
         pin = session.pin_path(self.name)
-        return cachefs.pread_exact(pin, offset, length, self.size), pin
+        data = cachefs.pread_exact(pin, offset, length, self.size)
+        whole = self.source.whole.view(self.number) if data is None else None
+        if whole is not None:  # assembled (and its records removed) since we looked
+            return bytes(whole[offset:offset + length]), self.source.whole.path(self.number)
+        return data, pin
 
     def _discard(self, path: str, j: int, length: int) -> None:
         """Drop a cache file whose bytes failed their checksum (and the pooled shard it
