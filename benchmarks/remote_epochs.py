@@ -6,7 +6,8 @@ loader process (the SeaweedFS server is another process and not counted).
         [--out /tmp/remote-epochs]
 
 Per round: local epoch 0, s3:// epoch 0 with a fresh cache_dir, s3:// epoch 1 from what
-epoch 0 kept, local epoch 1; RandomResizedCrop 224 + flip, 2 thread workers. Prints one JSON
+epoch 0 kept (shards assembled into one mapped file each), s3:// epoch 1 from records kept
+one file each (assembly switched off, its epoch 0 not timed), local epoch 1; RandomResizedCrop 224 + flip, 2 thread workers. Prints one JSON
 line per round and the medians of the within-round ratios.
 """
 from __future__ import annotations
@@ -66,13 +67,16 @@ def main() -> None:
             cache = os.path.join(args.out, "cache")
             shutil.rmtree(cache, ignore_errors=True)
             remote = Dataset("s3://bench/ds", cache_dir=cache)
+            records = _records_only(os.path.join(args.out, "cache-records"))
+            _epoch(records, 0, args.batch_size)  # keeps the records, not timed
             row = {"local_e0": _epoch(local, 0, args.batch_size),
                    "s3_e0": _epoch(remote, 0, args.batch_size),
                    "s3_e1": _epoch(remote, 1, args.batch_size),
+                   "s3_e1_records": _epoch(records, 1, args.batch_size),
                    "local_e1": _epoch(local, 1, args.batch_size)}
             print(json.dumps(row), flush=True)
             rows.append(row)
-            del remote
+            del remote, records
     def ratio(a, b, key):
         return round(statistics.median(r[a][key] / r[b][key] for r in rows), 2)
     print(json.dumps({"s3 e0 / local e0 images/s": ratio("s3_e0", "local_e0", "images_per_s"),
@@ -80,7 +84,20 @@ def main() -> None:
                       "s3 e0 / local e0 CPU per image": ratio("s3_e0", "local_e0",
                                                               "cpu_ms_per_image"),
                       "s3 e1 / local e1 CPU per image": ratio("s3_e1", "local_e1",
-                                                              "cpu_ms_per_image")}))
+                                                              "cpu_ms_per_image"),
+                      "s3 e1 record files / local e1 images/s": ratio(
+                          "s3_e1_records", "local_e1", "images_per_s")}))
+
+
+def _records_only(cache: str):
+    """The s3:// data set with its kept records left as one file each (shards not
+    assembled): epoch 1 as it was before assembled shards, for the comparison."""
+    from dlpack_io.reader import Dataset
+
+    shutil.rmtree(cache, ignore_errors=True)
+    ds = Dataset("s3://bench/ds", cache_dir=cache)
+    ds._remote.whole.after_publish = lambda *args: None
+    return ds
 
 
 if __name__ == "__main__":
