@@ -41,6 +41,7 @@ class WholeShards:
         self.source, self.keeper = source, source.keeper
         self._maps: dict = {}  # k -> (pid, signature, mmap, memoryview)
         self._lock = (os.getpid(), threading.Lock())
+        self._busy: set[int] = set()  # shards being assembled by a thread of this process
         self.assembled = 0  # shards this process assembled (for tests and benchmarks)
 
     def path(self, k: int) -> str:
@@ -112,16 +113,20 @@ class WholeShards:
 
     # ---- assembling ----------------------------------------------------------------------
     def after_publish(self, k: int, budget: int) -> None:
-        """Assemble shard ``k`` when all its records are kept (owner only, once)."""
+        """Assemble shard ``k`` when all its records are kept (owner only, once; the
+        planner calls this off its event loop, so one shard is assembled by one thread)."""
         first, n = self.source.first_sample(k), len(self.source.shards[k].index)
         if not self.keeper.owner or not n or not self.keeper.kept[first:first + n].all() \
-                or os.path.lexists(self.path(k)):
+                or k in self._busy or os.path.lexists(self.path(k)):
             return
+        self._busy.add(k)
         try:
             self._assemble(k, first, budget)
         except (OSError, cachefs.CacheEntryError) as exc:  # the records stay: still correct
             log.warning("%s: cannot assemble the kept records of shard %d into one file (%s);"
                         " they are read one by one", self.path(k), k, exc)
+        finally:
+            self._busy.discard(k)
 
     def _assemble(self, k: int, first: int, budget: int) -> None:
         shard = self.source.shards[k]
@@ -139,7 +144,7 @@ class WholeShards:
             os.ftruncate(fd, shard.size)
             os.pwrite(fd, head[:fmt.HEADER_SIZE], 0)
             os.pwrite(fd, head[fmt.HEADER_SIZE:], shard.header.index_offset)
-            if not self._copy_records(fd, k, index):
+            if not self._copy_records(fd, k, first, index):
                 self.keeper.discard_bytes(extra)
                 return
             st = os.fstat(fd)
@@ -158,13 +163,24 @@ class WholeShards:
                 pass
         self._drop_records(k, first, index)
 
-    def _copy_records(self, fd: int, k: int, index) -> bool:
-        """Copy kept record files of shard ``k`` into ``fd`` at their offsets, each checked
-        against its CRC; False when one is missing or damaged (nothing is assembled)."""
+    def _copy_records(self, fd: int, k: int, first: int, index) -> bool:
+        """Copy kept record files of shard ``k`` into ``fd`` at their offsets; False when
+        one is missing or damaged (nothing is assembled). A file this process verified and
+        that is unchanged since (same inode, size, mtime) is not checked again."""
+        keeper = self.keeper
         for j, e in enumerate(index):
             length = int(e["length"])
-            data = cache_mod.read_file(self.keeper.path(k, j), length)
-            if data is None or len(data) != length or fmt.crc32(data) != int(e["crc"]):
+            opened = cachefs.open_regular(keeper.path(k, j))
+            if opened is None:
+                return False
+            rfd, st = opened
+            try:
+                data = os.pread(rfd, length + 1, 0) if st.st_size == length else b""
+            finally:
+                os.close(rfd)
+            known = keeper.kept[first + j] and \
+                tuple(keeper.sig[first + j]) == (st.st_ino, st.st_size, st.st_mtime_ns)
+            if len(data) != length or (not known and fmt.crc32(data) != int(e["crc"])):
                 return False
             os.pwrite(fd, data, int(e["offset"]))
         return True

@@ -268,7 +268,7 @@ def usage(records_dir: str) -> tuple[int, int]:
         if shard.endswith(".shard") and shard[:-6].isdigit():  # assembled (assembled.py)
             st = os.lstat(folder)
             if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
-                total, files = total + st.st_size, files + 1
+                total, files = total + st.st_size, files + _records_in(folder, st.st_size)
             continue
         if not shard.isdigit() or not stat.S_ISDIR(os.lstat(folder).st_mode):
             continue
@@ -277,3 +277,12 @@ def usage(records_dir: str) -> tuple[int, int]:
             if name.isdigit() and stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
                 total, files = total + st.st_size, files + 1
     return total, files
+
+
+def _records_in(path: str, size: int) -> int:
+    """Records of an assembled shard, from its header page (0 when it is not valid)."""
+    try:
+        with open(path, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as f:
+            return fmt.unpack_header(f.read(fmt.HEADER_SIZE), size, path).num_records
+    except (OSError, fmt.FormatError):
+        return 0

@@ -166,7 +166,7 @@ class Planner:
                     f"damaged or was replaced; run 'dlpack verify {self.source.url}'")
         self._mark_present(samples, publish_records(self.source.keeper, self.session, k, samples,
                                                     local, pieces, self.keep_budget))
-        self.source.whole.after_publish(k, self.keep_budget)
+        await self._loop.run_in_executor(None, self.source.whole.after_publish, k, self.keep_budget)
 
     async def _fetch_shard(self, k: int) -> None:
         from dlpack_io.reader.remote.shardfetch import fetch_shard
