@@ -75,15 +75,18 @@ class WholeShards:
         fd, st = opened
         try:
             sig = (st.st_ino, st.st_size, st.st_mtime_ns)
-            ours = st.st_uid == os.geteuid()  # a stamp vouches only for a file of ours
+            if st.st_uid != os.geteuid():  # not ours: never used, never removed
+                log.warning("%s: belongs to user id %d, not to this user; ignored (its "
+                            "records are fetched)", self.path(k), st.st_uid)
+                return None
             if st.st_size != shard.size or st.st_size == 0:
-                self._discard(k, st.st_size, f"{st.st_size} bytes, the shard has {shard.size}")
+                self._discard(k, shard.size, f"{st.st_size} bytes, the shard has {shard.size}")
                 return None
             mm = mmap.mmap(fd, st.st_size, prot=mmap.PROT_READ)
         finally:
             os.close(fd)
         view = memoryview(mm)
-        if not ours or self._stamp(k) != sig:
+        if self._stamp(k) != sig:
             bad = _first_bad(view, shard.index)
             if bad is not None:
                 view.release()

@@ -140,8 +140,9 @@ def test_a_changed_data_set_is_never_served_stale(s3_env, tmp_path):
     assert again._remote.bytes_fetched >= int(again._remote.lengths.sum())
 
 
-@pytest.mark.parametrize("reopen", [False, True])
-def test_a_tampered_assembled_shard_is_detected_and_rebuilt(s3_env, packed, caplog, reopen):
+@pytest.mark.parametrize("reopen, how", [(False, "bytes"), (True, "bytes"), (False, "short")])
+def test_a_tampered_assembled_shard_is_detected_and_rebuilt(s3_env, packed, caplog, reopen,
+                                                           how):
     local, remote = Dataset(packed), Dataset(URL)
     _epoch(remote, 0)
     path = remote._remote.whole.path(1)
@@ -149,12 +150,15 @@ def test_a_tampered_assembled_shard_is_detected_and_rebuilt(s3_env, packed, capl
     with open(path, "r+b") as f:  # same size, other bytes: only the checksum can tell
         f.seek(int(entry["offset"]))
         f.write(bytes(int(entry["length"])))
+        if how == "short":  # or cut short by one byte (of its metadata, not of a record)
+            f.truncate(os.path.getsize(path) - 1)
     if reopen:
         remote = Dataset(URL)
     before = remote._remote.bytes_fetched
     with caplog.at_level("WARNING"):
         _equal(_epoch(local, 1), _epoch(remote, 1))
-    assert "record 2 fails its checksum" in caplog.text and path in caplog.text
+    why = "record 2 fails its checksum" if how == "bytes" else " bytes, the shard has "
+    assert why in caplog.text and path in caplog.text
     records = int(remote.shards[1].index["length"].sum())  # that shard's, and only them
     assert records <= remote._remote.bytes_fetched - before < 1.15 * records
     whole = _shard_bytes(remote)
