@@ -80,20 +80,28 @@ def main() -> None:
             print(json.dumps(row), flush=True)
             rows.append(row)
             del remote, records
+    _summary(rows)
+
+
+def _summary(rows) -> None:
+    """Print the medians of the within-round ratios."""
     def ratio(a, b, key):
         return round(statistics.median(r[a][key] / r[b][key] for r in rows), 2)
-    print(json.dumps({"s3 e0 / local e0 images/s": ratio("s3_e0", "local_e0", "images_per_s"),
-                      "s3 e1 / local e1 images/s": ratio("s3_e1", "local_e1", "images_per_s"),
-                      "s3 e0 / local e0 CPU per image": ratio("s3_e0", "local_e0",
+    print(json.dumps({
+        "s3 e0 / local e0 images/s": ratio("s3_e0", "local_e0", "images_per_s"),
+        "s3 e1 / local e1 images/s": ratio("s3_e1", "local_e1", "images_per_s"),
+        "s3 e0 / local e0 CPU per image": ratio("s3_e0", "local_e0", "cpu_ms_per_image"),
+        "s3 e1 / local e1 CPU per image": ratio("s3_e1", "local_e1", "cpu_ms_per_image"),
+        "s3 e1 record files / local e1 images/s": ratio("s3_e1_records", "local_e1",
+                                                        "images_per_s"),
+        "s3 e1 assembled / record files images/s": ratio("s3_e1", "s3_e1_records",
+                                                         "images_per_s"),
+        "s3 e1 assembled / record files CPU per image": ratio("s3_e1", "s3_e1_records",
                                                               "cpu_ms_per_image"),
-                      "s3 e1 / local e1 CPU per image": ratio("s3_e1", "local_e1",
-                                                              "cpu_ms_per_image"),
-                      "s3 e1 record files / local e1 images/s": ratio(
-                          "s3_e1_records", "local_e1", "images_per_s"),
-                      "s3 e0 assembling / not assembling images/s": ratio(
-                          "s3_e0", "s3_e0_records", "images_per_s"),
-                      "s3 e0 assembling / not assembling CPU per image": ratio(
-                          "s3_e0", "s3_e0_records", "cpu_ms_per_image")}))
+        "s3 e0 assembling / not assembling images/s": ratio("s3_e0", "s3_e0_records",
+                                                            "images_per_s"),
+        "s3 e0 assembling / not assembling CPU per image": ratio("s3_e0", "s3_e0_records",
+                                                                 "cpu_ms_per_image")}))
 
 
 def _records_only(cache: str):
