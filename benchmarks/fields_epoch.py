@@ -4,6 +4,7 @@ the image-only epoch of the same data set.
 
     python -m benchmarks.fields_epoch make --root /tmp/fb --images 3000
     python -m benchmarks.fields_epoch run --root /tmp/fb [--before-python PY --before-path P]
+    python -m benchmarks.fields_epoch paired --root /tmp/fb --repeats 8
 
 ``make`` writes ``--images`` photo-like JPEGs (tools/synth.py, ~375x500) with a ~60
 character caption sidecar each, and packs them twice: ``plain`` (``--fields none``: format
@@ -12,7 +13,10 @@ processes, interleaved round by round (medians of ``--repeats``): (a) ``plain`` 
 default fields by this checkout, (b) the same by the other install (PYTHONPATH
 ``--before-path``), (c) ``captions`` image-only, (d) ``captions`` with
 ``fields=("image", "txt")``. Each epoch: RandomResizedCrop(224) + flip on the host, batch
-256, 2 thread workers, uint8 output.
+256, 2 thread workers, uint8 output. ``paired`` runs (c) and (d) in one process, epoch
+after epoch (order alternating), and times the consumer's field step alone: on a machine
+too busy for fresh-process epochs to agree, the ratio of neighbouring epochs and the cost
+of the only work a caption adds are what can still be read.
 """
 from __future__ import annotations
 
@@ -60,6 +64,44 @@ def epoch(path: str, fields: str) -> float:
     return n / (time.perf_counter() - start)
 
 
+def paired(path: str, pairs: int) -> dict:
+    """Image + txt against image + label over the same data set, in one process: ``pairs``
+    pairs of whole epochs back to back (which comes first alternates), so each ratio
+    compares epochs seconds apart under the same load; and the consumer's field step alone
+    (``batch_fields`` for 256 random samples), the only work the caption adds."""
+    import numpy as np
+
+    from dlpack_io.reader import Dataset, Loader, RandomHorizontalFlip, RandomResizedCrop
+    from dlpack_io.reader.batch.fieldbatch import batch_fields
+
+    ds = Dataset(path)
+    kw = dict(batch_size=256, num_workers=2, seed=0, drop_last=True,
+              transforms=[RandomResizedCrop(224), RandomHorizontalFlip()])
+    loaders = {"label": Loader(ds, **kw), "txt": Loader(ds, fields=("image", "txt"), **kw)}
+
+    def one(name):
+        start, n = time.perf_counter(), 0
+        for batch in loaders[name]:
+            n += len(batch[0])
+        return n / (time.perf_counter() - start)
+
+    rates = {"label": [], "txt": []}
+    for k in range(pairs):
+        for name in (("label", "txt") if k % 2 == 0 else ("txt", "label")):
+            rates[name].append(one(name))
+    rng, step = np.random.default_rng(0), []
+    for _ in range(30):
+        idx = rng.choice(len(ds), 256, replace=False)
+        t0 = time.perf_counter()
+        batch_fields(ds, idx, ("txt",), "cpu")
+        step.append(time.perf_counter() - t0)
+    ratios = [t / b for t, b in zip(rates["txt"], rates["label"])]
+    return {"txt_over_label_median": statistics.median(ratios),
+            "ratios": [round(r, 3) for r in ratios],
+            "images_per_s": {k: [round(v) for v in vs] for k, vs in rates.items()},
+            "field_step_ms": {"min": 1e3 * min(step), "median": 1e3 * statistics.median(step)}}
+
+
 def _child(python: str, env_path: str | None, path: str, fields: str) -> float:
     env = dict(os.environ)
     if env_path:
@@ -89,7 +131,7 @@ def run(root: str, repeats: int, before_python: str | None, before_path: str | N
 def main() -> None:
     """The command line above."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("what", choices=["make", "run", "epoch"])
+    p.add_argument("what", choices=["make", "run", "epoch", "paired"])
     p.add_argument("--root", default="/tmp/fields-bench")
     p.add_argument("--images", type=int, default=3000)
     p.add_argument("--repeats", type=int, default=5)
@@ -100,6 +142,9 @@ def main() -> None:
     a = p.parse_args()
     if a.what == "make":
         make(a.root, a.images)
+    elif a.what == "paired":
+        sys.stdout.write(json.dumps(paired(os.path.join(a.root, "captions"), a.repeats),
+                                    indent=1) + "\n")
     elif a.what == "epoch":
         sys.stdout.write(f"{epoch(a.path, a.fields)}\n")
     else:

@@ -8,6 +8,8 @@ triton nor the op modules):
   fixed size, fused with the same tail; dense or ragged (flat buffer + offsets) input.
 * :func:`crop_flip_permute_packed`, :func:`resized_crop_packed` - the same ops reading every
   per-sample value from one records tensor (:mod:`records`), so one copy carries a batch.
+* :func:`mask_gather` - nearest-neighbour crop / resize / flip / pad of a batch of label
+  maps (uint8 / uint16 masks), driven by per-sample source row and column tables.
 * :mod:`records` - the per-sample record layout and its host/device helpers.
 * :mod:`reference` - the plain torch references, and ``reference.epilogue``: the shared
   tail (colour jitter, normalise, cast) on a host uint8 NCHW batch.
@@ -21,13 +23,14 @@ from __future__ import annotations
 import importlib
 
 __all__ = ["crop_flip_permute", "crop_flip_permute_packed", "resized_crop",
-           "resized_crop_packed", "records", "reference"]
+           "resized_crop_packed", "mask_gather", "records", "reference"]
 
 _EXPORTS = {
     "crop_flip_permute": "dlpack_io.kernels.crop",
     "crop_flip_permute_packed": "dlpack_io.kernels.crop",
     "resized_crop": "dlpack_io.kernels.resize",
     "resized_crop_packed": "dlpack_io.kernels.resize",
+    "mask_gather": "dlpack_io.kernels.masks",
 }
 
 

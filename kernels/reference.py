@@ -182,3 +182,19 @@ def _clamp_box(box, img_h: int, img_w: int) -> tuple[int, int, int, int]:
     top, left = min(max(top, 0), img_h - 1), min(max(left, 0), img_w - 1)
     return top, left, min(max(bh, 1), img_h - top), min(max(bw, 1), img_w - left)
 
+
+def mask_gather(src: torch.Tensor, offsets: torch.Tensor, shapes: torch.Tensor,
+                rows: torch.Tensor, cols: torch.Tensor, fill: int = 255) -> torch.Tensor:
+    """Reference of ``kernels.masks.mask_gather``: ``out[n, y, x]`` is mask ``n``'s pixel
+    ``(rows[n, y], cols[n, x])``, or ``fill`` where either is -1 (arguments checked there)."""
+    n, oh, ow = rows.shape[0], rows.shape[1], cols.shape[1]
+    # int32 inside: torch has no index_put for uint16
+    out = torch.full((n, oh, ow), int(fill), dtype=torch.int32, device=src.device)
+    for i in range(n):
+        h, w = int(shapes[i, 0]), int(shapes[i, 1])
+        mask = src[int(offsets[i]):int(offsets[i]) + h * w].view(h, w).to(torch.int32)
+        r, c = rows[i].long(), cols[i].long()
+        ry, cx = torch.nonzero(r >= 0)[:, 0], torch.nonzero(c >= 0)[:, 0]
+        if len(ry) and len(cx):
+            out[i, ry[:, None], cx[None, :]] = mask[r[ry][:, None], c[cx][None, :]]
+    return out.to(src.dtype)

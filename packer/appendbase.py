@@ -20,6 +20,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from dlpack_io.packer.dstfiles import kept_shard_meta
+from dlpack_io.packer.fieldshapes import without_shapes
 from dlpack_io.packer.names import shown
 from dlpack_io.packer.options import PackOptions
 from dlpack_io.packer.pipeline import ConversionError
@@ -181,7 +182,7 @@ def append_options(base: dict, given: dict) -> dict:
 
 def check_fields(base: dict, fields, where: str) -> None:
     """Refuse new samples whose field schema is not the data set's."""
-    if (base.get("fields") or None) != (fields or None):
+    if without_shapes(base.get("fields")) != without_shapes(fields):
         raise ConversionError(f"{where}: the new samples carry fields {sorted(fields or {})} "
                               f"but the data set has {sorted(base.get('fields') or {})} (with "
                               f"their types): an append must give every sample the same "

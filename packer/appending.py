@@ -22,6 +22,7 @@ from dlpack_io.packer import appendbase as base_
 from dlpack_io.packer import finalize, journal
 from dlpack_io.packer.dstfiles import check_src_dst, clear_outputs
 from dlpack_io.packer.engines import engine_context
+from dlpack_io.packer.fieldshapes import settle, union
 from dlpack_io.packer.fieldsource import check_engine_fields
 from dlpack_io.packer.names import shown
 from dlpack_io.packer.packing import State, plan_inputs, prepare_inputs
@@ -192,7 +193,8 @@ def union_of(base: dict, app: Appending, state: State, progress, engine: str,
     built = finalize.build_manifest(app.inputs, app.opts, state.shards, state.rejects,
                                     state.reencoded, state.class_counts.tolist(),
                                     progress.elapsed, state.lossless, provenance=provenance,
-                                    engine=engine, fields=getattr(app.inputs, "fields", None))
+                                    engine=engine, fields=union(base.get("fields"), settle(
+                                        getattr(app.inputs, "fields", None), state.shapes)))
     return base_.union_manifest(base, built, entry)
 
 

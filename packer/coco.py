@@ -8,8 +8,13 @@ The file comes from the wild and can be large (instances_train2017.json is 448 M
 read only below MAX_COCO_BYTES, its nesting depth is measured before it is parsed, and
 every id, name and number is checked. An image entry that cannot be an input (no usable
 ``file_name``, a repeated id or file name) and an annotation of no image in the file are
-rejects naming the file and the entry; an annotation that is not well formed, or names a
-category the file does not have, is a reject of its image naming the annotation id.
+rejects naming the file and the entry. An annotation that is not well formed, names a
+category the file does not have, or whose box is bad (boxes.py: non-finite, negative or
+zero size, outside the image) is rejected alone, naming its id, its image and the
+reason: the image is packed with its other annotations, as torchvision's detection
+references keep it. Boxes are checked against the file's ``width``/``height`` of the
+image (its header when the file gives none) here, before packing, so ``--on-error fail``
+stops before anything is written.
 Images without annotations are packed with no box (N = 0) unless ``skip_empty``.
 """
 from __future__ import annotations
@@ -22,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dlpack_io.packer.boxes import box_reason
 from dlpack_io.packer.targets import BOX_SPEC, CATEGORY_SPEC, ISCROWD_SPEC, TargetSource
 from dlpack_io.reader.format.schema import MAX_JSON_DEPTH
 
@@ -128,7 +134,7 @@ def _image_problem(img, ids: dict, names: set) -> str | None:
     return None
 
 
-def _annotation_problem(a: dict, cat_ids: set) -> str | None:
+def _annotation_problem(a: dict, cat_ids: set, size) -> str | None:
     # type() rather than isinstance: a bool is not a number here, and this runs 10^6 times
     cat = a.get("category_id")
     if type(cat) is not int or cat not in cat_ids:
@@ -142,10 +148,27 @@ def _annotation_problem(a: dict, cat_ids: set) -> str | None:
     crowd = a.get("iscrowd", 0)
     if type(crowd) is not int or crowd not in (0, 1):
         return f"iscrowd {str(crowd)[:20]}, expected 0 or 1"
-    return None
+    return box_reason(box, size[0], size[1], xywh=True) if size is not None else None
 
 
-def _attach(anns: list, by_id: dict, per_image: list, cats: dict, orphans: list) -> None:
+def stored_size(root: Path, entry: dict, max_pixels: int):
+    """(width, height) the annotations of image ``entry`` are checked against: the
+    file's own ``width``/``height``, else the image's header (None when unreadable: the
+    image is then a reject when it is packed)."""
+    if entry.get("size") is not None:
+        return entry["size"]
+    from dlpack_io.packer.targets import image_header
+
+    try:
+        return image_header(str(root / entry["name"]), max_pixels)[:2]
+    except Exception:  # noqa: BLE001  (any unreadable image: its reject comes when packing)
+        return None
+
+
+def _attach(anns: list, by_id: dict, per_image: list, cats: dict, out: tuple) -> None:
+    """Each annotation onto its image's entry; ``out`` = (orphans: annotations of no
+    image, rejected: (path, reason) of the bad annotations of an image, which is kept)."""
+    orphans, rejected, file_name = out
     cat_ids = {int(k) for k in cats}
     for k, a in enumerate(anns):
         if not isinstance(a, dict) or not _int(a.get("id")) or not _int(a.get("image_id")):
@@ -158,11 +181,11 @@ def _attach(anns: list, by_id: dict, per_image: list, cats: dict, orphans: list)
                             f"{a['image_id']} is not an image of the file"))
             continue
         entry = per_image[i]
-        if isinstance(entry, str):
-            continue
-        why = _annotation_problem(a, cat_ids)
+        why = _annotation_problem(a, cat_ids, entry["checked_size"])
         if why:
-            per_image[i] = f"annotation {a['id']}: {why}"
+            rejected.append((f"{file_name}:annotation {a['id']}",
+                             f"annotation {a['id']} of image {a['image_id']} "
+                             f"({entry['name']}): {why}"))
             continue
         entry["boxes"].append(a["bbox"])
         entry["ids"].append(a["id"])
@@ -170,15 +193,11 @@ def _attach(anns: list, by_id: dict, per_image: list, cats: dict, orphans: list)
         entry["iscrowd"].append(a.get("iscrowd", 0))
 
 
-def read_coco(root, coco_file, *, skip_empty: bool = False, max_pixels: int = 0):
-    """The Inputs of a COCO file (paths relative to ``root``), targets attached."""
-    from dlpack_io.packer.scan import Inputs
-
-    root, coco_file = Path(root), Path(coco_file)
-    obj = load_coco(coco_file)
-    cats = category_names(obj.get("categories", []), coco_file)
+def _image_entries(images: list, coco_file: Path) -> tuple:
+    """(paths, per-image entries or reject texts, image id -> input number, rejects by
+    input number) of COCO's ``images``."""
     paths, per_image, by_id, seen_names, bad = [], [], {}, set(), {}
-    for k, img in enumerate(obj["images"]):
+    for k, img in enumerate(images):
         why = _image_problem(img, by_id, seen_names)
         if why:
             bad[len(paths)] = f"{coco_file}: images[{k}]: {why}"
@@ -191,9 +210,28 @@ def read_coco(root, coco_file, *, skip_empty: bool = False, max_pixels: int = 0)
         paths.append(name)
         size = (img["width"], img["height"]) if img.get("width") is not None else None
         per_image.append({"boxes": [], "ids": [], "categories": [], "iscrowd": [],
-                          "image_id": img["id"], "xywh": True, "size": size})
-    orphans: list = []
-    _attach(obj.get("annotations", []), by_id, per_image, cats, orphans)
+                          "image_id": img["id"], "xywh": True, "size": size, "name": name})
+    return paths, per_image, by_id, bad
+
+
+def read_coco(root, coco_file, *, skip_empty: bool = False, max_pixels: int = 0):
+    """The Inputs of a COCO file (paths relative to ``root``), targets attached; the
+    annotations rejected alone are ``targets.rejected``."""
+    from dlpack_io.packer.scan import Inputs
+
+    root, coco_file = Path(root), Path(coco_file)
+    obj = load_coco(coco_file)
+    cats = category_names(obj.get("categories", []), coco_file)
+    paths, per_image, by_id, bad = _image_entries(obj["images"], coco_file)
+    by_image = {a["image_id"] for a in obj.get("annotations", [])
+                if isinstance(a, dict) and _int(a.get("image_id"))}
+    for entry in per_image:  # a header is read only for an annotated image of no size
+        if isinstance(entry, dict):
+            entry["checked_size"] = stored_size(root, entry, max_pixels) \
+                if entry["image_id"] in by_image else None
+    orphans, rejected = [], []
+    _attach(obj.get("annotations", []), by_id, per_image, cats,
+            (orphans, rejected, coco_file.name))
     for where, why in orphans:
         bad[len(paths)] = f"{coco_file}: {why}"
         paths.append(f"{coco_file.name}:{where}")
@@ -207,6 +245,12 @@ def read_coco(root, coco_file, *, skip_empty: bool = False, max_pixels: int = 0)
         raise ValueError(f"--coco {coco_file}: no images to pack")
     schema = {"boxes": BOX_SPEC, "categories": dict(CATEGORY_SPEC, names=cats),
               "image_id": {"type": "int"}, "iscrowd": ISCROWD_SPEC}
-    targets = TargetSource(schema, per_image, None, max_pixels)
+    for entry in per_image:
+        if isinstance(entry, dict):
+            del entry["name"], entry["checked_size"]
+    if rejected:
+        log.warning("--coco %s: %d annotations rejected (listed in rejects.tsv); their "
+                    "images are packed with the other annotations", coco_file, len(rejected))
+    targets = TargetSource(schema, per_image, None, max_pixels, rejected=rejected)
     return Inputs(str(root.resolve()), paths, [-1] * len(paths), [], str(coco_file.resolve()),
                   bad=bad or None, targets=targets)

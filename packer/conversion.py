@@ -148,7 +148,8 @@ def _finish(src, dst, inputs, opts: PackOptions, state: State, progress, engine:
     """Write rejects.tsv and, last, the manifest; drop the journal. Returns the manifest."""
     manifest = finalize.final_manifest(src, inputs, opts, state, progress, engine, provenance)
     try:
-        finalize.write_dataset_files(dst, manifest, state.rejects)
+        finalize.write_dataset_files(dst, manifest, state.rejects
+                                     + finalize.annotation_rejects(inputs))
     except OSError as exc:
         raise ConversionError(f"{dst}: cannot write the manifest ({exc.strerror or exc}); "
                               f"all shards are complete, free space") from exc

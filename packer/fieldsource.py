@@ -51,9 +51,16 @@ def with_fields(inputs, fields_option):
                   for v in inputs.field_values]  # bad lines stay rejects
         return dataclasses.replace(inputs, fields=schema or None, field_values=values)
     wanted = parse_fields_option(fields_option, SIDECARS)
-    kinds = found_sidecars(inputs.root, inputs.paths, wanted) if wanted != () else ()
+    seen = inputs.sidecars  # counted by the scan; None: look beside each image
+    kinds = () if wanted == () else found_sidecars(inputs.root, inputs.paths, wanted) \
+        if seen is None else tuple(k for k in SIDECARS if seen.get(k) and k in (wanted or SIDECARS))
     schema = sidecar_schema(inputs.root, inputs.paths, kinds)
-    return dataclasses.replace(inputs, fields=schema or None)
+    ignored = dict(inputs.ignored or {})  # sidecars not packed are ignored files after all
+    for kind, n in (seen or {}).items():
+        if kind not in kinds:
+            ignored[f".{kind}"] = ignored.get(f".{kind}", 0) + n
+    return dataclasses.replace(inputs, fields=schema or None, ignored=dict(sorted(ignored.items())),
+                               sidecars={k: seen[k] for k in kinds} if seen else None)
 
 
 def field_source(inputs):

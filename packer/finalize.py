@@ -7,9 +7,11 @@ import os
 import platform
 from collections import Counter
 
+from dlpack_io.packer.fieldshapes import settle
 from dlpack_io.packer.names import shown
 from dlpack_io.packer.nofollow import create_new
 from dlpack_io.packer.pipeline import ConversionError
+from dlpack_io.packer.targets import annotation_rejects
 from dlpack_io.packer.writers import fsync_dir
 from dlpack_io.reader import format as fmt
 
@@ -45,7 +47,8 @@ def pil_flavour() -> str:
 
 
 def rejects_tsv(rejects: list) -> bytes:
-    """The rejects file: a header line, then ``path<TAB>reason`` per skipped input."""
+    """The rejects file: a header line, then ``path<TAB>reason`` per skipped input (and,
+    after them, per annotation left out of a packed image: targets.annotation_rejects)."""
     lines = ["path\treason"] + [f"{p}\t{r}".replace("\n", " ") for p, r in rejects]
     return ("\n".join(lines) + "\n").encode()
 
@@ -108,7 +111,7 @@ def final_manifest(src, inputs, opts, state, progress, engine: str, provenance: 
     manifest = build_manifest(inputs, opts, state.shards, state.rejects, state.reencoded,
                               state.class_counts.tolist(), progress.elapsed, state.lossless,
                               provenance=provenance, engine=engine,
-                              fields=getattr(inputs, "fields", None))
+                              fields=settle(getattr(inputs, "fields", None), state.shapes))
     problem = fmt.accounting_problem(manifest)
     if problem:  # never a data set with an input silently gone
         raise ConversionError(f"{src}: {problem} (the packing state does not add up: a "
@@ -122,6 +125,7 @@ def summary(dst, manifest, state, inputs, progress, resumed_from) -> dict:
     empty = [c for c, n in zip(manifest["classes"], manifest["class_counts"]) if n == 0]
     return {"dst": dst, "num_samples": manifest["num_samples"], "num_shards": len(state.shards),
             "num_bytes": manifest["num_bytes"], "rejects": len(state.rejects),
+            "annotation_rejects": len(annotation_rejects(inputs)),
             "reencoded": dict(state.reencoded), "lossless": dict(state.lossless),
             "ignored": dict(inputs.ignored or {}), "resumed_from": resumed_from,
             "seconds": progress.elapsed, "images_per_s": progress.images_per_s,
@@ -130,4 +134,5 @@ def summary(dst, manifest, state, inputs, progress, resumed_from) -> dict:
             "repeated_dirs": inputs.repeated_dirs, "hidden_files": inputs.hidden_files,
             "hidden_dirs": inputs.hidden_dirs, "mode": manifest["mode"],
             "size": manifest["options"].get("size"),
-            "max_side": manifest["options"].get("max_side"), "fields": manifest.get("fields", {})}
+            "max_side": manifest["options"].get("max_side"), "fields": manifest.get("fields", {}),
+            "sidecars": dict(getattr(inputs, "sidecars", None) or {})}

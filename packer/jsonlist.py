@@ -3,9 +3,19 @@
 (an integer or a class name) is optional for every line or none; every other key is a
 field of that name. A field's type is its values' JSON type (int, float, str; an int
 field with a float anywhere becomes float; mixed types, lists, objects, booleans and null
-become ``json``). A line that is not a JSON object, lacks ``path``, names a field
-``image``/``label``-like or lacks a field other lines have is a reject naming the file
-and the line (``--on-error`` applies); the rest is packed.
+become ``json``), with one exception: a field whose value on every line is a list of
+numbers (or a rectangular nested list of them, e.g. boxes ``[[x0, y0, x1, y1], ...]``) of
+one and the same shape is an ``array`` of that shape: ``int64`` when every number is an
+integer that fits, else ``float64`` (JSON numbers are doubles; a float field whose
+integers go beyond 2**53, where float64 stops being exact, stays ``json``: nothing is
+rounded), so the Loader stacks it into one tensor. One line whose list differs (in
+length, nesting, or holding a non-number, a bool, null or an empty list) keeps the whole
+field ``json``. The whole list is read before anything is packed, so this is decided
+before the first record is written and every record of the field has the same type.
+(``boxes``, ``categories`` and ``iscrowd`` are detection targets: packer/targets.py.)
+A line that is not a JSON object, lacks ``path``, names a field ``image``/``label``-like
+or lacks a field other lines have is a reject naming the file and the line
+(``--on-error`` applies); the rest is packed.
 """
 from __future__ import annotations
 
@@ -14,6 +24,7 @@ import os
 from pathlib import Path
 
 from dlpack_io.packer.names import MAX_LIST_LABEL
+from dlpack_io.packer.targets import TARGET_KEYS
 from dlpack_io.reader.format import FormatError
 from dlpack_io.reader.format.fieldschema import check_field_name
 from dlpack_io.reader.format.schema import MAX_JSON_DEPTH, json_depth
@@ -57,6 +68,36 @@ def _kind(value) -> str:
     return {int: "int", float: "float", str: "str"}[type(value)]
 
 
+def _numbers(value):
+    """(shape, holds a float, largest absolute integer) of a non-empty rectangular nested
+    list of JSON numbers (bools excluded), else None. Nesting is bounded by the line's
+    depth check."""
+    if not isinstance(value, list) or not value:
+        return None
+    if all(type(x) in (int, float) for x in value):
+        ints = [abs(x) for x in value if type(x) is int]
+        return (len(value),), len(ints) < len(value), max(ints, default=0)
+    inner = [_numbers(x) for x in value]
+    if any(r is None for r in inner) or len({r[0] for r in inner}) != 1:
+        return None
+    return ((len(value),) + inner[0][0], any(r[1] for r in inner), max(r[2] for r in inner))
+
+
+def _array_spec(values) -> dict | None:
+    """The array spec of a field whose every value is a list of numbers of one shape, in
+    a dtype that holds every value exactly (int64; float64, whose integers stop being
+    exact beyond 2**53); None when there is none."""
+    found = [_numbers(v) for v in values]
+    if not found or any(r is None for r in found) or len({r[0] for r in found}) != 1:
+        return None
+    floats, biggest = any(r[1] for r in found), max(r[2] for r in found)
+    if biggest > (2**53 if floats else 2**63 - 1):
+        return None
+    shape = list(found[0][0])
+    return {"type": "array", "dtype": "float64" if floats else "int64", "ndim": len(shape),
+            "shape": shape}
+
+
 def list_schema(rows: list) -> dict:
     """name -> spec of the fields over all good rows (see the module docstring)."""
     kinds: dict = {}
@@ -67,8 +108,18 @@ def list_schema(rows: list) -> dict:
     for name in sorted(kinds):
         k = kinds[name]
         kind = k.pop() if len(k) == 1 else "float" if k == {"int", "float"} else "json"
-        schema[name] = {"type": kind}
+        spec = _array_spec([f[name] for _, _, f in rows if name in f]) \
+            if kind == "json" and name not in TARGET_KEYS else None  # boxes: targets.py
+        schema[name] = spec or {"type": kind}
     return schema
+
+
+def _as_arrays(fields: dict, schema: dict) -> dict:
+    """A row's values, its array fields as numpy arrays of the schema's dtype."""
+    import numpy as np
+
+    return {n: np.asarray(v, dtype=schema[n]["dtype"]) if schema[n]["type"] == "array" else v
+            for n, v in fields.items()}
 
 
 def _labels(rows: list, where: str):
@@ -114,6 +165,6 @@ def read_jsonl(root, list_file):
         bad = isinstance(fields, str)
         out_labels.append(-1 if bad else next(it))
         missing = [] if bad else sorted(set(schema) - set(fields))
-        values.append(fields if bad or not missing else
-                      f"{where}: no {missing[0]!r} for {path} (other lines have that field)")
+        values.append(f"{where}: no {missing[0]!r} for {path} (other lines have that field)"
+                      if missing else fields if bad else _as_arrays(fields, schema))
     return [e[0] for e in entries], out_labels, classes, schema, values

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from dlpack_io.packer import journal
+from dlpack_io.packer import fieldshapes, journal
 from dlpack_io.packer.cutting import ShardCutter
 from dlpack_io.packer.fieldahead import fields_ahead
 from dlpack_io.packer.fieldsource import field_source, with_fields
@@ -45,6 +45,7 @@ class State:
     reencoded: Counter = field(default_factory=Counter)
     lossless: Counter = field(default_factory=Counter)
     class_counts: np.ndarray | None = None
+    shapes: dict | None = field(default_factory=dict)  # array field -> shared shape (fieldshapes)
 
     @property
     def next_sample(self) -> int:
@@ -58,6 +59,7 @@ class State:
         self.rejects += [tuple(r) for r in entry["rejects"]]
         self.reencoded.update(entry["reencoded"])
         self.lossless.update(entry.get("lossless", {}))
+        self.shapes = fieldshapes.merge(self.shapes, fieldshapes.journaled(entry.get("shapes")))
         self.class_counts += np.asarray(entry["class_counts"], dtype=np.int64)
 
 
@@ -81,6 +83,8 @@ class Packer:
         self.writer = None
         self.cutter = ShardCutter(options.format, options.shard_size)
         self.since = State(class_counts=np.zeros(len(inputs.classes), dtype=np.int64))
+        targets = getattr(getattr(inputs, "targets", None), "schema", None) or ()
+        self.arrays = fieldshapes.array_names(getattr(inputs, "fields", None), skip=targets)
 
     def reject(self, rel: str, reason: str) -> None:
         """Record an input that cannot be packed (or stop, with ``--on-error fail``)."""
@@ -104,6 +108,9 @@ class Packer:
         else:
             self.writer.add(record, label, rel, fields)
         self.count(label, record.reencoded, record.lossless)
+        if self.arrays and fields is not None:
+            fieldshapes.merge(self.since.shapes,
+                              fieldshapes.block_shapes(fields, self.inputs.fields, self.arrays))
 
     def count(self, label: int, reencoded: str | None, lossless: str | None) -> None:
         """Account one packed record in the open shard's class, re-encode and lossless
@@ -131,13 +138,14 @@ class Packer:
         """Journal a published shard, then count it as done (shards in order)."""
         self.journal.append({"shard": entry, "end_input": end_input, "rejects": since.rejects,
                              "reencoded": dict(since.reencoded), "lossless": dict(since.lossless),
-                             "class_counts": since.class_counts.tolist()})
+                             "class_counts": since.class_counts.tolist(), "shapes": since.shapes})
         st = self.state
         st.shards.append(entry)
         st.rejects += since.rejects
         st.reencoded.update(since.reencoded)
         st.lossless.update(since.lossless)
         st.class_counts += since.class_counts
+        st.shapes = fieldshapes.merge(st.shapes, since.shapes)
 
     def has_open_shard(self) -> bool:
         """True while records wait to be written into a shard."""

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dlpack_io.packer.fieldsource import SIDECARS
 from dlpack_io.packer.names import MAX_LIST_LABEL, shown
 
 JPEG_SUFFIXES = (".jpg", ".jpeg", ".jfif")
@@ -41,6 +42,7 @@ class Inputs:
     bad: dict | None = None      # input number -> why it is a reject before it is read
     fields: dict | None = None   # field schema of the list's extra keys / columns (format 3)
     field_values: list | None = None  # per input: its fields, or why its line is rejected
+    sidecars: dict | None = None  # kind -> files named like an image with a sidecar suffix
     targets: object | None = None  # boxes and masks to attach (packer/targets.TargetSource)
 
 
@@ -56,6 +58,7 @@ class _Walk:
     outside_src: int = 0
     repeated_dirs: int = 0
     ignored: dict = field(default_factory=dict)  # suffix -> files skipped as not images
+    sidecars: dict = field(default_factory=dict)  # kind -> sidecar files (name.txt, ...)
     hidden_files: int = 0
     hidden_dirs: int = 0
 
@@ -66,6 +69,7 @@ class _Walk:
         (a link to a parent) or a second link to a folder already walked adds nothing.
         """
         found, others, stack = [], 0, [(top, top_is_link)]
+        stems, loose = set(), []  # a folder's image names and other files: sidecars or not
         while stack:
             folder, via = stack.pop()
             try:
@@ -86,12 +90,24 @@ class _Walk:
                     stack.append((Path(e.path), via or e.is_symlink()))
                 elif e.name.lower().endswith(IMAGE_SUFFIXES) and e.is_file():
                     found.append(Path(e.path).relative_to(self.root).as_posix())
+                    stems.add(os.path.splitext(e.name)[0])
                     self._count_link(e, via)
                 elif e.is_file():
                     others += 1
-                    suffix = os.path.splitext(e.name)[1].lower() or "(none)"
-                    self.ignored[suffix] = self.ignored.get(suffix, 0) + 1
+                    loose.append(os.path.splitext(e.name))
+            self._count_loose(loose, stems)
+            stems, loose = set(), []
         return sorted(found), others
+
+    def _count_loose(self, loose: list, stems: set) -> None:
+        """Count a folder's files that are not images: a sidecar of one of its images
+        (``name.txt`` beside ``name.jpg``, fieldsource.SIDECARS) or an ignored file."""
+        for stem, suffix in loose:
+            if suffix[1:] in SIDECARS and stem in stems:
+                self.sidecars[suffix[1:]] = self.sidecars.get(suffix[1:], 0) + 1
+            else:
+                key = suffix.lower() or "(none)"
+                self.ignored[key] = self.ignored.get(key, 0) + 1
 
     def _count_hidden(self, entry) -> None:
         try:
@@ -165,7 +181,8 @@ def _identity(path: Path) -> tuple:
 def _inputs(walk: _Walk, paths, labels, classes, empty) -> Inputs:
     return Inputs(str(walk.root.resolve()), paths, labels, classes, None, walk.via_links,
                   walk.outside_src, walk.repeated_dirs, empty, dict(sorted(walk.ignored.items())),
-                  hidden_files=walk.hidden_files, hidden_dirs=walk.hidden_dirs)
+                  hidden_files=walk.hidden_files, hidden_dirs=walk.hidden_dirs,
+                  sidecars=dict(walk.sidecars))
 
 
 def _rows(list_file: Path):

@@ -26,25 +26,45 @@ def scan_targets(src, list_file, opts):
     return read_coco(src, opts.coco, skip_empty=opts.skip_empty, max_pixels=opts.max_pixels)
 
 
+def _fail_on_rejected(inputs, opts) -> None:
+    """``--on-error fail``: stop, before anything is written, at the first annotation
+    (COCO) or list box that would be left out of its image."""
+    if opts.on_error != "fail" or inputs.targets is None or not inputs.targets.rejected:
+        return
+    from dlpack_io.packer.pipeline import ConversionError
+
+    path, why = inputs.targets.rejected[0]
+    raise ConversionError(f"{os.path.dirname(inputs.list_file)}/{path}: {why} (--on-error "
+                          f"fail stops at the first bad annotation; the default, skip, "
+                          f"leaves it out and packs its image with the others)")
+
+
 def list_targets(inputs, max_pixels: int):
     """(inputs with a list's target keys taken out of its fields, their TargetSource), or
     (inputs, None) when the list has no "boxes"."""
     fields = dict(inputs.fields or {})
     if inputs.field_values is None or "boxes" not in fields:
         return inputs, None
+    from dlpack_io.packer.listboxes import drop_bad_boxes
+
     keys = [k for k in TARGET_KEYS if k in fields]
     specs = {"boxes": BOX_SPEC, "categories": CATEGORY_SPEC, "iscrowd": ISCROWD_SPEC}
-    annotations, values = [], []
+    annotations, values, rejected = [], [], []
+    list_name = os.path.basename(inputs.list_file or "list")
     for path, v in zip(inputs.paths, inputs.field_values):
         if isinstance(v, str):
             annotations.append(v)
             values.append(v)
             continue
-        annotations.append(dict({k: v[k] for k in keys}, where=f"{path}: "))
+        ann, bad = drop_bad_boxes({k: v[k] for k in keys}, path,
+                                  os.path.join(inputs.root, path), max_pixels, list_name)
+        annotations.append(dict(ann, where=f"{path}: "))
+        rejected += bad
         values.append({k: x for k, x in v.items() if k not in keys})
     for k in keys:
         fields.pop(k)
-    source = TargetSource({k: specs[k] for k in keys}, annotations, None, max_pixels)
+    source = TargetSource({k: specs[k] for k in keys}, annotations, None, max_pixels,
+                          rejected=rejected)
     return dataclasses.replace(inputs, fields=fields, field_values=values), source
 
 
@@ -84,6 +104,7 @@ def with_targets(inputs, opts):
     targets = dataclasses.replace(targets, schema=schema, masks=masks)
     inputs = dataclasses.replace(inputs, targets=targets,
                                  fields=dict(inputs.fields or {}, **schema))
+    _fail_on_rejected(inputs, opts)
     if opts.skip_empty and not opts.coco and targets.annotations is not None:
         keep = [k for k, a in enumerate(targets.annotations)
                 if not isinstance(a, dict) or not isinstance(a["boxes"], list) or a["boxes"]]

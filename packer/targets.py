@@ -88,12 +88,14 @@ def read_mask(path: str, size: tuple, dtype: str, max_pixels: int) -> np.ndarray
 class TargetSource:
     """Targets of every input: ``annotations[i]`` (None, a reject reason, or a dict of
     raw "boxes" with their "ids", "categories", "iscrowd", "image_id", "xywh", "size")
-    and ``masks[i]`` (the mask file of input i, or None)."""
+    and ``masks[i]`` (the mask file of input i, or None); ``rejected``: (path, reason) of
+    each annotation left out of a kept image (coco.py), lines of rejects.tsv."""
 
     schema: dict
     annotations: list | None = None
     masks: list | None = None
     max_pixels: int = 0
+    rejected: list = dataclasses.field(default_factory=list)
 
     def fields(self, i: int, image_path: str) -> dict:
         """The target fields of input ``i`` (image at ``image_path``), checked and upright."""
@@ -119,7 +121,7 @@ def _boxes_fields(ann: dict, width: int, height: int, orientation: int) -> dict:
     where = ann.get("where", "")
     boxes = as_box_list(ann["boxes"], f"{where}boxes")
     n = len(boxes)
-    out = {k: int_list(ann[k], n, k, dtype, where) for k, dtype in
+    out = {k: int_list(ann[k], n, k, dtype, where.rstrip(": ")) for k, dtype in
            (("categories", np.int64), ("iscrowd", np.uint8)) if k in ann}
     xyxy = checked_boxes(boxes, ann.get("ids"), width, height, ann.get("xywh", False))
     out["boxes"] = orient_boxes(xyxy, orientation, width, height)
@@ -190,6 +192,15 @@ def writer_targets(image, fields: dict, where: str, max_pixels: int) -> tuple:
     except RejectedInput as exc:
         raise ValueError(f"{where}: {str(exc).lstrip(': ')}") from None
     return out, seg
+
+
+def annotation_rejects(inputs) -> list:
+    """(path, reason) of the annotations left out of the images of ``inputs`` (none
+    without targets): written to rejects.tsv after the rejected inputs."""
+    from dlpack_io.packer.names import shown
+
+    targets = getattr(inputs, "targets", None)
+    return [(shown(p), shown(r)) for p, r in (targets.rejected if targets else [])]
 
 
 def target_schema(schema: dict, seg: bool) -> dict:

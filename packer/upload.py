@@ -207,7 +207,8 @@ def _convert_staged(store: Store, stage: str, inputs, opts, provenance: bool, pa
         raise
     manifest = finalize.final_manifest(inputs.root, inputs, opts, state, progress, engine,
                                        provenance)
-    store.put(fmt.REJECTS_NAME, finalize.rejects_tsv(state.rejects))
+    store.put(fmt.REJECTS_NAME,
+              finalize.rejects_tsv(state.rejects + finalize.annotation_rejects(inputs)))
     store.put(fmt.MANIFEST_NAME, fmt.encode_meta(manifest))  # last: now it is a data set
     store.delete(journal.JOURNAL_NAME)
     if ray:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.format.fields import decode_fields
-from dlpack_io.reader.nativecopy import guarded_copy
+from dlpack_io.reader.nativecopy import guarded_array
 
 
 def check_names(dataset, names) -> None:
@@ -21,9 +21,6 @@ def read_fields(dataset, i: int, names=None) -> dict:
     check_names(dataset, names)
     if not dataset.fields or names == ():
         return {}
-    if dataset.is_remote:
-        raise fmt.FormatError(f"{dataset.path}: reading fields from object storage is not "
-                              f"supported yet; copy the data set to local disk")
     k, j = dataset.locate(i)
     return read_record_fields(dataset, i, k, j, names)
 
@@ -37,7 +34,7 @@ def read_record_fields(dataset, i: int, k: int, j: int, names=None) -> dict:
                               f"declares fields {sorted(schema)}: the files are mixed up")
     where = f"{shard.path} record {j} (sample {i})"  # cheap: built for every sample
     try:
-        block = guarded_copy(shard.fields_block(j))
+        block = guarded_array(shard.fields_block(j))  # no bytes() copy: a mask is large
     except ValueError as exc:  # MappedFileError: the shard changed under the map
         raise fmt.FormatError(f"{where}: {exc}") from None
     if dataset.verify_checksums:

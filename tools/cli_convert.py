@@ -67,8 +67,8 @@ from dlpack_io.tools.cli_common import LazyChoice, echo_json, fail
               help="COCO object detection annotations (instances_*.json): every image of the "
                    "file, found under SRC by file_name, with fields boxes (float32 [N, 4] "
                    "x0, y0, x1, y1 pixels of the upright image), categories (COCO ids; names "
-                   "in the manifest), iscrowd and image_id. A bad annotation rejects its "
-                   "image, naming the annotation id and the reason.")
+                   "in the manifest), iscrowd and image_id. A bad annotation is left out "
+                   "(in rejects.tsv with its id and the reason) and its image packed.")
 @click.option("--masks", "masks", type=click.Path(exists=True, file_okay=False), metavar="DIR",
               help="Semantic masks: a tree mirroring SRC with one PNG label map per image "
                    "(a/x.jpg -> DIR/a/x.png; modes P, L, I;16), stored losslessly as field "
@@ -212,8 +212,11 @@ def echo_summary(result: dict) -> None:
                + (f" (resumed at input {result['resumed_from']})" if result["resumed_from"] else ""))
     click.echo(render.convert_counts(result))
     if result.get("fields"):
-        click.echo("fields: " + ", ".join(f"{name} ({spec['type']})"
-                                          for name, spec in result["fields"].items()))
+        found = result.get("sidecars") or {}  # sidecar files found per field: not "ignored"
+        click.echo("fields: " + ", ".join(
+            f"{name} ({spec['type']}" + (f", {plural(found[name], 'sidecar file')} found"
+                                         if name in found else "") + ")"
+            for name, spec in result["fields"].items()))
     if result["via_links"] or result["repeated_dirs"]:
         click.echo(f"symlinks: {plural(result['via_links'], 'input')} reached through a link, "
                    f"{result['outside_src']} of them outside SRC; "

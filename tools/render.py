@@ -47,6 +47,9 @@ def convert_counts(result: dict) -> str:
 
 def _skip_lines(result: dict) -> list:
     lines = [f"skipped {result['rejects']}" + (" (see rejects.tsv)" if result["rejects"] else "")]
+    if result.get("annotation_rejects"):
+        lines.append(f"annotations rejected: {result['annotation_rejects']} (their images "
+                     f"packed without them; see rejects.tsv)")
     if result.get("ignored"):
         lines.append(f"ignored {plural(sum(result['ignored'].values()), 'file')} without an "
                      f"image suffix ("

@@ -127,6 +127,6 @@ def deliver(engine: Engine, batches, start: int, ticket0: int, prefetch, epoch: 
         if on_batch is not None:
             on_batch(len(hb.indices), time.perf_counter() - t0,
                      sum(runner.ready(ticket0 + j) for j in range(k + 1, submitted)))
-        if prefetch is not None:
-            prefetch.release(k - start)
         yield k, hb, images, labels
+        if prefetch is not None:  # after the consumer read the batch's fields from the cache
+            prefetch.release(k - start)

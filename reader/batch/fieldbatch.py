@@ -30,13 +30,11 @@ def check_fields(dataset, names) -> tuple:
         check_names(dataset, [n for n in names if n not in DEFAULT_FIELDS])
     except KeyError as exc:
         raise ValueError(exc.args[0]) from None
-    if dataset.is_remote and set(names) - set(DEFAULT_FIELDS):
-        raise ValueError(f"{dataset.path}: reading fields from object storage is not "
-                         f"supported yet; copy the data set to local disk")
     return names
 
 
-def _collate(values: list, spec: dict, device):
+def collate(values: list, spec: dict, device):
+    """One field of a batch, collated as default_collate would (see the module doc)."""
     import torch
 
     kind = spec["type"]
@@ -60,7 +58,7 @@ def batch_fields(dataset, indices, names: tuple, device) -> dict:
     shard_ids, local, _ = dataset.lookup(indices)
     rows = [read_record_fields(dataset, int(i), int(k), int(j), names)
             for i, k, j in zip(np.asarray(indices).tolist(), shard_ids.tolist(), local.tolist())]
-    return {n: _collate([r[n] for r in rows], dataset.fields[n], device) for n in names}
+    return {n: collate([r[n] for r in rows], dataset.fields[n], device) for n in names}
 
 
 def assemble(dataset, names: tuple, images, labels, indices) -> tuple:

@@ -185,12 +185,14 @@ class Resize:
     """torchvision's Resize: an int ``size`` scales the shorter side to it (the longer side
     becomes ``int(size * long / short)``), a ``(h, w)`` pair gives that exact size.
     ``interpolation`` ("bilinear", "bicubic", "nearest") and ``antialias`` with
-    torchvision's meanings. ``Resize(int)`` must be followed by CenterCrop or RandomCrop
-    (otherwise every image has its own size and cannot be batched)."""
+    torchvision's meanings. ``max_size`` (with an int size): the longer side is at most
+    that, torchvision's rule (detection's ``Resize(800, max_size=1333)``). ``Resize(int)``
+    needs CenterCrop / RandomCrop after it, or ``Loader(pad=True)`` (padding.py)."""
 
     size: object = 256
     interpolation: object = "bilinear"
     antialias: object = True
+    max_size: object = None
 
     def __post_init__(self):
         _set_filter(self, "Resize")
@@ -200,6 +202,10 @@ class Resize:
             raise ValueError(f"Resize: size {self.size!r} must be >= 1 pixel")
         else:
             object.__setattr__(self, "size", int(self.size))
+        if self.max_size is not None and (isinstance(self.size, tuple) or
+                                          int(self.max_size) <= self.size):
+            raise ValueError(f"Resize: max_size={self.max_size!r} needs an int size smaller "
+                             f"than it (torchvision's rule); got size={self.size!r}")
 
     def resized_shape(self, hs: np.ndarray, ws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(heights, widths) of the resized images, torchvision's rounding."""
@@ -208,6 +214,10 @@ class Resize:
         s = self.size
         short, long_ = np.minimum(hs, ws), np.maximum(hs, ws)
         new_long = (s * long_.astype(np.float64) / short).astype(np.int64)  # int(): truncates
+        if self.max_size is not None:
+            over = new_long > self.max_size  # torchvision: the long side becomes max_size
+            s = np.where(over, (self.max_size * s / np.maximum(new_long, 1)).astype(np.int64), s)
+            new_long = np.where(over, int(self.max_size), new_long)
         return np.where(hs <= ws, s, new_long), np.where(hs <= ws, new_long, s)
 
 

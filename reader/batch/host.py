@@ -18,6 +18,8 @@ recorded as ``(position, Skipped)`` and compacted away at the end of the batch.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from dlpack_io.kernels.records import JITTER_OPS
@@ -26,6 +28,7 @@ from dlpack_io.reader import jpegdecode, nativecopy
 from dlpack_io.reader.nativecopy import guarded_array
 from dlpack_io.reader.batch.build import (BuildContext, Scratch, record_payload, skip_or_raise,
                                           user_pixels)
+from dlpack_io.reader.batch import padding
 from dlpack_io.reader.batch.plan import BatchPlan, TransformSpec
 
 
@@ -126,6 +129,8 @@ def fill_range(ctx: BuildContext, plan: BatchPlan, a: int, b: int, epoch: int,
     when skipping appends ``(position, Skipped)`` to ``failed``."""
     if u8.shape != plan.shape or not u8.flags.c_contiguous:
         raise ValueError(f"batch buffer {u8.shape} is not a contiguous {plan.shape}")
+    if plan.params.sizes is not None:  # pad=True: each at its own size (padding.py)
+        return _fill_padded(ctx, plan, a, b, epoch, u8, scratch, progress, failed)
     flat = u8.reshape(-1)
     if _raw_crops_at_once(ctx, plan, a, b, flat):
         return
@@ -137,6 +142,22 @@ def fill_range(ctx: BuildContext, plan: BatchPlan, a: int, b: int, epoch: int,
             fill_sample(ctx, plan, pos, epoch, flat, pos * plane, scratch)
         except Exception as exc:
             skip_or_raise(ctx, plan.indices[pos], exc, failed, pos)
+
+
+def _fill_padded(ctx, plan, a, b, epoch, u8, scratch, progress, failed) -> None:
+    """Samples [a, b) each made at its own size, then placed top-left in its padded row."""
+    for pos in range(a, b):
+        if progress is not None:
+            progress[0] = plan.indices[pos]
+        h, w = (int(v) for v in plan.params.sizes[pos])
+        one = replace(plan, params=replace(plan.params, out_size=(h, w)))
+        sample = np.empty(3 * h * w, dtype=np.uint8)
+        try:
+            fill_sample(ctx, one, pos, epoch, sample, 0, scratch)
+        except Exception as exc:
+            skip_or_raise(ctx, plan.indices[pos], exc, failed, pos)
+            continue
+        padding.place(sample.reshape(3, h, w), u8, pos)
 
 
 def epilogue_kwargs(spec, params, a: int, b: int) -> dict:
@@ -164,5 +185,12 @@ def epilogue_rows(spec: TransformSpec, plan: BatchPlan, a: int, b: int, u8, out)
     from dlpack_io.kernels import reference
 
     if a == b:
+        return
+    if plan.params.sizes is not None:  # padded: each sample's own area (contrast's mean)
+        for pos in range(a, b):
+            h, w = (int(v) for v in plan.params.sizes[pos])
+            one = reference.epilogue(u8[pos:pos + 1, :, :h, :w].contiguous(),
+                                     **epilogue_kwargs(spec, plan.params, pos, pos + 1))
+            out[pos, :, :h, :w] = one[0]
         return
     reference.epilogue(u8[a:b], out=out[a:b], **epilogue_kwargs(spec, plan.params, a, b))

@@ -21,6 +21,7 @@ from typing import Callable
 
 import numpy as np
 
+from dlpack_io.reader.batch import padding
 from dlpack_io.reader.batch.buffers import BufferPool, SlotPool
 from dlpack_io.reader.batch.build import BuildContext, Scratch, split_ranges
 from dlpack_io.reader.batch.gather import GatherMeta, gather_batch, gather_bytes
@@ -156,6 +157,8 @@ def _scratch_u8(state: dict, n: int) -> np.ndarray:
 
 def output_size(ctx: BuildContext) -> tuple[int, int]:
     """(oh, ow) of every output image: the geometry's size, else the largest stored image."""
+    if ctx.spec.pad:  # the largest padded batch the data set can make
+        return padding.largest_output(ctx.spec.geometry, ctx.dataset, ctx.spec.pad)
     if ctx.spec.geometry is not None:
         return tuple(ctx.spec.geometry.size)
     h, w = largest_image(ctx.dataset)

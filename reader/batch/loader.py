@@ -28,7 +28,7 @@ from dlpack_io.reader.batch import resume, sources
 from dlpack_io.reader.batch.compat import (DataLoaderAttributes, pin_ok, pinned,
                                            refuse_dataloader_only)
 from dlpack_io.reader.batch.engine import deliver, make_engine
-from dlpack_io.reader.batch.fieldbatch import DEFAULT_FIELDS, assemble
+from dlpack_io.reader.batch.targets import Assembler
 from dlpack_io.reader.batch.options import (OPTION_DOCS, LoaderOptions, resolve_device,
                                             use_device_transforms)
 from dlpack_io.reader.batch.plan import compile_spec
@@ -65,10 +65,11 @@ class Loader(DataLoaderAttributes):
                  device_transforms: bool | None = _D.device_transforms,
                  reduced_decode: bool = _D.reduced_decode, block_size: int = _D.block_size,
                  block_window: int = _D.block_window, log_every=_D.log_every,
-                 pin_memory: bool = _D.pin_memory,
-                 prefetch_factor: int | None = _D.prefetch_factor,
+                 pin_memory: bool = _D.pin_memory, prefetch_factor: int | None = _D.prefetch_factor,
                  persistent_workers: bool = _D.persistent_workers, fields: tuple = _D.fields,
-                 options: LoaderOptions | None = None, **dataloader_only):
+                 pad: bool = _D.pad, pad_multiple: int = _D.pad_multiple,
+                 mask_pad_value: int = _D.mask_pad_value, options: LoaderOptions | None = None,
+                 **dataloader_only):
         args = locals()
         names = [f.name for f in dataclass_fields(LoaderOptions)]
         refuse_dataloader_only(dataloader_only, names)
@@ -79,12 +80,13 @@ class Loader(DataLoaderAttributes):
         self.dataset, self.subset = sources.unwrap(dataset, opts.indices)
         self.fields = sources.check_fields(self.dataset, opts.fields)
         self.spec = compile_spec(opts.transforms, dtype=opts.dtype,
-                                 reduced_decode=opts.reduced_decode)
+                                 reduced_decode=opts.reduced_decode, pad=opts.pad_stride)
         self.device = resolve_device(opts.device)
         self.device_transforms = use_device_transforms(opts.device_transforms, self.device) \
             and opts.sample_transform is None
         self.device_transforms = place_transforms(self.spec, self.device_transforms,
                                                   opts.device_transforms)
+        self._batch = Assembler(self.dataset, self.fields, self.spec, opts, self.device_transforms)
         self._finish = BatchFinish(self.spec, opts.seed, len(self.dataset.classes),
                                    self.device_transforms)
         self._world = (opts.rank, opts.world_size)
@@ -242,10 +244,7 @@ class Loader(DataLoaderAttributes):
             if self._finish.active:
                 images, labels = self._finish(images, labels, hb.indices, epoch,
                                               int(batches[k][0]))
-            out = (images, labels) if self.fields == DEFAULT_FIELDS else \
-                assemble(self.dataset, self.fields, images, labels, hb.indices)
-            batch = (*out, sources.public_indices(self.dataset, hb.indices)) \
-                if self.options.return_index else out
+            batch = self._batch(images, labels, hb.indices, epoch)  # targets.py
             yield pinned(batch) if self._pin else batch
             since = time.perf_counter()
             clock.stepped(since - now)  # outside next(): the training step

@@ -14,6 +14,7 @@ import numpy as np
 
 from dlpack_io.reader.batch import order as order_mod
 from dlpack_io.reader.batch.compat import check_prefetch
+from dlpack_io.reader.batch.padding import check_pad
 from dlpack_io.reader.batch.skips import check_on_error
 from dlpack_io.reader.batch.stats import parse_log_every
 
@@ -50,6 +51,12 @@ OPTION_DOCS = """
         memory; batches in flight per worker; False stops the workers after each epoch).
     fields: what each batch holds, in order: "image", "label" and the data set's fields
         (``ds.fields``), e.g. ("image", "caption"); default ("image", "label").
+    pad: pad each batch to its largest image (images of their own size, e.g.
+        Resize(800, max_size=1333) without a crop) and also yield the true (height, width)
+        of each, an int64 (B, 2) tensor after the fields; pad_multiple: round each padded
+        side up to a multiple of it (32 for most detection backbones); mask_pad_value: the
+        "mask" field's padding (255, the usual ignore index). Boxes ("boxes", a list of
+        (n, 4) tensors), their per-box fields and "mask" follow every crop, resize and flip.
     log_every: write ``str(loader.stats())`` through logging every N batches (an int) or
         every so many seconds ("30s"); None: never.
     options: a LoaderOptions holding all of the above instead (not both).
@@ -86,6 +93,9 @@ class LoaderOptions:
     prefetch_factor: int | None = None  # DataLoader's: batches in flight per worker
     persistent_workers: bool = True   # False: stop the workers after each epoch
     fields: tuple = ("image", "label")  # what each batch holds, in order (fieldbatch.py)
+    pad: bool = False                 # pad each batch to its largest image (padding.py)
+    pad_multiple: int = 1             # ... with each side rounded up to a multiple of this
+    mask_pad_value: int = 255         # the "mask" field's padding (an ignore index)
 
     def __post_init__(self):
         if int(self.batch_size) < 1 or int(self.num_workers) < 0 or int(self.seed) < 0:
@@ -114,6 +124,12 @@ class LoaderOptions:
         object.__setattr__(self, "shuffle", order_mod.check_shuffle(self.shuffle))
         check_on_error(self.on_error)
         parse_log_every(self.log_every)
+        check_pad(self.pad, self.pad_multiple, self.mask_pad_value)
+
+    @property
+    def pad_stride(self) -> int:
+        """0 without ``pad``, else the multiple each padded side is rounded up to."""
+        return check_pad(self.pad, self.pad_multiple, self.mask_pad_value)
 
     @property
     def in_flight(self) -> int:

@@ -25,6 +25,7 @@ from dlpack_io.reader.batch.transforms import (
                                                Resize, ResizeThenCrop, TransformError)
 from dlpack_io.reader.batch.autoaugment import AUGMENTS
 from dlpack_io.reader.batch.geometry import decode_windows
+from dlpack_io.reader.batch.padding import pad_params, sample_sizes
 
 ORDER_HELP = ("transforms must come in this order: [Resize] [RandomResizedCrop | RandomCrop | "
               "CenterCrop], then RandomHorizontalFlip / RandomVerticalFlip / ColorJitter in any "
@@ -47,6 +48,7 @@ class TransformSpec:
     erasing: RandomErasing | None = None  # on the finished batch (erasing.py)
     augment: object = None           # AutoAugment / RandAugment / TrivialAugmentWide (host)
     mixes: tuple = ()                # MixUp / CutMix on the delivered batch (mixing.py)
+    pad: int = 0                     # Loader(pad=True): the pad multiple, 0 off (padding.py)
 
     @property
     def resample(self) -> tuple[str, bool]:
@@ -66,20 +68,23 @@ class TransformSpec:
         indices = np.asarray(indices, dtype=np.int64)
         exact = windows = None
         if self.geometry is None:
-            boxes, size = full_image_boxes(heights, widths, indices)
+            boxes, size = full_image_boxes(heights, widths, indices, one_size=not self.pad)
             resize = False
         else:
             boxes = self.geometry.boxes(heights, widths, seed, epoch, indices)
-            size, resize = tuple(self.geometry.size), self.geometry.resizes
+            size, resize = self.geometry.size, self.geometry.resizes
+        size = (size, size) if isinstance(size, int) else tuple(size)  # int: pad sets it
+        sizes = sample_sizes(self.geometry, heights, widths) if self.pad else None
         if isinstance(self.geometry, ResizeThenCrop):
             exact = self.geometry.exact_boxes(heights, widths, seed, epoch, indices)
-            windows = decode_windows(exact, size, np.asarray(heights, np.int64),
-                                     np.asarray(widths, np.int64))
+            windows = decode_windows(exact, size if sizes is None else sizes.T,
+                                     np.asarray(heights, np.int64), np.asarray(widths, np.int64))
         fh = rng.uniforms(seed, epoch, rng.STREAM_FLIP_H, indices)[:, 0] < self.flip_h
         fv = rng.uniforms(seed, epoch, rng.STREAM_FLIP_V, indices)[:, 0] < self.flip_v
         factors, order = draw_jitter(self.jitter, seed, epoch, indices)
-        return SampleParams(boxes, fh, fv, factors, order, tuple(size), bool(resize),
-                            exact, windows, self.resample)
+        params = SampleParams(boxes, fh, fv, factors, order, tuple(size), bool(resize),
+                              exact, windows, self.resample)
+        return params if sizes is None else pad_params(params, sizes, self.pad)
 
 
 @dataclass(frozen=True)
@@ -96,13 +101,15 @@ class SampleParams:
     exact: np.ndarray | None = None    # (N, 4) float64 fractional boxes (Resize + crop)
     windows: np.ndarray | None = None  # (N, 4) int64 decode windows around ``exact``
     resample: tuple = ("bilinear", True)  # (interpolation, antialias) of the resize
+    sizes: np.ndarray | None = None    # (N, 2) true sizes in a padded batch (padding.py)
 
     def take(self, rows) -> "SampleParams":
         """The parameters of the given rows (an index array or boolean mask)."""
         pick = (lambda a: None if a is None else a[rows])
         return replace(self, boxes=self.boxes[rows], flip_h=self.flip_h[rows],
                        flip_v=self.flip_v[rows], jitter=pick(self.jitter), order=pick(self.order),
-                       exact=pick(self.exact), windows=pick(self.windows))
+                       exact=pick(self.exact), windows=pick(self.windows),
+                       sizes=pick(self.sizes))
 
 
 def draw_jitter(jitter: ColorJitter | None, seed: int, epoch: int, indices):
@@ -122,10 +129,11 @@ def draw_jitter(jitter: ColorJitter | None, seed: int, epoch: int, indices):
     return factors, order
 
 
-def full_image_boxes(heights, widths, indices) -> tuple[np.ndarray, tuple]:
-    """Boxes covering whole images (no geometry transform); all images must be one size."""
+def full_image_boxes(heights, widths, indices, one_size=True) -> tuple[np.ndarray, tuple]:
+    """Boxes covering whole images (no geometry transform); all images must be one size
+    (unless ``one_size`` is False: a padded batch)."""
     hs, ws = np.asarray(heights, np.int64), np.asarray(widths, np.int64)
-    if len(hs) and (np.any(hs != hs[0]) or np.any(ws != ws[0])):
+    if one_size and len(hs) and (np.any(hs != hs[0]) or np.any(ws != ws[0])):
         i = int(np.flatnonzero((hs != hs[0]) | (ws != ws[0]))[0])
         raise TransformError(f"without a crop or Resize every image must have one size, but "
                              f"this one is {int(hs[i])}x{int(ws[i])} and sample "
@@ -175,19 +183,20 @@ def _check_order(transforms) -> None:
                          f"box relative to the image: drop the Resize)")
 
 
-def _geometry(transforms):
+def _geometry(transforms, pad: int = 0):
     resize = next((t for t in transforms if isinstance(t, Resize)), None)
     crop = next((t for t in transforms if isinstance(t, CROPS)), None)
     if resize is None:
         return crop
-    if crop is None and not isinstance(resize.size, tuple):
+    if crop is None and not isinstance(resize.size, tuple) and not pad:
         raise ValueError(f"Resize({resize.size}) alone gives every image its own size, which "
                          f"cannot be batched: follow it by CenterCrop/RandomCrop, or give "
-                         f"Resize((height, width)); {ORDER_HELP}")
+                         f"Resize((height, width)) (or Loader(pad=True)); {ORDER_HELP}")
     return ResizeThenCrop(resize, crop)
 
 
-def compile_spec(transforms=(), *, dtype=None, reduced_decode: bool = True) -> TransformSpec:
+def compile_spec(transforms=(), *, dtype=None, reduced_decode: bool = True,
+                 pad: int = 0) -> TransformSpec:
     """Check ``transforms`` (torchvision-named objects of this package) and resolve them.
 
     ``dtype`` None means uint8 without Normalize, float32 with it. Raises ValueError /
@@ -208,7 +217,7 @@ def compile_spec(transforms=(), *, dtype=None, reduced_decode: bool = True) -> T
         raise ValueError(f"Normalize: {len(norm.mean)} means/stds for 3-channel RGB images")
     pick = (lambda cls: next((t for t in transforms if isinstance(t, cls)), None))
     flip_h, flip_v = pick(RandomHorizontalFlip), pick(RandomVerticalFlip)
-    geometry = _geometry(transforms)
+    geometry = _geometry(transforms, pad)
     mode, antialias = (getattr(geometry, "interpolation", "bilinear"),
                        getattr(geometry, "antialias", True))
     # the DCT downscale is itself a low-pass: only an antialiased filter may start from it
@@ -216,7 +225,8 @@ def compile_spec(transforms=(), *, dtype=None, reduced_decode: bool = True) -> T
     mixes = tuple(t for t in transforms if isinstance(t, (MixUp, CutMix)))
     return TransformSpec(geometry, flip_h.p if flip_h else 0.0,
                          flip_v.p if flip_v else 0.0, pick(ColorJitter), norm, dtype, reduce,
-                         erasing=pick(RandomErasing), mixes=mixes, augment=pick(AUGMENTS))
+                         erasing=pick(RandomErasing), mixes=mixes, augment=pick(AUGMENTS),
+                         pad=int(pad))
 
 
 # ---- plan one batch ---------------------------------------------------------------------

@@ -22,6 +22,8 @@ def kernel_cannot(spec) -> str | None:
     if spec.augment is not None:
         return (f"{type(spec.augment).__name__} runs per sample on the host (the GPU kernels "
                 f"do not have its ops)")
+    if spec.pad:
+        return "pad=True makes each image at its own size (the GPU kernels write one size)"
     mode, _ = spec.resample
     if mode != "bilinear":
         return (f"interpolation={mode!r}: the GPU kernel resamples bilinearly (with or "

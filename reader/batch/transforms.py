@@ -12,7 +12,8 @@ GPU), followed by one shared epilogue (colour jitter, normalisation, cast) whose
 in ``dlpack_io.kernels`` only.
 
 Geometry (geometry.py; at most one of each, in this order):
-  * :class:`Resize`: shorter side to ``size`` (or an exact ``(h, w)``), antialiased bilinear;
+  * :class:`Resize`: shorter side to ``size`` (or an exact ``(h, w)``; ``max_size`` caps the
+    longer side), antialiased bilinear; alone (int size) only with ``Loader(pad=True)``;
     followed by :class:`CenterCrop` or :class:`RandomCrop` it crops the resized image.
   * :class:`RandomResizedCrop`: torchvision's box sampling, resized to ``size``.
   * :class:`RandomCrop` / :class:`CenterCrop`: a ``size`` box (no padding).

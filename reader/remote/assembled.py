@@ -87,7 +87,7 @@ class WholeShards:
             os.close(fd)
         view = memoryview(mm)
         if self._stamp(k) != sig:
-            bad = _first_bad(view, shard.index)
+            bad = _first_bad(view, shard)
             if bad is not None:
                 view.release()
                 mm.close()
@@ -135,7 +135,7 @@ class WholeShards:
         shard = self.source.shards[k]
         head = cache_mod.read_file(self.source.cache.index_path(shard.name), shard.size)
         index = shard.index
-        records = int(index["length"].astype(np.int64).sum())
+        records = int(self.source.lengths[first:first + len(index)].sum())  # spans
         extra = shard.size - records
         if head is None or len(head) != shard.size - shard.header.index_offset + fmt.HEADER_SIZE \
                 or not self.keeper.admit([extra], budget)[0]:
@@ -167,23 +167,24 @@ class WholeShards:
         self._drop_records(k, first, index)
 
     def _copy_records(self, fd: int, k: int, first: int, index) -> bool:
-        """Copy kept record files of shard ``k`` into ``fd`` at their offsets; False when
-        one is missing or damaged (nothing is assembled). A file this process verified and
-        that is unchanged since (same inode, size, mtime) is not checked again."""
-        keeper = self.keeper
+        """Copy kept record files of shard ``k`` (image, then field block in format 3) into
+        ``fd`` at their offsets; False when one is missing or damaged (nothing is
+        assembled). A file this process verified and that is unchanged since (same inode,
+        size, mtime) is not checked again."""
+        keeper, shard = self.keeper, self.source.shards[k]
         for j, e in enumerate(index):
-            length = int(e["length"])
+            span = int(self.source.lengths[first + j])
             opened = cachefs.open_regular(keeper.path(k, j))
             if opened is None:
                 return False
             rfd, st = opened
             try:
-                data = os.pread(rfd, length + 1, 0) if st.st_size == length else b""
+                data = os.pread(rfd, span + 1, 0) if st.st_size == span else b""
             finally:
                 os.close(rfd)
             known = keeper.kept[first + j] and \
                 tuple(keeper.sig[first + j]) == (st.st_ino, st.st_size, st.st_mtime_ns)
-            if len(data) != length or (not known and fmt.crc32(data) != int(e["crc"])):
+            if len(data) != span or (not known and not _intact(data, 0, e, shard, j)):
                 return False
             os.pwrite(fd, data, int(e["offset"]))
         return True
@@ -239,10 +240,20 @@ def _signature(path: str):
     return st.st_ino, st.st_size, st.st_mtime_ns
 
 
-def _first_bad(view, index) -> int | None:
-    """Number of the first record of ``index`` whose bytes in ``view`` fail their CRC."""
-    for j, e in enumerate(index):
-        start = int(e["offset"])
-        if fmt.crc32(view[start:start + int(e["length"])]) != int(e["crc"]):
+def _first_bad(view, shard) -> int | None:
+    """Number of the first record of ``shard`` whose bytes (image, field block) in
+    ``view`` fail their CRC."""
+    for j, e in enumerate(shard.index):
+        if not _intact(view, int(e["offset"]), e, shard, j):
             return j
     return None
+
+
+def _intact(buf, at: int, e, shard, j: int) -> bool:
+    """Whether record ``j``'s image (index entry ``e``) at ``at`` of ``buf``, and its field
+    block right after it, pass their CRCs."""
+    length = int(e["length"])
+    if fmt.crc32(buf[at:at + length]) != int(e["crc"]):
+        return False
+    flen, fcrc = shard.fields_entry(j)
+    return not flen or fmt.crc32(buf[at + length:at + length + flen]) == fcrc

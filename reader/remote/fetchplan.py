@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dlpack_io.reader.remote.recordspan import extents
+
 MODES = ("records", "shards")
 
 
@@ -108,11 +110,11 @@ def range_requests(items: np.ndarray, positions, lookup, *, gap: int, max_bytes:
     requests holding the records needed earliest first, so decoding can start while the
     rest arrive."""
     shard_ids, local, entries = lookup
-    out = []
+    spans, out = extents(entries), []  # a record's image and field block: one span
     for k in np.unique(shard_ids):
         sel = np.flatnonzero(shard_ids == k)
         sel = sel[np.argsort(entries["offset"][sel], kind="stable")]
-        for start, end, pos in coalesce(entries["offset"][sel], entries["length"][sel],
+        for start, end, pos in coalesce(entries["offset"][sel], spans[sel],
                                         gap=gap, max_bytes=max_bytes):
             p = sel[pos]
             out.append((int(positions[p].min()),

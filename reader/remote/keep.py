@@ -33,6 +33,7 @@ import numpy as np
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.remote import cache as cache_mod
 from dlpack_io.reader.remote import cachefs
+from dlpack_io.reader.remote.recordspan import extents, mismatch
 
 log = logging.getLogger(__name__)
 ROOM_BATCHES = 16  # room kept free for batches in flight when the data set does not fit
@@ -117,6 +118,7 @@ class KeptRecords:
         ``lstat``), others read and checked against their CRC. ``lookup`` = (shard numbers,
         record numbers, index entries) of ``samples``."""
         shard_ids, local, entries = lookup
+        spans = extents(entries)  # a record file holds its image and field block
         out = np.zeros(len(samples), dtype=bool)
         for i, (s, k, j) in enumerate(zip(samples.tolist(), shard_ids.tolist(), local.tolist())):
             if self.kept[s]:
@@ -130,11 +132,12 @@ class KeptRecords:
                 self.kept[s] = False
             elif self.looked[s]:
                 continue
-            out[i] = self._verify(s, k, j, int(entries["length"][i]), int(entries["crc"][i]))
+            out[i] = self._verify(s, k, j, int(spans[i]), entries[i])
         return out
 
-    def _verify(self, sample: int, k: int, j: int, length: int, crc: int) -> bool:
-        """Read kept record (k, j) and check it; remember it when it passes."""
+    def _verify(self, sample: int, k: int, j: int, length: int, entry) -> bool:
+        """Read kept record (k, j), ``length`` bytes (its image and field block), and check
+        it against ``entry``'s CRCs; remember it when it passes."""
         path = self.path(k, j)
         opened = cachefs.open_regular(path)
         self.looked[sample] = True
@@ -145,7 +148,7 @@ class KeptRecords:
             data = os.pread(fd, length + 1, 0) if st.st_size == length else None
         finally:
             os.close(fd)
-        if data is None or len(data) != length or fmt.crc32(data) != crc:
+        if data is None or mismatch(data, entry) is not None:
             self.discard(path, length, f"kept record {j} of shard {k} fails its checksum or "
                                        f"size (damaged or edited locally)")
             return False

@@ -22,6 +22,7 @@ from dlpack_io.reader import format as fmt
 from dlpack_io.reader.remote.fetchplan import range_requests
 from dlpack_io.reader.remote.keep import READ_AHEAD, publish_records, read_ahead, split_limit
 from dlpack_io.reader.remote.planmsg import rewrap as _rewrap, timeout_message, warn_overcommit
+from dlpack_io.reader.remote.recordspan import extents, mismatch
 
 log = logging.getLogger(__name__)
 ABSENT, REQUESTED, PRESENT = 0, 1, 2
@@ -156,13 +157,14 @@ class Planner:
         self.stats["bytes_fetched"] += end - start
         self.source.bytes_fetched += end - start
         pieces = []
-        for j, e in zip(local.tolist(), entries):
-            off, length = int(e["offset"]) - start, int(e["length"])
-            pieces.append(data[off:off + length])
-            if fmt.crc32(pieces[-1]) != int(e["crc"]):
+        for j, e, length in zip(local.tolist(), entries, extents(entries).tolist()):
+            off = int(e["offset"]) - start
+            pieces.append(data[off:off + length])  # the image and its field block (recordspan.py)
+            bad = mismatch(pieces[-1], e)  # "image", "field block" or "span"
+            if bad is not None:
                 raise fmt.FormatError(
                     f"{shard.path} record {j} (bytes {int(e['offset'])}-{int(e['offset']) + length - 1}):"
-                    f" checksum mismatch in the downloaded bytes: the object in the bucket is "
+                    f" {bad} checksum mismatch in the downloaded bytes: the object in the bucket is "
                     f"damaged or was replaced; run 'dlpack verify {self.source.url}'")
         self._mark_present(samples, publish_records(self.source.keeper, self.session, k, samples,
                                                     local, pieces, self.keep_budget))

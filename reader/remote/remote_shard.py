@@ -32,7 +32,8 @@ class RemoteShard:
         self.name = fmt.check_shard_name(entry["name"], source.url)
         self.path = f"{source.url}/{self.name}"
         self.size, self.expected_crc = entry["bytes"], entry["crc"]
-        self._index = self._header = self._meta_bytes = None
+        self._index = self._header = self._meta_bytes = self._fields = None
+        self._fetched = None  # (j, span) last fetched on demand: ds.sample(i) is one request
         self.etag = None  # seen when the index was fetched; later reads require the same
 
     # -- index ------------------------------------------------------------------------------
@@ -51,7 +52,9 @@ class RemoteShard:
         check_index(index, where, data_offset=header.data_offset, data_end=header.index_offset,
                     num_classes=len(self.source.manifest["classes"]),
                     max_pixels=self.source.max_pixels)  # the same checks as a local shard
-        # format 3: images are read as in format 2; fields are not fetched remotely yet
+        # format 3: the image columns as in format 2, the field columns beside them
+        self._fields = None if index.dtype == fmt.INDEX_DTYPE else \
+            np.ascontiguousarray(index[["fields_length", "fields_crc"]])
         self._header, self._index, self._meta_bytes = header, fmt.image_index(index), meta
 
     def load_cached_index(self) -> bool:
@@ -125,42 +128,86 @@ class RemoteShard:
         reads record by record)."""
         return self.source.whole.view(self.number)
 
+    def entries(self, local, dtype=fmt.INDEX_DTYPE) -> np.ndarray:
+        """Index entries of records ``local`` as ``dtype``: INDEX_DTYPE, or
+        FIELDS_INDEX_DTYPE with the field columns (zeros in a format-2 shard)."""
+        index = self.index[local]
+        if dtype == fmt.INDEX_DTYPE:
+            return index
+        out = np.zeros(len(index), dtype=dtype)
+        for name in fmt.INDEX_DTYPE.names:
+            out[name] = index[name]
+        if self._fields is not None:
+            out["fields_length"] = self._fields["fields_length"][local]
+            out["fields_crc"] = self._fields["fields_crc"][local]
+        return out
+
+    @property
+    def has_fields(self) -> bool:
+        """True for a format-3 shard (its records carry a field block, maybe empty)."""
+        self.index  # noqa: B018
+        return self._fields is not None
+
+    def fields_entry(self, j: int) -> tuple[int, int]:
+        """(length, CRC-32) of record ``j``'s field block; (0, 0) in a format-2 shard."""
+        if not self.has_fields:
+            return 0, 0
+        return int(self._fields["fields_length"][j]), int(self._fields["fields_crc"][j])
+
     def payload(self, j: int) -> bytes:
         """Verified bytes of record ``j``: from this session's cache, else (main process
         only) fetched now. Cached bytes that fail their checksum are discarded (a warning
         names the file) and fetched again; FormatError when the fetched bytes fail too."""
+        return self._part(j, False)
+
+    def fields_block(self, j: int) -> bytes:
+        """Verified bytes of record ``j``'s field block (empty in a format-2 shard), read
+        from the same cached span as its image (recordspan.py), checked like ``payload``."""
+        return self._part(j, True) if self.has_fields else b""
+
+    def _part(self, j: int, fields: bool) -> bytes:
         entry = self.index[j]
-        offset, length, crc = int(entry["offset"]), int(entry["length"]), int(entry["crc"])
+        offset, length = int(entry["offset"]), int(entry["length"])
+        flen, fcrc = self.fields_entry(j)
+        start, n, crc = (length, flen, fcrc) if fields else (0, length, int(entry["crc"]))
         whole = self.source.whole.view(self.number)
         if whole is not None:  # verified when mapped, as a local shard: zero-copy
-            return whole[offset:offset + length]
-        data, origin = self._cached(j, offset, length)
+            return whole[offset + start:offset + start + n]
+        data, origin = self._cached(j, offset + start, n, length + flen)
         if data is None and self._planned(j):  # the prefetcher brings it: don't fetch twice
-            data, origin = self._cached(j, offset, length)
-        if data is not None and (len(data) != length or fmt.crc32(data) != crc):
-            self._discard(origin, j, length)
+            data, origin = self._cached(j, offset + start, n, length + flen)
+        if data is not None and (len(data) != n or fmt.crc32(data) != crc):
+            self._discard(origin, j, length + flen)
             data = None
         if data is None:
-            data = self._fetch_now(j, offset, length)
-        if len(data) != length or fmt.crc32(data) != crc:
-            raise fmt.FormatError(f"{self.path} record {j} (bytes {offset}-{offset + length - 1}): "
-                                  f"checksum mismatch in the downloaded bytes: the object in "
-                                  f"the bucket is damaged or was replaced")
+            data = self._fetch_now(j, offset, length + flen)[start:start + n]
+        if len(data) != n or fmt.crc32(data) != crc:
+            self.source.last_fetched = None
+            raise fmt.FormatError(f"{self.path} record {j} (bytes {offset + start}-"
+                                  f"{offset + start + n - 1}): {'field block ' * fields}checksum "
+                                  f"mismatch in the downloaded bytes: the object in the bucket "
+                                  f"is damaged or was replaced")
         return data
 
-    def _cached(self, j: int, offset: int, length: int) -> tuple[bytes | None, str]:
-        """(bytes of record ``j`` from the kept records or this session's cache, or None;
-        the file they came from); unverified: the caller checks them."""
+    def _cached(self, j: int, at: int, n: int, span: int) -> tuple[bytes | None, str]:
+        """(``n`` bytes at shard offset ``at`` of record ``j`` from the kept records or this
+        session's cache, or None; the file they came from); unverified: the caller checks
+        them. A record file holds the record's whole ``span`` (image, then field block)."""
         session = self.source.session
+        rel = at - int(self.index[j]["offset"])
         for path in (self.source.keeper.path(self.number, j), session.record_path(self.number, j)):
-            data = cache_mod.read_file(path, length)
+            if rel == 0:  # the image: the file is read whole (its few field bytes come along)
+                data = cache_mod.read_file(path, span)
+                data = None if data is None else data[:n]
+            else:
+                data = cachefs.pread_exact(path, rel, n, span)
             if data is not None:
                 return data, path
         pin = session.pin_path(self.name)
-        data = cachefs.pread_exact(pin, offset, length, self.size)
+        data = cachefs.pread_exact(pin, at, n, self.size)
         whole = self.source.whole.view(self.number) if data is None else None
         if whole is not None:  # assembled (and its records removed) since we looked
-            return bytes(whole[offset:offset + length]), self.source.whole.path(self.number)
+            return bytes(whole[at:at + n]), self.source.whole.path(self.number)
         return data, pin
 
     def _discard(self, path: str, j: int, length: int) -> None:
@@ -188,14 +235,22 @@ class RemoteShard:
             return False
         return active.wait_record(self.number, self.source.first_sample(self.number) + j)
 
-    def _fetch_now(self, j: int, offset: int, length: int) -> bytes:
+    def _fetch_now(self, j: int, offset: int, span: int) -> bytes:
+        """Record ``j``'s whole span (image + field block) in one request; the last one
+        is kept so that ``ds.sample(i)`` reads image and fields with one request."""
+        last = self.source.last_fetched
+        if last is not None and last[:2] == (self.number, j):
+            return last[2]
         if self.source.store.owner_pid not in (None, os.getpid()) or not self.source.session.owner:
             raise StorageError(
                 f"{self.path} record {j}: not in the local cache {self.source.session.dir}, and "
                 f"this process (pid {os.getpid()}) may not fetch it (only the process that "
                 f"opened the data set talks to the network); call dataset.start_prefetch(...) "
                 f"and wait for the batch first (the Loader does this)")
-        return self.source.store.get_range(self.name, offset, offset + length, etag=self.etag)
+        data = bytes(self.source.store.get_range(self.name, offset, offset + span, etag=self.etag))
+        if self.has_fields:  # one record per data set, only where a second part may follow
+            self.source.last_fetched = (self.number, j, data)
+        return data
 
     def __getstate__(self):
         raise TypeError("RemoteShard is pickled as part of its Dataset, not on its own")

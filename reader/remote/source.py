@@ -17,6 +17,7 @@ import numpy as np
 from dlpack_io.reader.remote import cache as cache_mod
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.remote.assembled import WholeShards
+from dlpack_io.reader.remote.recordspan import extents
 from dlpack_io.reader.remote.keep import KeptRecords
 from dlpack_io.reader.remote.remote_shard import RemoteShard
 from dlpack_io.reader.remote.storage import Policy, Store, run_sync
@@ -55,8 +56,13 @@ class RemoteSource:
         if attach is None:
             self._load_indexes()
         self._starts = np.array([e["first_sample"] for e in self.manifest["shards"]], np.int64)
-        self.lengths = np.concatenate([s.index["length"] for s in self.shards]).astype(np.int64) \
+        # a record's cached span: its image and (format 3) its field block (recordspan.py)
+        self.record_dtype = fmt.FIELDS_INDEX_DTYPE if any(s.has_fields for s in self.shards) \
+            else fmt.INDEX_DTYPE
+        self.lengths = np.concatenate([extents(s.entries(slice(None), self.record_dtype))
+                                       for s in self.shards]) \
             if self.shards else np.zeros(0, np.int64)
+        self.last_fetched = None  # (shard, record, span) a RemoteShard fetched on demand last
         self.keeper = KeptRecords(self.cache, len(self.lengths), owner=self.session.owner)
         self.whole = WholeShards(self)  # kept shards assembled into one mapped file each
         self.fetch_mode, self._active = None, None
@@ -127,13 +133,14 @@ class RemoteSource:
         return k, sample - self.first_sample(k)
 
     def dataset_lookup(self, samples: np.ndarray):
-        """(shard numbers, record numbers, index entries) of ``samples``."""
+        """(shard numbers, record numbers, index entries) of ``samples`` (the entries carry
+        the field columns when the data set's records have field blocks)."""
         shard_ids = self.shard_of(samples)
         local = samples - self._starts[shard_ids]
-        entries = np.empty(samples.shape, dtype=fmt.INDEX_DTYPE)
+        entries = np.empty(samples.shape, dtype=self.record_dtype)
         for k in np.unique(shard_ids):
             mask = shard_ids == k
-            entries[mask] = self.shards[int(k)].index[local[mask]]
+            entries[mask] = self.shards[int(k)].entries(local[mask], self.record_dtype)
         return shard_ids, local, entries
 
     def start_prefetch(self, dataset, batches, *, mode=None):

@@ -16,4 +16,5 @@ def test_each_public_op_holds_its_kernels():
                for p in MODULES}
     assert kernels.pop("crop") == ["_crop_flip_permute_kernel"]
     assert kernels.pop("resize") == ["_resized_crop_kernel", "_resized_crop_aa_kernel"]
+    assert kernels.pop("masks") == ["_mask_gather_kernel"]
     assert not any(kernels.values()), kernels

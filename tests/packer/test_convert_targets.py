@@ -77,42 +77,91 @@ def test_skip_empty_leaves_out_images_without_boxes(tmp_path):
 
 
 BAD = [({"id": 7, "image_id": 10, "category_id": 1, "bbox": [60, 6, 10, 4]},
-        "annotation 7: box [60, 6, 10, 4] (x, y, w, h) lies outside the 64x48 image"),
+        "box [60, 6, 10, 4] (x, y, w, h) lies outside the 64x48 image (width x height)"),
        ({"id": 8, "image_id": 11, "category_id": 1, "bbox": [6, 6, -1, 4]},
-        "annotation 8: box [6, 6, -1, 4] (x, y, w, h) has a negative width"),
+        "box [6, 6, -1, 4] (x, y, w, h) has a negative width"),
        ({"id": 9, "image_id": 12, "category_id": 1, "bbox": [6, float("nan"), 1, 4]},
-        "annotation 9: box [6, nan, 1, 4] (x, y, w, h) has a non-finite number")]
+        "box [6, nan, 1, 4] (x, y, w, h) has a non-finite number"),
+       ({"id": 12, "image_id": 13, "category_id": 2, "bbox": [1, 1, 1, 1]},
+        "category_id 2 is not one of the file's categories"),
+       ({"id": 14, "image_id": 15, "category_id": 1, "bbox": [10**400, 1, 1, 1]},
+        "bbox [1000000000"),
+       ({"id": 15, "image_id": 16, "category_id": 1, "bbox": [1, 1, 1, "1"]},
+        "bbox [1, 1, 1, '1'] is not 4 numbers (x, y, width, height)"),
+       ({"id": 16, "image_id": 17, "category_id": 1, "bbox": [1, 1, 1, 1], "iscrowd": True},
+        "iscrowd True, expected 0 or 1"),
+       ({"id": 17, "image_id": 10, "category_id": 3, "bbox": [5, 6, 0, 4]},
+        "box [5, 6, 0, 4] (x, y, w, h) has zero width (clipped to the 64x48 image)"),
+       ({"id": 18, "image_id": 10, "category_id": 3, "bbox": [5, 48, 3, 0.005]},
+        "box [5, 48, 3, 0.005] (x, y, w, h) has zero height (clipped to the 64x48 image)")]
 
 
-def test_bad_annotations_reject_their_image_naming_id_and_reason(tmp_path):
-    anns = [a for a, _ in BAD] + [
-        {"id": 11, "image_id": 99, "category_id": 1, "bbox": [1, 1, 1, 1]},
-        {"id": 12, "image_id": 13, "category_id": 2, "bbox": [1, 1, 1, 1]},
-        {"id": 13, "image_id": 14, "category_id": 1, "bbox": [1, 1, 1, 1]},
-        {"id": 14, "image_id": 15, "category_id": 1, "bbox": [10**400, 1, 1, 1]},
-        {"id": 15, "image_id": 16, "category_id": 1, "bbox": [1, 1, 1, "1"]},
-        {"id": 16, "image_id": 17, "category_id": 1, "bbox": [1, 1, 1, 1], "iscrowd": True}]
+def _tsv(dst):
+    lines = (dst / "rejects.tsv").read_text().splitlines()
+    assert lines[0] == "path\treason"
+    return dict(line.split("\t") for line in lines[1:])
+
+
+def test_bad_annotations_are_rejected_alone_and_their_images_kept(tmp_path):
+    good = [{"id": 1, "image_id": 10, "category_id": 3, "bbox": [1, 2, 3, 4], "iscrowd": 1},
+            {"id": 2, "image_id": 10, "category_id": 1, "bbox": [0, 0, 64.004, 48]},
+            {"id": 3, "image_id": 14, "category_id": 1, "bbox": [2, 2, 2, 2]}]
+    orphan = {"id": 11, "image_id": 99, "category_id": 1, "bbox": [1, 1, 1, 1]}
+    anns = [good[0], BAD[0][0], good[1]] + [a for a, _ in BAD[1:]] + [good[2], orphan]
     images = [{"id": 10 + k, "file_name": f"imgs/{k}.jpg", "width": 64, "height": 48}
               for k in range(8)]
     coco = _coco(tmp_path, anns, images)
-    convert(tmp_path / "src", tmp_path / "ds", coco=str(coco), workers=0, progress=False)
+    result = convert(tmp_path / "src", tmp_path / "ds", coco=str(coco), workers=0,
+                     progress=False)
+    assert (result["num_samples"], result["rejects"], result["annotation_rejects"]) == \
+        (8, 1, len(BAD))
     ds = Dataset(tmp_path / "ds")
-    rejects = _rejects(ds)
-    for k, (_, why) in enumerate(BAD):
-        assert rejects[f"imgs/{k}.jpg"].startswith(why)
-    assert rejects["imgs/3.jpg"] == "annotation 12: category_id 2 is not one of the file's " \
-                                    "categories"
-    assert rejects["instances.json:annotation 11"].endswith(
-        "annotation 11: image_id 99 is not an image of the file")
-    assert rejects["imgs/5.jpg"].startswith("annotation 14: bbox [1000000000")
-    assert rejects["imgs/5.jpg"].endswith("holds an integer beyond 2^53 pixels")
-    assert rejects["imgs/6.jpg"] == "annotation 15: bbox [1, 1, 1, '1'] is not 4 numbers " \
-                                    "(x, y, width, height)"
-    assert rejects["imgs/7.jpg"] == "annotation 16: iscrowd True, expected 0 or 1"
-    assert list(_by_path(ds)) == ["imgs/4.jpg"]
-    with pytest.raises(ConversionError, match="annotation 7: box .* lies outside"):
-        convert(tmp_path / "src", tmp_path / "ds2", coco=str(coco), workers=0,
+    assert list(_rejects(ds)) == ["instances.json:annotation 11"]  # no image to keep
+    tsv = _tsv(tmp_path / "ds")
+    assert tsv.pop("instances.json:annotation 11").endswith("image_id 99 is not an image "
+                                                            "of the file")
+    image_of = {a["id"]: a["image_id"] for a, _ in BAD}
+    assert sorted(tsv) == sorted(f"instances.json:annotation {a['id']}" for a, _ in BAD)
+    for a, why in BAD:
+        head = f"annotation {a['id']} of image {a['image_id']} " \
+               f"(imgs/{image_of[a['id']] - 10}.jpg): "
+        assert tsv[f"instances.json:annotation {a['id']}"].startswith(head + why)
+    got = _by_path(ds)
+    kept = got["imgs/0.jpg"]  # its good boxes, in file order, categories aligned
+    np.testing.assert_array_equal(kept["boxes"], np.array([[1, 2, 4, 6], [0, 0, 64, 48]],
+                                                          np.float32))
+    assert kept["categories"].tolist() == [3, 1] and kept["iscrowd"].tolist() == [1, 0]
+    assert got["imgs/4.jpg"]["boxes"].tolist() == [[2, 2, 4, 4]]
+    for k in (1, 2, 3, 5, 6, 7):  # every annotation bad: kept with N = 0
+        assert got[f"imgs/{k}.jpg"]["boxes"].shape == (0, 4)
+        assert got[f"imgs/{k}.jpg"]["categories"].shape == (0,)
+    out = CliRunner().invoke(main, ["convert", str(tmp_path / "src"), str(tmp_path / "d2"),
+                                    "--coco", str(coco), "--skip-empty", "--workers", "0"])
+    assert out.exit_code == 3, out.output  # the orphan annotation's reject is an input's
+    assert "skipped 1 (see rejects.tsv)\nannotations rejected: 9 (their images packed " \
+           "without them; see rejects.tsv)" in out.output
+    assert sorted(_by_path(Dataset(tmp_path / "d2"))) == ["imgs/0.jpg", "imgs/4.jpg"]
+    with pytest.raises(ConversionError, match=r"instances.json:annotation 7: annotation 7 "
+                                              r"of image 10 \(imgs/0.jpg\): box .* outside"):
+        convert(tmp_path / "src", tmp_path / "d3", coco=str(coco), workers=0,
                 progress=False, on_error="fail", shuffle=False)
+    assert not (tmp_path / "d3").exists()
+
+
+def test_boxes_of_an_image_without_a_size_in_the_file_are_checked_against_its_header(
+        tmp_path):
+    anns = [{"id": 1, "image_id": 10, "category_id": 1, "bbox": [50, 1, 20, 4]},
+            {"id": 2, "image_id": 10, "category_id": 1, "bbox": [50, 1, 14, 4]}]
+    coco = _coco(tmp_path, anns, [{"id": 10, "file_name": "imgs/0.jpg"}])
+    out = CliRunner().invoke(main, ["convert", str(tmp_path / "src"), str(tmp_path / "ds"),
+                                    "--coco", str(coco), "--workers", "0"])
+    assert out.exit_code == 0, out.output  # --max-rejects counts inputs, not annotations
+    assert "annotations rejected: 1 " in out.output
+    assert _tsv(tmp_path / "ds") == {"instances.json:annotation 1": "annotation 1 of image "
+                                     "10 (imgs/0.jpg): box [50, 1, 20, 4] (x, y, w, h) lies "
+                                     "outside the 64x48 image (width x height)"}
+    assert _by_path(Dataset(tmp_path / "ds"))["imgs/0.jpg"]["boxes"].tolist() == \
+        [[50, 1, 64, 5]]
 
 
 @pytest.mark.parametrize("text, match", [
@@ -154,22 +203,39 @@ def test_hostile_image_entries_are_rejects_and_nothing_outside_src_is_read(tmp_p
 
 def test_jsonl_boxes_are_checked_like_coco(tmp_path):
     src = tmp_path / "src"
-    for k in range(3):
+    for k in range(4):
         _image(src / f"{k}.jpg", 32, 16)
-    lines = [{"path": "0.jpg", "boxes": [[1, 2, 3.5, 4]], "categories": [7], "caption": "a"},
-             {"path": "1.jpg", "boxes": [[1, 2, 40, 4]], "categories": [7], "caption": "b"},
-             {"path": "2.jpg", "boxes": [], "categories": [], "caption": "c"}]
+    lines = [{"path": "0.jpg", "boxes": [[1, 2, 3.5, 4]], "categories": [7], "iscrowd": [0],
+              "caption": "a"},
+             {"path": "1.jpg", "boxes": [[1, 2, 40, 4], [2, 3, 5, 6], [4, 4, 4, 9]],
+              "categories": [7, 9, 8], "iscrowd": [0, 1, 0], "caption": "b"},
+             {"path": "2.jpg", "boxes": [], "categories": [], "iscrowd": [], "caption": "c"},
+             {"path": "3.jpg", "boxes": [[1, 2, 3, 4]], "categories": [7, 8], "iscrowd": [0],
+              "caption": "d"}]
     (tmp_path / "l.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
-    convert(src, tmp_path / "ds", list_file=str(tmp_path / "l.jsonl"), workers=0,
-            progress=False)
+    result = convert(src, tmp_path / "ds", list_file=str(tmp_path / "l.jsonl"), workers=0,
+                     progress=False)
+    assert (result["rejects"], result["annotation_rejects"]) == (1, 2)
     ds = Dataset(tmp_path / "ds")
-    assert set(ds.fields) == {"boxes", "categories", "caption"}
+    assert set(ds.fields) == {"boxes", "categories", "iscrowd", "caption"}
     got = _by_path(ds)
     assert got["0.jpg"]["boxes"].tolist() == [[1, 2, 3.5, 4]]
     assert got["0.jpg"]["categories"].tolist() == [7] and got["0.jpg"]["caption"] == "a"
+    kept = got["1.jpg"]  # box 1 alone is good: kept with its category and iscrowd
+    assert kept["boxes"].tolist() == [[2, 3, 5, 6]] and kept["categories"].tolist() == [9]
+    assert kept["iscrowd"].tolist() == [1] and kept["caption"] == "b"
     assert got["2.jpg"]["boxes"].shape == (0, 4)
-    assert _rejects(ds)["1.jpg"] == "box 0: box [1, 2, 40, 4] (x0, y0, x1, y1) lies outside " \
-                                    "the 32x16 image (width x height)"
+    assert _rejects(ds) == {"3.jpg": "3.jpg: categories [7, 8]: expected 1 integers "
+                                     "-9223372036854775808..9223372036854775807, one per box"}
+    assert {k: v for k, v in _tsv(tmp_path / "ds").items() if "box" in k} == {
+        "l.jsonl:1.jpg:box 0": "box 0 of 1.jpg: box [1, 2, 40, 4] (x0, y0, x1, y1) lies "
+                               "outside the 32x16 image (width x height)",
+        "l.jsonl:1.jpg:box 2": "box 2 of 1.jpg: box [4, 4, 4, 9] (x0, y0, x1, y1) has zero "
+                               "width (clipped to the 32x16 image)"}
+    with pytest.raises(ConversionError, match="l.jsonl:1.jpg:box 0: box 0 of 1.jpg: .* lies "
+                                              "outside"):
+        convert(src, tmp_path / "d2", list_file=str(tmp_path / "l.jsonl"), workers=0,
+                progress=False, on_error="fail")
 
 
 def _label_map(w, h, rect, value, mode="L"):

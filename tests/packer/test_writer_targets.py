@@ -29,6 +29,9 @@ def test_writer_targets_round_trip_and_are_per_sample(tmp_path):
     ({"boxes": [[1, 2, 33, 4]], "categories": [5]}, "box 0: .* lies outside the 30x20 image"),
     ({"boxes": [[3, 2, 1, 4]]}, "box 0: .* has a negative width"),
     ({"boxes": [[1, 2, float("inf"), 4]]}, "box 0: .* non-finite"),
+    ({"boxes": [[1, 2, 3, 4], [5, 6, 5, 9]]}, r"box 1: box \[5, 6, 5, 9\] \(x0, y0, x1, y1\) "
+                                             r"has zero width \(clipped to the 30x20 image\)"),
+    ({"boxes": [[1, 20, 3, 20.004]]}, "box 0: .* has zero height"),
     ({"boxes": [[1, 2, 3]]}, "boxes: expected a list of"),
     ({"boxes": [[1, 2, 3, 4]], "categories": [5, 6]}, "categories .*expected 1 integers"),
 ])
@@ -37,6 +40,7 @@ def test_writer_refuses_bad_targets_naming_the_sample(tmp_path, fields, match):
         with pytest.raises(ValueError, match=f"sample 0: {match}"):
             w.write(image=np.zeros((20, 30, 3), np.uint8), **fields)
         w.write(image=np.zeros((20, 30, 3), np.uint8))
+    assert len(Dataset(tmp_path / "ds")) == 1  # nothing was written for the refused call
 
 
 def test_writer_turns_boxes_and_mask_with_an_exif_rotated_path(tmp_path):

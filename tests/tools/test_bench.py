@@ -134,7 +134,7 @@ def test_cli_bench_help_and_bad_options(tiny_folder):
 # what each section calls its builders with (families.py's table), as dummy arguments
 CALLS = {"convert": ("inputs", "out", "jpeg", None), "loader": ("store", "jpeg", 256, 2, 0),
          "remote": ("endpoint", "out", "cache", 0, 1), "s3-client": ({}, "endpoint", [], 16),
-         "ray": ("src", "dst", None), "ram": ("path", "jpeg", 224, 256, 2)}
+         "ray": ("src", "dst", None), "ram": ("path", "jpeg", 224, 256, 2), "fields": ()}
 
 
 @pytest.mark.parametrize("section", families.SECTIONS)

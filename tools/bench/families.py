@@ -16,13 +16,16 @@ s3-client  ``f(env, endpoint, ranges, inflight, **options) -> run()`` fetching `
 ray        ``f(src, dst, head, **options) -> dict`` (convert()'s result)
 ram        ``f(path, mode, crop, batch_size, workers, **options) -> Loader`` (its shards
            mapped; larger_than_ram)
+fields     ``f(**options) -> (write(src, out), loader(store, seed))``: an image + caption
+           set converted and read by each contender (fields_peers)
 =========  ==========================================================================
 
 ``reads[mode]`` is the store a family reads in that mode: another convert family's name
 ("numpy": its decoded arrays), or "src" (the JPEG folder itself); a mode not in ``reads``
 is not supported. ``dlpack bench`` runs the convert, loader and remote sections, whose
 builders live in this package; ``s3-client`` (``python -m benchmarks.remote_clients``),
-``ray`` (``benchmarks.convert_ray``) and ``ram`` (``benchmarks.larger_than_ram``) are run by
+``ray`` (``benchmarks.convert_ray``), ``ram`` (``benchmarks.larger_than_ram``) and ``fields``
+(``benchmarks.fields_peers``) are run by
 the standalone benchmarks of the repository's ``benchmarks/`` folder (not in the wheel), so
 their builders name modules there, imported only by those benchmarks.
 """
@@ -33,7 +36,7 @@ from dataclasses import dataclass, field
 
 _B = "dlpack_io.tools.bench."   # builders of the sections `dlpack bench` runs (in the wheel)
 _S = "benchmarks."               # builders of the standalone benchmarks (repository only)
-SECTIONS = ("convert", "loader", "remote", "s3-client", "ray", "ram")
+SECTIONS = ("convert", "loader", "remote", "s3-client", "ray", "ram", "fields")
 BENCH_SECTIONS = ("convert", "loader", "remote")   # what `dlpack bench --section` runs
 
 
@@ -169,6 +172,13 @@ FAMILIES += [
     Family("global-madv-random", "global, MADV_RANDOM",
            _S + "larger_than_ram.loader:ram_loader", OURS, "ram",
            options={"shuffle": "global", "advice": "random"}),
+    # ---- fields: image + caption sets, convert time and epoch (fields_peers) ----
+    Family("ours", "ours: dlpack convert (.txt sidecars) + Loader(fields=('image', 'txt'))",
+           _S + "fields_peers:ours", {"jpeg": "src"}, "fields"),
+    Family("webdataset", "WebDataset (.jpg + .txt tar shards)", _S + "fields_peers:webdataset",
+           {"jpeg": "src"}, "fields", needs="webdataset"),
+    Family("streaming", "MosaicML Streaming (MDS: bytes + str columns)",
+           _S + "fields_peers:streaming", {"jpeg": "src"}, "fields", needs="streaming"),
 ]
 BY_SECTION = {s: {f.name: f for f in FAMILIES if f.section == s} for s in SECTIONS}
 QUICK_CONVERT = ("files", "numpy", "tar", "ours-record", "ours-lmdb", "lmdb", "webdataset",

@@ -148,8 +148,24 @@ class SeaweedServer:
             except urllib.error.HTTPError as exc:
                 if exc.code in (404, 500, 502, 503):
                     return False  # gateway up but bucket / filer not ready yet
+                if exc.code == 403 and bucket and not self._lists(bucket):
+                    return False  # an anonymous 403 says nothing of the bucket: ask signed
             except OSError:
                 return False
+        return True
+
+    def _lists(self, bucket: str) -> bool:
+        """True when a signed ListObjectsV2 of ``bucket`` succeeds: under load ``weed mini``
+        answers requests some time before the buckets it was asked to create exist."""
+        from dlpack_io.reader.remote.storage import Store, StorageError
+
+        store = Store(f"s3://{bucket}/", storage_options={
+            "endpoint": self.endpoint, "access_key_id": ACCESS_KEY,
+            "secret_access_key": SECRET_KEY, "region": "us-east-1", "allow_http": True})
+        try:
+            store.list()
+        except (StorageError, OSError):
+            return False
         return True
 
     def stop(self, grace: float = 10.0) -> None:

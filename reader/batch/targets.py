@@ -1,0 +1,201 @@
+"""``Loader(ds, fields=("image", "boxes", "categories", "mask"))``: detection and
+segmentation targets that follow every crop, resize, flip and pad of their images.
+
+Like every field (fieldbatch.py), targets are read in the consumer for the samples the
+batch kept; their geometry is drawn again there from (seed, epoch, sample index), the same
+pure function the workers used for the pixels, so the hot path does not change and no box
+or mask can pair with another sample's crop. The maths: targetgeometry.py.
+
+What a batch holds:
+  * ``"boxes"``: a list of float32 (n_i, 4) tensors (x0, y0, x1, y1 in output pixels;
+    (0, 4) when none is left);
+  * a per-box field (a name in PER_BOX_FIELDS, an array with one row per box, e.g.
+    ``"categories"``): a list of tensors, filtered with the boxes;
+  * ``"mask"``: one (B, H, W) uint8/uint16 tensor, resampled nearest-neighbour (on the
+    device path by one Triton kernel per batch, ``dlpack_io.kernels.mask_gather``), padded
+    with ``mask_pad_value``;
+  * with ``pad=True``, after the fields: an int64 (B, 2) tensor of the true (height, width).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from dlpack_io.reader.batch import targetgeometry as tg
+from dlpack_io.reader.batch.fieldbatch import DEFAULT_FIELDS, collate
+from dlpack_io.reader.batch.padding import zero_padding
+from dlpack_io.reader.batch.sources import public_indices
+from dlpack_io.reader.samplefields import read_record_fields
+
+BOXES, MASK = "boxes", "mask"
+#: Fields with one row per box, removed together with the boxes they belong to (COCO's
+#: annotation columns and torchvision's target keys). Other fields are left as they are.
+PER_BOX_FIELDS = ("categories", "labels", "iscrowd", "area", "scores", "track_ids",
+                  "annotation_ids")
+MASK_DTYPES = ("uint8", "uint16")
+
+
+def _refuse(spec, sample_transform, names) -> None:
+    what = (f"{spec.augment.__class__.__name__} (its rotations and shears do not move boxes "
+            f"or masks yet)" if spec.augment is not None else
+            "MixUp / CutMix (they blend images, not their boxes or masks)" if spec.mixes else
+            "sample_transform (its geometry is unknown)" if sample_transform is not None else "")
+    if what:
+        raise ValueError(f"fields {names}: boxes and masks follow the crop, resize, flip and "
+                         f"pad transforms, but not {what}; leave it out for this Loader")
+
+
+def is_label_map(spec) -> bool:
+    """True when a ``"mask"`` field's spec is a label map that follows the image (a 2-D
+    uint8 / uint16 array); any other ``"mask"`` is an ordinary field, passed through."""
+    return spec.get("type") == "array" and spec.get("ndim") == 2 and \
+        spec.get("dtype") in MASK_DTYPES
+
+
+def check_targets(dataset, names, spec, sample_transform=None) -> None:
+    """ValueError unless ``names``' targets can follow ``spec`` (schema and transforms)."""
+    schema = dataset.fields
+    targets = [n for n in names if n in schema and (n == BOXES or n in PER_BOX_FIELDS or
+                                                    n == MASK and is_label_map(schema[n]))]
+    if not targets:
+        return
+    _refuse(spec, sample_transform, tuple(names))
+    for name in targets:
+        s = schema[name]
+        ndim = s.get("ndim")
+        ok = name == MASK or s["type"] == "array" and (
+            ndim == 2 and (s.get("shape") is None or s["shape"][1] == 4) if name == BOXES else
+            isinstance(ndim, int) and ndim >= 1)
+        if not ok:
+            want = "a float array of shape [N, 4] (x0, y0, x1, y1)" if name == BOXES else \
+                "an array with one row per box"
+            raise ValueError(f"{dataset.path}: field {name!r} is {s}; as a detection target "
+                             f"it must be {want}")
+
+
+class Assembler:
+    """The tuple a Loader yields for its ``fields`` (with targets, padding, indices):
+    built once from the checked ``names``, the spec and the LoaderOptions ``opts``."""
+
+    def __init__(self, dataset, names, spec, opts, on_device: bool):
+        check_targets(dataset, names, spec, opts.sample_transform)
+        self.dataset, self.names, self.spec = dataset, tuple(names), spec
+        self.seed, self.on_device, self.fill = int(opts.seed), bool(on_device), \
+            int(opts.mask_pad_value)
+        self.return_index = bool(opts.return_index)
+        schema = dataset.fields
+        self.per_box = tuple(n for n in self.names if n in PER_BOX_FIELDS and n in schema
+                             and BOXES in schema)
+        self.mask = MASK in self.names and MASK in schema and is_label_map(schema[MASK])
+        self.boxes = BOXES in self.names and BOXES in schema
+        self.geometric = self.boxes or self.mask or bool(self.per_box) or bool(spec.pad)
+        extra = [n for n in self.names if n not in DEFAULT_FIELDS]
+        self.read = tuple(extra) + ((BOXES,) if self.per_box and not self.boxes else ())
+        self.plain = self.names == DEFAULT_FIELDS and not spec.pad
+
+    def __call__(self, images, labels, indices, epoch: int) -> tuple:
+        """(fields in order[, true sizes][, indices]) of one delivered batch."""
+        out = (images, labels) if self.plain else self._fields(images, labels, indices, epoch)
+        return (*out, public_indices(self.dataset, indices)) if self.return_index else out
+
+    def _fields(self, images, labels, indices, epoch: int) -> tuple:
+        import torch
+
+        device, indices = labels.device, np.asarray(indices, np.int64)
+        shard_ids, local, entries = self.dataset.lookup(indices)
+        rows = [read_record_fields(self.dataset, int(i), int(k), int(j), self.read)
+                if self.read else {}
+                for i, k, j in zip(indices.tolist(), shard_ids.tolist(), local.tolist())]
+        out = {n: collate([r[n] for r in rows], self.dataset.fields[n], device)
+               for n in self.read if n not in (BOXES,) + (MASK,) * self.mask + self.per_box}
+        sizes = None
+        if self.geometric:
+            params = self.spec.draw(self.seed, epoch, indices, entries["height"],
+                                    entries["width"])
+            src, sizes = tg.sample_geometry(params, self.on_device)
+            geo = (src, sizes, params.flip_h, params.flip_v)
+            if self.boxes or self.per_box:
+                out.update(self._boxes(rows, geo, indices, device))
+            if self.mask:
+                out[MASK] = self._masks(rows, geo, entries, indices, tuple(images.shape[-2:]),
+                                        device)
+        if self.spec.pad:
+            images = zero_padding(images, sizes)
+        result = tuple(images if n == "image" else labels if n == "label" else out[n]
+                       for n in self.names)
+        if self.spec.pad:
+            result += (torch.from_numpy(np.ascontiguousarray(sizes)).to(device),)
+        return result
+
+    def _where(self, index: int) -> str:
+        return self.dataset.where(int(index))
+
+    def _box_rows(self, value, index: int) -> np.ndarray:
+        b = np.asarray(value)
+        if b.size == 0:
+            return np.zeros((0, 4), np.float64)
+        if b.ndim != 2 or b.shape[1] != 4 or not np.all(np.isfinite(b)):
+            raise ValueError(f"{self._where(index)}: boxes of shape {b.shape}: expected finite "
+                             f"[N, 4] (x0, y0, x1, y1); repack the sample")
+        return b
+
+    def _boxes(self, rows, geo, indices, device) -> dict:
+        """name -> list of per-sample tensors for "boxes" and the per-box fields."""
+        if not rows:
+            return {n: [] for n in self.per_box + (BOXES,) * self.boxes}
+        src, sizes, fh, fv = geo
+        boxes = [self._box_rows(row[BOXES], indices[i]) for i, row in enumerate(rows)]
+        counts = np.array([len(b) for b in boxes], dtype=np.int64)
+        owner = np.repeat(np.arange(len(boxes)), counts)
+        mapped = tg.map_boxes(np.concatenate(boxes) if boxes else np.zeros((0, 4)), owner,
+                              src, sizes, fh, fv)
+        keep = tg.kept(mapped)
+        kept_counts = np.bincount(owner[keep], minlength=len(boxes)).tolist()
+        out = {n: _split(np.concatenate(self._column(rows, n, counts, indices))[keep],
+                         kept_counts, device) for n in self.per_box}
+        if self.boxes:
+            out[BOXES] = _split(mapped[keep].astype(np.float32), kept_counts, device)
+        return out
+
+    def _column(self, rows, name: str, counts, indices) -> list:
+        """The per-box field ``name`` of every sample, checked to hold one row per box."""
+        values = [np.asarray(row[name]) for row in rows]
+        for i, v in enumerate(values):
+            if v.shape[:1] != (int(counts[i]),):
+                raise ValueError(f"{self._where(indices[i])}: field {name!r} has "
+                                 f"{v.shape[:1] or 'no'} rows for {int(counts[i])} boxes; a "
+                                 f"per-box field needs one row per box")
+        return values
+
+    def _masks(self, rows, geo, entries, indices, out_size, device):
+        """The (B, OH, OW) mask batch on ``device``."""
+        import torch
+
+        src, sizes, fh, fv = geo
+        hs, ws = entries["height"].astype(np.int64), entries["width"].astype(np.int64)
+        masks = [np.asarray(r[MASK]) for r in rows]
+        for i, m in enumerate(masks):
+            if m.shape != (hs[i], ws[i]):
+                raise ValueError(f"{self._where(indices[i])}: mask {m.shape[0]}x{m.shape[1]} "
+                                 f"but image {hs[i]}x{ws[i]}: a mask must be the image's size")
+        r, c = tg.mask_tables(src, sizes, fh, fv, hs, ws, out_size)
+        dtype = np.dtype(self.dataset.fields[MASK]["dtype"])
+        if not self.on_device or not masks:
+            return torch.from_numpy(tg.gather_masks(masks, r, c, self.fill, dtype)).to(device)
+        from dlpack_io import kernels
+
+        flat = np.concatenate([m.reshape(-1) for m in masks]).astype(dtype, copy=False)
+        sizes_hw = np.stack([hs, ws], axis=1)
+        offsets = np.concatenate([[0], np.cumsum(hs * ws)[:-1]]).astype(np.int64)
+        move = (lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device))
+        # the tables are ours and clamped, the shapes checked above: no device sync
+        return kernels.mask_gather(move(flat), move(offsets), move(sizes_hw), move(r), move(c),
+                                   self.fill, validate=False)
+
+
+def _split(whole: np.ndarray, counts: list, device) -> list:
+    """Rows of ``whole`` as a list of per-sample tensors on ``device`` (one copy)."""
+    import torch
+
+    if not counts:
+        return []
+    return list(torch.split(torch.from_numpy(np.ascontiguousarray(whole)).to(device), counts))
