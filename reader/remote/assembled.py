@@ -49,10 +49,11 @@ class WholeShards:
         return os.path.join(self.keeper.dir, f"{k}.shard")
 
     # ---- reading -------------------------------------------------------------------------
-    def view(self, k: int, *, recheck: bool = False):
+    def view(self, k: int, *, recheck: bool = True):
         """Zero-copy view of assembled shard ``k`` (verified), or None when it is not there
-        (or failed its checks: then it is discarded). Mapped once per process; ``recheck``
-        (the planner, before it trusts the file for a batch) compares its signature again."""
+        (or failed its checks: then it is discarded). Mapped once per process; each call
+        compares the file's signature again (one ``lstat``: a file edited since it was
+        mapped is verified again before its bytes are used), unless ``recheck`` is False."""
         held = self._maps.get(k)
         if held is not None and held[0] == os.getpid():
             if not recheck or _signature(self.path(k)) == held[1]:
