@@ -6,7 +6,9 @@ loader process (the SeaweedFS server is another process and not counted).
         [--out /tmp/remote-epochs]
 
 Per round: local epoch 0, s3:// epoch 0 with a fresh cache_dir, s3:// epoch 1 from what
-epoch 0 kept, local epoch 1; RandomResizedCrop 224 + flip, 2 thread workers. Prints one JSON
+epoch 0 kept (shards assembled into one mapped file each), s3:// epoch 1 from records kept
+one file each (assembly switched off; its epoch 0 timed too: what assembling costs epoch 0),
+local epoch 1; RandomResizedCrop 224 + flip, 2 thread workers. Prints one JSON
 line per round and the medians of the within-round ratios.
 """
 from __future__ import annotations
@@ -31,12 +33,14 @@ def _epoch(ds, epoch: int, batch_size: int) -> dict:
     loader = Loader(ds, batch_size=batch_size, num_workers=2, seed=0, drop_last=False,
                     transforms=[RandomResizedCrop(224), RandomHorizontalFlip()])
     loader.set_epoch(epoch)
-    t0, c0, n = time.perf_counter(), _cpu(), 0
+    t0, c0, n, first = time.perf_counter(), _cpu(), 0, None
     for _, labels in loader:
         n += len(labels)
+        first = first or time.perf_counter() - t0
     loader.close()
     seconds, cpu = time.perf_counter() - t0, _cpu() - c0
-    return {"images_per_s": round(n / seconds), "cpu_ms_per_image": round(1e3 * cpu / n, 2)}
+    return {"images_per_s": round(n / seconds), "cpu_ms_per_image": round(1e3 * cpu / n, 2),
+            "first_batch_s": round(first, 3)}
 
 
 def main() -> None:
@@ -66,21 +70,49 @@ def main() -> None:
             cache = os.path.join(args.out, "cache")
             shutil.rmtree(cache, ignore_errors=True)
             remote = Dataset("s3://bench/ds", cache_dir=cache)
+            records = _records_only(os.path.join(args.out, "cache-records"))
             row = {"local_e0": _epoch(local, 0, args.batch_size),
                    "s3_e0": _epoch(remote, 0, args.batch_size),
+                   "s3_e0_records": _epoch(records, 0, args.batch_size),
                    "s3_e1": _epoch(remote, 1, args.batch_size),
+                   "s3_e1_records": _epoch(records, 1, args.batch_size),
                    "local_e1": _epoch(local, 1, args.batch_size)}
             print(json.dumps(row), flush=True)
             rows.append(row)
-            del remote
+            del remote, records
+    _summary(rows)
+
+
+def _summary(rows) -> None:
+    """Print the medians of the within-round ratios."""
     def ratio(a, b, key):
         return round(statistics.median(r[a][key] / r[b][key] for r in rows), 2)
-    print(json.dumps({"s3 e0 / local e0 images/s": ratio("s3_e0", "local_e0", "images_per_s"),
-                      "s3 e1 / local e1 images/s": ratio("s3_e1", "local_e1", "images_per_s"),
-                      "s3 e0 / local e0 CPU per image": ratio("s3_e0", "local_e0",
+    print(json.dumps({
+        "s3 e0 / local e0 images/s": ratio("s3_e0", "local_e0", "images_per_s"),
+        "s3 e1 / local e1 images/s": ratio("s3_e1", "local_e1", "images_per_s"),
+        "s3 e0 / local e0 CPU per image": ratio("s3_e0", "local_e0", "cpu_ms_per_image"),
+        "s3 e1 / local e1 CPU per image": ratio("s3_e1", "local_e1", "cpu_ms_per_image"),
+        "s3 e1 record files / local e1 images/s": ratio("s3_e1_records", "local_e1",
+                                                        "images_per_s"),
+        "s3 e1 assembled / record files images/s": ratio("s3_e1", "s3_e1_records",
+                                                         "images_per_s"),
+        "s3 e1 assembled / record files CPU per image": ratio("s3_e1", "s3_e1_records",
                                                               "cpu_ms_per_image"),
-                      "s3 e1 / local e1 CPU per image": ratio("s3_e1", "local_e1",
-                                                              "cpu_ms_per_image")}))
+        "s3 e0 assembling / not assembling images/s": ratio("s3_e0", "s3_e0_records",
+                                                            "images_per_s"),
+        "s3 e0 assembling / not assembling CPU per image": ratio("s3_e0", "s3_e0_records",
+                                                                 "cpu_ms_per_image")}))
+
+
+def _records_only(cache: str):
+    """The s3:// data set with its kept records left as one file each (shards not
+    assembled): epoch 1 as it was before assembled shards, for the comparison."""
+    from dlpack_io.reader import Dataset
+
+    shutil.rmtree(cache, ignore_errors=True)
+    ds = Dataset("s3://bench/ds", cache_dir=cache)
+    ds._remote.whole.after_publish = lambda *args: None
+    return ds
 
 
 if __name__ == "__main__":

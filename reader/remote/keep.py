@@ -215,7 +215,15 @@ class KeptRecords:
     def discard(self, path: str, length: int, why: str) -> None:
         """Remove a kept file whose bytes failed their checks and take it off the ledger."""
         cachefs.discard(path, why)
+        self.discard_bytes(length)
+
+    def discard_bytes(self, length: int) -> None:
+        """Take ``length`` bytes off the ledger (files removed, or admitted and not used)."""
         self._update(lambda total: max(0, total - length))
+
+    def forget_dir(self, directory: str) -> None:
+        """``directory`` was removed: create it again before the next publish into it."""
+        self._dirs.discard(directory)
 
     def _update(self, change) -> int | None:
         """Apply ``change(total) -> new total`` to the ledger under its lock; None (and
@@ -260,6 +268,11 @@ def usage(records_dir: str) -> tuple[int, int]:
         return 0, 0
     for shard in shards:
         folder = os.path.join(records_dir, shard)
+        if shard.endswith(".shard") and shard[:-6].isdigit():  # assembled (assembled.py)
+            st = os.lstat(folder)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+                total, files = total + st.st_size, files + _records_in(folder, st.st_size)
+            continue
         if not shard.isdigit() or not stat.S_ISDIR(os.lstat(folder).st_mode):
             continue
         for name in os.listdir(folder):
@@ -267,3 +280,12 @@ def usage(records_dir: str) -> tuple[int, int]:
             if name.isdigit() and stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
                 total, files = total + st.st_size, files + 1
     return total, files
+
+
+def _records_in(path: str, size: int) -> int:
+    """Records of an assembled shard, from its header page (0 when it is not valid)."""
+    try:
+        with open(path, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as f:
+            return fmt.unpack_header(f.read(fmt.HEADER_SIZE), size, path).num_records
+    except (OSError, fmt.FormatError):
+        return 0

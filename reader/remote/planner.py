@@ -101,8 +101,9 @@ class Planner:
                 eligible = (self.state == ABSENT) & (self.plan.last_use > k)
             todo, pos = read_ahead(todo, pos, eligible, self.plan.size,
                                    self.ends[self.source.shard_of(todo)], READ_AHEAD)
-        found = await self._loop.run_in_executor(None, self.source.keeper.present, todo,
-                                                 self.source.dataset_lookup(todo))
+        found = await self._loop.run_in_executor(None, self.source.whole.present, todo,
+                                                 self.source.dataset_lookup(todo),
+                                                 self.keep_budget)
         if found.any():
             with self.cond:
                 self.state[todo[found]] = PRESENT
@@ -167,6 +168,7 @@ class Planner:
                     f"damaged or was replaced; run 'dlpack verify {self.source.url}'")
         self._mark_present(samples, publish_records(self.source.keeper, self.session, k, samples,
                                                     local, pieces, self.keep_budget))
+        await self._loop.run_in_executor(None, self.source.whole.after_publish, k, self.keep_budget)
 
     async def _fetch_shard(self, k: int) -> None:
         from dlpack_io.reader.remote.shardfetch import fetch_shard

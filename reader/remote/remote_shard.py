@@ -123,9 +123,10 @@ class RemoteShard:
 
     # -- records ----------------------------------------------------------------------------
     def file_view(self):
-        """None: records are separate verified files, not one mapped shard (the Loader then
+        """The assembled shard (all records kept, verified: assembled.py) as one zero-copy
+        buffer, like a local shard's; None while records are separate files (the Loader then
         reads record by record)."""
-        return None
+        return self.source.whole.view(self.number)
 
     def entries(self, local, dtype=fmt.INDEX_DTYPE) -> np.ndarray:
         """Index entries of records ``local`` as ``dtype``: INDEX_DTYPE, or
@@ -169,6 +170,9 @@ class RemoteShard:
         offset, length = int(entry["offset"]), int(entry["length"])
         flen, fcrc = self.fields_entry(j)
         start, n, crc = (length, flen, fcrc) if fields else (0, length, int(entry["crc"]))
+        whole = self.source.whole.view(self.number)
+        if whole is not None:  # verified when mapped, as a local shard: zero-copy
+            return whole[offset + start:offset + start + n]
         data, origin = self._cached(j, offset + start, n, length + flen)
         if data is None and self._planned(j):  # the prefetcher brings it: don't fetch twice
             data, origin = self._cached(j, offset + start, n, length + flen)
@@ -200,7 +204,11 @@ class RemoteShard:
             if data is not None:
                 return data, path
         pin = session.pin_path(self.name)
-        return cachefs.pread_exact(pin, at, n, self.size), pin
+        data = cachefs.pread_exact(pin, at, n, self.size)
+        whole = self.source.whole.view(self.number) if data is None else None
+        if whole is not None:  # assembled (and its records removed) since we looked
+            return bytes(whole[at:at + n]), self.source.whole.path(self.number)
+        return data, pin
 
     def _discard(self, path: str, j: int, length: int) -> None:
         """Drop a cache file whose bytes failed their checksum (and the pooled shard it

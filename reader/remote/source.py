@@ -16,6 +16,7 @@ import numpy as np
 
 from dlpack_io.reader.remote import cache as cache_mod
 from dlpack_io.reader import format as fmt
+from dlpack_io.reader.remote.assembled import WholeShards
 from dlpack_io.reader.remote.recordspan import extents
 from dlpack_io.reader.remote.keep import KeptRecords
 from dlpack_io.reader.remote.remote_shard import RemoteShard
@@ -63,6 +64,7 @@ class RemoteSource:
             if self.shards else np.zeros(0, np.int64)
         self.last_fetched = None  # (shard, record, span) a RemoteShard fetched on demand last
         self.keeper = KeptRecords(self.cache, len(self.lengths), owner=self.session.owner)
+        self.whole = WholeShards(self)  # kept shards assembled into one mapped file each
         self.fetch_mode, self._active = None, None
         self.bytes_fetched = 0  # by prefetches of this data set (closed ones included)
         # Coalesce neighbours whose gap is under 1/8 of a typical record (capped at 64 KiB):

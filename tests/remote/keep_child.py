@@ -34,7 +34,8 @@ def main() -> None:
     for images, labels, idx in loader:
         digest.update(images.numpy().tobytes() + labels.numpy().tobytes() + idx.tobytes())
     loader.close()
-    print(json.dumps({"fetched": ds._remote.bytes_fetched, "digest": digest.hexdigest()}))
+    print(json.dumps({"fetched": ds._remote.bytes_fetched, "digest": digest.hexdigest(),
+                      "assembled": ds._remote.whole.assembled}))
 
 
 if __name__ == "__main__":

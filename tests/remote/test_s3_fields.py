@@ -188,6 +188,8 @@ def test_kept_records_bring_their_fields_to_the_next_epoch(s3_env, fielded):
     first, _ = _epoch(remote, NAMES)
     fetched = remote._remote.bytes_fetched
     assert fetched >= int(remote._remote.lengths.sum())  # spans: images and field blocks
+    whole = remote._remote.whole  # every shard assembled: later epochs read one mapped file
+    assert all(whole.view(k) is not None for k in range(len(remote.shards)))
     again, _ = _epoch(remote, NAMES)  # the same epoch (seed) from the kept records
     assert remote._remote.bytes_fetched == fetched
     reopened = Dataset(URL)  # another run: each kept span read back and checked (both CRCs)

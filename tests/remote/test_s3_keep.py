@@ -53,6 +53,11 @@ def _equal(a, b):
         assert np.array_equal(ia, ib) and torch.equal(la, lb) and torch.equal(xa, xb)
 
 
+def _shard_bytes(ds) -> int:
+    """Bytes of the data set's shards: what kept records take once assembled."""
+    return sum(int(e["bytes"]) for e in ds._remote.manifest["shards"])
+
+
 def _kept_bytes(ds) -> tuple[int, int]:
     """(bytes on disk, bytes the ledger counts) of the kept records."""
     keeper = ds._remote.keeper
@@ -68,10 +73,20 @@ def test_later_epochs_fetch_nothing_and_equal_local(s3_env, packed, kind):
     _equal(_epoch(local, 0, **kw), _epoch(remote, 0, **kw))
     first = remote._remote.bytes_fetched
     assert total <= first < 1.15 * total  # coalesced ranges may span small gaps
-    assert _kept_bytes(remote) == (total, total)
+    whole = _shard_bytes(remote)  # every shard kept whole: assembled into one file each
+    assert _kept_bytes(remote) == (whole, whole)
+    assert _layout(remote) == sorted(f"{k}.shard" for k in range(len(remote.shards)))
     for epoch in (1, 2):
         _equal(_epoch(local, epoch, **kw), _epoch(remote, epoch, **kw))
     assert remote._remote.bytes_fetched == first  # epochs 1 and 2: not one byte
+    for k, shard in enumerate(remote.shards):  # read through the mapped file, as local
+        assert bytes(shard.file_view()) == open(local.shards[k].path, "rb").read()
+
+
+def _layout(ds) -> list[str]:
+    """What the kept-records folder holds, less the ledger and the stamps."""
+    names = os.listdir(ds._remote.keeper.dir)
+    return sorted(n for n in names if n != ".ledger" and not n.endswith(".ok"))
 
 
 def _child(cache_dir, *args) -> dict:
@@ -89,6 +104,7 @@ def test_a_second_process_reads_what_the_first_kept(s3_env, packed, tmp_path):
     second = _child(cache, 0, 1)
     assert first["fetched"] > 0 and second["fetched"] == 0
     assert second["digest"] == first["digest"]  # the same batches, from the cache
+    assert second["assembled"] == 0 and first["assembled"] == len(Dataset(URL).shards)
 
 
 def test_ranks_of_one_node_fill_one_cache_together(s3_env, packed, tmp_path):
@@ -124,23 +140,30 @@ def test_a_changed_data_set_is_never_served_stale(s3_env, tmp_path):
     assert again._remote.bytes_fetched >= int(again._remote.lengths.sum())
 
 
-@pytest.mark.parametrize("reopen", [False, True])
-def test_a_tampered_kept_record_is_detected_and_fetched_again(s3_env, packed, caplog, reopen):
+@pytest.mark.parametrize("reopen, how", [(False, "bytes"), (True, "bytes"), (False, "short")])
+def test_a_tampered_assembled_shard_is_detected_and_rebuilt(s3_env, packed, caplog, reopen,
+                                                           how):
     local, remote = Dataset(packed), Dataset(URL)
     _epoch(remote, 0)
-    keeper = remote._remote.keeper
-    path = keeper.path(1, 2)
-    size = os.path.getsize(path)
+    path = remote._remote.whole.path(1)
+    entry = remote.shards[1].index[2]
     with open(path, "r+b") as f:  # same size, other bytes: only the checksum can tell
-        f.write(bytes(size))
+        f.seek(int(entry["offset"]))
+        f.write(bytes(int(entry["length"])))
+        if how == "short":  # or cut short by one byte (of its metadata, not of a record)
+            f.truncate(os.path.getsize(path) - 1)
     if reopen:
         remote = Dataset(URL)
     before = remote._remote.bytes_fetched
     with caplog.at_level("WARNING"):
         _equal(_epoch(local, 1), _epoch(remote, 1))
-    assert "fails its checksum" in caplog.text and path in caplog.text
-    assert remote._remote.bytes_fetched - before == size  # that record, and only it
-    assert _kept_bytes(remote) == (int(remote._remote.lengths.sum()),) * 2
+    why = "record 2 fails its checksum" if how == "bytes" else " bytes, the shard has "
+    assert why in caplog.text and path in caplog.text
+    records = int(remote.shards[1].index["length"].sum())  # that shard's, and only them
+    assert records <= remote._remote.bytes_fetched - before < 1.15 * records
+    whole = _shard_bytes(remote)
+    assert _kept_bytes(remote) == (whole, whole)  # assembled again, counted once
+    assert open(path, "rb").read() == open(local.shards[1].path, "rb").read()
 
 
 def test_a_limit_below_the_data_set_keeps_what_fits(s3_env, packed):

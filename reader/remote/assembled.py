@@ -1,0 +1,260 @@
+"""Kept shards assembled into one file each: later epochs read a remote data set through
+the same memory-mapped, zero-copy path as a local one.
+
+When every record of shard ``k`` is kept (keep.py), the process that opened the data set
+writes ``records/<k>.shard``: a file laid out like the shard in the bucket (its header page,
+each record at its index offset, index and metadata at the end; gaps zero), so the index
+the worker already holds addresses it directly. Each record's CRC is checked while it is
+copied in, the file is published atomically (temporary name, then an exclusive link; a
+second process's copy loses and is dropped), and only then are the per-record files
+removed. The ledger counts the assembled file once (its extra bytes are admitted within
+the keep budget first, the removed records' bytes are taken off), so ``cache_limit`` holds.
+
+Trust: ``<k>.shard.ok`` records the signature (inode, size, mtime_ns) of the file as the
+process that verified it saw it; a process whose ``fstat`` of the opened file (opened
+without following a link, ours, regular) matches it maps the file without reading it; any
+other one checks every record's CRC first (once per process) and rewrites the stamp. A file
+that fails is discarded, taken off the ledger, and its records are fetched (and kept, and
+assembled) again.
+"""
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import threading
+import uuid
+
+import numpy as np
+
+from dlpack_io.reader import format as fmt
+from dlpack_io.reader.remote import cache as cache_mod
+from dlpack_io.reader.remote import cachefs
+
+log = logging.getLogger(__name__)
+
+
+class WholeShards:
+    """The assembled shards of one remote data set (``source``), as one process sees them."""
+
+    def __init__(self, source):
+        self.source, self.keeper = source, source.keeper
+        self._maps: dict = {}  # k -> (pid, signature, mmap, memoryview)
+        self._lock = (os.getpid(), threading.Lock())
+        self._busy: set[int] = set()  # shards being assembled by a thread of this process
+        self.assembled = 0  # shards this process assembled (for tests and benchmarks)
+
+    def path(self, k: int) -> str:
+        """Where shard number ``k`` is kept as one file."""
+        return os.path.join(self.keeper.dir, f"{k}.shard")
+
+    # ---- reading -------------------------------------------------------------------------
+    def view(self, k: int, *, recheck: bool = True):
+        """Zero-copy view of assembled shard ``k`` (verified), or None when it is not there
+        (or failed its checks: then it is discarded). Mapped once per process; each call
+        compares the file's signature again (one ``lstat``: a file edited since it was
+        mapped is verified again before its bytes are used), unless ``recheck`` is False."""
+        held = self._maps.get(k)
+        if held is not None and held[0] == os.getpid():
+            if not recheck or _signature(self.path(k)) == held[1]:
+                return held[3]
+        if self._lock[0] != os.getpid():  # forked: the parent's lock may be held for good
+            self._lock = (os.getpid(), threading.Lock())
+        with self._lock[1]:  # one thread maps (and verifies) a file; the others wait for it
+            held = self._maps.get(k)
+            if held is not None and held[0] == os.getpid() and \
+                    (not recheck or _signature(self.path(k)) == held[1]):
+                return held[3]
+            self._maps.pop(k, None)
+            return self._map(k)
+
+    def _map(self, k: int):
+        shard = self.source.shards[k]
+        opened = cachefs.open_regular(self.path(k))
+        if opened is None:
+            return None
+        fd, st = opened
+        try:
+            sig = (st.st_ino, st.st_size, st.st_mtime_ns)
+            if st.st_uid != os.geteuid():  # not ours: never used, never removed
+                log.warning("%s: belongs to user id %d, not to this user; ignored (its "
+                            "records are fetched)", self.path(k), st.st_uid)
+                return None
+            if st.st_size != shard.size or st.st_size == 0:
+                self._discard(k, shard.size, f"{st.st_size} bytes, the shard has {shard.size}")
+                return None
+            mm = mmap.mmap(fd, st.st_size, prot=mmap.PROT_READ)
+        finally:
+            os.close(fd)
+        view = memoryview(mm)
+        if self._stamp(k) != sig:
+            bad = _first_bad(view, shard)
+            if bad is not None:
+                view.release()
+                mm.close()
+                self._discard(k, shard.size, f"record {bad} fails its checksum (damaged or "
+                                             f"edited locally)")
+                return None
+            self._write_stamp(k, sig)
+        self._maps[k] = (os.getpid(), sig, mm, view)
+        return view
+
+    def present(self, samples: np.ndarray, lookup, budget: int = 0) -> np.ndarray:
+        """Mask of ``samples`` kept (assembled shards first, then keep.KeptRecords); a shard
+        found kept record by record (an earlier run) is assembled now, within ``budget``."""
+        shard_ids = lookup[0]
+        whole = np.zeros(len(samples), dtype=bool)
+        for k in np.unique(shard_ids).tolist():
+            if self.view(k, recheck=True) is not None:
+                whole |= shard_ids == k
+        out = whole.copy()
+        rest = ~whole
+        if rest.any():
+            out[rest] = self.keeper.present(samples[rest], tuple(part[rest] for part in lookup))
+            for k in np.unique(shard_ids[rest & out]).tolist():
+                self.after_publish(k, budget)
+        return out
+
+    # ---- assembling ----------------------------------------------------------------------
+    def after_publish(self, k: int, budget: int) -> None:
+        """Assemble shard ``k`` when all its records are kept (owner only, once; the
+        planner calls this off its event loop, so one shard is assembled by one thread)."""
+        first, n = self.source.first_sample(k), len(self.source.shards[k].index)
+        if not self.keeper.owner or not n or not self.keeper.kept[first:first + n].all() \
+                or k in self._busy or os.path.lexists(self.path(k)):
+            return
+        self._busy.add(k)
+        try:
+            self._assemble(k, first, budget)
+        except (OSError, cachefs.CacheEntryError) as exc:  # the records stay: still correct
+            log.warning("%s: cannot assemble the kept records of shard %d into one file (%s);"
+                        " they are read one by one", self.path(k), k, exc)
+        finally:
+            self._busy.discard(k)
+
+    def _assemble(self, k: int, first: int, budget: int) -> None:
+        shard = self.source.shards[k]
+        head = cache_mod.read_file(self.source.cache.index_path(shard.name), shard.size)
+        index = shard.index
+        records = int(self.source.lengths[first:first + len(index)].sum())  # spans
+        extra = shard.size - records
+        if head is None or len(head) != shard.size - shard.header.index_offset + fmt.HEADER_SIZE \
+                or not self.keeper.admit([extra], budget)[0]:
+            return  # no cached header (or no room): the records stay as they are
+        path = self.path(k)
+        tmp = os.path.join(self.keeper.dir, f".tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            os.ftruncate(fd, shard.size)
+            os.pwrite(fd, head[:fmt.HEADER_SIZE], 0)
+            os.pwrite(fd, head[fmt.HEADER_SIZE:], shard.header.index_offset)
+            if not self._copy_records(fd, k, first, index):
+                self.keeper.discard_bytes(extra)
+                return
+            st = os.fstat(fd)
+            self._write_stamp(k, (st.st_ino, st.st_size, st.st_mtime_ns))
+            try:
+                os.link(tmp, path)  # exclusive: another process's copy may be there already
+            except FileExistsError:
+                self.keeper.discard_bytes(extra)
+                return
+            self.assembled += 1
+        finally:
+            os.close(fd)
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+        self._drop_records(k, first, index)
+
+    def _copy_records(self, fd: int, k: int, first: int, index) -> bool:
+        """Copy kept record files of shard ``k`` (image, then field block in format 3) into
+        ``fd`` at their offsets; False when one is missing or damaged (nothing is
+        assembled). A file this process verified and that is unchanged since (same inode,
+        size, mtime) is not checked again."""
+        keeper, shard = self.keeper, self.source.shards[k]
+        for j, e in enumerate(index):
+            span = int(self.source.lengths[first + j])
+            opened = cachefs.open_regular(keeper.path(k, j))
+            if opened is None:
+                return False
+            rfd, st = opened
+            try:
+                data = os.pread(rfd, span + 1, 0) if st.st_size == span else b""
+            finally:
+                os.close(rfd)
+            known = keeper.kept[first + j] and \
+                tuple(keeper.sig[first + j]) == (st.st_ino, st.st_size, st.st_mtime_ns)
+            if len(data) != span or (not known and not _intact(data, 0, e, shard, j)):
+                return False
+            os.pwrite(fd, data, int(e["offset"]))
+        return True
+
+    def _drop_records(self, k: int, first: int, index) -> None:
+        """Remove the per-record files the assembled file replaces. The ledger is left as
+        it is: their bytes plus the admitted extra are now the assembled file's size."""
+        for j in range(len(index)):
+            try:
+                os.unlink(self.keeper.path(k, j))
+            except FileNotFoundError:
+                pass
+        self.keeper.kept[first:first + len(index)] = False
+        folder = os.path.dirname(self.keeper.path(k, 0))
+        try:
+            os.rmdir(folder)
+            self.keeper.forget_dir(folder)
+        except OSError:
+            pass  # not empty (a temporary file of another process): left for later
+
+    # ---- stamps and discards ---------------------------------------------------------------
+    def _stamp(self, k: int):
+        raw = cache_mod.read_file(self.path(k) + ".ok", 80)
+        try:
+            return tuple(int(x) for x in raw.split()) if raw else None
+        except ValueError:
+            return None
+
+    def _write_stamp(self, k: int, sig) -> None:
+        try:
+            cache_mod.publish(self.path(k) + ".ok", " ".join(map(str, sig)).encode())
+        except (OSError, cachefs.CacheEntryError) as exc:  # verified again next time
+            log.warning("%s.ok: %s", self.path(k), exc)
+
+    def _discard(self, k: int, size: int, why: str) -> None:
+        """Remove the assembled file; off the ledger only if this call removed it (threads
+        or processes that found the same damage must not take its bytes off twice)."""
+        self._maps.pop(k, None)
+        log.warning("%s: assembled shard %d: %s; discarded from the cache, fetched again",
+                    self.path(k), k, why)
+        try:
+            os.unlink(self.path(k))
+        except FileNotFoundError:
+            return
+        self.keeper.discard_bytes(size)
+
+
+def _signature(path: str):
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _first_bad(view, shard) -> int | None:
+    """Number of the first record of ``shard`` whose bytes (image, field block) in
+    ``view`` fail their CRC."""
+    for j, e in enumerate(shard.index):
+        if not _intact(view, int(e["offset"]), e, shard, j):
+            return j
+    return None
+
+
+def _intact(buf, at: int, e, shard, j: int) -> bool:
+    """Whether record ``j``'s image (index entry ``e``) at ``at`` of ``buf``, and its field
+    block right after it, pass their CRCs."""
+    length = int(e["length"])
+    if fmt.crc32(buf[at:at + length]) != int(e["crc"]):
+        return False
+    flen, fcrc = shard.fields_entry(j)
+    return not flen or fmt.crc32(buf[at + length:at + length + flen]) == fcrc
