@@ -123,11 +123,13 @@ def pread_exact(path: str, offset: int, length: int, size: int) -> bytes | None:
         os.close(fd)
 
 
-def discard(path: str, why: str) -> None:
+def discard(path: str, why: str) -> bool:
     """Remove our cache file ``path`` (the entry only: a link is never followed) after its
-    bytes failed their checksum, with a warning naming it."""
+    bytes failed their checksum, with a warning naming it. True when this call removed it
+    (False: another thread or process found the same damage first)."""
     log.warning("%s: %s; discarded from the cache, fetched again", path, why)
     try:
         os.unlink(path)
     except FileNotFoundError:
-        pass
+        return False
+    return True

@@ -213,9 +213,11 @@ class KeptRecords:
         return True
 
     def discard(self, path: str, length: int, why: str) -> None:
-        """Remove a kept file whose bytes failed their checks and take it off the ledger."""
-        cachefs.discard(path, why)
-        self.discard_bytes(length)
+        """Remove a kept file whose bytes failed their checks and take it off the ledger,
+        once: when a reader thread and the planner find the same damage, only the one whose
+        unlink removed the file takes its bytes off."""
+        if cachefs.discard(path, why):
+            self.discard_bytes(length)
 
     def discard_bytes(self, length: int) -> None:
         """Take ``length`` bytes off the ledger (files removed, or admitted and not used)."""

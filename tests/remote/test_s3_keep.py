@@ -197,3 +197,19 @@ def test_read_ahead_takes_the_following_eligible_records_within_the_bytes():
     todo, pos = keep.read_ahead(np.array([2]), np.array([0]), eligible, lengths,
                                 np.array([4]), max_bytes=100)
     assert todo.tolist() == [2] and pos.tolist() == [0]  # shard ends at 4; 3 not eligible
+
+
+def test_the_same_damaged_kept_file_found_twice_leaves_the_ledger_once(s3_env, packed, tmp_path):
+    """A reader thread and the planner may both find one tampered record: its bytes come
+    off the ledger once, by whichever call removed the file."""
+    keeper = Dataset(URL, cache_dir=str(tmp_path / "cache"))._remote.keeper
+    data = b"x" * 1000
+    assert keeper.admit([len(data)] * 2, 10**9) == [True, True]
+    assert keeper.publish(0, 0, 0, data) and keeper.publish(1, 0, 1, data)
+    path = keeper.path(0, 0)
+    before = keeper.recount()
+    keeper.discard(path, len(data), "test: damaged")
+    keeper.discard(path, len(data), "test: damaged")  # the second finder: already gone
+    assert not os.path.exists(path)
+    ledger = int(open(keeper.ledger, "rb").read())
+    assert ledger == before - len(data) == keeper.recount() == len(data)
