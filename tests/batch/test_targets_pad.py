@@ -86,6 +86,11 @@ def test_pad_settings_are_checked():
         Resize(20, max_size=20)
     with pytest.raises(ValueError, match="max_size"):
         Resize((20, 30), max_size=40)
+    # a pixel count, as torchvision's: not a string (failed at the first batch) nor a
+    # fraction (the long side became int(max_size), the short side used the fraction)
+    for bad in ("30", 30.7, True):
+        with pytest.raises(ValueError, match=f"max_size={bad!r}"):
+            Resize(20, max_size=bad)
 
 
 @pytest.mark.parametrize("pad", [True, False])
