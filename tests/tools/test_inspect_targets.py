@@ -12,7 +12,7 @@ from PIL import Image
 
 from dlpack_io.packer import convert
 from dlpack_io.tools.cli import main
-from dlpack_io.tools.targetsheet import MASK_ALPHA, colour
+from dlpack_io.tools.targetsheet import MASK_ALPHA, colour, draw_boxes
 
 GREY = 10
 
@@ -50,6 +50,15 @@ def test_grid_draws_boxes_and_mask_where_they_are(tmp_path):
     assert sheet[80, 20].tolist() == [GREY] * 3 and sheet[80, 120].tolist() == [GREY] * 3
     assert sheet[80, 38].tolist() == [GREY] * 3  # nothing drawn just outside the box
     assert (sheet[51:62, 44:60] == car).all(axis=2).sum() > 20  # the name tag of "car"
+
+
+def test_boxes_thinner_than_a_thumbnail_pixel_are_drawn_and_damaged_ones_skipped():
+    # a 640-pixel image in a 160-pixel cell: a 1-pixel COCO box is a quarter pixel wide
+    thumb = Image.new("RGB", (160, 120), "black")
+    drawn = draw_boxes(thumb, [[100, 100, 101, 110], [5, 5, 5.2, 5.2],
+                               [float("nan"), 0, 4, 4]], [1, 2, 3], None, (0.25, 0.25))
+    assert drawn == [[25, 25, 25, 27], [1, 1, 1, 1]]
+    assert np.asarray(thumb)[26, 25].tolist() == list(colour(1))
 
 
 def test_augmented_grid_draws_what_the_loader_yields(tmp_path):
