@@ -29,6 +29,7 @@ import numpy as np
 
 from dlpack_io.packer.boxes import box_reason
 from dlpack_io.packer.targets import BOX_SPEC, CATEGORY_SPEC, ISCROWD_SPEC, TargetSource
+from dlpack_io.reader.format.fieldschema import MAX_NAMES
 from dlpack_io.reader.format.schema import MAX_JSON_DEPTH
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,9 @@ def _int(value) -> bool:
 
 def category_names(cats: list, path) -> dict:
     """str(id) -> name of COCO's ``categories``; ValueError naming a bad entry."""
+    if len(cats) > MAX_NAMES:  # the field spec's name table is bounded: readers refuse more
+        raise ValueError(f"--coco {path}: {len(cats)} categories, at most {MAX_NAMES} fit "
+                         f"the categories field's name table; not a COCO file")
     names = {}
     for k, c in enumerate(cats):
         if not isinstance(c, dict) or not _int(c.get("id")) or str(c["id"]) in names \

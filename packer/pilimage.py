@@ -9,6 +9,8 @@ pay for it, and a missing PIL is reported by ``require_pil`` with the one-line f
 from __future__ import annotations
 
 import io
+import os
+import threading
 import warnings
 
 from dlpack_io.packer.records import RejectedInput
@@ -27,6 +29,22 @@ def require_pil() -> None:
         raise RuntimeError(PIL_MISSING) from None
 
 
+# PIL's bomb limit and the warning filters are process globals: threads opening images
+# at once (the field blocks made ahead, fieldahead.py) must not interleave their save and
+# restore, which left PIL's guard off (None) for the rest of the process
+_GLOBALS = threading.Lock()
+
+
+def _new_lock() -> None:
+    """A forked worker starts with a free lock (a thread of the parent may hold it)."""
+    global _GLOBALS
+    _GLOBALS = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock)
+
+
 def open_image(data: bytes, max_pixels: int):
     """PIL image of ``data`` (header only), rejected beyond ``max_pixels``."""
     from PIL import Image, UnidentifiedImageError
@@ -34,7 +52,7 @@ def open_image(data: bytes, max_pixels: int):
     if not data:
         raise RejectedInput("empty file (0 bytes)")
     try:
-        with warnings.catch_warnings():  # our own limit below replaces Pillow's warning
+        with _GLOBALS, warnings.catch_warnings():  # our limit below replaces Pillow's
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             limit, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None
             try:

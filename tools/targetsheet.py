@@ -62,8 +62,13 @@ def draw_boxes(thumb, boxes, categories, names: dict | None, scale: tuple) -> li
     boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
     cats = np.asarray(categories if categories is not None else [], dtype=np.int64).ravel()
     for k, (x0, y0, x1, y1) in enumerate(boxes):
-        rect = [int(round(x0 * scale[0])), int(round(y0 * scale[1])),
-                max(int(round(x1 * scale[0])) - 1, 0), max(int(round(y1 * scale[1])) - 1, 0)]
+        if not np.all(np.isfinite([x0, y0, x1, y1])):
+            continue  # a damaged record: nothing to draw (the Loader refuses it, naming it)
+        x0, y0 = int(round(x0 * scale[0])), int(round(y0 * scale[1]))
+        # a box under a thumbnail pixel wide (COCO has 1-pixel boxes) is still one pixel:
+        # PIL refuses a rectangle whose x1 < x0
+        rect = [x0, y0, max(int(round(x1 * scale[0])) - 1, x0),
+                max(int(round(y1 * scale[1])) - 1, y0)]
         cat = int(cats[k]) if k < len(cats) else None
         fill = colour(cat if cat is not None else 0)
         draw.rectangle(rect, outline=fill, width=2)

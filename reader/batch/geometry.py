@@ -8,6 +8,7 @@ re-exported by :mod:`dlpack_io.reader.batch.transforms`.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -202,10 +203,12 @@ class Resize:
             raise ValueError(f"Resize: size {self.size!r} must be >= 1 pixel")
         else:
             object.__setattr__(self, "size", int(self.size))
-        if self.max_size is not None and (isinstance(self.size, tuple) or
-                                          int(self.max_size) <= self.size):
-            raise ValueError(f"Resize: max_size={self.max_size!r} needs an int size smaller "
-                             f"than it (torchvision's rule); got size={self.size!r}")
+        m = self.max_size
+        if m is not None and (isinstance(self.size, tuple) or isinstance(m, bool) or
+                              not isinstance(m, numbers.Integral) or int(m) <= self.size):
+            raise ValueError(f"Resize: max_size={m!r}: expected an int number of pixels, with "
+                             f"an int size smaller than it (torchvision's rule); got "
+                             f"size={self.size!r}")
 
     def resized_shape(self, hs: np.ndarray, ws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(heights, widths) of the resized images, torchvision's rounding."""

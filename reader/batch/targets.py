@@ -86,6 +86,10 @@ class Assembler:
         self.per_box = tuple(n for n in self.names if n in PER_BOX_FIELDS and n in schema
                              and BOXES in schema)
         self.mask = MASK in self.names and MASK in schema and is_label_map(schema[MASK])
+        if self.mask and self.fill > np.iinfo(schema[MASK]["dtype"]).max:
+            raise ValueError(f"mask_pad_value={self.fill}: the masks of {dataset.path} are "
+                             f"{schema[MASK]['dtype']} (0..{np.iinfo(schema[MASK]['dtype']).max}"
+                             f"); give a value they can hold (255: the usual ignore index)")
         self.boxes = BOXES in self.names and BOXES in schema
         self.geometric = self.boxes or self.mask or bool(self.per_box) or bool(spec.pad)
         extra = [n for n in self.names if n not in DEFAULT_FIELDS]

@@ -38,7 +38,9 @@ def decompress(stream, codec: str, expected: int, where: str) -> bytes:
                           f"{MAX_DECODED_BYTES} per value: the record is damaged or hostile")
     inflater = zlib.decompressobj()
     try:
-        out = inflater.decompress(bytes(stream), expected)  # stops at expected bytes
+        # stops at expected bytes; max_length 0 would mean "no limit", so an empty shape
+        # (an image without objects) asks for 1 byte: any byte at all is then refused
+        out = inflater.decompress(bytes(stream), max(expected, 1))
     except zlib.error as exc:
         raise FormatError(f"{where}: compressed array does not inflate ({exc})") from None
     if len(out) != expected or not inflater.eof or inflater.unconsumed_tail \

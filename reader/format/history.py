@@ -18,7 +18,7 @@ from dlpack_io.reader.format.spec import MAX_JSON_INT, FormatError
 
 SOURCES_KEY = "sources"
 HISTORY_KEY = "history"
-SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+SHA256_RE = re.compile(r"[0-9a-f]{64}")  # fullmatch: "$" would let a trailing newline in
 HISTORY_COUNTS = ("inputs", "duplicates", "changed", "unverified", "first_sample",
                   "num_samples")
 
@@ -65,6 +65,6 @@ def sources_of(meta: dict, num_records: int) -> list | None:
     none (packed before they were recorded) or they do not fit (damaged: not trusted)."""
     sources = meta.get(SOURCES_KEY)
     if not isinstance(sources, list) or len(sources) != num_records or \
-            not all(isinstance(s, str) and SHA256_RE.match(s) for s in sources):
+            not all(isinstance(s, str) and SHA256_RE.fullmatch(s) for s in sources):
         return None
     return sources

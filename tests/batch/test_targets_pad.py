@@ -86,6 +86,21 @@ def test_pad_settings_are_checked():
         Resize(20, max_size=20)
     with pytest.raises(ValueError, match="max_size"):
         Resize((20, 30), max_size=40)
+    # a pixel count, as torchvision's: not a string (failed at the first batch) nor a
+    # fraction (the long side became int(max_size), the short side used the fraction)
+    for bad in ("30", 30.7, True):
+        with pytest.raises(ValueError, match=f"max_size={bad!r}"):
+            Resize(20, max_size=bad)
+
+
+@pytest.mark.parametrize("pad", [True, False])
+def test_mask_pad_value_beyond_the_mask_dtype_is_refused_up_front(sized, pad):
+    # uint8 masks cannot hold 300: refused when the Loader is made, naming the option,
+    # not at the first batch with numpy's overflow (or the mask kernel's fill check)
+    with pytest.raises(ValueError, match=r"mask_pad_value=300: .* uint8 \(0\.\.255\)"):
+        Loader(Dataset(sized), batch_size=5, num_workers=0, fields=("image", "mask"),
+               transforms=[Resize(10) if pad else RandomResizedCrop(12)], pad=pad,
+               mask_pad_value=300)
 
 
 def test_resize_alone_without_pad_is_refused(sized):

@@ -122,6 +122,14 @@ def test_a_history_naming_a_shard_the_manifest_lacks_is_refused(tmp_path):
     assert not verify(dst, progress=False).ok
 
 
+def test_recorded_input_hashes_must_be_exactly_64_hex_digits():
+    sha = "0123456789abcdef" * 4
+    assert fmt.sources_of({"sources": [sha, sha]}, 2) == [sha, sha]
+    for bad in (sha + "\n", sha.upper(), sha[:-1], " " + sha):  # not a hash we wrote
+        assert fmt.sources_of({"sources": [sha, bad]}, 2) is None
+    assert fmt.sources_of({"sources": [sha]}, 2) is None  # one per record
+
+
 def test_an_option_other_than_the_data_sets_is_refused(tmp_path):
     src, dst, _ = _pack_and_grow(tmp_path)
     before = (dst / fmt.MANIFEST_NAME).read_bytes()

@@ -173,6 +173,10 @@ def test_boxes_of_an_image_without_a_size_in_the_file_are_checked_against_its_he
     ('{"images": [{"id": 1, "file_name": "x.jpg"}], "annotations": [], "categories": '
      '[{"id": 1' + "0" * 30 + ', "name": "a"}]}', r"categories\[0\]"),
     ('{"images": [', "not valid JSON"),
+    # more categories than a field spec's name table holds: refused here, not written as a
+    # data set whose manifest every reader then refuses
+    (json.dumps({"images": [], "categories": [{"id": k, "name": "c"} for k in
+                                              range(100_001)]}), "100001 categories"),
 ])
 def test_hostile_coco_files_are_refused_naming_the_file(tmp_path, text, match):
     (tmp_path / "src").mkdir()

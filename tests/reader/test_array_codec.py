@@ -37,6 +37,8 @@ def _value(shape, stream):
     (_value((10, 10), zlib.compress(bytes(199))), r"decodes to 199 bytes.*needs exactly 200"),
     (_value((10, 10), zlib.compress(bytes(10**6))), r"more than 200 bytes"),  # a small bomb
     (_value((10, 10), zlib.compress(bytes(200)) + b"x"), r"damaged"),  # bytes after the end
+    # an empty shape (no objects) must not lift the bound: zlib reads max_length 0 as none
+    (_value((0, 7), zlib.compress(bytes(10**6))), r"more than 1 bytes.*needs exactly 0"),
     (_value((10, 10), zlib.compress(bytes(200))[:-6]), r"cut short"),
     (_value((10, 10), b"not zlib at all"), r"does not inflate"),
     (_value((2**32 - 1, 2**32 - 1), zlib.compress(b"")), f"more than {MAX_DECODED_BYTES}"),
