@@ -3,7 +3,7 @@ itself put there (a sample_transform that sleeps a known time), for threads and 
 on the host path and the device path; the CUDA timeline on a GPU (gpu marker)."""
 from __future__ import annotations
 
-import multiprocessing
+import os
 import time
 
 import pytest
@@ -15,7 +15,10 @@ from dlpack_io.reader.batch.stagetimes import STAGES, totals, new
 from helpers import pack_jpeg_and_raw
 
 PAUSE = 0.004  # seconds the sample_transform sleeps per image
-SLEPT = multiprocessing.Value("d", 0.0)  # what the sleeps took, as the transform measured
+# What the sleeps took, as the transform measured: one line per call appended to the file
+# named by this variable (O_APPEND: whole lines from any process). Not multiprocessing.Value:
+# its shared-memory arena would stay mapped in the test process for the whole session.
+SLEPT_FILE = "DLPACK_TEST_SLEPT_FILE"
 
 
 @pytest.fixture(scope="module")
@@ -24,18 +27,27 @@ def packed(tmp_path_factory):
 
 
 def pausing(image):
-    """A sample_transform of known cost (module level: forked processes run it too and
-    add to the shared SLEPT)."""
+    """A sample_transform of known cost (module level: worker processes run it too and
+    append what they slept to the same file)."""
     t0 = time.perf_counter()
     time.sleep(PAUSE)
-    with SLEPT.get_lock():
-        SLEPT.value += time.perf_counter() - t0
+    line = f"{time.perf_counter() - t0!r}\n".encode()
+    fd = os.open(os.environ[SLEPT_FILE], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
     return image
 
 
+def slept(path) -> float:
+    """Seconds the transform measured, summed over every call."""
+    return sum(float(x) for x in path.read_text().split()) if path.exists() else 0.0
+
+
 @pytest.mark.parametrize("kind", ["thread", "process"])
-def test_each_stage_holds_its_own_seconds(packed, kind):
-    SLEPT.value = 0.0
+def test_each_stage_holds_its_own_seconds(packed, kind, tmp_path, monkeypatch):
+    monkeypatch.setenv(SLEPT_FILE, str(tmp_path / "slept"))
     loader = Loader(Dataset(packed["jpeg"]), batch_size=8, num_workers=2, worker_kind=kind,
                     sample_transform=pausing, seed=2,
                     transforms=[RandomResizedCrop(16), Normalize((0.5,) * 3, (0.25,) * 3)])
@@ -45,8 +57,9 @@ def test_each_stage_holds_its_own_seconds(packed, kind):
     s = loader.stats()
     # the sleeps are the user's stage, and only there (what the transform measured, plus
     # a call's slack per image); decoding, planning, the normalise took time of their own
-    assert SLEPT.value >= 24 * PAUSE
-    assert s.user_s == pytest.approx(SLEPT.value, abs=24 * 0.0005)
+    measured = slept(tmp_path / "slept")
+    assert measured >= 24 * PAUSE
+    assert s.user_s == pytest.approx(measured, abs=24 * 0.0005)
     assert s.decode_s > 0 and s.plan_s > 0 and s.transforms_s > 0
     assert s.decode_s < s.user_s  # 24 tiny JPEGs decode in far less than 96 ms
     # worker seconds cannot exceed the workers' wall time

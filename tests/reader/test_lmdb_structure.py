@@ -119,6 +119,16 @@ def _both_metas(buf, psize, fmtstr, offset, value):
         struct.pack_into(fmtstr, buf, meta + offset, value)
 
 
+def _inline_value_key(data: bytes) -> int:
+    """Offset of the key of a value stored in its page (not F_BIGDATA): the index or the
+    metadata, whichever is small enough in this shard."""
+    for key in (b"__index__", b"__meta__"):
+        at = data.find(key)
+        if at > 8 and struct.unpack_from("<H", data, at - 4)[0] == 0:
+            return at
+    raise AssertionError("no inline value in this shard: make the fixture smaller")
+
+
 def _edit(data: bytes, tree: dict, case: str) -> bytes:
     buf = bytearray(data)
     psize, root = tree["psize"], tree["root"]
@@ -128,9 +138,8 @@ def _edit(data: bytes, tree: dict, case: str) -> bytes:
         struct.pack_into("<H", buf, leaf + 16, psize - 2)
     elif case == "value-size-4GiB":
         struct.pack_into("<HH", buf, node, 0xFFFF, 0xFFFF)
-    elif case == "inline-value-past-page":  # the metadata: a small value stored in the page
-        at = data.find(b"__meta__")
-        assert at > 8 and struct.unpack_from("<H", data, at - 4)[0] == 0  # not F_BIGDATA
+    elif case == "inline-value-past-page":  # a small value stored in the page
+        at = _inline_value_key(data)
         struct.pack_into("<HH", buf, at - 8, 0xFFFF, 0)
     elif case == "key-size-past-page":
         struct.pack_into("<H", buf, node + 6, 0xFFFF)

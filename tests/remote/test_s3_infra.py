@@ -105,7 +105,11 @@ def test_proxy_without_delay_and_a_server_that_refuses():
     with LatencyProxy("127.0.0.1", port) as proxy:
         with socket.create_connection(("127.0.0.1", proxy.port), timeout=30) as conn:
             conn.sendall(b"hello")
-            assert conn.recv(10) == b""  # the proxy closes the client side
+            try:  # the proxy closes the client side: an orderly close, or a reset when it
+                closed = conn.recv(10) == b""  # closed before reading our bytes (Linux: RST)
+            except ConnectionResetError:
+                closed = True
+            assert closed
 
 
 def test_seaweed_answers_s3_and_stops_without_leaving_a_process(tmp_path):
