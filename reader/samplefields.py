@@ -42,4 +42,5 @@ def read_record_fields(dataset, i: int, k: int, j: int, names=None) -> dict:
         if fmt.crc32(block) != crc:
             raise fmt.FormatError(f"{where}: field block checksum mismatch (stored {crc:#010x}, "
                                   f"computed {fmt.crc32(block):#010x}): damaged data")
-    return decode_fields(block, schema, where, names)
+    entry = shard.index[j]  # the upright size bounds compressed values (masks) before inflating
+    return decode_fields(block, schema, where, names, (entry["height"], entry["width"]))

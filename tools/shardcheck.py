@@ -113,7 +113,9 @@ def _fields_problem(shard, j: int, schema: dict):
     if fmt.crc32(block) != crc:
         return "field block checksum mismatch: damaged data", len(block)
     try:
-        decode_fields(block, schema, f"{shard.path} record {j}")
+        entry = shard.index[j]
+        decode_fields(block, schema, f"{shard.path} record {j}", None,
+                      (entry["height"], entry["width"]))
     except fmt.FormatError as exc:
         return str(exc), len(block)
     return None, len(block)

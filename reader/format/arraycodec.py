@@ -10,15 +10,51 @@ slower to encode, and no faster to decode. The decoder reads any level. Decoding
 (Python ints, no overflow), bounded by MAX_DECODED_BYTES before any allocation, and the
 stream is inflated with ``max_length`` so a decompression bomb stops at that size; a
 stream that decodes to any other size, or has bytes after its end, is damaged.
+When the caller knows the record's upright image size (its index entry), ``check_shape``
+bounds the shape by it before anything is inflated: the image's segmentation mask must be
+exactly (height, width), any other compressed value at most VALUES_PER_PIXEL elements per
+pixel; so a hostile shard cannot make a small image's value inflate to 2 GiB.
 """
 from __future__ import annotations
 
+import math
 import zlib
 
 from dlpack_io.reader.format.spec import FormatError
 
 ZLIB_LEVEL = 1
 MAX_DECODED_BYTES = 2**31  # one field value: 2 GiB (a 32768 x 32768 uint16 mask is 2 GiB)
+# the packer compresses only masks (one element per pixel); 4 leaves room for a few
+# planes per pixel while keeping a value within 4 x the image's own pixel count
+VALUES_PER_PIXEL = 4
+MASK_FIELD, MASK_DTYPES = "mask", ("uint8", "uint16")
+
+
+def is_image_mask(name: str, spec: dict) -> bool:
+    """True when field ``name`` is the image's segmentation mask as the packer writes it
+    (packer/targets.py ``mask_spec``): a compressed 2-D uint8/uint16 ``"mask"``."""
+    return name == MASK_FIELD and bool(spec.get("codec")) and spec.get("ndim") == 2 \
+        and spec.get("dtype") in MASK_DTYPES
+
+
+def check_shape(shape: tuple, name: str, spec: dict, image_size, where: str) -> None:
+    """FormatError naming ``where`` unless the declared ``shape`` of compressed field
+    ``name`` fits the record's upright ``image_size`` (height, width); checked before
+    inflating. No check without an image size (a value decoded on its own)."""
+    if image_size is None:
+        return
+    height, width = (int(v) for v in image_size)
+    if is_image_mask(name, spec):
+        if tuple(shape) != (height, width):
+            raise FormatError(f"{where}: mask shape {tuple(shape)}, the record's image is "
+                              f"{height}x{width}: a mask must be its image's size; the "
+                              f"record is damaged or hostile, repack it")
+        return
+    count, budget = math.prod(shape), VALUES_PER_PIXEL * height * width
+    if count > budget:
+        raise FormatError(f"{where}: compressed array of shape {tuple(shape)} ({count} "
+                          f"elements) for a {height}x{width} image, at most {budget} "
+                          f"({VALUES_PER_PIXEL} per pixel): the record is damaged or hostile")
 
 
 def compress(data: bytes, codec: str) -> bytes:

@@ -16,7 +16,7 @@ import struct
 
 import numpy as np
 
-from dlpack_io.reader.format.arraycodec import compress, decompress
+from dlpack_io.reader.format.arraycodec import check_shape, compress, decompress
 from dlpack_io.reader.format.fieldschema import ARRAY_DTYPES, check_field_name
 from dlpack_io.reader.format.schema import MAX_JSON_DEPTH, json_depth
 from dlpack_io.reader.format.spec import FormatError
@@ -98,7 +98,7 @@ def encode_fields(values: dict, schema: dict, where: str) -> bytes:
     return struct.pack(f"<{len(parts)}I", *map(len, parts)) + b"".join(parts)
 
 
-def _decode_array(data, spec: dict, where: str):
+def _decode_array(data, spec: dict, where: str, name: str, image_size):
     ndim, dtype = spec["ndim"], np.dtype(spec["dtype"]).newbyteorder("<")
     if len(data) < 4 * ndim:
         raise FormatError(f"{where}: {len(data)} bytes cannot hold the {ndim} dimensions "
@@ -106,6 +106,7 @@ def _decode_array(data, spec: dict, where: str):
     shape = struct.unpack_from(f"<{ndim}I", data)
     count = math.prod(shape)  # Python ints: no overflow, compared before anything is sized
     if spec.get("codec"):
+        check_shape(shape, name, spec, image_size, where)  # before inflating anything
         data = memoryview(data)[:4 * ndim].tobytes() + decompress(
             memoryview(data)[4 * ndim:], spec["codec"], count * dtype.itemsize, where)
     if count * dtype.itemsize != len(data) - 4 * ndim:
@@ -117,15 +118,16 @@ def _decode_array(data, spec: dict, where: str):
     return np.frombuffer(data, dtype, count, 4 * ndim).reshape(shape).astype(dtype.newbyteorder("="))
 
 
-def decode_value(data, spec: dict, where: str):
-    """One field value from its bytes (a bytes-like object the caller owns)."""
+def decode_value(data, spec: dict, where: str, *, name: str = "", image_size=None):
+    """One field value from its bytes (a bytes-like object the caller owns); a compressed
+    array of field ``name`` is bounded by the record's ``image_size`` (height, width)."""
     kind = spec["type"]
     if kind in ("int", "float"):
         if len(data) != 8:
             raise FormatError(f"{where}: {kind} value is {len(data)} bytes, expected 8")
         return (_I8 if kind == "int" else _F8).unpack(data)[0]
     if kind == "array":
-        return _decode_array(data, spec, where)
+        return _decode_array(data, spec, where, name, image_size)
     if kind == "bytes":
         return bytes(data)
     try:
@@ -163,14 +165,15 @@ def field_spans(block, schema: dict, where: str) -> dict:
     return spans
 
 
-def decode_fields(block, schema: dict, where: str, names=None) -> dict:
+def decode_fields(block, schema: dict, where: str, names=None, image_size=None) -> dict:
     """The values of a record's field ``block`` (bytes the caller owns): every field of
-    ``schema``, or only ``names``; FormatError naming ``where`` and the field."""
+    ``schema``, or only ``names``; FormatError naming ``where`` and the field. With the
+    record's upright ``image_size`` (height, width), compressed arrays are bounded by it."""
     spans = field_spans(block, schema, where)
     wanted = sorted(schema) if names is None else names
     view = memoryview(block)
-    return {n: decode_value(view[slice(*spans[n])], schema[n], f"{where} field {n!r}")
-            for n in wanted}
+    return {n: decode_value(view[slice(*spans[n])], schema[n], f"{where} field {n!r}",
+                            name=n, image_size=image_size) for n in wanted}
 
 
 __all__ = ["spec_of", "encode_value", "encode_fields", "decode_value", "decode_fields",

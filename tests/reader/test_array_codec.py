@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from dlpack_io.reader.format import FormatError
-from dlpack_io.reader.format.arraycodec import MAX_DECODED_BYTES
-from dlpack_io.reader.format.fields import decode_value, encode_value
+from dlpack_io.reader.format.arraycodec import MAX_DECODED_BYTES, VALUES_PER_PIXEL
+from dlpack_io.reader.format.fields import decode_fields, decode_value, encode_value
 from dlpack_io.reader.format.fieldschema import check_field_schema
 
 SPEC = {"type": "array", "dtype": "uint16", "ndim": 2, "shape": None, "codec": "zlib"}
@@ -61,3 +61,58 @@ def test_schema_refuses_unknown_codecs_and_bad_name_tables(spec, match):
         check_field_schema({"f": spec}, "manifest.json")
     good = dict(SPEC, dtype="int64", names={"1": "person", "-3": "car"})
     assert check_field_schema({"f": good}, "manifest.json")["f"] is good
+
+
+def _bomb(shape, dtype="uint8"):
+    """A value declaring ``shape`` whose stream really inflates to it (zeros, ~1000x)."""
+    return _value(shape, zlib.compress(bytes(int(np.prod(shape)) * np.dtype(dtype).itemsize), 9))
+
+
+@pytest.mark.parametrize("shape, match", [
+    ((2000, 3000), r"mask shape \(2000, 3000\), the record's image is 20x30"),
+    ((30, 20), r"mask shape \(30, 20\), the record's image is 20x30"),  # 600 bytes: not a bomb
+    ((20, 31), r"mask shape \(20, 31\)"),
+])
+def test_a_mask_must_be_its_records_image_size_before_inflating(shape, match):
+    spec = dict(SPEC, dtype="uint8")
+    with pytest.raises(FormatError, match=match) as info:
+        decode_fields(struct.pack("<I", len(_bomb(shape))) + _bomb(shape), {"mask": spec},
+                      "shard-00000.rec record 3", image_size=(20, 30))
+    assert "shard-00000.rec record 3 field 'mask'" in str(info.value)
+    ok = decode_fields(struct.pack("<I", len(_bomb((20, 30)))) + _bomb((20, 30)),
+                       {"mask": spec}, "r", image_size=(20, 30))
+    assert ok["mask"].shape == (20, 30) and not ok["mask"].any()
+
+
+def test_other_compressed_arrays_get_a_budget_of_values_per_image_pixel():
+    spec = dict(SPEC, ndim=1)  # not the image's mask: any shape within the budget
+    budget = VALUES_PER_PIXEL * 20 * 30
+    assert decode_value(_bomb((budget,), "uint16"), spec, "r", name="planes",
+                        image_size=(20, 30)).shape == (budget,)
+    with pytest.raises(FormatError, match=rf"shape \({budget + 1},\) \({budget + 1} elements\) "
+                                          rf"for a 20x30 image, at most {budget}"):
+        decode_value(_bomb((budget + 1,), "uint16"), spec, "r", name="planes",
+                     image_size=(20, 30))
+    # an uncompressed value is bounded by its own bytes: no image budget applies
+    plain = {k: v for k, v in spec.items() if k != "codec"}
+    raw = struct.pack("<I", budget + 1) + bytes(2 * (budget + 1))
+    assert decode_value(raw, plain, "r", name="planes", image_size=(20, 30)).size == budget + 1
+
+
+def test_a_reshaped_mask_in_a_shard_file_is_refused_naming_the_record(tmp_path):
+    from dlpack_io.packer import Writer
+    from dlpack_io.reader import Dataset
+
+    mask = np.random.default_rng(0).integers(0, 255, (20, 30), dtype=np.uint8)
+    with Writer(tmp_path / "ds") as w:
+        w.write(image=np.zeros((20, 30, 3), np.uint8), mask=mask)
+    shard = tmp_path / "ds" / "shard-00000.rec"
+    blob = shard.read_bytes()
+    at = blob.index(struct.pack("<2I", 20, 30) + zlib.compress(mask.tobytes(), 1))
+    np.testing.assert_array_equal(Dataset(tmp_path / "ds").sample(0)["mask"], mask)
+    # same length, same stream: only the declared shape changes (the block CRC is not
+    # checked by default, so only the shape rule can see it)
+    shard.write_bytes(blob[:at] + struct.pack("<2I", 30, 20) + blob[at + 8:])
+    with pytest.raises(FormatError, match=rf"{shard.name} record 0 \(sample 0\) field 'mask': "
+                                          rf"mask shape \(30, 20\), the record's image is 20x30"):
+        Dataset(tmp_path / "ds").sample(0)
