@@ -30,9 +30,9 @@ import uuid
 
 import numpy as np
 
-from dlpack_io.reader import format as fmt
 from dlpack_io.reader.remote import cache as cache_mod
 from dlpack_io.reader.remote import cachefs
+from dlpack_io.reader.remote.keptusage import counted_size, usage
 from dlpack_io.reader.remote.recordspan import extents, mismatch
 
 log = logging.getLogger(__name__)
@@ -196,9 +196,10 @@ class KeptRecords:
                     f.write(data)
                 try:
                     os.link(tmp, path)  # exclusive: a second process's copy is not counted twice
-                except FileExistsError:
-                    os.replace(tmp, path)  # ours is verified: it wins over whatever is there
-                    self._update(lambda total: max(0, total - len(data)))
+                except FileExistsError:  # ours is verified: it wins over whatever is there
+                    replaced = counted_size(path)  # what the ledger holds for it, not ours
+                    os.replace(tmp, path)
+                    self._update(lambda total: max(0, total - replaced))
             finally:
                 try:
                     os.unlink(tmp)
@@ -259,35 +260,3 @@ class KeptRecords:
         """Bytes of the kept files, counted on disk (a missing or damaged ledger)."""
         return usage(self.dir)[0]
 
-
-def usage(records_dir: str) -> tuple[int, int]:
-    """(bytes, files) of kept records under ``records_dir``: regular files of ours only,
-    temporary files and links not counted, nothing followed."""
-    total = files = 0
-    try:
-        shards = os.listdir(records_dir)
-    except FileNotFoundError:
-        return 0, 0
-    for shard in shards:
-        folder = os.path.join(records_dir, shard)
-        if shard.endswith(".shard") and shard[:-6].isdigit():  # assembled (assembled.py)
-            st = os.lstat(folder)
-            if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
-                total, files = total + st.st_size, files + _records_in(folder, st.st_size)
-            continue
-        if not shard.isdigit() or not stat.S_ISDIR(os.lstat(folder).st_mode):
-            continue
-        for name in os.listdir(folder):
-            st = os.lstat(os.path.join(folder, name))
-            if name.isdigit() and stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
-                total, files = total + st.st_size, files + 1
-    return total, files
-
-
-def _records_in(path: str, size: int) -> int:
-    """Records of an assembled shard, from its header page (0 when it is not valid)."""
-    try:
-        with open(path, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as f:
-            return fmt.unpack_header(f.read(fmt.HEADER_SIZE), size, path).num_records
-    except (OSError, fmt.FormatError):
-        return 0

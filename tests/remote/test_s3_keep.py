@@ -213,3 +213,19 @@ def test_the_same_damaged_kept_file_found_twice_leaves_the_ledger_once(s3_env, p
     assert not os.path.exists(path)
     ledger = int(open(keeper.ledger, "rb").read())
     assert ledger == before - len(data) == keeper.recount() == len(data)
+
+
+def test_replacing_a_kept_file_takes_its_real_size_off_the_ledger(s3_env, packed, tmp_path):
+    """A file already at the place (edited locally, or another process's copy) is replaced
+    by the verified record: the ledger loses what that file counted, not the new length."""
+    keeper = Dataset(URL, cache_dir=str(tmp_path / "cache"))._remote.keeper
+    data = b"x" * 1000
+    assert keeper.admit([len(data)], 10**9) == [True] and keeper.publish(0, 0, 0, data)
+    path = keeper.path(0, 0)
+    os.truncate(path, 300)  # edited locally; the ledger, lost too, is counted again
+    os.unlink(keeper.ledger)
+    assert keeper.admit([len(data)], 10**9) == [True]
+    assert int(open(keeper.ledger, "rb").read()) == 300 + len(data)
+    assert keeper.publish(0, 0, 0, data)
+    assert os.path.getsize(path) == len(data)
+    assert int(open(keeper.ledger, "rb").read()) == keeper.recount() == len(data)
