@@ -1,6 +1,7 @@
 """How many bytes and files are kept under a records folder (keep.py), counted on disk:
 regular files of ours only, nothing followed (a recount when the ledger is missing or
-damaged, and ``dlpack cache``'s report)."""
+damaged, and ``dlpack cache``'s report). Entries removed while they are counted (another
+process's ``dlpack cache clear``) are skipped, never an error."""
 from __future__ import annotations
 
 import os
@@ -12,25 +13,49 @@ from dlpack_io.reader import format as fmt
 def usage(records_dir: str) -> tuple[int, int]:
     """(bytes, files) of kept records under ``records_dir``: regular files of ours only,
     temporary files and links not counted, nothing followed."""
-    total = files = 0
     try:
-        shards = os.listdir(records_dir)
+        names = os.listdir(records_dir)
     except FileNotFoundError:
         return 0, 0
-    for shard in shards:
+    return usage_of(records_dir, names)
+
+
+def usage_of(records_dir: str, names) -> tuple[int, int]:
+    """(bytes, files) of the entries ``names`` listed in ``records_dir``. Another process
+    may have removed any of them since (``dlpack cache clear``): those count nothing."""
+    total = files = 0
+    for shard in names:
         folder = os.path.join(records_dir, shard)
+        st = _lstat(folder)
+        if st is None:
+            continue
         if shard.endswith(".shard") and shard[:-6].isdigit():  # assembled (assembled.py)
-            st = os.lstat(folder)
-            if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+            if _regular_ours(st):
                 total, files = total + st.st_size, files + _records_in(folder, st.st_size)
             continue
-        if not shard.isdigit() or not stat.S_ISDIR(os.lstat(folder).st_mode):
+        if not shard.isdigit() or not stat.S_ISDIR(st.st_mode):
             continue
-        for name in os.listdir(folder):
-            st = os.lstat(os.path.join(folder, name))
-            if name.isdigit() and stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+        try:
+            kept = os.listdir(folder)
+        except FileNotFoundError:
+            continue
+        for name in kept:
+            st = _lstat(os.path.join(folder, name)) if name.isdigit() else None
+            if st is not None and _regular_ours(st):
                 total, files = total + st.st_size, files + 1
     return total, files
+
+
+def _lstat(path: str):
+    """``lstat`` of ``path``, or None when it was removed since it was listed."""
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        return None
+
+
+def _regular_ours(st) -> bool:
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
 
 
 def _records_in(path: str, size: int) -> int:
@@ -45,8 +70,5 @@ def _records_in(path: str, size: int) -> int:
 def counted_size(path: str) -> int:
     """The bytes ``usage`` counts for the kept file at ``path``: its size when it is a
     regular file of ours, else 0 (a link or a planted file is never on the ledger)."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return 0
-    return st.st_size if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() else 0
+    st = _lstat(path)
+    return st.st_size if st is not None and _regular_ours(st) else 0
