@@ -8,6 +8,8 @@ remote shard finds its own set's prefetch as it does for a single data set.
 """
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 
@@ -41,9 +43,13 @@ class MixturePrefetch:
         return [h.stats for h in self.handles]
 
     def wait(self, k: int, timeout: float | None = None) -> None:
-        """Block until batch ``k``'s records of every remote set are in the cache."""
+        """Block until batch ``k``'s records of every remote set are in the cache;
+        TimeoutError once ``timeout`` seconds have passed in all (one deadline shared by
+        the sets, not ``timeout`` each); None: each set's own store deadline."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         for h in self.handles:
-            h.wait(k, timeout)
+            # a set reached with no time left still answers: ready now, or TimeoutError
+            h.wait(k, None if deadline is None else max(0.0, deadline - time.monotonic()))
 
     def ready(self, k: int) -> bool:
         """Non-blocking: batch ``k``'s records of every remote set are in the cache."""
