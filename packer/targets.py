@@ -203,6 +203,20 @@ def annotation_rejects(inputs) -> list:
     return [(shown(p), shown(r)) for p, r in (targets.rejected if targets else [])]
 
 
+def check_later_mask(schema: dict, fields: dict, seg: bool, where: str) -> None:
+    """A Writer's later sample: when the first sample's "mask" made it a segmentation mask
+    (compressed, its image's size: readers refuse any other shape), this one's must be one
+    too; ValueError naming the sample and both sizes otherwise."""
+    spec = schema.get("mask")
+    if spec is None or not spec.get("codec") or seg or "mask" not in fields:
+        return
+    shape = getattr(np.asarray(fields["mask"]), "shape", None)
+    raise ValueError(f"{where}: field 'mask' of shape {shape} is not a 2-D uint8/uint16 label "
+                     f"map of this sample's image size, but the first sample's mask made "
+                     f"'mask' a segmentation mask; give every sample a mask of its image's "
+                     f"size (or name other arrays differently)")
+
+
 def target_schema(schema: dict, seg: bool) -> dict:
     """A Writer's first schema with the targets' specs: per-sample box and category
     arrays (never stacked), segmentation masks (``seg``) compressed."""

@@ -20,7 +20,7 @@ from dlpack_io.packer.cutting import ShardCutter
 from dlpack_io.packer.finalize import build_manifest, write_dataset_files
 from dlpack_io.packer.options import PackOptions, parse_size
 from dlpack_io.packer.samples import encode_sample, first_schema, note_shapes
-from dlpack_io.packer.targets import target_schema, writer_targets
+from dlpack_io.packer.targets import check_later_mask, target_schema, writer_targets
 from dlpack_io.packer.writer_append import AppendBase
 from dlpack_io.packer.writers import open_writer
 
@@ -87,6 +87,8 @@ class Writer:
         where = f"{self.dst}: sample {n}"
         label = self._check_label(label, where)
         fields, seg = writer_targets(image, fields, where, self.options.max_pixels)
+        if self._schema is not None:
+            check_later_mask(self._schema, fields, seg, where)
         schema = target_schema(first_schema(fields, where), seg) if self._schema is None \
             else self._schema
         record, block, path = encode_sample(image, fields, schema,

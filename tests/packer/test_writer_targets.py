@@ -62,3 +62,17 @@ def test_a_mask_of_another_shape_stays_an_ordinary_array(tmp_path):
         w.write(image=np.zeros((20, 30, 3), np.uint8), mask=np.ones((3, 2), np.uint16))
     ds = Dataset(tmp_path / "ds")
     assert "codec" not in ds.fields["mask"] and ds.sample(0)["mask"].tolist() == [[1, 1]] * 3
+
+
+def test_a_later_mask_of_another_size_than_its_image_is_refused_before_it_is_written(tmp_path):
+    """The first mask made "mask" a segmentation mask (readers hold it to its image's size):
+    a later mask of another size would make an unreadable record, so the write is refused."""
+    img = np.zeros((20, 30, 3), np.uint8)
+    with Writer(tmp_path / "ds", mode="jpeg") as w:
+        w.write(image=img, label=0, mask=np.full((20, 30), 3, np.uint8))
+        with pytest.raises(ValueError, match=r"sample 1: field 'mask' of shape \(10, 30\) is "
+                                             r"not a 2-D uint8/uint16 label map"):
+            w.write(image=img, label=0, mask=np.zeros((10, 30), np.uint8))
+        w.write(image=img, label=1, mask=np.full((20, 30), 5, np.uint8))
+    ds = Dataset(tmp_path / "ds")
+    assert len(ds) == 2 and [int(ds.sample(i)["mask"][0, 0]) for i in range(2)] == [3, 5]
