@@ -68,11 +68,14 @@ def paired(path: str, pairs: int) -> dict:
     """Image + txt against image + label over the same data set, in one process: ``pairs``
     pairs of whole epochs back to back (which comes first alternates), so each ratio
     compares epochs seconds apart under the same load; and the consumer's field step alone
-    (``batch_fields`` for 256 random samples), the only work the caption adds."""
+    (the Loader's field step, ``targets.Assembler``, for 256 random samples), the only work
+    the caption adds."""
     import numpy as np
 
     from dlpack_io.reader import Dataset, Loader, RandomHorizontalFlip, RandomResizedCrop
-    from dlpack_io.reader.batch.fieldbatch import batch_fields
+    import torch
+
+    from dlpack_io.reader.batch.targets import Assembler
 
     ds = Dataset(path)
     kw = dict(batch_size=256, num_workers=2, seed=0, drop_last=True,
@@ -89,11 +92,14 @@ def paired(path: str, pairs: int) -> dict:
     for k in range(pairs):
         for name in (("label", "txt") if k % 2 == 0 else ("txt", "label")):
             rates[name].append(one(name))
+    txt = loaders["txt"]
+    assemble = Assembler(ds, ("image", "txt"), txt.spec, txt.options, on_device=False)
+    images, labels = torch.zeros(256, 3, 1, 1), torch.zeros(256, dtype=torch.int64)
     rng, step = np.random.default_rng(0), []
     for _ in range(30):
         idx = rng.choice(len(ds), 256, replace=False)
         t0 = time.perf_counter()
-        batch_fields(ds, idx, ("txt",), "cpu")
+        assemble(images, labels, idx, 0)
         step.append(time.perf_counter() - t0)
     ratios = [t / b for t, b in zip(rates["txt"], rates["label"])]
     return {"txt_over_label_median": statistics.median(ratios),

@@ -6,13 +6,14 @@ consumer from the same local shards, so shuffle, ranks, resume, return_index, th
 process workers and every transform work unchanged. Collation follows torch's
 default_collate where it can: ints and floats become int64 / float64 tensors, arrays of
 the schema's fixed shape one stacked tensor, arrays of varying shape a list of tensors,
-str / json / bytes a list.
+str / json / bytes a list. The batch's tuple itself (fields in order, detection targets
+that follow the geometry, padding, indices) is built by targets.Assembler.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from dlpack_io.reader.samplefields import check_names, read_record_fields
+from dlpack_io.reader.samplefields import check_names
 
 DEFAULT_FIELDS = ("image", "label")
 
@@ -48,21 +49,3 @@ def collate(values: list, spec: dict, device):
     else:
         return values
     return out.to(device, non_blocking=True)
-
-
-def batch_fields(dataset, indices, names: tuple, device) -> dict:
-    """name -> collated values of ``names`` (fields of the manifest) for the samples
-    ``indices`` (global sample numbers), in that order."""
-    if not names:
-        return {}
-    shard_ids, local, _ = dataset.lookup(indices)
-    rows = [read_record_fields(dataset, int(i), int(k), int(j), names)
-            for i, k, j in zip(np.asarray(indices).tolist(), shard_ids.tolist(), local.tolist())]
-    return {n: collate([r[n] for r in rows], dataset.fields[n], device) for n in names}
-
-
-def assemble(dataset, names: tuple, images, labels, indices) -> tuple:
-    """The tuple a Loader yields for ``fields=names``: each name's batch, in that order."""
-    extra = batch_fields(dataset, indices, tuple(n for n in names if n not in DEFAULT_FIELDS),
-                         labels.device)
-    return tuple(images if n == "image" else labels if n == "label" else extra[n] for n in names)
