@@ -38,14 +38,6 @@ class Entry:
     in_use: bool
 
 
-def _own_dir(path: str) -> bool:
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
-
-
 def folder_bytes(path: str) -> int:
     """Bytes of the regular files below ``path`` (links not followed, not counted)."""
     total = 0
@@ -67,7 +59,7 @@ def _url(root: str) -> str:
 
 def _pooled(root: str) -> int:
     pool = os.path.join(root, "shards")
-    if not _own_dir(pool):
+    if not cachefs.own_dir(pool):
         return 0
     return sum(1 for n in os.listdir(pool) if not n.startswith(".")
                and stat.S_ISREG(os.lstat(os.path.join(pool, n)).st_mode))
@@ -76,7 +68,7 @@ def _pooled(root: str) -> int:
 def _sessions_alive(root: str) -> bool:
     """True when a session lock below ``root`` is held (a process has the data set open)."""
     sessions = os.path.join(root, "sessions")
-    if not _own_dir(sessions):
+    if not cachefs.own_dir(sessions):
         return False
     for name in os.listdir(sessions):
         opened = cachefs.open_regular(os.path.join(sessions, name, ".lock"))
@@ -103,12 +95,12 @@ def _in_use(root: str) -> bool:
 
 def entries(cache_dir: str) -> list[Entry]:
     """The data sets cached in ``cache_dir``, by key (an empty list when there is none)."""
-    if not _own_dir(cache_dir):
+    if not cachefs.own_dir(cache_dir):
         return []
     out = []
     for key in sorted(os.listdir(cache_dir)):
         root = os.path.join(cache_dir, key)
-        if not KEY_RE.fullmatch(key) or not _own_dir(root):
+        if not KEY_RE.fullmatch(key) or not cachefs.own_dir(root):
             continue
         out.append(Entry(key, _url(root), folder_bytes(root),
                          keep.usage(os.path.join(root, "records"))[1], _pooled(root),
@@ -141,6 +133,6 @@ def clear(cache_dir: str, keys=None) -> tuple[list[Entry], list[Entry], list[str
         shutil.rmtree(trash)
         removed.append(entry)
     for name in os.listdir(cache_dir):  # debris of a clear that was interrupted
-        if _TRASH_RE.fullmatch(name) and _own_dir(os.path.join(cache_dir, name)):
+        if _TRASH_RE.fullmatch(name) and cachefs.own_dir(os.path.join(cache_dir, name)):
             shutil.rmtree(os.path.join(cache_dir, name), ignore_errors=True)
     return removed, busy, [k for k in wanted if k not in found]

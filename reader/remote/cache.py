@@ -228,7 +228,7 @@ def remove_stale_sessions(sessions: str) -> list[str]:
     removed = []
     for name in os.listdir(sessions):
         path = os.path.join(sessions, name)
-        if not _SESSION_RE.fullmatch(name) or not _own_folder(path):
+        if not _SESSION_RE.fullmatch(name) or not cachefs.own_dir(path):
             continue
         opened = cachefs.open_regular(os.path.join(path, ".lock"), os.O_RDWR)
         if opened is None:
@@ -251,11 +251,3 @@ def remove_stale_sessions(sessions: str) -> list[str]:
     if removed:
         log.info("removed %d cache sessions of processes that are gone", len(removed))
     return removed
-
-
-def _own_folder(path: str) -> bool:
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()

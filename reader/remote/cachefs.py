@@ -45,6 +45,16 @@ def check_dir(path: str) -> os.stat_result:
     return st
 
 
+def own_dir(path: str) -> bool:
+    """True when ``path`` is a folder (not a link to one) owned by this user; False when it
+    is anything else or gone."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+
+
 def make_dirs(base: str, path: str) -> None:
     """Create ``path`` (0700) and every missing folder between ``base`` and it, checking
     each (check_dir); ``base`` itself is trusted (the caller created or checked it)."""
