@@ -98,6 +98,36 @@ def streaming(endpoint, out, cache, rank, world_size):
     return DataLoader(ds, batch_size=BATCH, num_workers=WORKERS, collate_fn=_collate), None
 
 
+def litdata(endpoint, out, cache, rank, world_size):
+    """LitData's StreamingDataset(s3://.../litdata) + StreamingDataLoader, its chunk cache in
+    ``cache`` (kept between epochs: epoch 1 reads what epoch 0 downloaded)."""
+    import litdata as ld
+    import litdata.streaming.downloader as downloader
+
+    # LitData's obstore prefetch path builds its client options without allow_http, so it
+    # cannot reach a plain-http test server (real S3 is https); allowing http changes
+    # nothing else and keeps LitData on its fast path instead of its boto3 fallback.
+    downloader._OBSTORE_CLIENT_OPTIONS = {**downloader._OBSTORE_CLIENT_OPTIONS,
+                                          "allow_http": "true"}
+
+    class Worked(ld.StreamingDataset):
+        def __getitem__(self, idx):
+            import torch
+
+            from dlpack_io.tools.bench.work import jpeg_work
+
+            item = super().__getitem__(idx)
+            index = idx.index if hasattr(idx, "index") else idx
+            return (torch.from_numpy(jpeg_work(item["data"], random.Random(int(index)))),
+                    int(item["cls"]))
+
+    ds = Worked(input_dir=f"s3://{BUCKET}/litdata", cache_dir=os.path.join(cache, "litdata"),
+                shuffle=True, seed=0, storage_options={"endpoint_url": endpoint})
+    # not persistent: the workers are reaped after each epoch, so their CPU is counted
+    return ld.StreamingDataLoader(ds, batch_size=BATCH, num_workers=WORKERS,
+                                  collate_fn=_collate), None
+
+
 def _loader(ds, rank: int = 0, world_size: int = 1):
     from dlpack_io.reader import Loader, RandomHorizontalFlip, RandomResizedCrop
 

@@ -144,6 +144,8 @@ FAMILIES += [
            options={"inflight": 16}, needs="boto3"),
     Family("streaming", "MosaicML Streaming (MDS from the same server)",
            _B + "contenders_remote:streaming", {"jpeg": "s3-mds"}, "remote", needs="streaming"),
+    Family("litdata", "LitData (its chunks from the same server)",
+           _B + "contenders_remote:litdata", {"jpeg": "s3-litdata"}, "remote", needs="litdata"),
     Family("ours-records", "ours, record fetch (s3://, planner)", _B + "contenders_remote:ours",
            {"jpeg": "s3-ours"}, "remote", options={"fetch_mode": "records"}, needs="obstore"),
     Family("ours-shards", "ours, whole-shard fetch", _B + "contenders_remote:ours",

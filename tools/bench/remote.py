@@ -6,7 +6,7 @@ through an added round trip, and a second epoch from the cache of those that kee
 (in .venv-bench for MosaicML Streaming, see scripts/bench.sh) starts a real S3 server
 (SeaweedFS) and, per round trip, the latency proxy in front of it, then runs every contender
 of the registry's "remote" section (families.py: DataLoader with 1 and 16 GETs in flight,
-Streaming, our record fetch, our whole-shard fetch, ours on local disk) once per round,
+Streaming, LitData, our record fetch, our whole-shard fetch, ours on local disk) once per round,
 interleaved, each in a fresh child process (child.py, op "remote") with a new cache.
 
 Reported per run: images/s, seconds to the first batch, CPU seconds of the loader process
@@ -52,7 +52,7 @@ def check_ready() -> None:
 
 
 # contenders that keep what epoch 0 read (ours-local: the page cache): epoch 1 is measured too
-WARM = ("ours-records", "ours-shards", "streaming", "ours-local")
+WARM = ("ours-records", "ours-shards", "streaming", "litdata", "ours-local")
 
 
 def run_one(name: str, endpoint: str, out: str, rank: int = 0, world_size: int = 1) -> dict:
@@ -114,8 +114,9 @@ def prepare(src: str, out: str) -> None:
             overwrite=True)
 
 
-def upload(src: str, out: str, mds: bool) -> dict:
-    """Put one object per image, our shards and (``mds``) Streaming's MDS in the bucket."""
+def upload(src: str, out: str, mds: bool, litdata: bool = False) -> dict:
+    """Put one object per image, our shards, (``mds``) Streaming's MDS and (``litdata``)
+    LitData's chunks in the bucket."""
     from concurrent.futures import ThreadPoolExecutor
 
     from dlpack_io.packer.scan import scan_image_folder
@@ -135,7 +136,9 @@ def upload(src: str, out: str, mds: bool) -> dict:
         mds_store = Store(f"s3://{BUCKET}/mds")
         for name in os.listdir(path):
             mds_store.put_file(name, os.path.join(path, name))
-    return {"images": len(inputs.paths), "mds": mds, "bytes": sum(
+    if litdata:
+        _put_litdata(out, inputs)
+    return {"images": len(inputs.paths), "mds": mds, "litdata": litdata, "bytes": sum(
         os.path.getsize(os.path.join(inputs.root, f)) for f in inputs.paths)}
 
 
@@ -149,6 +152,21 @@ def _write_mds(out, inputs) -> str:
             with open(os.path.join(inputs.root, rel), "rb") as fh:
                 sink.write({"data": fh.read(), "cls": int(label)})
     return path
+
+
+def _put_litdata(out, inputs) -> None:
+    """LitData's optimize() of the same images (16 MB chunks, like our shards and the MDS
+    copy), uploaded under litdata/."""
+    import shutil
+
+    from dlpack_io.reader.remote.storage import Store
+    from dlpack_io.tools.bench.stores import write_litdata
+
+    shutil.rmtree(os.path.join(out, "litdata"), ignore_errors=True)
+    write_litdata(inputs, out, "jpeg", None, chunk_bytes="16MB")
+    path, store = os.path.join(out, "litdata"), Store(f"s3://{BUCKET}/litdata")
+    for name in os.listdir(path):
+        store.put_file(name, os.path.join(path, name))
 
 
 def _child(name, endpoint, out, rank=0, world_size=1, timeout=900) -> dict:
@@ -194,8 +212,11 @@ def measure(src, out, *, rtts, rounds: int, families, peers) -> dict:
     runs, ranks = [], []
     with SeaweedServer(os.path.join(out, "seaweed"), buckets=[BUCKET]) as server:
         os.environ.update(server.env())
-        data = upload(src, out, mds=any(f.name == "streaming" for f in families)
-                      and peers.get("streaming", {}).get("ok", False))
+        def wanted(peer):
+            return (any(f.name == peer for f in families)
+                    and peers.get(peer, {}).get("ok", False))
+
+        data = upload(src, out, mds=wanted("streaming"), litdata=wanted("litdata"))
         for rnd in range(rounds):
             for rtt in rtts:
                 runs += _round(families, rtt, rnd, server, out, peers)

@@ -139,6 +139,7 @@ def ratios(result: dict, rtt: int = 20) -> dict:
     return {f"records / dataloader-1 @ {rtt} ms (target >= 20)": med("ours-records", "dataloader-1"),
             f"records / dataloader-16 @ {rtt} ms (target >= 2)": med("ours-records", "dataloader-16"),
             f"records / streaming @ {rtt} ms (target > 1)": med("ours-records", "streaming"),
+            f"records / litdata @ {rtt} ms": med("ours-records", "litdata"),
             f"records / local disk @ {rtt} ms": med("ours-records", "ours-local"),
             f"shards / local disk @ {rtt} ms": med("ours-shards", "ours-local"),
             "records @ 50 ms / records @ 0 ms (target >= 0.9)":
@@ -146,4 +147,5 @@ def ratios(result: dict, rtt: int = 20) -> dict:
             f"records epoch 1 / local disk epoch 1 @ {rtt} ms (target >= 0.95)":
                 med("ours-records@e1", "ours-local@e1"),
             f"shards epoch 1 / local disk epoch 1 @ {rtt} ms": med("ours-shards@e1", "ours-local@e1"),
-            f"streaming epoch 1 / local disk epoch 1 @ {rtt} ms": med("streaming@e1", "ours-local@e1")}
+            f"streaming epoch 1 / local disk epoch 1 @ {rtt} ms": med("streaming@e1", "ours-local@e1"),
+            f"litdata epoch 1 / local disk epoch 1 @ {rtt} ms": med("litdata@e1", "ours-local@e1")}

@@ -109,8 +109,9 @@ def _litdata_item(item):
     return {"data": np.load(raw_npy, mmap_mode="r")[path_or_index].tobytes(), "cls": label}
 
 
-def write_litdata(inputs, out, mode, raw_npy) -> dict:
-    """LitData optimize(), 2 workers, 64 MB chunks; restores the multiprocessing start method."""
+def write_litdata(inputs, out, mode, raw_npy, *, chunk_bytes: str = "64MB") -> dict:
+    """LitData optimize(), 2 workers, 64 MB chunks (or ``chunk_bytes``); restores the
+    multiprocessing start method."""
     import multiprocessing as mp
 
     import litdata
@@ -123,7 +124,7 @@ def write_litdata(inputs, out, mode, raw_npy) -> dict:
     method = mp.get_start_method(allow_none=True)
     try:
         litdata.optimize(fn=_litdata_item, inputs=items, output_dir=os.path.abspath(
-            os.path.join(out, "litdata")), chunk_bytes="64MB", num_workers=os.cpu_count(),
+            os.path.join(out, "litdata")), chunk_bytes=chunk_bytes, num_workers=os.cpu_count(),
             mode="overwrite")
     finally:
         mp.set_start_method(method, force=True)
