@@ -10,6 +10,7 @@ import numpy as np
 
 from dlpack_io.packer import appendbase as base_
 from dlpack_io.packer.names import shown
+from dlpack_io.reader import format as fmt
 
 
 class AppendBase:
@@ -26,7 +27,8 @@ class AppendBase:
         self.classes = [str(c) for c in classes] if classes is not None else old
         self.fields = m.get("fields") or None
         self.has_label = bool(old)  # a data set without classes takes no labels
-        self.known = base_.known_inputs(base_.shard_metas(dst, m["shards"]))
+        self.known = base_.known_inputs(base_.shard_metas(dst, m["shards"]),
+                                        fmt.retired_records(fmt.retired_pairs(m)))
         self.duplicates = 0
 
     @property
@@ -42,7 +44,7 @@ class AppendBase:
     def seen(self, path: str, sha: str, where: str) -> int | None:
         """The index of the sample already packed from file ``path`` with content ``sha``
         (None: not packed yet); ValueError when that path was packed with other content
-        (shards are immutable: see appending.REPLACE_REFUSED)."""
+        (a Writer does not replace records: ``convert --append --replace-changed`` does)."""
         if not path:
             return None
         hashes = self.known.get(shown(path))

@@ -34,6 +34,14 @@ def _storage(m: dict, indices: list) -> dict:
             "raw_records": int((index["kind"] == fmt.KIND_RAW).sum())}
 
 
+def _class_counts(ds) -> list:
+    """Samples per class as readers see them (retired records left out)."""
+    counts = ds.manifest["class_counts"]
+    if not fmt.retired_pairs(ds.manifest) or not counts:
+        return counts
+    return np.bincount(ds.labels, minlength=len(counts))[:len(counts)].tolist()
+
+
 def summary(path, *, max_pixels: int = fmt.DEFAULT_MAX_PIXELS) -> dict:
     """Facts about a whole data set: format, counts, bytes, classes, options, rejects."""
     ds = Dataset(path, max_pixels=max_pixels)
@@ -44,13 +52,14 @@ def summary(path, *, max_pixels: int = fmt.DEFAULT_MAX_PIXELS) -> dict:
     lengths = np.concatenate([ix["length"] for ix in indices]) if indices else np.zeros(0)
     return {
         "path": ds.path if ds.is_remote else os.path.abspath(path), "format": m["format"],
-        "version": m["version"], "mode": m["mode"], "num_samples": m["num_samples"],
+        "version": m["version"], "mode": m["mode"], "num_samples": len(ds),
+        "retired": len(fmt.retired_pairs(m)),
         "num_shards": len(m["shards"]), "num_bytes": m["num_bytes"],
         "record_bytes": {"mean": float(lengths.mean()) if lengths.size else 0.0,
                          "max": int(lengths.max()) if lengths.size else 0},
         "image_size": _size_stats(heights, widths),
         "classes": [{"label": i, "name": c, "count": n}
-                    for i, (c, n) in enumerate(zip(m["classes"], m["class_counts"]))],
+                    for i, (c, n) in enumerate(zip(m["classes"], _class_counts(ds)))],
         "options": m["options"], "source": m["source"], "reencoded": m["reencoded"],
         "storage": _storage(m, indices),
         "num_rejects": len(m["rejects"]), "rejects": m["rejects"], "created": m["created"],

@@ -89,7 +89,9 @@ def summary_text(s: dict, max_classes: int = 30) -> str:
         f"data set      {s['path']}",
         f"format        {s['format']} (version {s['version']}), mode {s['mode']}",
         f"samples       {plural(s['num_samples'], 'sample')} in {plural(s['num_shards'], 'shard')}, "
-        f"{human_bytes(s['num_bytes'])} ({human_bytes(s['record_bytes']['mean'])}/record mean)",
+        f"{human_bytes(s['num_bytes'])} ({human_bytes(s['record_bytes']['mean'])}/record mean)"
+        + (f"; {plural(s['retired'], 'record')} retired (replaced by an append: "
+           f"--replace-changed)" if s.get("retired") else ""),
         f"image size    {_size_line(s['image_size'])}",
         f"options       {opts}",
         f"source        {root} ({plural(source.get('num_inputs', 0), 'input')}"
@@ -98,7 +100,9 @@ def summary_text(s: dict, max_classes: int = 30) -> str:
         f"with {s['created'].get('pil')}"
         + "".join(f"\nappended      {h['at']}: +{h['num_samples']} samples from "
                   f"{h['first_sample']} in {len(h['shards'])} shards ({h['duplicates']} "
-                  f"duplicates, {h['changed']} changed skipped; new classes: "
+                  f"duplicates, {h['changed']} changed"
+                  + (f", {h['replaced']} of them replaced" if h.get("replaced") else " skipped")
+                  + "; new classes: "
                   f"{', '.join(h['new_classes'][:5]) or 'none'})"
                   for h in s.get("history", [])),
         _storage_text(s["storage"], s["mode"], s["options"]),
