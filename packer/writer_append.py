@@ -30,6 +30,21 @@ class AppendBase:
         self.known = base_.known_inputs(base_.shard_metas(dst, m["shards"]),
                                         fmt.retired_records(fmt.retired_pairs(m)))
         self.duplicates = 0
+        self._sample_of = None  # record number -> sample index, when records are retired
+        records = fmt.sample_records(m["num_samples"], fmt.retired_pairs(m))
+        if records is not None:
+            self._sample_of = np.full(m["num_samples"], -1, dtype=np.int64)
+            self._sample_of[records] = np.arange(len(records))
+
+    def sample_of(self, record: int) -> int:
+        """The sample index readers give record number ``record`` (the same number unless
+        the data set retires records: reader/format/retired.py); a record written now
+        follows every old one."""
+        if self._sample_of is None:
+            return record
+        if record >= len(self._sample_of):
+            return record - len(fmt.retired_pairs(self.manifest))
+        return int(self._sample_of[record])
 
     @property
     def shards(self) -> list:

@@ -194,3 +194,29 @@ def test_replace_changed_on_s3(s3_env, tmp_path):
     finally:
         ds.close()
     assert verify(url, progress=False).ok
+
+
+def test_later_appends_keep_the_retired_records(tmp_path):
+    from dlpack_io.packer import Writer
+
+    src, dst, changed, twin = _packed_with_a_change(tmp_path)
+    convert(src, dst, append=True, replace_changed=True, **OPTS)
+    retired = json.loads((dst / fmt.MANIFEST_NAME).read_bytes())[fmt.RETIRED_KEY]
+    make_image_folder(tmp_path / "more", 2, 1, seed=5, size=(48, 64))
+    for name in os.listdir(tmp_path / "more" / "class_00"):
+        shutil.copy(tmp_path / "more" / "class_00" / name, src / "class_01" / f"m{name}")
+    a = convert(src, dst, append=True, **OPTS)["append"]  # no flag: nothing to replace
+    assert (a["new_samples"], a["replaced"], a["duplicates"]) == (2, 0, 36)
+    with Writer(dst, append=True) as w:  # the Writer knows files by the path given
+        assert w.write(image=str(src / twin), label=2) == 38  # sample index, not record 39
+        assert w.write(image=str(src / twin), label=2) == 38  # a duplicate: its index
+    m = json.loads((dst / fmt.MANIFEST_NAME).read_bytes())
+    assert m[fmt.RETIRED_KEY] == retired and m["version"] == fmt.RETIRING_VERSION
+    ds = Dataset(dst)
+    assert len(ds) == 39 and m["num_samples"] == 40 and ds.record_of(38) == 39
+    assert np.array_equal(ds[38][0], ds[_index_of(ds, twin)][0])
+    from dlpack_io.packer.writer_append import AppendBase
+
+    base = AppendBase(str(dst), {}, None)  # what a Writer returns for a duplicate's record
+    assert [base.sample_of(ds.record_of(i)) for i in range(len(ds))] == list(range(39))
+    assert verify(dst, progress=False).ok
