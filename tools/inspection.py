@@ -77,6 +77,7 @@ def shard_detail(path, shard: int, *, records: int = 10,
     index = sh.index
     meta = sh.meta()
     header = getattr(sh, "header", None)
+    shown = fmt.sample_records(ds.manifest["num_samples"], fmt.retired_pairs(ds.manifest))
     return {
         "shard": shard, "name": entry["name"], "path": sh.path, "bytes": entry["bytes"],
         "num_samples": entry["num_samples"], "first_sample": entry["first_sample"],
@@ -84,9 +85,18 @@ def shard_detail(path, shard: int, *, records: int = 10,
         "label_counts": np.bincount(index["label"], minlength=len(ds.classes)).tolist()
         if ds.classes else [],  # --no-labels: every label is -1
         "image_size": _size_stats(index["height"], index["width"]),
-        "records": [_entry_dict(index[j], j, entry["first_sample"] + j, meta, ds.classes)
-                    for j in range(min(records, len(index)))],
+        "records": [_entry_dict(index[j], j, _sample_of(shown, entry["first_sample"] + j),
+                                meta, ds.classes) for j in range(min(records, len(index)))],
     }
+
+
+def _sample_of(shown, record: int) -> int | None:
+    """The sample index that shows global record ``record`` (``shown``: the record of each
+    sample, None when no record is retired: reader/format/retired.py); None if retired."""
+    if shown is None:
+        return record
+    where = np.flatnonzero(shown == record)
+    return int(where[0]) if where.size else None
 
 
 def _entry_dict(entry, j: int, sample: int, meta: dict, classes) -> dict:

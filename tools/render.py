@@ -126,7 +126,7 @@ def summary_text(s: dict, max_classes: int = 30) -> str:
 def shard_text(d: dict) -> str:
     """Readable detail of inspection.shard_detail()."""
     lines = [f"shard {d['shard']}  {d['path']}",
-             f"  {d['num_samples']} records (samples {d['first_sample']}.."
+             f"  {d['num_samples']} records (record numbers {d['first_sample']}.."
              f"{d['first_sample'] + d['num_samples'] - 1}), {human_bytes(d['bytes'])}, "
              f"crc {d['crc']:#010x}",
              f"  image size {_size_line(d['image_size'])}",
@@ -134,7 +134,7 @@ def shard_text(d: dict) -> str:
                                             enumerate(d["label_counts"]) if n) or "-"),
              "  sample  record      offset   length  label  size      kind  source"]
     for r in d["records"]:
-        lines.append(f"  {r['sample']:6d}  {r['record']:6d}  {r['offset']:10d}  {r['length']:7d}  "
+        lines.append(f"  {'retired' if r['sample'] is None else r['sample']:>6}  {r['record']:6d}  {r['offset']:10d}  {r['length']:7d}  "
                      f"{r['label']:5d}  {r['height']}x{r['width']:<5d} {r['kind']:5s} {r['source']}")
     return "\n".join(lines)
 

@@ -116,6 +116,12 @@ def test_a_sample_replaced_twice_shows_the_last_content(tmp_path):
     assert out.exit_code == 0, out.output
     assert "36 samples in" in out.output and "2 records retired" in out.output
     assert "1 changed, 1 of them replaced" in out.output
+    ((old, _), _) = json.loads((dst / fmt.MANIFEST_NAME).read_bytes())[fmt.RETIRED_KEY]
+    shard = [k for k, e in enumerate(ds.manifest["shards"]) if e["first_sample"] <= old][-1]
+    out = CliRunner().invoke(main, ["inspect", str(dst), "--shard", str(shard), "--json"])
+    rows = {r["record"] + ds.manifest["shards"][shard]["first_sample"]: r["sample"]
+            for r in json.loads(out.output)["records"]}
+    assert rows[old] is None and all(s == r for r, s in rows.items() if r != old)
 
 
 def test_without_the_flag_nothing_is_replaced_and_the_cli_says_so(tmp_path):
@@ -220,3 +226,23 @@ def test_later_appends_keep_the_retired_records(tmp_path):
     base = AppendBase(str(dst), {}, None)  # what a Writer returns for a duplicate's record
     assert [base.sample_of(ds.record_of(i)) for i in range(len(ds))] == list(range(39))
     assert verify(dst, progress=False).ok
+
+
+def test_a_replaced_sample_carries_its_new_fields(tmp_path):
+    src, dst = tmp_path / "src", tmp_path / "ds"
+    make_image_folder(src, 8, 1, seed=2, size=(40, 48))
+    names = sorted(os.listdir(src / "class_00"))
+    for k, name in enumerate(names):  # a sidecar caption beside each image: field "txt"
+        (src / "class_00" / f"{os.path.splitext(name)[0]}.txt").write_text(f"caption {k}")
+    convert(src, dst, **OPTS)
+    slot = _index_of(Dataset(dst), f"class_00/{names[3]}")
+    shutil.copy(src / "class_00" / names[5], src / "class_00" / names[3])
+    (src / "class_00" / f"{os.path.splitext(names[3])[0]}.txt").write_text("replaced")
+    a = convert(src, dst, append=True, replace_changed=True, **OPTS)["append"]
+    assert (a["replaced"], a["new_samples"]) == (1, 1)
+    ds = Dataset(dst)
+    assert len(ds) == 8 and ds.fields == {"txt": {"type": "str"}}
+    assert ds.sample(slot)["txt"] == "replaced"
+    assert np.array_equal(ds.sample(slot)["image"], ds[_index_of(ds, f"class_00/{names[5]}")][0])
+    assert sorted(ds.sample(i)["txt"] for i in range(8)) == sorted(
+        ["replaced"] + [f"caption {k}" for k in range(8) if k != 3])
