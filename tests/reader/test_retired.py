@@ -108,3 +108,30 @@ def test_the_replaced_sample_keeps_its_index(replaced):
 def test_sample_records(n, pairs, expected):
     got = fmt.sample_records(n, pairs)
     assert (got is None) if expected is None else got.tolist() == expected
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_sample_records_follows_a_model_of_appends(seed):
+    """Appends that replace random samples (again and again) and add new ones, in a
+    random packing order: every sample keeps its slot and shows its latest record."""
+    rng = np.random.default_rng(seed)
+    slots = list(range(int(rng.integers(1, 30))))  # sample -> its record
+    records, pairs = len(slots), []
+    for _ in range(int(rng.integers(1, 6))):
+        replaced = rng.choice(len(slots), size=int(rng.integers(0, len(slots) + 1)),
+                              replace=False).tolist()
+        events = replaced + [None] * int(rng.integers(0, 5))
+        for slot in rng.permutation(len(events)).tolist():
+            slot = events[slot]
+            if slot is None:
+                slots.append(records)
+            else:
+                pairs.append([slots[slot], records])
+                slots[slot] = records
+            records += 1
+    manifest = {"version": fmt.RETIRING_VERSION, "num_samples": records,
+                fmt.RETIRED_KEY: sorted(pairs)}
+    if pairs:
+        fmt.check_retired(manifest, "model")
+    got = fmt.sample_records(records, sorted(pairs))
+    assert (list(range(records)) if got is None else got.tolist()) == slots
