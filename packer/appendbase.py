@@ -121,6 +121,7 @@ class Split:
     duplicates: int = 0                             # same path, same content: skipped
     changed: list = field(default_factory=list)     # same path, other content: reported
     replacing: dict = field(default_factory=dict)   # of them, packed: input -> record retired
+    pending: dict = field(default_factory=dict)     # their stats: recorded once replaced
     unverified: int = 0                             # path packed without a hash: skipped
     quick: int = 0                                  # of the duplicates: by size + mtime
     hashed: int = 0                                 # files read and hashed
@@ -162,7 +163,9 @@ def split_inputs(root: str, paths: list, known: dict, threads: int,
             if replace and len(known[keys[i]]) == 1:
                 split.replacing[i] = next(iter(known[keys[i]].values()))
                 split.todo.append(i)
-    split.stats.update((keys[i], now[keys[i]]) for i in split.todo if keys[i] in now)
+    split.stats.update((keys[i], now[keys[i]]) for i in split.todo
+                       if keys[i] in now and i not in split.replacing)
+    split.pending = {keys[i]: now[keys[i]] for i in split.replacing if keys[i] in now}
     split.stats = {k: v for k, v in split.stats.items() if v is not None}
     split.todo.sort()
     return split

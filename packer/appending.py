@@ -191,9 +191,12 @@ def _append_locked(dst: str, base: dict, app: Appending, pack, engine: str,
 
 def record_of(app: Appending, resumed_from) -> dict:
     """The input-stat record after the append: a resumed append did not stat the inputs
-    its killed run packed before reading them, so it records none of its new inputs."""
+    its killed run packed before reading them, so it records none of its new inputs. A
+    changed input is recorded only once its record is replaced (one the encoder rejected
+    stays changed for the next append)."""
     if not resumed_from:
-        return app.split.stats
+        return dict(app.split.stats, **{k: app.split.pending[k] for k in app.replaced
+                                         if k in app.split.pending})
     new = {shown(p) for p in app.inputs.paths}
     return {k: v for k, v in app.split.stats.items() if k not in new}
 

@@ -86,7 +86,7 @@ def test_replace_changed_retires_the_old_record_and_keeps_the_index(tmp_path, da
     assert verify(dst, progress=False).ok
     again = convert(src, dst, append=True, replace_changed=True, **OPTS)
     assert again["nothing_new"] and again["append"]["duplicates"] == 36
-    assert again["num_samples"] == 36
+    assert again["num_samples"] == 36 and again["append"]["quick"] == 36  # replaced: recorded
 
 
 def a_paths(src) -> list:
@@ -149,6 +149,8 @@ def test_a_changed_input_the_encoder_rejects_retires_nothing(tmp_path):
     m = json.loads((dst / fmt.MANIFEST_NAME).read_bytes())
     assert fmt.RETIRED_KEY not in m and m["rejects"][-1]["path"] == changed
     assert len(Dataset(dst)) == 36 and verify(dst, progress=False).ok
+    again = convert(src, dst, append=True, **OPTS)["append"]  # still changed, not "quick"
+    assert (again["changed"], again["duplicates"], again["replaced"]) == (1, 35, 0)
 
 
 def test_kill_9_during_a_replacing_append_then_resume_gives_the_same_bytes(tmp_path):
