@@ -111,8 +111,8 @@ class Dataset(ImageFolderAttributes):
 
     def shard_sizes(self) -> list:
         """Samples per shard in sample order, for block shuffles: each shard's record
-        count, less the records of it that are retired or shown in a retired one's place
-        (a replaced sample keeps its index, so it counts where its first record was)."""
+        count, less its records that show in an older record's place (a replaced sample
+        keeps its index, so it counts in the shard of its first record)."""
         sizes = [e["num_samples"] for e in self.manifest["shards"]]
         if self._records is None:
             return sizes
