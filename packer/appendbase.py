@@ -19,7 +19,7 @@ from collections import Counter
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from dlpack_io.packer import quickcheck
+from dlpack_io.packer import quickcheck, replacing
 from dlpack_io.packer.dstfiles import kept_shard_meta
 from dlpack_io.packer.fieldshapes import without_shapes
 from dlpack_io.packer.names import shown
@@ -77,9 +77,10 @@ def shard_metas(dst: str, shards: list) -> list:
     return list(zip(shards, metas))
 
 
-def known_inputs(metas) -> dict:
-    """path -> {SHA-256 or None: global sample index} of every packed input, from
-    ``metas``: (shard entry, shard metadata dict or None) pairs in manifest order."""
+def known_inputs(metas, retired=frozenset()) -> dict:
+    """path -> {SHA-256 or None: global record number} of every packed input, from
+    ``metas``: (shard entry, shard metadata dict or None) pairs in manifest order; the
+    ``retired`` records (replaced by a later append: fmt.retired_records) are left out."""
     known: dict = {}
     for entry, meta in metas:
         paths = meta.get("paths") if isinstance(meta, dict) else None
@@ -89,7 +90,8 @@ def known_inputs(metas) -> dict:
                                   f"verify' on the data set before appending to it")
         sources = fmt.sources_of(meta, len(paths)) or [None] * len(paths)
         for k, (path, sha) in enumerate(zip(paths, sources)):
-            known.setdefault(str(path), {})[sha] = entry["first_sample"] + k
+            if entry["first_sample"] + k not in retired:
+                known.setdefault(str(path), {})[sha] = entry["first_sample"] + k
     return known
 
 
@@ -118,6 +120,8 @@ class Split:
     todo: list = field(default_factory=list)        # input numbers to pack
     duplicates: int = 0                             # same path, same content: skipped
     changed: list = field(default_factory=list)     # same path, other content: reported
+    replacing: dict = field(default_factory=dict)   # of them, packed: input -> record retired
+    pending: dict = field(default_factory=dict)     # their stats: recorded once replaced
     unverified: int = 0                             # path packed without a hash: skipped
     quick: int = 0                                  # of the duplicates: by size + mtime
     hashed: int = 0                                 # files read and hashed
@@ -125,10 +129,12 @@ class Split:
 
 
 def split_inputs(root: str, paths: list, known: dict, threads: int,
-                 recorded: dict | None = None) -> Split:
+                 recorded: dict | None = None, replace: bool = False) -> Split:
     """Sort ``paths`` (relative to ``root``) into new, duplicate, changed, unverified; the
     files whose path is already packed are hashed (``threads`` at a time) unless their
-    size and mtime are those ``recorded`` (quickcheck.py; None: hash them all)."""
+    size and mtime are those ``recorded`` (quickcheck.py; None: hash them all).
+    ``replace`` (``--replace-changed``): a changed input is packed too, to replace the one
+    record its path has (``Split.replacing``)."""
     split, candidates = Split(), []
     keys = [shown(path) for path in paths]
     for i, key in enumerate(keys):
@@ -154,7 +160,12 @@ def split_inputs(root: str, paths: list, known: dict, threads: int,
             split.stats[keys[i]] = now.get(keys[i])
         else:
             split.changed.append(keys[i])  # its record (if any) stays the packed file's
-    split.stats.update((keys[i], now[keys[i]]) for i in split.todo if keys[i] in now)
+            if replace and len(known[keys[i]]) == 1:
+                split.replacing[i] = next(iter(known[keys[i]].values()))
+                split.todo.append(i)
+    split.stats.update((keys[i], now[keys[i]]) for i in split.todo
+                       if keys[i] in now and i not in split.replacing)
+    split.pending = {keys[i]: now[keys[i]] for i in split.replacing if keys[i] in now}
     split.stats = {k: v for k, v in split.stats.items() if v is not None}
     split.todo.sort()
     return split
@@ -219,12 +230,14 @@ def history_entry(base: dict, new_shards: list, new_classes: list, split_counts:
             **split_counts}
 
 
-def union_manifest(base: dict, built: dict, entry: dict) -> dict:
+def union_manifest(base: dict, built: dict, entry: dict, retire: list = ()) -> dict:
     """The manifest after an append: ``built`` (finalize.build_manifest over all shards,
     classes, counts and rejects) keeping the data set's creation record, options and
-    source, with the inputs counted and ``entry`` added to the history."""
-    manifest = dict(built, created=base["created"], options=base["options"],
-                    version=base["version"], source=dict(base["source"]))
+    source, with the inputs counted, ``entry`` added to the history and the data set's
+    retired records plus ``retire`` ([old, new] pairs: packer/replacing.py)."""
+    manifest = replacing.with_retired(
+        dict(built, created=base["created"], options=base["options"],
+             version=base["version"], source=dict(base["source"])), base, list(retire))
     if "num_inputs" in base["source"]:
         manifest["source"]["num_inputs"] = base["source"]["num_inputs"] + entry["inputs"]
     manifest[fmt.HISTORY_KEY] = list(base.get(fmt.HISTORY_KEY, [])) + [entry]

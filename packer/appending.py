@@ -19,7 +19,7 @@ import os
 import numpy as np
 
 from dlpack_io.packer import appendbase as base_
-from dlpack_io.packer import finalize, journal, quickcheck
+from dlpack_io.packer import finalize, journal, quickcheck, replacing
 from dlpack_io.packer.dstfiles import check_src_dst, clear_outputs
 from dlpack_io.packer.engines import engine_context
 from dlpack_io.packer.fieldshapes import settle, union
@@ -32,13 +32,6 @@ from dlpack_io.reader import format as fmt
 
 log = logging.getLogger(__name__)
 CHANGED_SHOWN = 20  # changed paths named in the summary (all are counted)
-REPLACE_REFUSED = (
-    "{where}: --replace-changed is refused: shards are immutable (readers of the old "
-    "manifest are reading them) and a sample's index is what the Loader's order, ranks and "
-    "resume states are made of, so a changed input cannot replace its old record in place; "
-    "masking the old record would leave a hole that every older reader would silently fill "
-    "with the stale image. Changed inputs are reported and left as they are; to pack their "
-    "new content, convert SRC again into a new DST (or with --overwrite)")
 
 
 @dataclasses.dataclass
@@ -52,6 +45,7 @@ class Appending:
     split: base_.Split
     new_classes: list
     seen: int  # inputs found in SRC
+    replaced: list = dataclasses.field(default_factory=list)  # paths whose record was retired
 
 
 def convert_append(src, dst, *, list_file=None, resume: bool = False, overwrite: bool = False,
@@ -61,8 +55,9 @@ def convert_append(src, dst, *, list_file=None, resume: bool = False, overwrite:
     """Append the inputs of ``src`` not yet in the data set at ``dst``; the summary dict
     of convert() plus ``append`` (what was added, skipped and reported). ``checksum``:
     hash every packed file of SRC, not only those whose size or mtime changed
-    (quickcheck.py)."""
-    check_request(dst, overwrite, replace_changed)
+    (quickcheck.py). ``replace_changed``: pack the changed inputs too, retiring their old
+    records (packer/replacing.py)."""
+    check_request(dst, overwrite)
     if options.pop("staging", None) is not None:
         raise ValueError("--staging is for s3:// destinations (shards waiting for upload)")
     check_src_dst(src, dst)
@@ -79,7 +74,8 @@ def convert_append(src, dst, *, list_file=None, resume: bool = False, overwrite:
         check_no_journal(dst, journal.read_journal(dst)[0], resume)
         metas = base_.shard_metas(dst, base["shards"])
         app = plan_append(src, list_file, labels, options, base, metas,
-                          None if checksum else quickcheck.read_local(dst, base))
+                          None if checksum else quickcheck.read_local(dst, base),
+                          replace_changed)
         check_engine_fields(src, engine, app.inputs)
         if not app.inputs.paths:
             drop_leftovers(dst, base)
@@ -101,13 +97,11 @@ def drop_leftovers(dst: str, base: dict) -> None:
     journal.Journal(dst).remove()
 
 
-def check_request(dst, overwrite: bool, replace_changed: bool) -> None:
+def check_request(dst, overwrite: bool) -> None:
     """Refuse what an append cannot do (both destinations, before anything is read)."""
     if overwrite:
         raise ConversionError(f"{dst}: --append adds to the data set there and --overwrite "
                               f"replaces it; use one or the other")
-    if replace_changed:
-        raise ConversionError(REPLACE_REFUSED.format(where=dst))
 
 
 def check_no_journal(where: str, plan, resume: bool) -> None:
@@ -118,21 +112,23 @@ def check_no_journal(where: str, plan, resume: bool) -> None:
 
 
 def plan_append(src, list_file, labels: bool, options: dict, base: dict, metas,
-                recorded: dict | None = None) -> Appending:
+                recorded: dict | None = None, replace: bool = False) -> Appending:
     """Scan ``src`` with the data set's options, find what is new (``metas``: (shard
     entry, its metadata) of the data set; ``recorded``: the input-stat record, None to
-    hash every packed file) and plan packing it."""
+    hash every packed file; ``replace``: changed inputs are packed to replace their
+    records) and plan packing it."""
     opts, inputs = prepare_inputs(src, list_file, base_.append_options(base, options),
                                   labels and bool(base["classes"]))
     if base["classes"] and not inputs.classes:
         raise ConversionError(f"{src}: no class folders, but the data set has classes; append "
                               f"class folders (or a --list with labels)")
     base_.check_fields(base, inputs.fields, src)
-    split = base_.split_inputs(inputs.root, inputs.paths, base_.known_inputs(metas),
-                               opts.num_workers, recorded)
+    known = base_.known_inputs(metas, fmt.retired_records(fmt.retired_pairs(base)))
+    split = base_.split_inputs(inputs.root, inputs.paths, known, opts.num_workers, recorded,
+                               replace)
     for path in split.changed[:CHANGED_SHOWN]:
-        log.warning("%s: changed since it was packed (same path, other content); left as "
-                    "it is", path)
+        log.warning("%s: changed since it was packed (same path, other content); %s", path,
+                    "packed again to replace it" if replace else "left as it is")
     union, mapping = base_.union_classes(base["classes"], inputs.classes)
     sub = subset(inputs, split.todo, union, mapping)
     stats, plan = plan_inputs(sub, opts) if sub.paths else ([], {})
@@ -195,9 +191,12 @@ def _append_locked(dst: str, base: dict, app: Appending, pack, engine: str,
 
 def record_of(app: Appending, resumed_from) -> dict:
     """The input-stat record after the append: a resumed append did not stat the inputs
-    its killed run packed before reading them, so it records none of its new inputs."""
+    its killed run packed before reading them, so it records none of its new inputs. A
+    changed input is recorded only once its record is replaced (one the encoder rejected
+    stays changed for the next append)."""
     if not resumed_from:
-        return app.split.stats
+        return dict(app.split.stats, **{k: app.split.pending[k] for k in app.replaced
+                                         if k in app.split.pending})
     new = {shown(p) for p in app.inputs.paths}
     return {k: v for k, v in app.split.stats.items() if k not in new}
 
@@ -206,6 +205,9 @@ def union_of(base: dict, app: Appending, state: State, progress, engine: str,
              provenance: bool) -> dict:
     """The manifest after the append (history entry included)."""
     new = state.shards[len(base["shards"]):]
+    pairs, app.replaced = replacing.replacements(
+        base, app.inputs, app.opts, app.split.replacing, app.split.todo,
+        state.rejects[len(base["rejects"]):], sum(s["num_samples"] for s in new))
     root = shown(app.inputs.root) if provenance and app.inputs.root else None
     entry = base_.history_entry(base, new, app.new_classes, split_counts(app), root)
     built = finalize.build_manifest(app.inputs, app.opts, state.shards, state.rejects,
@@ -213,13 +215,14 @@ def union_of(base: dict, app: Appending, state: State, progress, engine: str,
                                     progress.elapsed, state.lossless, provenance=provenance,
                                     engine=engine, fields=union(base.get("fields"), settle(
                                         getattr(app.inputs, "fields", None), state.shapes)))
-    return base_.union_manifest(base, built, entry)
+    return base_.union_manifest(base, built, entry, pairs)
 
 
 def split_counts(app: Appending) -> dict:
     """The counts of the history entry: inputs packed or rejected, and those skipped."""
     return {"inputs": len(app.inputs.paths), "duplicates": app.split.duplicates,
-            "changed": len(app.split.changed), "unverified": app.split.unverified}
+            "changed": len(app.split.changed), "unverified": app.split.unverified,
+            "replaced": len(app.replaced)}
 
 
 def check_counts(app: Appending) -> dict:
@@ -229,28 +232,37 @@ def check_counts(app: Appending) -> dict:
 
 def append_report(base: dict, app: Appending, new_shards: list) -> dict:
     """The ``append`` part of the summary: what was added, skipped and reported."""
-    return {"base_samples": base["num_samples"], "base_shards": len(base["shards"]),
+    return {"base_samples": visible(base), "base_shards": len(base["shards"]),
             "seen": app.seen, "new_samples": sum(s["num_samples"] for s in new_shards),
             "new_shards": [s["name"] for s in new_shards], "new_classes": app.new_classes,
-            "changed_paths": app.split.changed[:CHANGED_SHOWN], **split_counts(app),
+            "changed_paths": app.split.changed[:CHANGED_SHOWN],
+            "replaced_paths": app.replaced[:CHANGED_SHOWN], **split_counts(app),
             **check_counts(app)}
 
 
 def append_summary(dst, manifest, state, app: Appending, progress, resumed_from,
                    engine: str) -> dict:
     """convert()'s summary of the union, plus what this append did."""
-    base = {"num_samples": manifest[fmt.HISTORY_KEY][-1]["first_sample"],
+    first = manifest[fmt.HISTORY_KEY][-1]["first_sample"]
+    base = {"num_samples": first,
             "shards": state.shards[:len(state.shards)
-                                   - len(manifest[fmt.HISTORY_KEY][-1]["shards"])]}
+                                   - len(manifest[fmt.HISTORY_KEY][-1]["shards"])],
+            fmt.RETIRED_KEY: [p for p in fmt.retired_pairs(manifest) if p[1] < first]}
     summary = finalize.summary(dst, manifest, state, app.inputs, progress, resumed_from)
-    return dict(summary, engine=engine,
+    return dict(summary, engine=engine, num_samples=visible(manifest),
+                retired=len(fmt.retired_pairs(manifest)),
                 append=append_report(base, app, state.shards[len(base["shards"]):]))
+
+
+def visible(manifest: dict) -> int:
+    """The samples a reader of ``manifest`` sees: its records less those retired."""
+    return manifest["num_samples"] - len(fmt.retired_pairs(manifest))
 
 
 def nothing_new(dst, base: dict, app: Appending) -> dict:
     """The summary of an append that found nothing to pack: the data set is unchanged."""
     log.info("%s: nothing new to append (%d duplicates, %d changed, %d unverified)", dst,
              app.split.duplicates, len(app.split.changed), app.split.unverified)
-    return {"dst": dst, "num_samples": base["num_samples"], "num_shards": len(base["shards"]),
+    return {"dst": dst, "num_samples": visible(base), "num_shards": len(base["shards"]),
             "num_bytes": base["num_bytes"], "rejects": len(base["rejects"]),
             "nothing_new": True, "append": append_report(base, app, [])}

@@ -65,11 +65,13 @@ def _other_route(dst, append: bool):
     (appending.py; upload_append.py for s3://) or an s3:// DST (upload.py); else None."""
     if not (append or is_remote(dst)):
         return None
-    from dlpack_io.packer import appending, upload, upload_append
+    if not is_remote(dst):  # a local append: no storage client imported
+        from dlpack_io.packer.appending import convert_append
 
-    if append:
-        return upload_append.append_remote if is_remote(dst) else appending.convert_append
-    return upload.convert_remote
+        return convert_append
+    from dlpack_io.packer import upload, upload_append
+
+    return upload_append.append_remote if append else upload.convert_remote
 
 
 def convert(src, dst, *, list_file=None, resume: bool = False, overwrite: bool = False,

@@ -21,6 +21,7 @@ from dlpack_io.reader.format.fields import encode_fields, spec_of
 
 SIDECARS = ("txt", "json", "cls", "npy")
 MAX_SIDECAR_BYTES = 256 * 2**20  # one sidecar is read whole
+MASK_SUFFIX = ".mask.png"  # x.mask.png beside x.jpg: x's segmentation mask (targets.py)
 
 
 def parse_fields_option(text, known) -> tuple | None:

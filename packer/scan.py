@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dlpack_io.packer.fieldsource import SIDECARS
+from dlpack_io.packer.fieldsource import MASK_SUFFIX, SIDECARS
 from dlpack_io.packer.names import MAX_LIST_LABEL, shown
 
 JPEG_SUFFIXES = (".jpg", ".jpeg", ".jfif")
@@ -43,6 +43,7 @@ class Inputs:
     fields: dict | None = None   # field schema of the list's extra keys / columns (format 3)
     field_values: list | None = None  # per input: its fields, or why its line is rejected
     sidecars: dict | None = None  # kind -> files named like an image with a sidecar suffix
+    mask_files: int | None = None  # files named *.mask.png a folder scan saw (None: no scan)
     targets: object | None = None  # boxes and masks to attach (packer/targets.TargetSource)
 
 
@@ -61,6 +62,7 @@ class _Walk:
     sidecars: dict = field(default_factory=dict)  # kind -> sidecar files (name.txt, ...)
     hidden_files: int = 0
     hidden_dirs: int = 0
+    mask_files: int = 0  # files named *.mask.png: sidecar masks are looked for only then
 
     def images(self, top: Path, top_is_link: bool) -> tuple[list, int]:
         """(sorted relative paths of the images under ``top``, count of other files).
@@ -70,6 +72,7 @@ class _Walk:
         """
         found, others, stack = [], 0, [(top, top_is_link)]
         stems, loose = set(), []  # a folder's image names and other files: sidecars or not
+        prefix = str(self.root) + os.sep  # relative paths by slicing (pathlib per file: slow)
         while stack:
             folder, via = stack.pop()
             try:
@@ -89,8 +92,10 @@ class _Walk:
                 if e.is_dir():
                     stack.append((Path(e.path), via or e.is_symlink()))
                 elif e.name.lower().endswith(IMAGE_SUFFIXES) and e.is_file():
-                    found.append(Path(e.path).relative_to(self.root).as_posix())
+                    found.append(e.path[len(prefix):].replace(os.sep, "/") if e.path.startswith(
+                        prefix) else Path(e.path).relative_to(self.root).as_posix())
                     stems.add(os.path.splitext(e.name)[0])
+                    self.mask_files += e.name.lower().endswith(MASK_SUFFIX)
                     self._count_link(e, via)
                 elif e.is_file():
                     others += 1
@@ -174,15 +179,14 @@ def scan_image_folder(root, *, labels: bool = True) -> Inputs:
 
 
 def _identity(path: Path) -> tuple:
-    st = os.stat(path)
-    return (st.st_dev, st.st_ino)
+    return os.stat(path)[2:0:-1]  # (st_dev, st_ino)
 
 
 def _inputs(walk: _Walk, paths, labels, classes, empty) -> Inputs:
     return Inputs(str(walk.root.resolve()), paths, labels, classes, None, walk.via_links,
                   walk.outside_src, walk.repeated_dirs, empty, dict(sorted(walk.ignored.items())),
                   hidden_files=walk.hidden_files, hidden_dirs=walk.hidden_dirs,
-                  sidecars=dict(walk.sidecars))
+                  sidecars=dict(walk.sidecars), mask_files=walk.mask_files)
 
 
 def _rows(list_file: Path):

@@ -20,8 +20,8 @@ from dlpack_io.packer.boxes import (as_box_list, checked_boxes, int_list, orient
                                     orient_mask)
 from dlpack_io.packer.pilimage import exif_orientation, open_image
 from dlpack_io.packer.records import RejectedInput
+from dlpack_io.packer.fieldsource import MASK_SUFFIX
 
-MASK_SUFFIX = ".mask.png"
 TARGET_KEYS = ("boxes", "categories", "iscrowd")  # what a list line's targets may hold
 BOX_SPEC = {"type": "array", "dtype": "float32", "ndim": 2, "shape": None}
 CATEGORY_SPEC = {"type": "array", "dtype": "int64", "ndim": 1, "shape": None}
@@ -132,7 +132,10 @@ def _boxes_fields(ann: dict, width: int, height: int, orientation: int) -> dict:
 
 def sidecar_masks(inputs) -> tuple:
     """(inputs without the ``x.mask.png`` files that are masks of an input ``x.*``, mask
-    paths per input or None when no input has a sidecar mask)."""
+    paths per input or None when no input has a sidecar mask). A folder scan that saw no
+    file named ``*.mask.png`` answers None without a system call per input."""
+    if getattr(inputs, "mask_files", None) == 0:
+        return inputs, None
     stems = {os.path.splitext(p)[0] for p in inputs.paths}
     keep = [k for k, p in enumerate(inputs.paths)
             if not (p.endswith(MASK_SUFFIX) and p[:-len(MASK_SUFFIX)] in stems)]

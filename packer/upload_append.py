@@ -60,7 +60,7 @@ def append_remote(src, url: str, *, list_file=None, resume: bool = False,
                   storage_options=None, labels: bool = True, provenance: bool = True,
                   engine: str = "local", ray_address=None, **options) -> dict:
     """Append the inputs of ``src`` not yet in the data set at ``url``; appending's summary."""
-    appending.check_request(url, overwrite, replace_changed)
+    appending.check_request(url, overwrite)
     if engine != "local":
         raise ConversionError(f"{url}: appending to an s3:// data set runs on the local "
                               f"engine; leave --engine out")
@@ -74,7 +74,8 @@ def append_remote(src, url: str, *, list_file=None, resume: bool = False,
         try:
             app = appending.plan_append(src, list_file, labels, options, base,
                                         remote_metas(store, base["shards"], stage),
-                                        None if checksum else quickcheck.read_remote(store, base))
+                                        None if checksum else quickcheck.read_remote(store, base),
+                                        replace_changed)
             if not app.inputs.paths:
                 quickcheck.write_remote(store, app.split.stats, base)
                 if store.head(journal.JOURNAL_NAME):  # its append's manifest landed

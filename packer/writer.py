@@ -95,12 +95,13 @@ class Writer:
                                             {"where": where, "encode": self._encode})
         seen = self._base and self._base.seen(path, record.source_sha, where)
         if seen is not None:  # this file, this content: packed already
-            return seen
+            return self._base.sample_of(seen)
         self._schema = schema
         note_shapes(schema, fields)
         self._add(record, label, path or f"sample-{n}", block)
         if self._base is not None:
             self._base.note(path, record.source_sha, n)
+            return self._base.sample_of(n)
         return n
 
     def _check_label(self, label, where: str) -> int:

@@ -10,6 +10,7 @@ import numpy as np
 
 from dlpack_io.packer import appendbase as base_
 from dlpack_io.packer.names import shown
+from dlpack_io.reader import format as fmt
 
 
 class AppendBase:
@@ -26,8 +27,24 @@ class AppendBase:
         self.classes = [str(c) for c in classes] if classes is not None else old
         self.fields = m.get("fields") or None
         self.has_label = bool(old)  # a data set without classes takes no labels
-        self.known = base_.known_inputs(base_.shard_metas(dst, m["shards"]))
+        self.known = base_.known_inputs(base_.shard_metas(dst, m["shards"]),
+                                        fmt.retired_records(fmt.retired_pairs(m)))
         self.duplicates = 0
+        self._sample_of = None  # record number -> sample index, when records are retired
+        records = fmt.sample_records(m["num_samples"], fmt.retired_pairs(m))
+        if records is not None:
+            self._sample_of = np.full(m["num_samples"], -1, dtype=np.int64)
+            self._sample_of[records] = np.arange(len(records))
+
+    def sample_of(self, record: int) -> int:
+        """The sample index readers give record number ``record`` (the same number unless
+        the data set retires records: reader/format/retired.py); a record written now
+        follows every old one."""
+        if self._sample_of is None:
+            return record
+        if record >= len(self._sample_of):
+            return record - len(fmt.retired_pairs(self.manifest))
+        return int(self._sample_of[record])
 
     @property
     def shards(self) -> list:
@@ -42,7 +59,7 @@ class AppendBase:
     def seen(self, path: str, sha: str, where: str) -> int | None:
         """The index of the sample already packed from file ``path`` with content ``sha``
         (None: not packed yet); ValueError when that path was packed with other content
-        (shards are immutable: see appending.REPLACE_REFUSED)."""
+        (a Writer does not replace records: ``convert --append --replace-changed`` does)."""
         if not path:
             return None
         hashes = self.known.get(shown(path))

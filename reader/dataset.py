@@ -24,6 +24,10 @@ class Dataset(ImageFolderAttributes):
     for a data set packed with ``--no-labels``, whose labels are all -1). As ImageFolder:
     ``class_to_idx``, ``targets``, ``samples`` and ``source(i)`` (reader/imagefolder.py).
 
+    After ``dlpack convert --append --replace-changed`` the manifest retires records
+    (reader/format/retired.py): ``len(ds)`` counts the samples shown, a replaced sample
+    keeps its index, and ``locate``/``lookup``/``labels`` map sample indices to records.
+
     ``max_pixels``: a shard holding a record of more pixels (height x width) than this is
     refused when it opens, before anything is sized from the record (default
     ``format.DEFAULT_MAX_PIXELS``, the default of ``dlpack convert --max-pixels``).
@@ -56,6 +60,9 @@ class Dataset(ImageFolderAttributes):
                         max_pixels=max_pixels) for e in self.manifest["shards"]]
         self._check_counts()
         self._starts = np.array([e["first_sample"] for e in self.manifest["shards"]], dtype=np.int64)
+        # record of each sample when an append retired records (reader/format/retired.py)
+        self._records = fmt.sample_records(self.manifest["num_samples"],
+                                           fmt.retired_pairs(self.manifest))
 
     def _check_counts(self) -> None:
         """Every shard holds the records the manifest says, before anything (a Loader's
@@ -88,6 +95,8 @@ class Dataset(ImageFolderAttributes):
         local disk (nothing to fetch)."""
         if self._remote is None:
             return None
+        if self._records is not None:  # the planner fetches records
+            batches = [self._records[np.asarray(b, dtype=np.int64)] for b in batches]
         return self._remote.start_prefetch(self, batches, mode=mode)
 
     def close(self) -> None:
@@ -96,14 +105,32 @@ class Dataset(ImageFolderAttributes):
             self._remote.close()
 
     def __len__(self) -> int:
+        if self._records is not None:
+            return len(self._records)
         return self.manifest["num_samples"]
+
+    def shard_sizes(self) -> list:
+        """Samples per shard in sample order, for block shuffles: each shard's record
+        count, less its records that show in an older record's place (a replaced sample
+        keeps its index, so it counts in the shard of its first record)."""
+        sizes = [e["num_samples"] for e in self.manifest["shards"]]
+        if self._records is None:
+            return sizes
+        moved = np.array([p[1] for p in fmt.retired_pairs(self.manifest)], dtype=np.int64)
+        hidden = np.searchsorted(self._starts, moved, side="right") - 1
+        return (np.asarray(sizes, np.int64) - np.bincount(hidden, minlength=len(sizes))).tolist()
+
+    def record_of(self, i: int) -> int:
+        """The global record number (the shards' ``first_sample`` + position) of sample
+        ``i`` (0 <= i < len): ``i`` itself unless an append retired records."""
+        return i if self._records is None else int(self._records[i])
 
     def locate(self, i: int) -> tuple[int, int]:
         """(shard number, record number within the shard) of global sample ``i``."""
         n = len(self)
         if not -n <= i < n:
             raise IndexError(f"sample {i} out of range for a data set of {n} samples")
-        i %= n
+        i = self.record_of(i % n)
         k = int(np.searchsorted(self._starts, i, side="right")) - 1
         return k, i - int(self._starts[k])
 
@@ -118,6 +145,8 @@ class Dataset(ImageFolderAttributes):
         if idx.size and (idx.min() < 0 or idx.max() >= n):
             bad = int(idx[(idx < 0) | (idx >= n)][0])
             raise IndexError(f"sample {bad} out of range for a data set of {n} samples")
+        if self._records is not None:
+            idx = self._records[idx]
         shard_ids = np.searchsorted(self._starts, idx, side="right") - 1
         local = idx - self._starts[shard_ids]
         entries = np.empty(idx.shape, dtype=fmt.INDEX_DTYPE)
@@ -140,8 +169,9 @@ class Dataset(ImageFolderAttributes):
         tables, never a payload)."""
         if not len(self.shards):
             return np.zeros(0, dtype=np.int64)
-        return np.concatenate([self._checked_index(k)["label"].astype(np.int64)
-                               for k in range(len(self.shards))])
+        labels = np.concatenate([self._checked_index(k)["label"].astype(np.int64)
+                                 for k in range(len(self.shards))])
+        return labels if self._records is None else labels[self._records]
 
     def where(self, i: int) -> str:
         """Human-readable location of sample ``i`` for error messages."""

@@ -14,8 +14,8 @@ from dlpack_io.reader.format import FormatError
 
 
 class ImageFolderAttributes:
-    """Mixed into Dataset: reads ``self.manifest``, ``self.shards``, ``self.locate`` and
-    ``self.labels``."""
+    """Mixed into Dataset: reads ``self.manifest``, ``self.shards``, ``self.locate``,
+    ``self.record_of`` and ``self.labels``."""
 
     @property
     def class_to_idx(self) -> dict:
@@ -48,6 +48,8 @@ class ImageFolderAttributes:
         root = self._root_or_raise()
         paths = [posixpath.join(root, p) for k in range(len(self.shards))
                  for p in self._shard_paths(k)]
+        if len(paths) != len(self):  # an append retired records: samples in sample order
+            paths = [paths[self.record_of(i)] for i in range(len(self))]
         return list(zip(paths, self.targets))
 
     def _root_or_raise(self) -> str:

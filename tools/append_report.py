@@ -34,10 +34,15 @@ def append_lines(result: dict) -> list[str]:
                      f"{', '.join(a['new_classes'][:10])}"
                      + (f" and {len(a['new_classes']) - 10} more" if len(a['new_classes']) > 10
                         else ""))
-    if a["changed"]:
-        lines.append(f"WARNING: {plural(a['changed'], 'input')} changed since packed (left "
-                     f"as they are; convert again to pack the new content): "
-                     + ", ".join(a["changed_paths"][:5]))
+    if a.get("replaced"):
+        lines.append(f"replaced {plural(a['replaced'], 'changed input')} (--replace-changed: "
+                     f"new content packed, old record retired, the sample keeps its index): "
+                     + ", ".join(a["replaced_paths"][:5]))
+    if a["changed"] > a.get("replaced", 0):
+        lines.append(f"WARNING: {plural(a['changed'] - a.get('replaced', 0), 'input')} "
+                     f"changed since packed (left as they are; --replace-changed packs the "
+                     f"new content): " + ", ".join(p for p in a["changed_paths"][:5]
+                                                   if p not in a.get("replaced_paths", ())))
     if result.get("nothing_new"):
         lines.append("nothing new: the data set is unchanged")
     return lines

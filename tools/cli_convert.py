@@ -106,8 +106,10 @@ from dlpack_io.tools.cli_common import LazyChoice, echo_json, fail
                    "indices, the packing options are the data set's. --resume finishes an "
                    "interrupted append.")
 @click.option("--replace-changed", is_flag=True,
-              help="With --append: refused (shards are immutable and sample indices are the "
-                   "Loader's); changed inputs are reported and left as they are.")
+              help="With --append: pack an input whose path is in DST with other content "
+                   "again and retire its old record (old shards are not touched; the sample "
+                   "keeps its index and shows the new content). Without it, changed inputs "
+                   "are reported and left as they are.")
 @click.option("--checksum", is_flag=True,
               help="With --append: hash every file of SRC whose path is packed already (like "
                    "rsync -c). Without it, a file whose size and modification time are those "

@@ -34,6 +34,14 @@ def _storage(m: dict, indices: list) -> dict:
             "raw_records": int((index["kind"] == fmt.KIND_RAW).sum())}
 
 
+def _class_counts(ds) -> list:
+    """Samples per class as readers see them (retired records left out)."""
+    counts = ds.manifest["class_counts"]
+    if not fmt.retired_pairs(ds.manifest) or not counts:
+        return counts
+    return np.bincount(ds.labels, minlength=len(counts))[:len(counts)].tolist()
+
+
 def summary(path, *, max_pixels: int = fmt.DEFAULT_MAX_PIXELS) -> dict:
     """Facts about a whole data set: format, counts, bytes, classes, options, rejects."""
     ds = Dataset(path, max_pixels=max_pixels)
@@ -44,13 +52,14 @@ def summary(path, *, max_pixels: int = fmt.DEFAULT_MAX_PIXELS) -> dict:
     lengths = np.concatenate([ix["length"] for ix in indices]) if indices else np.zeros(0)
     return {
         "path": ds.path if ds.is_remote else os.path.abspath(path), "format": m["format"],
-        "version": m["version"], "mode": m["mode"], "num_samples": m["num_samples"],
+        "version": m["version"], "mode": m["mode"], "num_samples": len(ds),
+        "retired": len(fmt.retired_pairs(m)),
         "num_shards": len(m["shards"]), "num_bytes": m["num_bytes"],
         "record_bytes": {"mean": float(lengths.mean()) if lengths.size else 0.0,
                          "max": int(lengths.max()) if lengths.size else 0},
         "image_size": _size_stats(heights, widths),
         "classes": [{"label": i, "name": c, "count": n}
-                    for i, (c, n) in enumerate(zip(m["classes"], m["class_counts"]))],
+                    for i, (c, n) in enumerate(zip(m["classes"], _class_counts(ds)))],
         "options": m["options"], "source": m["source"], "reencoded": m["reencoded"],
         "storage": _storage(m, indices),
         "num_rejects": len(m["rejects"]), "rejects": m["rejects"], "created": m["created"],
@@ -68,6 +77,7 @@ def shard_detail(path, shard: int, *, records: int = 10,
     index = sh.index
     meta = sh.meta()
     header = getattr(sh, "header", None)
+    shown = fmt.sample_records(ds.manifest["num_samples"], fmt.retired_pairs(ds.manifest))
     return {
         "shard": shard, "name": entry["name"], "path": sh.path, "bytes": entry["bytes"],
         "num_samples": entry["num_samples"], "first_sample": entry["first_sample"],
@@ -75,9 +85,18 @@ def shard_detail(path, shard: int, *, records: int = 10,
         "label_counts": np.bincount(index["label"], minlength=len(ds.classes)).tolist()
         if ds.classes else [],  # --no-labels: every label is -1
         "image_size": _size_stats(index["height"], index["width"]),
-        "records": [_entry_dict(index[j], j, entry["first_sample"] + j, meta, ds.classes)
-                    for j in range(min(records, len(index)))],
+        "records": [_entry_dict(index[j], j, _sample_of(shown, entry["first_sample"] + j),
+                                meta, ds.classes) for j in range(min(records, len(index)))],
     }
+
+
+def _sample_of(shown, record: int) -> int | None:
+    """The sample index that shows global record ``record`` (``shown``: the record of each
+    sample, None when no record is retired: reader/format/retired.py); None if retired."""
+    if shown is None:
+        return record
+    where = np.flatnonzero(shown == record)
+    return int(where[0]) if where.size else None
 
 
 def _entry_dict(entry, j: int, sample: int, meta: dict, classes) -> dict:

@@ -83,7 +83,7 @@ def order_report(path, *, seed: int = 0, epoch: int = 0, world_size: int = 1, ra
 
     ds = Dataset(path)
     n = len(ds)
-    sizes = [s["num_samples"] for s in ds.manifest["shards"]]
+    sizes = ds.shard_sizes()
     shard_of, local, entries = ds.lookup(np.arange(n))
     label_of = entries["label"].astype(np.int64)
     kw = dict(seed=seed, epoch=epoch, rank=rank, world_size=world_size, batch_size=batch_size,
@@ -95,6 +95,8 @@ def order_report(path, *, seed: int = 0, epoch: int = 0, world_size: int = 1, ra
     first = _first_batches(ds, mine, min(show, batches), bounds, shard_of, local, label_of)
     per_shard = np.bincount(shard_of[mine], minlength=len(sizes))
     counts = ds.manifest["class_counts"]
+    if counts and len(ds) != ds.manifest["num_samples"]:  # retired records: count samples
+        counts = np.bincount(label_of, minlength=len(counts))[:len(counts)].tolist()
     quality = {(s or "none"): _mixing(shard_of, label_of, order_mod.rank_order(n, shuffle=s, **kw),
                                batch_size, sizes, counts) for s in SHUFFLES}
     return {"dataset": ds.path, "num_samples": n, "num_shards": len(sizes),

@@ -89,7 +89,9 @@ def summary_text(s: dict, max_classes: int = 30) -> str:
         f"data set      {s['path']}",
         f"format        {s['format']} (version {s['version']}), mode {s['mode']}",
         f"samples       {plural(s['num_samples'], 'sample')} in {plural(s['num_shards'], 'shard')}, "
-        f"{human_bytes(s['num_bytes'])} ({human_bytes(s['record_bytes']['mean'])}/record mean)",
+        f"{human_bytes(s['num_bytes'])} ({human_bytes(s['record_bytes']['mean'])}/record mean)"
+        + (f"; {plural(s['retired'], 'record')} retired (replaced by an append: "
+           f"--replace-changed)" if s.get("retired") else ""),
         f"image size    {_size_line(s['image_size'])}",
         f"options       {opts}",
         f"source        {root} ({plural(source.get('num_inputs', 0), 'input')}"
@@ -98,7 +100,9 @@ def summary_text(s: dict, max_classes: int = 30) -> str:
         f"with {s['created'].get('pil')}"
         + "".join(f"\nappended      {h['at']}: +{h['num_samples']} samples from "
                   f"{h['first_sample']} in {len(h['shards'])} shards ({h['duplicates']} "
-                  f"duplicates, {h['changed']} changed skipped; new classes: "
+                  f"duplicates, {h['changed']} changed"
+                  + (f", {h['replaced']} of them replaced" if h.get("replaced") else " skipped")
+                  + "; new classes: "
                   f"{', '.join(h['new_classes'][:5]) or 'none'})"
                   for h in s.get("history", [])),
         _storage_text(s["storage"], s["mode"], s["options"]),
@@ -122,7 +126,7 @@ def summary_text(s: dict, max_classes: int = 30) -> str:
 def shard_text(d: dict) -> str:
     """Readable detail of inspection.shard_detail()."""
     lines = [f"shard {d['shard']}  {d['path']}",
-             f"  {d['num_samples']} records (samples {d['first_sample']}.."
+             f"  {d['num_samples']} records (record numbers {d['first_sample']}.."
              f"{d['first_sample'] + d['num_samples'] - 1}), {human_bytes(d['bytes'])}, "
              f"crc {d['crc']:#010x}",
              f"  image size {_size_line(d['image_size'])}",
@@ -130,7 +134,7 @@ def shard_text(d: dict) -> str:
                                             enumerate(d["label_counts"]) if n) or "-"),
              "  sample  record      offset   length  label  size      kind  source"]
     for r in d["records"]:
-        lines.append(f"  {r['sample']:6d}  {r['record']:6d}  {r['offset']:10d}  {r['length']:7d}  "
+        lines.append(f"  {'retired' if r['sample'] is None else r['sample']:>6}  {r['record']:6d}  {r['offset']:10d}  {r['length']:7d}  "
                      f"{r['label']:5d}  {r['height']}x{r['width']:<5d} {r['kind']:5s} {r['source']}")
     return "\n".join(lines)
 

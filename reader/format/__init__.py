@@ -35,6 +35,8 @@ from dlpack_io.reader.format.schema import (encode_meta, MAX_JSON_DEPTH, json_de
                                             accounting_problem)
 from dlpack_io.reader.format.history import (SOURCES_KEY, HISTORY_KEY, check_history,
                                              sources_of)
+from dlpack_io.reader.format.retired import (RETIRED_KEY, RETIRING_VERSION, check_retired,
+                                             retired_pairs, sample_records, retired_records)
 from dlpack_io.reader.format.fieldschema import (FIELD_TYPES, ARRAY_DTYPES, RESERVED_NAMES,
                                                  check_field_name, check_field_schema)
 from dlpack_io.reader.format.spec import (PLAIN_VERSION, READABLE_VERSIONS, FIELDS_INDEX_DTYPE,

@@ -9,6 +9,7 @@ import numpy as np
 
 from dlpack_io.reader.format.fieldschema import check_field_schema
 from dlpack_io.reader.format.history import check_history
+from dlpack_io.reader.format.retired import RETIRING_VERSION, check_retired
 from dlpack_io.reader.format.spec import (FORMAT_VERSION, FORMATS, MAGIC, MANIFEST_KIND,
                                           MAX_JSON_INT, MODES, PLAIN_VERSION, READABLE_VERSIONS,
                                           SHARD_NAME_RE, SHARD_SUFFIX, FormatError, crc32,
@@ -148,7 +149,7 @@ def validate_manifest(manifest: dict, where: str) -> dict:
     _check_fields(manifest, MANIFEST_FIELDS, where)
     if manifest["kind"] != MANIFEST_KIND:
         raise FormatError(f"{where}: kind is {manifest['kind']!r}, expected {MANIFEST_KIND!r}")
-    if manifest["version"] not in READABLE_VERSIONS:
+    if manifest["version"] not in READABLE_VERSIONS + (RETIRING_VERSION,):
         raise FormatError(version_error(where, manifest["version"]))
     try:
         computed = manifest_checksum(manifest)
@@ -181,6 +182,7 @@ def validate_manifest(manifest: dict, where: str) -> dict:
         raise FormatError(f"{where}: shards hold {expected_first} samples, num_samples says "
                           f"{manifest['num_samples']}")
     _check_details(manifest, where)
+    check_retired(manifest, where)
     _check_fields_entry(manifest, where)
     check_history(manifest, where)
     return manifest
@@ -204,7 +206,8 @@ def accounting_problem(manifest: dict) -> str | None:
             f"input(s) {'unaccounted for' if inputs > packed + rejected else 'counted twice'}; "
             f"convert the source again")
 def _check_fields_entry(manifest: dict, where: str) -> None:
-    """Format 3 declares its fields (maybe none); format 2 has none, so no ``fields``."""
+    """Format 3 (and 4, which retires records) declares its fields (maybe none); format 2
+    has none, so no ``fields``."""
     if manifest["version"] < FORMAT_VERSION:
         if "fields" in manifest:
             raise FormatError(f"{where}: a format-{manifest['version']} manifest has no "

@@ -91,21 +91,18 @@ def test_append_packs_only_new_inputs_and_leaves_old_shards_alone(tmp_path, data
     assert json.loads((dst / fmt.MANIFEST_NAME).read_bytes()) == m
 
 
-def test_changed_inputs_are_reported_and_replacing_them_is_refused(tmp_path):
+def test_changed_inputs_are_reported_and_left_without_replace_changed(tmp_path):
     src, dst, _ = _pack_and_grow(tmp_path)
     changed = sorted(os.listdir(src / "class_00"))[0]
     (src / "class_00" / changed).write_bytes((src / "class_01" / sorted(
         os.listdir(src / "class_01"))[0]).read_bytes())
-    out = CliRunner().invoke(main, ["convert", str(src), str(dst), "--append",
-                                    "--replace-changed", "--quiet"])
-    assert out.exit_code == 1 and "--replace-changed is refused" in out.output
-    assert "history" not in json.loads((dst / fmt.MANIFEST_NAME).read_bytes())
     out = CliRunner().invoke(main, ["convert", str(src), str(dst), "--append", "--quiet"])
     assert out.exit_code == 0, out.output
     assert "1 changed" in out.output and f"class_00/{changed}" in out.output
     m = json.loads((dst / fmt.MANIFEST_NAME).read_bytes())
     assert m["num_samples"] == 54 and m["history"][0]["changed"] == 1
-    assert m["history"][0]["duplicates"] == 29
+    assert m["history"][0]["duplicates"] == 29 and m["history"][0]["replaced"] == 0
+    assert fmt.RETIRED_KEY not in m and m["version"] == fmt.PLAIN_VERSION
     out = CliRunner().invoke(main, ["inspect", str(dst)])
     assert "+24 samples from 30 in" in out.output and "29 duplicates, 1 changed" in out.output
 
