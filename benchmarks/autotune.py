@@ -73,15 +73,20 @@ def workloads(root: Path, images: int):
             "JPEG + slow Python sample_transform": (jpeg, recipe, slow_python)}
 
 
-def run(root: Path, images: int, repeats: int, count: int, batch: int) -> dict:
-    """{workload: {setting: {"all": median images/s, "steady": ..., "tuned": [...]}}}."""
+def run(root: Path, images: int, repeats: int, count: int, batch: int, only: str = "") -> dict:
+    """{workload: {setting: {"all": median images/s, "steady": ..., "tuned": [...]}}};
+    ``only``: the workloads whose name holds it (all when empty)."""
     out = {}
     for name, (ds, transforms, fn) in workloads(root, images).items():
+        if only not in name:
+            continue
         rounds = {s: [] for s in SETTINGS}
         for round_ in range(repeats):
             for setting, options in SETTINGS.items():
                 rounds[setting].append(epochs(ds, options, transforms, fn, count, batch))
-            print(json.dumps({"workload": name, "round": round_}), flush=True)
+            print(json.dumps({"workload": name, "round": round_,
+                              "loadavg": Path("/proc/loadavg").read_text().split()[:3]}),
+                  flush=True)
         out[name] = {s: {"all": statistics.median(r["all"] for r in runs),
                          "steady": statistics.median(r["steady"] for r in runs),
                          "tuned": [r["tuned"].split(" (")[0] for r in runs if r["tuned"]]}
@@ -113,8 +118,9 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--only", default="", help="the workloads whose name holds this text")
     a = p.parse_args(argv)
-    results = run(Path(a.root), a.images, a.repeats, a.epochs, a.batch_size)
+    results = run(Path(a.root), a.images, a.repeats, a.epochs, a.batch_size, a.only)
     print(json.dumps(results, indent=1))
     print(table(results))
     return 0

@@ -43,13 +43,15 @@ import time
 from dataclasses import dataclass, field, replace
 
 from dlpack_io.reader.batch.engine import deliver
+from dlpack_io.reader.batch.enginepool import EnginePool
 from dlpack_io.reader.batch.stats import tree_cpu
 
 log = logging.getLogger(__name__)
 AUTO = "auto"
 TIE = 0.05            # intervals within 5% of the best are equal: the cheaper one wins
 ROUNDS = 3            # each candidate is measured in this many pieces, taken in turns
-MAX_TRIAL_EPOCHS = 3  # a candidate measured over this many epochs is done, however short
+DROP = 0.25           # after a round, a candidate this much slower than the best is dropped
+JITTER_RAISE = 1.5    # prefetch="auto" goes deeper than 2 x workers only from this jitter on
 
 
 def usable_cores() -> int:
@@ -83,7 +85,7 @@ class Trial:
     pieces: list = field(default_factory=list)      # mean interval of each measured piece
     cpu_s: float = 0.0
     images: int = 0
-    epochs: int = 0
+    dropped: bool = False
 
     def needed(self) -> int:
         """Intervals that make a trial: three rounds of the workers' batches (at least six:
@@ -95,8 +97,8 @@ class Trial:
         return math.ceil(self.needed() / ROUNDS)
 
     def done(self) -> bool:
-        """Measured in every round (or for as many epochs as a short data set allows)."""
-        return len(self.pieces) >= ROUNDS or self.epochs >= MAX_TRIAL_EPOCHS
+        """Measured in every round, or dropped as clearly slower than another candidate."""
+        return len(self.pieces) >= ROUNDS or self.dropped
 
     @property
     def interval(self) -> float:
@@ -130,6 +132,17 @@ def choose(trials: list[Trial]) -> Trial:
     return next(t for t in trials if t.interval <= best * (1 + TIE) or best == math.inf)
 
 
+def drop_losers(trials: list[Trial]) -> None:
+    """Once every candidate still on trial has as many pieces as the others (a round is
+    over), drop those more than DROP slower than the best: their turns would only cost."""
+    live = [t for t in trials if not t.dropped]
+    if len({len(t.pieces) for t in live}) != 1 or not live[0].pieces:
+        return
+    best = min(t.interval for t in live)
+    for t in live:
+        t.dropped = t.interval > best * (1 + DROP)
+
+
 class Tuner:
     """Which setting builds the batches now; trials the candidates, then settles."""
 
@@ -148,10 +161,19 @@ class Tuner:
         else:
             kinds = [(options.worker_kind, int(options.num_workers))]
         self.trials = [Trial(kind, n) for kind, n in kinds]
+        # too short an epoch to measure: cores threads (every heavy step releases the GIL)
+        self.fallback = self.trials[1] if auto_workers and len(self.trials) > 1 else \
+            self.trials[0]
         self.settled = not (auto_workers or self.auto_prefetch) or not self.trials[0].workers
         self.reason = "" if self.settled else "measuring " + ", ".join(
             name(t) for t in self.trials)
+        self.engines = EnginePool()  # the candidates' engines, parked between their turns
+        self.engines.parking = not self.settled
         self._use(self._concrete(self.trials[0], None))
+
+    def one_round(self) -> int:
+        """Batches that one round of the trials delivers (each candidate's piece + fill)."""
+        return sum(t.piece() + 1 for t in self.trials)
 
     def _concrete(self, trial: Trial, prefetch) -> object:
         asked = self.asked
@@ -168,7 +190,9 @@ class Tuner:
     def deliver(self, engine, swap, batches, start, ticket0, prefetch, epoch, on_batch):
         """engine.deliver's batches, in order, with the trials in between; ``swap(options)``
         closes the running engine and returns one built for ``options``."""
-        k, seen = start, set()
+        k = start
+        if not self.settled and len(batches) - start < self.one_round():
+            engine = self.settle(engine, swap, short=len(batches) - start)
         while not self.settled and k < len(batches):
             trial = self._current()
             if trial is None:
@@ -177,15 +201,13 @@ class Tuner:
             if (trial.kind, trial.workers) != (self.options.worker_kind, self.options.num_workers):
                 self._use(self._concrete(trial, None))
                 engine = swap(self.options)
-            if id(trial) not in seen:
-                seen.add(id(trial))
-                trial.epochs += 1
             end = min(len(batches), k + trial.piece() + 1)
             yield from self._measured(trial, engine, batches[:end], k, ticket0,
                                       Shifted(prefetch, k - start), epoch, on_batch)
+            drop_losers(self.trials)
             k = end
-        if not self.settled and self._current() is None:
-            self.settle(engine, swap)  # settled at the end of an epoch: next one uses it
+        if not self.settled:  # the first epoch ends: settled on what it measured
+            engine = self.settle(engine, swap)
         if k < len(batches):
             yield from deliver(engine, batches, k, ticket0, Shifted(prefetch, k - start),
                                epoch, self.options.in_flight, on_batch)
@@ -205,24 +227,30 @@ class Tuner:
             trial.intervals += piece
             trial.pieces.append(sum(piece) / len(piece))
 
-    def settle(self, engine, swap):
+    def settle(self, engine, swap, short: int = 0):
         """Keep the best trial's setting (``prefetch="auto"``: its depth too), log why;
-        returns the engine to go on with (``swap``'s when the setting changes)."""
-        best = choose(self.trials)
-        prefetch = None
-        if self.auto_prefetch:
-            prefetch = min(self._max_prefetch, 4 * best.workers,
-                           max(2, math.ceil(2 * best.workers * best.jitter())))
+        returns the engine to go on with (``swap``'s when the setting changes; the parked
+        candidates' engines are closed). ``short``: the epoch has only this many batches,
+        too few for one round of trials: the fallback setting, unmeasured."""
+        best = self.fallback if short else choose(self.trials)
+        prefetch, jitter = None, best.jitter()
+        if self.auto_prefetch:  # deeper only for a real irregularity: it costs a restart
+            depth = math.ceil(2 * best.workers * jitter) if jitter >= JITTER_RAISE else 0
+            prefetch = min(self._max_prefetch, 4 * best.workers, max(2, 2 * best.workers, depth))
         chosen = self._concrete(best, prefetch)
-        self.settled = True
-        self.reason = "; ".join(f"{name(t)} {t.interval * 1000:.1f} ms/batch "
-                                f"{t.cpu_ms:.2f} CPU-ms/image" for t in self.trials)
+        self.settled, self.engines.parking = True, False
+        why = f"not measured: an epoch of {short} batches is too short for the trials" \
+            if short else "measured: " + "; ".join(
+                f"{name(t)} {t.interval * 1000:.1f} ms/batch {t.cpu_ms:.2f} CPU-ms/image"
+                + (" (dropped)" if t.dropped else "") for t in self.trials)
         self.reason = (f"num_workers={chosen.num_workers} worker_kind={chosen.worker_kind!r} "
-                       f"prefetch={chosen.in_flight} (measured: {self.reason})")
+                       f"prefetch={chosen.in_flight} ({why})")
         log.info("Loader auto setting: %s", self.reason)
         same = (chosen.worker_kind, chosen.num_workers, chosen.in_flight) == \
             (self.options.worker_kind, self.options.num_workers, self.options.in_flight)
         self._use(chosen)
+        if same:
+            self.engines.close()
         return engine if same else swap(chosen)
 
     def _use(self, options) -> None:
