@@ -1,32 +1,35 @@
 """``num_workers="auto"`` and ``prefetch="auto"``: the Loader settles its own worker setting.
 
-The Loader delivers its first batches with a few candidate settings taking turns (ROUNDS
-short pieces each, at batch boundaries: one engine is closed after the last batch of its
-piece, the next is started), measures each one as the training loop sees it, then keeps
-the best for the rest of the run and logs what it chose and why (one line; also
-``loader.stats().tuned``). Taking turns means a change in a shared machine's load hits
-every candidate alike, and the median over a candidate's pieces drops a piece that met a
-burst.
+The Loader delivers its first batches with a few candidate settings taking turns (up to
+ROUNDS short pieces each, at batch boundaries), measures each one as the training loop sees
+it, then keeps the best for the rest of the run and logs what it chose and why (one line;
+also ``loader.stats().tuned``). A candidate's engine (workers and buffers) is started at its
+first turn and parked between its turns (enginepool.py): a turn starts nothing, so it
+measures the setting and not its start-up. Taking turns means a change in a shared
+machine's load hits every candidate alike, and the median over a candidate's pieces drops a
+piece that met a burst. After each round a candidate more than DROP slower than the best is
+dropped (its turns would only cost); the setting is settled by the end of the first epoch
+(on what was measured), and an epoch too short for one round keeps ``cores`` threads.
 
 What a trial measures: the seconds between two deliveries, which is the slower of the
 loader and the training step (the step is in the loop, not in our hands), over batches
-after the trial's first (start-up and pipeline fill are not counted), and the CPU seconds
-per image of this process and its worker processes. The best setting is the one with the
-shortest (median) interval; settings within ``TIE`` of it are equal, and among equals the earlier
+after the trial's first (pipeline fill is not counted), and the CPU seconds per image of
+this process and its worker processes. The best setting is the one with the shortest
+(median) interval; settings within ``TIE`` of it are equal, and among equals the earlier
 candidate wins (the candidates are listed cheapest first: threads before processes, fewer
 before more). A loop that is not data-bound therefore keeps the cheapest setting.
 
 The candidates, for ``cores`` = CPU cores this process may use / ``LOCAL_WORLD_SIZE`` (the
 ranks of one node share its cores): ``cores / 2`` threads (enough when the training loop
 itself needs a core, or the machine is shared), ``cores`` threads (decode, resize and
-copies release the GIL), ``2 x cores`` threads (covers reads that wait on a disk or the network), and, only with a
-``sample_transform``, ``cores`` processes (Python that holds the GIL runs in parallel only
-in processes; without one, every heavy step of the host path releases the GIL and threads
-measured faster: docs/benchmarks.md, "Loader"; short trials also over-rated processes on
-this machine, docs/benchmarks.md, "num_workers=auto"). ``prefetch="auto"``: ``2 x workers`` batches in flight (one being built and
-one ready per worker), raised up to ``4 x workers`` by the irregularity the trial saw (the
-slowest window of ``workers`` deliveries over the mean one): a deeper queue only absorbs
-jitter, the steady rate is the workers'.
+copies release the GIL), ``2 x cores`` threads (covers reads that wait on a disk or the
+network), and ``cores`` processes (Python that holds the GIL -- a ``sample_transform``,
+and at raw-record rates the per-sample Python glue itself -- runs in parallel only in
+processes; docs/benchmarks.md, "num_workers=auto", round 2). ``prefetch="auto"``:
+``2 x workers`` batches in flight (one being built and one ready per worker), raised up to
+``4 x workers`` only when the trial saw an irregularity of JITTER_RAISE or more (the slowest
+window of ``workers`` deliveries over the mean one): a deeper queue only absorbs jitter, the
+steady rate is the workers', and a new depth costs an engine restart.
 
 Nothing here can change a batch: its samples are a pure function of (seed, epoch, rank,
 world size, batch size, drop_last, indices) and its augmentations of (seed, epoch, sample
@@ -68,7 +71,7 @@ def usable_cores() -> int:
 
 def candidates(cores: int, max_workers: int, processes: bool = True) -> list[tuple[str, int]]:
     """(worker kind, count) to try on ``cores`` cores, cheapest first (``processes``: with
-    a process setting, worth a trial only where Python code may hold the GIL)."""
+    a process setting)."""
     c = max(1, min(cores, max_workers))
     out = [("thread", max(1, c // 2)), ("thread", c), ("thread", min(2 * c, max_workers))]
     out += [("process", c)] if processes else []
@@ -157,7 +160,7 @@ class Tuner:
         self.auto_prefetch = options.prefetch == AUTO
         if auto_workers:
             cores = usable_cores() if cores is None else cores
-            kinds = candidates(cores, MAX_WORKERS, options.sample_transform is not None)
+            kinds = candidates(cores, MAX_WORKERS)
         else:
             kinds = [(options.worker_kind, int(options.num_workers))]
         self.trials = [Trial(kind, n) for kind, n in kinds]

@@ -211,9 +211,7 @@ def test_candidates_are_cheapest_first_and_share_the_node(monkeypatch):
     assert candidates(2, 1024) == [("thread", 1), ("thread", 2), ("thread", 4), ("process", 2)]
     assert candidates(2, 1024, processes=False) == [("thread", 1), ("thread", 2), ("thread", 4)]
     assert [t.kind for t in Tuner(LoaderOptions(num_workers="auto"), cores=2).trials] == \
-        ["thread"] * 3  # no sample_transform: every heavy step releases the GIL
-    assert Tuner(LoaderOptions(num_workers="auto", sample_transform=darken),
-                 cores=2).trials[-1].kind == "process"
+        ["thread"] * 3 + ["process"]  # raw records: the per-sample glue holds the GIL too
     assert candidates(1, 1024) == [("thread", 1), ("thread", 2), ("process", 1)]
     assert candidates(32, 40) == [("thread", 16), ("thread", 32), ("thread", 40),
                                   ("process", 32)]
