@@ -8,7 +8,8 @@ first turn and parked between its turns (enginepool.py): a turn starts nothing, 
 measures the setting and not its start-up. Taking turns means a change in a shared
 machine's load hits every candidate alike, and the median over a candidate's pieces drops a
 piece that met a burst. After each round a candidate more than DROP slower than the best is
-dropped (its turns would only cost); the setting is settled by the end of the first epoch
+dropped (its turns would only cost), and once two rounds leave the candidates within TIE of
+each other the trials end early; the setting is settled by the end of the first epoch
 (on what was measured), and an epoch too short for one round keeps ``cores`` threads.
 
 What a trial measures: the seconds between two deliveries, which is the slower of the
@@ -146,6 +147,16 @@ def drop_losers(trials: list[Trial]) -> None:
         t.dropped = t.interval > best * (1 + DROP)
 
 
+def converged(trials: list[Trial]) -> bool:
+    """Two rounds or more are over and every candidate still on trial is within TIE of the
+    best: the cheapest of equals wins, so another round would buy little for its turns."""
+    live = [t for t in trials if not t.dropped]
+    if len({len(t.pieces) for t in live}) != 1 or len(live[0].pieces) < 2:
+        return False
+    best = min(t.interval for t in live)
+    return all(t.interval <= best * (1 + TIE) for t in live)
+
+
 class Tuner:
     """Which setting builds the batches now; trials the candidates, then settles."""
 
@@ -209,6 +220,8 @@ class Tuner:
                                       Shifted(prefetch, k - start), epoch, on_batch)
             drop_losers(self.trials)
             k = end
+            if converged(self.trials) and k < len(batches):
+                engine = self.settle(engine, swap)
         if not self.settled:  # the first epoch ends: settled on what it measured
             engine = self.settle(engine, swap)
         if k < len(batches):

@@ -13,7 +13,7 @@ from dlpack_io.reader import Dataset, Loader, LoaderOptions, RandomHorizontalFli
 from dlpack_io.reader.batch import autotune
 from dlpack_io.reader.batch import loader as loader_mod
 from dlpack_io.reader.batch.autotune import (Shifted, Trial, Tuner, candidates, choose,
-                                             drop_losers)
+                                             converged, drop_losers)
 from dlpack_io.reader.batch.enginepool import EnginePool
 
 from helpers import pack_jpeg_and_raw
@@ -179,6 +179,18 @@ def test_a_round_drops_the_candidates_clearly_slower_than_the_best():
     drop_losers([a, b, c, late])  # 0.20 > 1.25 x 0.10; 0.12 and 0.126 are within it
     assert [t.dropped for t in (a, b, c, late)] == [True, False, False, True]
     assert a.done() and not b.done()
+
+
+def test_two_rounds_of_equals_end_the_trials_early():
+    a, b = Trial("thread", 2, pieces=[0.100]), Trial("thread", 4, pieces=[0.104])
+    slow = Trial("thread", 1, pieces=[0.3], dropped=True)
+    assert not converged([slow, a, b])  # one round: not yet
+    a.pieces.append(0.100)
+    assert not converged([slow, a, b])  # b is in the middle of its second round
+    b.pieces.append(0.104)
+    assert converged([slow, a, b])  # within 5% of each other; the dropped one is not asked
+    b.pieces = [0.11, 0.11]
+    assert not converged([slow, a, b])  # 10% apart: a third round decides
 
 
 class FakeEngine:
