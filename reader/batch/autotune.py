@@ -54,7 +54,8 @@ log = logging.getLogger(__name__)
 AUTO = "auto"
 TIE = 0.05            # intervals within 5% of the best are equal: the cheaper one wins
 ROUNDS = 3            # each candidate is measured in this many pieces, taken in turns
-DROP = 0.25           # after a round, a candidate this much slower than the best is dropped
+DROP = 0.5            # after a round, a candidate this much slower than the best is dropped
+#                       (one short piece is noisy: at 0.25 a lucky piece dropped the rest)
 JITTER_RAISE = 1.5    # prefetch="auto" goes deeper than 2 x workers only from this jitter on
 
 

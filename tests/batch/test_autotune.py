@@ -175,8 +175,8 @@ def test_a_round_drops_the_candidates_clearly_slower_than_the_best():
     late = Trial("process", 2)
     drop_losers([a, b, c, late])  # the round is not over: late has no piece yet
     assert not any(t.dropped for t in (a, b, c))
-    late.pieces = [0.126]
-    drop_losers([a, b, c, late])  # 0.20 > 1.25 x 0.10; 0.12 and 0.126 are within it
+    late.pieces = [0.151]
+    drop_losers([a, b, c, late])  # 0.20 and 0.151 > 1.5 x 0.10; 0.12 is within it
     assert [t.dropped for t in (a, b, c, late)] == [True, False, False, True]
     assert a.done() and not b.done()
 
