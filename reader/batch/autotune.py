@@ -177,8 +177,8 @@ class Tuner:
             kinds = [(options.worker_kind, int(options.num_workers))]
         self.trials = [Trial(kind, n) for kind, n in kinds]
         # too short an epoch to measure: cores threads (every heavy step releases the GIL)
-        self.fallback = self.trials[1] if auto_workers and len(self.trials) > 1 else \
-            self.trials[0]
+        self.fallback = next((t for t in self.trials if t.kind == "thread" and auto_workers
+                              and t.workers == min(cores, MAX_WORKERS)), self.trials[0])
         self.settled = not (auto_workers or self.auto_prefetch) or not self.trials[0].workers
         self.reason = "" if self.settled else "measuring " + ", ".join(
             name(t) for t in self.trials)

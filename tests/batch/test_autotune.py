@@ -131,6 +131,8 @@ def test_an_epoch_too_short_for_the_trials_keeps_cores_threads_unmeasured(packed
                                     "measured: an epoch of 9 batches is too short for the "
                                     "trials)")
     assert sum("auto setting" in r.getMessage() for r in caplog.records) == 1
+    one_core = Tuner(LoaderOptions(num_workers="auto"), cores=1)
+    assert (one_core.fallback.kind, one_core.fallback.workers) == ("thread", 1)
 
 
 def test_the_shortest_interval_wins_and_the_cheaper_setting_wins_a_tie():
