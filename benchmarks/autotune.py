@@ -11,7 +11,10 @@ the GIL for about a millisecond per image on this machine). Contenders: 1, 2 and
 for the tuner, whose trials are not hidden behind a step); images/s over all epochs
 (start-up and the tuner's trials included) and over the epochs after the first (steady
 state). Every round runs each contender once, in turn, so a change in the machine's load
-hits all alike; the figures are medians over ``--repeats`` rounds.
+hits all alike (each round starts with the next contender); the figures are medians over
+``--repeats`` rounds, and the ratios of auto to the best fixed setting and to today's default
+(2 threads) are also taken within each round, then the median (a shared machine's capacity
+drifts from round to round).
 """
 from __future__ import annotations
 
@@ -73,35 +76,63 @@ def workloads(root: Path, images: int):
             "JPEG + slow Python sample_transform": (jpeg, recipe, slow_python)}
 
 
-def run(root: Path, images: int, repeats: int, count: int, batch: int) -> dict:
-    """{workload: {setting: {"all": median images/s, "steady": ..., "tuned": [...]}}}."""
+def run(root: Path, images: int, repeats: int, count: int, batch: int, only: str = "") -> dict:
+    """{workload: {setting: {"all": median images/s, "steady": ..., "tuned": [...]}}};
+    ``only``: the workloads whose name holds it (all when empty)."""
     out = {}
     for name, (ds, transforms, fn) in workloads(root, images).items():
+        if only not in name:
+            continue
         rounds = {s: [] for s in SETTINGS}
         for round_ in range(repeats):
-            for setting, options in SETTINGS.items():
-                rounds[setting].append(epochs(ds, options, transforms, fn, count, batch))
-            print(json.dumps({"workload": name, "round": round_}), flush=True)
+            turn = round_ % len(SETTINGS)
+            order = list(SETTINGS)[turn:] + list(SETTINGS)[:turn]
+            for setting in order:  # each round starts with another contender: none always last
+                rounds[setting].append(epochs(ds, SETTINGS[setting], transforms, fn, count,
+                                              batch))
+            print(json.dumps({"workload": name, "round": round_,
+                              "loadavg": Path("/proc/loadavg").read_text().split()[:3]}),
+                  flush=True)
         out[name] = {s: {"all": statistics.median(r["all"] for r in runs),
                          "steady": statistics.median(r["steady"] for r in runs),
+                         "rounds": [[round(r["all"]), round(r["steady"])] for r in runs],
                          "tuned": [r["tuned"].split(" (")[0] for r in runs if r["tuned"]]}
                      for s, runs in rounds.items()}
+        out[name]["auto"]["same_round"] = same_round(rounds)
+    return out
+
+
+def same_round(rounds: dict) -> dict:
+    """Medians over the rounds of auto / the best fixed setting of the same round and auto /
+    today's default (2 threads) of the same round, "all" and "steady": a shared machine's
+    capacity drifts between rounds, so ratios within a round compare like with like."""
+    fixed = [s for s in SETTINGS if s != "auto"]
+    out = {}
+    for key in ("all", "steady"):
+        best = [a[key] / max(rounds[s][r][key] for s in fixed)
+                for r, a in enumerate(rounds["auto"])]
+        default = [a[key] / rounds["2 threads"][r][key] for r, a in enumerate(rounds["auto"])]
+        out[key] = [round(statistics.median(best), 2), round(statistics.median(default), 2)]
     return out
 
 
 def table(results: dict) -> str:
     """A Markdown table: images/s per setting, auto over the best fixed setting."""
     lines = ["| workload | " + " | ".join(SETTINGS) + " | auto / best fixed (all, steady) "
-             "| auto chose |", "|---" * (len(SETTINGS) + 3) + "|"]
+             "| same round: auto / best fixed, auto / 2 threads (all; steady) | auto chose |",
+             "|---" * (len(SETTINGS) + 4) + "|"]
     for name, row in results.items():
         fixed = [s for s in SETTINGS if s != "auto"]
         best_all = max(row[s]["all"] for s in fixed)
         best_steady = max(row[s]["steady"] for s in fixed)
         cells = [f"{row[s]['all']:,.0f} / {row[s]['steady']:,.0f}" for s in SETTINGS]
         chose = "; ".join(sorted(set(row["auto"]["tuned"])))
+        rs = row["auto"]["same_round"]
         lines.append(f"| {name} | " + " | ".join(cells) +
                      f" | {row['auto']['all'] / best_all:.2f}x, "
-                     f"{row['auto']['steady'] / best_steady:.2f}x | {chose} |")
+                     f"{row['auto']['steady'] / best_steady:.2f}x | "
+                     f"{rs['all'][0]:.2f}x, {rs['all'][1]:.2f}x; "
+                     f"{rs['steady'][0]:.2f}x, {rs['steady'][1]:.2f}x | {chose} |")
     return "\n".join(lines)
 
 
@@ -113,8 +144,9 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--only", default="", help="the workloads whose name holds this text")
     a = p.parse_args(argv)
-    results = run(Path(a.root), a.images, a.repeats, a.epochs, a.batch_size)
+    results = run(Path(a.root), a.images, a.repeats, a.epochs, a.batch_size, a.only)
     print(json.dumps(results, indent=1))
     print(table(results))
     return 0

@@ -1,32 +1,36 @@
 """``num_workers="auto"`` and ``prefetch="auto"``: the Loader settles its own worker setting.
 
-The Loader delivers its first batches with a few candidate settings taking turns (ROUNDS
-short pieces each, at batch boundaries: one engine is closed after the last batch of its
-piece, the next is started), measures each one as the training loop sees it, then keeps
-the best for the rest of the run and logs what it chose and why (one line; also
-``loader.stats().tuned``). Taking turns means a change in a shared machine's load hits
-every candidate alike, and the median over a candidate's pieces drops a piece that met a
-burst.
+The Loader delivers its first batches with a few candidate settings taking turns (up to
+ROUNDS short pieces each, at batch boundaries), measures each one as the training loop sees
+it, then keeps the best for the rest of the run and logs what it chose and why (one line;
+also ``loader.stats().tuned``). A candidate's engine (workers and buffers) is started at its
+first turn and parked between its turns (enginepool.py): a turn starts nothing, so it
+measures the setting and not its start-up. Taking turns means a change in a shared
+machine's load hits every candidate alike, and the median over a candidate's pieces drops a
+piece that met a burst. After each round a candidate more than DROP slower than the best is
+dropped (its turns would only cost), and once two rounds leave the candidates within TIE of
+each other the trials end early; the setting is settled by the end of the first epoch
+(on what was measured), and an epoch too short for one round keeps ``cores`` threads.
 
 What a trial measures: the seconds between two deliveries, which is the slower of the
 loader and the training step (the step is in the loop, not in our hands), over batches
-after the trial's first (start-up and pipeline fill are not counted), and the CPU seconds
-per image of this process and its worker processes. The best setting is the one with the
-shortest (median) interval; settings within ``TIE`` of it are equal, and among equals the earlier
+after the trial's first (pipeline fill is not counted), and the CPU seconds per image of
+this process and its worker processes. The best setting is the one with the shortest
+(median) interval; settings within ``TIE`` of it are equal, and among equals the earlier
 candidate wins (the candidates are listed cheapest first: threads before processes, fewer
 before more). A loop that is not data-bound therefore keeps the cheapest setting.
 
 The candidates, for ``cores`` = CPU cores this process may use / ``LOCAL_WORLD_SIZE`` (the
 ranks of one node share its cores): ``cores / 2`` threads (enough when the training loop
 itself needs a core, or the machine is shared), ``cores`` threads (decode, resize and
-copies release the GIL), ``2 x cores`` threads (covers reads that wait on a disk or the network), and, only with a
-``sample_transform``, ``cores`` processes (Python that holds the GIL runs in parallel only
-in processes; without one, every heavy step of the host path releases the GIL and threads
-measured faster: docs/benchmarks.md, "Loader"; short trials also over-rated processes on
-this machine, docs/benchmarks.md, "num_workers=auto"). ``prefetch="auto"``: ``2 x workers`` batches in flight (one being built and
-one ready per worker), raised up to ``4 x workers`` by the irregularity the trial saw (the
-slowest window of ``workers`` deliveries over the mean one): a deeper queue only absorbs
-jitter, the steady rate is the workers'.
+copies release the GIL), ``2 x cores`` threads (covers reads that wait on a disk or the
+network), and ``cores`` processes (Python that holds the GIL -- a ``sample_transform``,
+and at raw-record rates the per-sample Python glue itself -- runs in parallel only in
+processes; docs/benchmarks.md, "num_workers=auto", round 2). ``prefetch="auto"``:
+``2 x workers`` batches in flight (one being built and one ready per worker), raised up to
+``4 x workers`` only when the trial saw an irregularity of JITTER_RAISE or more (the slowest
+window of ``workers`` deliveries over the mean one): a deeper queue only absorbs jitter, the
+steady rate is the workers', and a new depth costs an engine restart.
 
 Nothing here can change a batch: its samples are a pure function of (seed, epoch, rank,
 world size, batch size, drop_last, indices) and its augmentations of (seed, epoch, sample
@@ -43,13 +47,16 @@ import time
 from dataclasses import dataclass, field, replace
 
 from dlpack_io.reader.batch.engine import deliver
+from dlpack_io.reader.batch.enginepool import EnginePool
 from dlpack_io.reader.batch.stats import tree_cpu
 
 log = logging.getLogger(__name__)
 AUTO = "auto"
 TIE = 0.05            # intervals within 5% of the best are equal: the cheaper one wins
 ROUNDS = 3            # each candidate is measured in this many pieces, taken in turns
-MAX_TRIAL_EPOCHS = 3  # a candidate measured over this many epochs is done, however short
+DROP = 0.5            # after a round, a candidate this much slower than the best is dropped
+#                       (one short piece is noisy: at 0.25 a lucky piece dropped the rest)
+JITTER_RAISE = 1.5    # prefetch="auto" goes deeper than 2 x workers only from this jitter on
 
 
 def usable_cores() -> int:
@@ -66,7 +73,7 @@ def usable_cores() -> int:
 
 def candidates(cores: int, max_workers: int, processes: bool = True) -> list[tuple[str, int]]:
     """(worker kind, count) to try on ``cores`` cores, cheapest first (``processes``: with
-    a process setting, worth a trial only where Python code may hold the GIL)."""
+    a process setting)."""
     c = max(1, min(cores, max_workers))
     out = [("thread", max(1, c // 2)), ("thread", c), ("thread", min(2 * c, max_workers))]
     out += [("process", c)] if processes else []
@@ -83,7 +90,7 @@ class Trial:
     pieces: list = field(default_factory=list)      # mean interval of each measured piece
     cpu_s: float = 0.0
     images: int = 0
-    epochs: int = 0
+    dropped: bool = False
 
     def needed(self) -> int:
         """Intervals that make a trial: three rounds of the workers' batches (at least six:
@@ -95,8 +102,8 @@ class Trial:
         return math.ceil(self.needed() / ROUNDS)
 
     def done(self) -> bool:
-        """Measured in every round (or for as many epochs as a short data set allows)."""
-        return len(self.pieces) >= ROUNDS or self.epochs >= MAX_TRIAL_EPOCHS
+        """Measured in every round, or dropped as clearly slower than another candidate."""
+        return len(self.pieces) >= ROUNDS or self.dropped
 
     @property
     def interval(self) -> float:
@@ -130,6 +137,27 @@ def choose(trials: list[Trial]) -> Trial:
     return next(t for t in trials if t.interval <= best * (1 + TIE) or best == math.inf)
 
 
+def drop_losers(trials: list[Trial]) -> None:
+    """Once every candidate still on trial has as many pieces as the others (a round is
+    over), drop those more than DROP slower than the best: their turns would only cost."""
+    live = [t for t in trials if not t.dropped]
+    if len({len(t.pieces) for t in live}) != 1 or not live[0].pieces:
+        return
+    best = min(t.interval for t in live)
+    for t in live:
+        t.dropped = t.interval > best * (1 + DROP)
+
+
+def converged(trials: list[Trial]) -> bool:
+    """Two rounds or more are over and every candidate still on trial is within TIE of the
+    best: the cheapest of equals wins, so another round would buy little for its turns."""
+    live = [t for t in trials if not t.dropped]
+    if len({len(t.pieces) for t in live}) != 1 or len(live[0].pieces) < 2:
+        return False
+    best = min(t.interval for t in live)
+    return all(t.interval <= best * (1 + TIE) for t in live)
+
+
 class Tuner:
     """Which setting builds the batches now; trials the candidates, then settles."""
 
@@ -144,14 +172,23 @@ class Tuner:
         self.auto_prefetch = options.prefetch == AUTO
         if auto_workers:
             cores = usable_cores() if cores is None else cores
-            kinds = candidates(cores, MAX_WORKERS, options.sample_transform is not None)
+            kinds = candidates(cores, MAX_WORKERS)
         else:
             kinds = [(options.worker_kind, int(options.num_workers))]
         self.trials = [Trial(kind, n) for kind, n in kinds]
+        # too short an epoch to measure: cores threads (every heavy step releases the GIL)
+        self.fallback = next((t for t in self.trials if t.kind == "thread" and auto_workers
+                              and t.workers == min(cores, MAX_WORKERS)), self.trials[0])
         self.settled = not (auto_workers or self.auto_prefetch) or not self.trials[0].workers
         self.reason = "" if self.settled else "measuring " + ", ".join(
             name(t) for t in self.trials)
+        self.engines = EnginePool()  # the candidates' engines, parked between their turns
+        self.engines.parking = not self.settled
         self._use(self._concrete(self.trials[0], None))
+
+    def one_round(self) -> int:
+        """Batches that one round of the trials delivers (each candidate's piece + fill)."""
+        return sum(t.piece() + 1 for t in self.trials)
 
     def _concrete(self, trial: Trial, prefetch) -> object:
         asked = self.asked
@@ -168,7 +205,9 @@ class Tuner:
     def deliver(self, engine, swap, batches, start, ticket0, prefetch, epoch, on_batch):
         """engine.deliver's batches, in order, with the trials in between; ``swap(options)``
         closes the running engine and returns one built for ``options``."""
-        k, seen = start, set()
+        k = start
+        if not self.settled and len(batches) - start < self.one_round():
+            engine = self.settle(engine, swap, short=len(batches) - start)
         while not self.settled and k < len(batches):
             trial = self._current()
             if trial is None:
@@ -177,15 +216,15 @@ class Tuner:
             if (trial.kind, trial.workers) != (self.options.worker_kind, self.options.num_workers):
                 self._use(self._concrete(trial, None))
                 engine = swap(self.options)
-            if id(trial) not in seen:
-                seen.add(id(trial))
-                trial.epochs += 1
             end = min(len(batches), k + trial.piece() + 1)
             yield from self._measured(trial, engine, batches[:end], k, ticket0,
                                       Shifted(prefetch, k - start), epoch, on_batch)
+            drop_losers(self.trials)
             k = end
-        if not self.settled and self._current() is None:
-            self.settle(engine, swap)  # settled at the end of an epoch: next one uses it
+            if converged(self.trials) and k < len(batches):
+                engine = self.settle(engine, swap)
+        if not self.settled:  # the first epoch ends: settled on what it measured
+            engine = self.settle(engine, swap)
         if k < len(batches):
             yield from deliver(engine, batches, k, ticket0, Shifted(prefetch, k - start),
                                epoch, self.options.in_flight, on_batch)
@@ -205,24 +244,30 @@ class Tuner:
             trial.intervals += piece
             trial.pieces.append(sum(piece) / len(piece))
 
-    def settle(self, engine, swap):
+    def settle(self, engine, swap, short: int = 0):
         """Keep the best trial's setting (``prefetch="auto"``: its depth too), log why;
-        returns the engine to go on with (``swap``'s when the setting changes)."""
-        best = choose(self.trials)
-        prefetch = None
-        if self.auto_prefetch:
-            prefetch = min(self._max_prefetch, 4 * best.workers,
-                           max(2, math.ceil(2 * best.workers * best.jitter())))
+        returns the engine to go on with (``swap``'s when the setting changes; the parked
+        candidates' engines are closed). ``short``: the epoch has only this many batches,
+        too few for one round of trials: the fallback setting, unmeasured."""
+        best = self.fallback if short else choose(self.trials)
+        prefetch, jitter = None, best.jitter()
+        if self.auto_prefetch:  # deeper only for a real irregularity: it costs a restart
+            depth = math.ceil(2 * best.workers * jitter) if jitter >= JITTER_RAISE else 0
+            prefetch = min(self._max_prefetch, 4 * best.workers, max(2, 2 * best.workers, depth))
         chosen = self._concrete(best, prefetch)
-        self.settled = True
-        self.reason = "; ".join(f"{name(t)} {t.interval * 1000:.1f} ms/batch "
-                                f"{t.cpu_ms:.2f} CPU-ms/image" for t in self.trials)
+        self.settled, self.engines.parking = True, False
+        why = f"not measured: an epoch of {short} batches is too short for the trials" \
+            if short else "measured: " + "; ".join(
+                f"{name(t)} {t.interval * 1000:.1f} ms/batch {t.cpu_ms:.2f} CPU-ms/image"
+                + (" (dropped)" if t.dropped else "") for t in self.trials)
         self.reason = (f"num_workers={chosen.num_workers} worker_kind={chosen.worker_kind!r} "
-                       f"prefetch={chosen.in_flight} (measured: {self.reason})")
+                       f"prefetch={chosen.in_flight} ({why})")
         log.info("Loader auto setting: %s", self.reason)
         same = (chosen.worker_kind, chosen.num_workers, chosen.in_flight) == \
             (self.options.worker_kind, self.options.num_workers, self.options.in_flight)
         self._use(chosen)
+        if same:
+            self.engines.close()
         return engine if same else swap(chosen)
 
     def _use(self, options) -> None:

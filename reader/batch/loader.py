@@ -258,16 +258,17 @@ class Loader(DataLoaderAttributes):
                                     threading.get_ident() == self._consumer)
 
     # ---- resources ---------------------------------------------------------------------
-    def _swap(self, opts):  # the engine for concrete options (autotune.py may change them)
-        self._close_engine()
-        self._engine = make_engine(opts, self.dataset, self.spec, self.device,
-                                   self.device_transforms)
+    def _swap(self, opts):  # the engine for concrete options (autotune.py: parked or new)
+        engine, self._engine = self._engine, None
+        self._engine = self._tune.engines.swap(engine, opts, lambda o: make_engine(
+            o, self.dataset, self.spec, self.device, self.device_transforms))
         return self._engine
 
     def _close_engine(self) -> None:
         engine, self._engine = self._engine, None
         if engine is not None:
             engine.close()
+        self._tune.engines.close()  # the candidates' engines parked between their turns
 
     def close(self) -> None:
         """Stop the workers and free the buffers (the Loader can still iterate again)."""

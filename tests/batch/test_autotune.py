@@ -11,7 +11,10 @@ import pytest
 
 from dlpack_io.reader import Dataset, Loader, LoaderOptions, RandomHorizontalFlip, RandomResizedCrop
 from dlpack_io.reader.batch import autotune
-from dlpack_io.reader.batch.autotune import Shifted, Trial, Tuner, candidates, choose
+from dlpack_io.reader.batch import loader as loader_mod
+from dlpack_io.reader.batch.autotune import (Shifted, Trial, Tuner, candidates, choose,
+                                             converged, drop_losers)
+from dlpack_io.reader.batch.enginepool import EnginePool
 
 from helpers import pack_jpeg_and_raw
 
@@ -62,8 +65,9 @@ def test_auto_yields_the_batches_of_every_fixed_setting(packed, fmt, persistent,
     _same(auto, threads)
     _same(auto, processes)
     assert len(auto) == 3 * 18  # 72 images, batches of 4, three epochs
-    # the trials (on 2 cores 1, 2, 4 threads, 2 processes, in three turns of 3, 3, 5 and 3
-    # batches: 42 batches) fit in the 54 batches, so the setting is settled, logged once, and visible in the stats
+    # the trials (on 2 cores 1, 2, 4 threads, 2 processes, in turns of 3, 3, 5 and 3
+    # batches) run in the first epoch of 18 batches, which settles the setting: logged once,
+    # and visible in the stats
     chosen = [r.getMessage() for r in caplog.records if "auto setting" in r.getMessage()]
     assert len(chosen) == 1
     assert stats.tuned in chosen[0]
@@ -72,23 +76,63 @@ def test_auto_yields_the_batches_of_every_fixed_setting(packed, fmt, persistent,
         assert setting in stats.tuned
 
 
-def test_a_resume_in_the_middle_of_the_trials_reads_the_same_batches(packed, monkeypatch):
+@pytest.mark.parametrize("stop", [12, 17], ids=["in-the-process-turn", "in-round-two"])
+def test_a_resume_in_the_middle_of_the_trials_reads_the_same_batches(packed, monkeypatch,
+                                                                     stop):
     monkeypatch.setattr(autotune.os, "sched_getaffinity", lambda pid: {0, 1})
-    fixed, _ = _epochs(packed["jpeg"], 1, num_workers=1)
-    loader = Loader(Dataset(packed["jpeg"]), batch_size=4, seed=5, transforms=list(RECIPE),
-                    return_index=True, num_workers="auto")
-    it = iter(loader)
+    made = []
+    monkeypatch.setattr(loader_mod, "make_engine",
+                        lambda o, *args: _counted(made, o, *args))
+    options = dict(batch_size=2, seed=5, transforms=list(RECIPE), return_index=True,
+                   sample_transform=darken)
+    fixed = _read(Loader(Dataset(packed["jpeg"]), num_workers=2, worker_kind="process",
+                         **options))
+    made.clear()
+    loader = Loader(Dataset(packed["jpeg"]), num_workers="auto", **options)
+    it = iter(loader)  # turns of 3 batches (1 thread), 3 (2), 5 (4 threads), 3 (2 processes)
     head = [(np.array(i), x.numpy().copy(), y.numpy().copy())
-            for x, y, i in (next(it) for _ in range(9))]  # inside the third turn (4 threads)
+            for x, y, i in (next(it) for _ in range(stop))]
     state = loader.state_dict()
     del it
     loader.close()
-    again = Loader(Dataset(packed["jpeg"]), batch_size=4, seed=5, transforms=list(RECIPE),
-                   return_index=True, num_workers="auto")
-    again.load_state_dict(state)
-    rest = [(np.array(i), x.numpy().copy(), y.numpy().copy()) for x, y, i in again]
-    again.close()
+    # every candidate's engine started once: parked between turns, never restarted per turn
+    assert made == [("thread", 1), ("thread", 2), ("thread", 4), ("process", 2)]
+    again = Loader(Dataset(packed["jpeg"]), num_workers="auto", **options)
+    again.load_state_dict(state)  # 36 - stop batches left: trials again, then settled
+    rest = _read(again)
+    assert again.stats().tuned.startswith("num_workers=")
     _same(head + rest, fixed)
+    assert len(fixed) == 36
+
+
+def _counted(made, o, *args):
+    from dlpack_io.reader.batch.engine import make_engine
+
+    made.append((o.worker_kind, o.num_workers))
+    return make_engine(o, *args)
+
+
+def _read(loader) -> list:
+    out = [(np.array(i), x.numpy().copy(), y.numpy().copy()) for x, y, i in loader]
+    loader.close()
+    return out
+
+
+def test_an_epoch_too_short_for_the_trials_keeps_cores_threads_unmeasured(packed, caplog,
+                                                                          monkeypatch):
+    monkeypatch.setattr(autotune.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    with caplog.at_level(logging.INFO, logger=autotune.__name__):
+        loader = Loader(Dataset(packed["raw"]), batch_size=8, seed=5, num_workers="auto",
+                        prefetch="auto", transforms=list(RECIPE), return_index=True)
+        got = _read(loader)  # 9 batches: one round of trials is 3 + 3 + 5 batches
+    assert len(got) == 9
+    assert loader.stats().tuned == ("num_workers=2 worker_kind='thread' prefetch=4 (not "
+                                    "measured: an epoch of 9 batches is too short for the "
+                                    "trials)")
+    assert sum("auto setting" in r.getMessage() for r in caplog.records) == 1
+    one_core = Tuner(LoaderOptions(num_workers="auto"), cores=1)
+    assert (one_core.fallback.kind, one_core.fallback.workers) == ("thread", 1)
 
 
 def test_the_shortest_interval_wins_and_the_cheaper_setting_wins_a_tie():
@@ -108,24 +152,80 @@ def test_the_jitter_measures_windows_of_the_workers_deliveries():
     assert spike.jitter() == pytest.approx(0.8 / (1.2 / 3))
 
 
-def test_prefetch_auto_settles_on_twice_the_workers_scaled_by_the_jitter(packed):
+def test_prefetch_auto_settles_on_twice_the_workers_scaled_by_a_large_jitter(packed):
     tuner = Tuner(LoaderOptions(num_workers=3, prefetch="auto"))
     assert [(t.kind, t.workers) for t in tuner.trials] == [("thread", 3)]
-    tuner.trials[0].intervals = [0.1, 0.1, 0.1, 0.1, 0.1, 0.4]  # windows 0.3 and 0.6
+    tuner.trials[0].intervals = [0.1, 0.1, 0.1, 0.1, 0.1, 1.0]  # windows 0.3 and 1.2
     swapped = []
     engine = tuner.settle("engine", swapped.append)
-    assert tuner.options.in_flight == math.ceil(2 * 3 * 0.6 / 0.45) == 8
+    assert tuner.options.in_flight == math.ceil(2 * 3 * 1.2 / 0.75) == 10
     assert swapped == [tuner.options] and engine is None
-    assert tuner.settled and "prefetch=8" in tuner.reason
+    assert tuner.settled and "prefetch=10" in tuner.reason
+
+
+def test_prefetch_auto_keeps_twice_the_workers_under_a_small_jitter(packed):
+    tuner = Tuner(LoaderOptions(num_workers=3, prefetch="auto"))
+    tuner.trials[0].intervals = [0.1, 0.1, 0.1, 0.1, 0.1, 0.4]  # jitter 0.6 / 0.45 < 1.5
+    swapped = []
+    assert tuner.settle("engine", swapped.append) == "engine"  # no restart for nothing
+    assert tuner.options.in_flight == 6 and swapped == []
+
+
+def test_a_round_drops_the_candidates_clearly_slower_than_the_best():
+    a, b, c = Trial("thread", 1, pieces=[0.20]), Trial("thread", 2, pieces=[0.12]), \
+        Trial("thread", 4, pieces=[0.10])
+    late = Trial("process", 2)
+    drop_losers([a, b, c, late])  # the round is not over: late has no piece yet
+    assert not any(t.dropped for t in (a, b, c))
+    late.pieces = [0.151]
+    drop_losers([a, b, c, late])  # 0.20 and 0.151 > 1.5 x 0.10; 0.12 is within it
+    assert [t.dropped for t in (a, b, c, late)] == [True, False, False, True]
+    assert a.done() and not b.done()
+
+
+def test_two_rounds_of_equals_end_the_trials_early():
+    a, b = Trial("thread", 2, pieces=[0.100]), Trial("thread", 4, pieces=[0.104])
+    slow = Trial("thread", 1, pieces=[0.3], dropped=True)
+    assert not converged([slow, a, b])  # one round: not yet
+    a.pieces.append(0.100)
+    assert not converged([slow, a, b])  # b is in the middle of its second round
+    b.pieces.append(0.104)
+    assert converged([slow, a, b])  # within 5% of each other; the dropped one is not asked
+    b.pieces = [0.11, 0.11]
+    assert not converged([slow, a, b])  # 10% apart: a third round decides
+
+
+class FakeEngine:
+    def __init__(self, name):
+        self.name, self.closed = name, False
+
+    def close(self):
+        self.closed = True
+
+
+def test_the_pool_parks_engines_during_the_trials_and_closes_them_after():
+    pool, made = EnginePool(), []
+
+    def make(o):
+        made.append(FakeEngine(o.num_workers))
+        return made[-1]
+
+    one, two = LoaderOptions(num_workers=1), LoaderOptions(num_workers=2)
+    pool.parking = True
+    e1 = pool.swap(None, one, make)
+    e2 = pool.swap(e1, two, make)
+    assert pool.swap(e2, one, make) is e1 and not e1.closed  # parked, not restarted
+    assert pool.swap(e1, two, make) is e2 and len(made) == 2
+    pool.parking = False  # settled: the running one is swapped out and closed, with the rest
+    e4 = pool.swap(e2, LoaderOptions(num_workers=4), make)
+    assert (e1.closed, e2.closed, e4.closed) == (True, True, False) and pool.idle == {}
 
 
 def test_candidates_are_cheapest_first_and_share_the_node(monkeypatch):
     assert candidates(2, 1024) == [("thread", 1), ("thread", 2), ("thread", 4), ("process", 2)]
     assert candidates(2, 1024, processes=False) == [("thread", 1), ("thread", 2), ("thread", 4)]
     assert [t.kind for t in Tuner(LoaderOptions(num_workers="auto"), cores=2).trials] == \
-        ["thread"] * 3  # no sample_transform: every heavy step releases the GIL
-    assert Tuner(LoaderOptions(num_workers="auto", sample_transform=darken),
-                 cores=2).trials[-1].kind == "process"
+        ["thread"] * 3 + ["process"]  # raw records: the per-sample glue holds the GIL too
     assert candidates(1, 1024) == [("thread", 1), ("thread", 2), ("process", 1)]
     assert candidates(32, 40) == [("thread", 16), ("thread", 32), ("thread", 40),
                                   ("process", 32)]

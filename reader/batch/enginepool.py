@@ -1,0 +1,45 @@
+"""The engines of ``num_workers="auto"``'s candidates, kept alive between their turns.
+
+While the tuner (autotune.py) tries its candidates in turns, the engine of a candidate whose
+turn ended is parked here, idle, rather than closed: its next turn goes on with the same
+workers and buffers (no thread or process start, no fresh buffers to fault in, which on a
+fast data set cost more than the batches of a turn). Once the setting is settled, every
+parked engine is closed and an engine is closed, never parked, when it is swapped out.
+"""
+from __future__ import annotations
+
+
+def engine_key(options) -> tuple:
+    """What makes two engines interchangeable: worker kind, worker count, batches in flight."""
+    return options.worker_kind, int(options.num_workers), options.in_flight
+
+
+class EnginePool:
+    """Parked engines by ``engine_key``; ``parking`` is on while the candidates are on trial."""
+
+    def __init__(self):
+        self.idle: dict = {}
+        self.parking = False
+        self._running = None  # the key of the engine swap() last handed out
+
+    def swap(self, engine, options, make):
+        """The engine for concrete LoaderOptions ``options``: a parked one of the same key,
+        or ``make(options)``. ``engine`` (the running one, or None) is parked while
+        ``parking``, closed otherwise (and then every parked engine is closed too)."""
+        if engine is not None:
+            if self.parking and self._running not in self.idle:
+                self.idle[self._running] = engine
+            else:
+                engine.close()
+        key = engine_key(options)
+        found = self.idle.pop(key, None)
+        if not self.parking:
+            self.close()
+        self._running = key
+        return found if found is not None else make(options)
+
+    def close(self) -> None:
+        """Close every parked engine (the running one belongs to the Loader)."""
+        idle, self.idle = self.idle, {}
+        for engine in idle.values():
+            engine.close()
