@@ -39,6 +39,11 @@ if _jpeg is None:
     log.debug("dlpack_io.reader._jpeg unavailable (not built, or DLPACK_IO_NO_JPEG_EXT=1): "
               "decoding JPEGs with PIL")
 
+# The C resize of resize_region(into=...) (_resize.c); None without the extension or with an
+# in-place build older than it (that keeps working, through PIL). Benchmarks set it to None
+# to time the PIL resize.
+native_resize = getattr(_jpeg, "resize", None)
+
 SCALES = (1, 2, 4, 8)  # numerators over 8 with SIMD IDCTs in libjpeg-turbo
 
 
@@ -233,7 +238,7 @@ def resize_region(region: Region, box, out_size, within_box: bool = True,
     ix0, iy0, ix1, iy1 = _window(region, box, within_box)
     x0, y0, x1, y1 = box
     local = (x0 - ix0, y0 - iy0, x1 - ix0, y1 - iy0)
-    if into is not None and _jpeg is not None and tuple(resample) == ("bilinear", True):
+    if into is not None and native_resize is not None and tuple(resample) == DEFAULT_RESAMPLE:
         _resize_native(region, (ix0, iy0, ix1, iy1), local, out_size, into)
         return None
     if not resample_mod.uses_pil(resample):
@@ -257,9 +262,9 @@ def _resize_native(region: Region, window, local, out_size, into) -> None:
     ix0, iy0, ix1, iy1 = window
     cols, ps = region.pixels.shape[1:]
     dst, offset, flip_h, flip_v = into
-    _jpeg.resize(region.buffer, (iy0 * cols + ix0) * ps, cols * ps, iy1 - iy0, ix1 - ix0, ps,
-                 *local, int(out_size[0]), int(out_size[1]), dst, int(offset), bool(flip_h),
-                 bool(flip_v))
+    native_resize(region.buffer, (iy0 * cols + ix0) * ps, cols * ps, iy1 - iy0, ix1 - ix0,
+                  ps, *local, int(out_size[0]), int(out_size[1]), dst, int(offset),
+                  bool(flip_h), bool(flip_v))
 
 
 def resize_box(pixels: np.ndarray, box, out_size, within_box: bool = True,
