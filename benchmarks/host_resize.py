@@ -9,8 +9,8 @@ turn) one epoch of: the Loader (RandomResizedCrop 224 + flip + Normalize, ``num_
 with the C resize; the same Loader with ``jpegdecode.native_resize = None`` (the PIL resize
 of the previous release); and ``benchmarks.recipes``' DataLoader + PIL contender doing the
 same work (open, convert, crop, BILINEAR resize, flip, ToTensor + Normalize). Reports CPU-ms
-per image (process CPU time / images; medians over rounds) and the medians of the ratios
-measured within each round, with the load average.
+per image (process CPU time / images, torch limited to one intra-op thread; medians over
+rounds) and the medians of the ratios measured within each round, with the load average.
 
     python -m benchmarks.host_resize --root /tmp/hr --work ours|ours-pil|pil --count 64
 
@@ -102,6 +102,7 @@ def timed_rounds(root: Path, images: int, repeats: int) -> dict:
     from dlpack_io.reader import (Loader, Normalize, RandomHorizontalFlip, RandomResizedCrop,
                                   jpegdecode)
 
+    torch.set_num_threads(1)  # idle intra-op threads spinning would count as CPU time
     ds, paths = prepare(root, images)
     loader = Loader(ds, batch_size=64, num_workers=0, dtype=torch.float32, seed=0,
                     transforms=[RandomResizedCrop(SIZE), RandomHorizontalFlip(),

@@ -16,6 +16,9 @@
  * last pass writes straight into the destination, as three CHW planes or as HWC RGB, with
  * horizontal and vertical flips folded into the store.
  *
+ * With AVX2 (checked at run time; DLPACK_IO_NO_AVX2=1 forces the scalar code) both passes
+ * run 8 channels per multiply, the integers unchanged.
+ *
  * Pure C, no Python: the caller (py_resize in _jpeg.c) checks every size and the box,
  * releases the GIL and guards the reads against SIGBUS. Returns 0, or -1 when memory for
  * the coefficients or the intermediate rows cannot be allocated.
@@ -233,10 +236,11 @@ static void split8_avx2(const uint8_t *row, uint8_t *d0, uint8_t *d1, uint8_t *d
     _mm_storel_epi64((__m128i *)d2, _mm256_extracti128_si256(px, 1));
 }
 
+/* AVX2 present, and not switched off with DLPACK_IO_NO_AVX2 (the tests of the scalar path) */
 static int have_avx2(void) {
     static int known = -1;
     if (known < 0)
-        known = __builtin_cpu_supports("avx2") ? 1 : 0;
+        known = __builtin_cpu_supports("avx2") && getenv("DLPACK_IO_NO_AVX2") == NULL ? 1 : 0;
     return known;
 }
 #endif

@@ -4,7 +4,11 @@
 TOLERANCE grey levels with Pillow-SIMD or Pillow <= 12, which round their own way)."""
 import io
 import math
+import os
+import subprocess
+import sys
 from importlib import metadata
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -143,3 +147,15 @@ def test_bad_boxes_and_buffers_are_refused_with_the_values():
     with pytest.raises(ValueError, match="resize: box"):
         ext.resize(src, 0, 40, 10, 10, 4, float("nan"), 0.0, 10.0, 10.0, 4, 4, dst, 0,
                    False, False)
+
+
+@needs_ext
+@pytest.mark.skipif(os.environ.get("DLPACK_IO_NO_AVX2") is not None, reason="already scalar")
+def test_the_scalar_code_gives_the_same_integers():
+    """The same tests with the AVX2 passes switched off (what machines without AVX2 run)."""
+    env = dict(os.environ, DLPACK_IO_NO_AVX2="1")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           __file__, "-k", "pillow_13 or matches_the_pil"], env=env,
+                          cwd=Path(__file__).parents[2], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and " passed" in done.stdout, done.stdout[-2000:]
