@@ -7,6 +7,7 @@ headers or a compiler are missing the build skips it and the reader falls back t
 from setuptools import Extension, setup
 
 setup(ext_modules=[
-    Extension("dlpack_io.reader._jpeg", sources=["reader/_jpeg.c", "reader/_restarts.c"], libraries=["jpeg"],
+    Extension("dlpack_io.reader._jpeg", sources=["reader/_jpeg.c", "reader/_restarts.c",
+                                                    "reader/_resize.c"], libraries=["jpeg"],
               extra_compile_args=["-O3", "-std=c99"], optional=True),
 ])

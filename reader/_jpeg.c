@@ -24,6 +24,10 @@
  *   crop_chw(src, params, height, width, dst)
  *       to_chw for a whole batch of blocks of one source (params: int64 rows of
  *       src_offset, row_stride, flip_h, flip_v, dst_offset).
+ *   resize(src, offset, row_stride, rows, cols, pixel_size, x0, y0, x1, y1, out_h, out_w,
+ *          dst, dst_offset, flip_h, flip_v, chw=True)
+ *       Pillow's antialiased BILINEAR resample of the float box of a block (_resize.c),
+ *       bit-identical to plain Pillow, straight into dst as CHW planes (or HWC RGB), flipped.
  *   gather(src, src_offsets, lengths, dst, dst_offsets)
  *       memcpy many byte ranges (int64 arrays) of src into dst, e.g. whole raw records of
  *       a memory-mapped shard into a pinned batch buffer.
@@ -1176,6 +1180,70 @@ static PyObject *py_add_restarts(PyObject *self, PyObject *args) {
     return res;
 }
 
+int resize_aa_bilinear(const unsigned char *src, size_t stride, int ps, int rows, int cols,
+                       const float box[4], int oh, int ow, unsigned char *dst, int chw,
+                       int flip_h, int flip_v); /* _resize.c */
+
+/* resize(src, offset, row_stride, rows, cols, pixel_size, x0, y0, x1, y1, out_h, out_w, dst,
+   dst_offset, flip_h, flip_v, chw=True): Pillow's antialiased BILINEAR resample of the
+   float box (x0, y0, x1, y1) of a rows x cols RGB/RGBX block (see _resize.c), written into
+   dst at dst_offset as CHW planes or HWC RGB, flipped. Without the GIL, reads guarded. */
+static PyObject *py_resize(PyObject *self, PyObject *args) {
+    Py_buffer src, dst;
+    Py_ssize_t offset, row_stride, dst_offset;
+    int rows, cols, ps, oh, ow, flip_h, flip_v, chw = 1, status = 0;
+    float box[4];
+    long long row_bytes, out_bytes;
+    BusGuard g;
+    const char *volatile fault = NULL;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*nniiiffffiiw*npp|p", &src, &offset, &row_stride, &rows,
+                          &cols, &ps, &box[0], &box[1], &box[2], &box[3], &oh, &ow, &dst,
+                          &dst_offset, &flip_h, &flip_v, &chw))
+        return NULL;
+    if (rows < 1 || cols < 1 || oh < 1 || ow < 1 || (ps != 3 && ps != 4) ||
+        !mul_ok(ps, cols, &row_bytes) || row_stride < row_bytes ||
+        !block_fits(offset, rows, row_stride, row_bytes, src.len) ||
+        !mul_ok(oh, ow, &out_bytes) || !mul_ok(3, out_bytes, &out_bytes) ||
+        !block_fits(dst_offset, 1, 0, out_bytes, dst.len) ||
+        !(box[0] >= 0.0f && box[1] >= 0.0f && box[2] <= (float)cols && box[3] <= (float)rows &&
+          box[2] >= box[0] && box[3] >= box[1])) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&dst);
+        char msg[512]; /* PyErr_Format has no %g */
+        snprintf(msg, sizeof msg,
+                 "resize: box (%g, %g, %g, %g) of a %d x %d x %d block (offset %zd, row stride "
+                 "%zd, %zd-byte source) to %d x %d at %zd of a %zd-byte destination: expected a "
+                 "box inside the block and both inside their buffers", box[0], box[1], box[2],
+                 box[3], rows, cols, ps, offset, row_stride, src.len, oh, ow, dst_offset,
+                 dst.len);
+        PyErr_SetString(PyExc_ValueError, msg);
+        return NULL;
+    }
+    keep_sigbus_handler();
+    Py_BEGIN_ALLOW_THREADS
+    g.addr = NULL;
+    if (sigsetjmp(g.env, 1) == 0) {
+        tls_bus = &g;
+        status = resize_aa_bilinear((const unsigned char *)src.buf + offset, row_stride, ps,
+                                    rows, cols, box, oh, ow,
+                                    (unsigned char *)dst.buf + dst_offset, chw, flip_h, flip_v);
+        tls_bus = NULL;
+    } else {
+        fault = g.addr != NULL ? g.addr : (const char *)src.buf;
+    }
+    Py_END_ALLOW_THREADS
+    if (fault != NULL)
+        bus_error("resize", src.buf, src.len, fault);
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    if (fault != NULL)
+        return NULL;
+    if (status != 0)
+        return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"add_restarts", py_add_restarts, METH_VARARGS,
      "add_restarts(src, interval=0) -> bytes or None: lossless rewrite with a restart marker "
@@ -1189,6 +1257,9 @@ static PyMethodDef methods[] = {
      "orientation=1) -> (y0, x0, rows, cols, scaled_height, scaled_width, height, width), "
      "all in the upright image"},
     {"header", py_header, METH_VARARGS, "header(src) -> (height, width, components)"},
+    {"resize", py_resize, METH_VARARGS,
+     "resize(src, offset, row_stride, rows, cols, pixel_size, x0, y0, x1, y1, out_h, out_w, "
+     "dst, dst_offset, flip_h, flip_v, chw=True): Pillow's antialiased BILINEAR of a box"},
     {"to_chw", py_to_chw, METH_VARARGS,
      "to_chw(src, offset, row_stride, height, width, dst, dst_offset, flip_h, flip_v, "
      "pixel_size=3)"},

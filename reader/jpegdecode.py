@@ -25,6 +25,7 @@ import math
 
 import numpy as np
 
+from dlpack_io.reader import nativecopy
 from dlpack_io.reader import resample as resample_mod
 from dlpack_io.reader.format.native import native_jpeg
 from dlpack_io.reader.resample import DEFAULT as DEFAULT_RESAMPLE
@@ -37,6 +38,11 @@ _jpeg = native_jpeg()
 if _jpeg is None:
     log.debug("dlpack_io.reader._jpeg unavailable (not built, or DLPACK_IO_NO_JPEG_EXT=1): "
               "decoding JPEGs with PIL")
+
+# The C resize of resize_region(into=...) (_resize.c); None without the extension or with an
+# in-place build older than it (that keeps working, through PIL). Benchmarks set it to None
+# to time the PIL resize.
+native_resize = getattr(_jpeg, "resize", None)
 
 SCALES = (1, 2, 4, 8)  # numerators over 8 with SIMD IDCTs in libjpeg-turbo
 
@@ -200,8 +206,21 @@ def _box_image(region: Region, ix0: int, iy0: int, ix1: int, iy1: int):
     return Image.frombuffer(mode, (ix1 - ix0, iy1 - iy0), tail, "raw", mode, stride, 1)
 
 
+def _window(region: Region, box, within_box: bool) -> tuple[int, int, int, int]:
+    """The pixels (ix0, iy0, ix1, iy1) of ``region`` the filter may read for ``box``."""
+    rows, cols, _ = region.pixels.shape
+    x0, y0, x1, y1 = box
+    ix0, iy0 = max(int(math.floor(x0)), 0), max(int(math.floor(y0)), 0)
+    ix1, iy1 = min(int(math.ceil(x1)), cols), min(int(math.ceil(y1)), rows)
+    if not within_box and ix1 > ix0 and iy1 > iy0:
+        ix0, iy0, ix1, iy1 = 0, 0, cols, rows
+    if ix1 <= ix0 or iy1 <= iy0:
+        raise ValueError(f"resize: box {box} outside a {rows}x{cols} image")
+    return ix0, iy0, ix1, iy1
+
+
 def resize_region(region: Region, box, out_size, within_box: bool = True,
-                  resample=DEFAULT_RESAMPLE) -> np.ndarray:
+                  resample=DEFAULT_RESAMPLE, into=None) -> np.ndarray | None:
     """Antialiased bilinear resample (PIL BILINEAR) of the float ``box`` (x0, y0, x1, y1)
     of ``region.pixels`` to ``out_size`` (h, w); returns (oh, ow, 3 or 4) uint8.
     ``resample`` (interpolation, antialias) picks another filter (see reader/resample.py).
@@ -210,42 +229,61 @@ def resize_region(region: Region, box, out_size, within_box: bool = True,
     torchvision's crop-then-resize and the GPU kernel do (PIL's ``box=`` alone would let
     the filter reach pixels beyond the box's edges). False: the filter may read the whole
     region around the box, as resizing a whole image and then cropping does (Resize+crop).
+
+    ``into=(dst, offset, flip_h, flip_v)``: write the result into the contiguous uint8
+    ``dst`` at byte ``offset`` as three CHW planes, flipped as asked, and return None. The
+    default filter then runs in the C extension (``_resize.c``: plain Pillow 13's
+    arithmetic, no PIL image, no copy; within 2 grey levels of Pillow-SIMD and Pillow <= 12).
     """
-    rows, cols, ps = region.pixels.shape
+    ix0, iy0, ix1, iy1 = _window(region, box, within_box)
     x0, y0, x1, y1 = box
-    ix0, iy0 = max(int(math.floor(x0)), 0), max(int(math.floor(y0)), 0)
-    ix1, iy1 = min(int(math.ceil(x1)), cols), min(int(math.ceil(y1)), rows)
-    if not within_box and ix1 > ix0 and iy1 > iy0:
-        ix0, iy0, ix1, iy1 = 0, 0, cols, rows
-    if ix1 <= ix0 or iy1 <= iy0:
-        raise ValueError(f"resize: box {box} outside a {rows}x{cols} image")
+    local = (x0 - ix0, y0 - iy0, x1 - ix0, y1 - iy0)
+    if into is not None and native_resize is not None and tuple(resample) == DEFAULT_RESAMPLE:
+        _resize_native(region, (ix0, iy0, ix1, iy1), local, out_size, into)
+        return None
     if not resample_mod.uses_pil(resample):
-        sub = region.pixels[iy0:iy1, ix0:ix1]
-        return resample_mod.interpolate_box(sub, (x0 - ix0, y0 - iy0, x1 - ix0, y1 - iy0),
-                                            out_size, resample[0])
-    img = _box_image(region, ix0, iy0, ix1, iy1)
-    out = img.resize((out_size[1], out_size[0]), resample_mod.pil_filter(resample[0]),
-                     box=(x0 - ix0, y0 - iy0, x1 - ix0, y1 - iy0))
-    return np.frombuffer(out.tobytes(), dtype=np.uint8).reshape(out_size[0], out_size[1], ps)
+        out = resample_mod.interpolate_box(region.pixels[iy0:iy1, ix0:ix1], local, out_size,
+                                           resample[0])
+    else:
+        img = _box_image(region, ix0, iy0, ix1, iy1)
+        pil = img.resize((out_size[1], out_size[0]), resample_mod.pil_filter(resample[0]),
+                         box=local)
+        ps = region.pixels.shape[2]
+        out = np.frombuffer(pil.tobytes(), dtype=np.uint8).reshape(out_size[0], out_size[1], ps)
+    if into is None:
+        return out
+    dst, offset, flip_h, flip_v = into
+    nativecopy.to_chw_array(out, dst, offset, flip_h, flip_v)
+    return None
+
+
+def _resize_native(region: Region, window, local, out_size, into) -> None:
+    """The C resample of ``local`` (a box in ``window`` of region.pixels) into ``into``."""
+    ix0, iy0, ix1, iy1 = window
+    cols, ps = region.pixels.shape[1:]
+    dst, offset, flip_h, flip_v = into
+    native_resize(region.buffer, (iy0 * cols + ix0) * ps, cols * ps, iy1 - iy0, ix1 - ix0,
+                  ps, *local, int(out_size[0]), int(out_size[1]), dst, int(offset),
+                  bool(flip_h), bool(flip_v))
 
 
 def resize_box(pixels: np.ndarray, box, out_size, within_box: bool = True,
-               resample=DEFAULT_RESAMPLE) -> np.ndarray:
+               resample=DEFAULT_RESAMPLE, into=None) -> np.ndarray | None:
     """:func:`resize_region` of a C-contiguous (h, w, 3) array (raw records)."""
     return resize_region(Region(np.ascontiguousarray(pixels), 0, 0, 8), box, out_size,
-                         within_box, resample)
+                         within_box, resample, into)
 
 
 def decode_resized(payload, box, out_size, scratch: np.ndarray, reduce: bool = True,
                    exact_box=None, orientation: int = 1,
-                   resample=DEFAULT_RESAMPLE) -> np.ndarray:
+                   resample=DEFAULT_RESAMPLE, into=None) -> np.ndarray | None:
     """JPEG record -> the full-size ``box`` (top, left, h, w; in the upright image, see
     decode_region) resampled to ``out_size``: (oh, ow, 3 or 4). With ``exact_box`` (float
     top, left, h, w inside ``box``), ``box`` is only the window decoded around it and the
     filter may read all of that window (the resize-then-crop semantics of Resize +
-    CenterCrop/RandomCrop)."""
+    CenterCrop/RandomCrop). ``into``: written as CHW planes instead (see resize_region)."""
     target = box if exact_box is None else exact_box
     n = choose_scale(int(target[2]), int(target[3]), *out_size) if reduce else 8
     region = decode_region(payload, box, n, scratch, pixel_size=4, orientation=orientation)
     return resize_region(region, region.box(target), out_size, within_box=exact_box is None,
-                         resample=resample)
+                         resample=resample, into=into)

@@ -121,9 +121,21 @@ def fuzz_copies(jpeg, rng) -> None:
                         rng.choice((0, 1)), _size(rng, dst.size)] for _ in range(rng.randint(0, 4))],
                       np.int64).reshape(-1, 5)
     _call(jpeg.crop_chw, src, params, _size(rng, h), _size(rng, w), dst)
+    _fuzz_resize(jpeg, rng, src, dst, h, w, ps)
     k = rng.randint(0, 4)
     arrays = [np.array([_size(rng, lim) for _ in range(k)], np.int64) for lim in (n, n, dst.size)]
     _call(jpeg.gather, src, arrays[0], arrays[1], dst, arrays[2])
+
+
+def _fuzz_resize(jpeg, rng, src, dst, h, w, ps) -> None:
+    """resize with sizes, offsets and a float box near and past every limit."""
+    edge = (0.0, -0.0, 0.5, float(w), w + 1e-3, -1e-3, float("nan"), float("inf"), 1e30)
+    box = [rng.choice(edge) if rng.random() < .3 else rng.uniform(0, max(w, h)) for _ in range(4)]
+    if rng.random() < .5:
+        box = [min(box[0], box[2]), min(box[1], box[3]), max(box[0], box[2]), max(box[1], box[3])]
+    _call(jpeg.resize, src, _size(rng, src.size), _size(rng, w * 4), _size(rng, h) or 1,
+          _size(rng, w) or 1, ps, *box, _size(rng, 20), _size(rng, 20), dst,
+          _size(rng, dst.size), rng.random() < .5, rng.random() < .5, rng.random() < .5)
 
 
 def fuzz_truncated_map(jpeg, rng, data) -> None:
@@ -138,6 +150,8 @@ def fuzz_truncated_map(jpeg, rng, data) -> None:
                                      out, np.array([0], np.int64)),
                  lambda: jpeg.to_chw(mm, 0, 30, 10, 10, out, 0, False, True),
                  lambda: jpeg.crop_chw(mm, np.array([[0, 30, 1, 0, 0]], np.int64), 10, 10, out),
+                 lambda: jpeg.resize(mm, 0, 40, 10, 10, 4, 0.5, 0.0, 9.5, 10.0, 7, 7, out, 0,
+                                     True, False),
                  lambda: jpeg.decode_region(mm, out, 0, 0, 8, 8, 8),
                  lambda: jpeg.header(mm))
         for call in calls:

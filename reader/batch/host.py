@@ -4,7 +4,8 @@ The second step of the batch path (after :mod:`plan`, before :mod:`device`); thi
 builds the finished layout, :mod:`gather` the gathered one, :mod:`build` holds what both share.
 
 * **finished** (transforms on the host): crop / resized crop / flips straight into a CHW
-  uint8 batch (one C call per JPEG region decode, one PIL resize, one C HWC->CHW copy; raw
+  uint8 batch (one C call per JPEG region decode, one C resize straight into the CHW
+  planes with the flips, PIL only for filters the extension lacks; raw
   crops without resize are one C call per shard for the whole range), then the shared
   epilogue (colour jitter, normalisation, cast: ``dlpack_io.kernels.reference``, the same
   maths as the GPU kernels) on those rows, in the same worker;
@@ -38,13 +39,12 @@ def _fill_pixels(pixels: np.ndarray, pos: int, fh, fv, params, out, offset) -> N
     top, left, h, w = (int(v) for v in params.boxes[pos])
     if params.exact is not None:  # Resize + crop: the fractional box, filter reads around it
         t, lf, bh, bw = (float(v) for v in params.exact[pos])
-        resized = jpegdecode.resize_box(pixels, (lf, t, lf + bw, t + bh), params.out_size,
-                                        within_box=False, resample=params.resample)
-        nativecopy.to_chw_array(resized, out, offset, fh, fv)
+        jpegdecode.resize_box(pixels, (lf, t, lf + bw, t + bh), params.out_size,
+                              within_box=False, resample=params.resample,
+                              into=(out, offset, fh, fv))
     elif params.resize:
-        resized = jpegdecode.resize_box(pixels, (left, top, left + w, top + h), params.out_size,
-                                        resample=params.resample)
-        nativecopy.to_chw_array(resized, out, offset, fh, fv)
+        jpegdecode.resize_box(pixels, (left, top, left + w, top + h), params.out_size,
+                              resample=params.resample, into=(out, offset, fh, fv))
     else:
         cols = pixels.shape[1]
         nativecopy.to_chw(pixels, (top * cols + left) * 3, cols * 3, h, w, out, offset, fh, fv)
@@ -57,11 +57,9 @@ def _fill_jpeg(ctx, payload, entry, pos, fh, fv, params, out, offset, scratch) -
     if params.resize:
         exact = None if params.exact is None else params.exact[pos]
         window = box if exact is None else params.windows[pos]
-        resized = jpegdecode.decode_resized(payload, window, (oh, ow), buf,
-                                            ctx.spec.reduced_decode, exact_box=exact,
-                                            orientation=int(entry["orientation"]),
-                                            resample=params.resample)
-        nativecopy.to_chw_array(resized, out, offset, fh, fv)
+        jpegdecode.decode_resized(payload, window, (oh, ow), buf, ctx.spec.reduced_decode,
+                                  exact_box=exact, orientation=int(entry["orientation"]),
+                                  resample=params.resample, into=(out, offset, fh, fv))
         return
     region = jpegdecode.decode_region(payload, box, 8, buf,
                                       orientation=int(entry["orientation"]))

@@ -1,6 +1,7 @@
 """interpolation / antialias, RandomErasing, MixUp / CutMix against plain PIL / numpy versions
 of torchvision's definitions (torchvision itself does not install beside the CPU torch)."""
 import math
+from importlib import metadata
 
 import numpy as np
 import pytest
@@ -70,16 +71,28 @@ def _boxes(ds, spec, idx):
 
 
 # ---- interpolation / antialias -----------------------------------------------------------
+def _bilinear_tolerance() -> int:
+    """Grey levels between our bilinear (the C extension: plain Pillow 13's arithmetic) and
+    the PIL installed: 0 for plain Pillow >= 13, up to 2 for Pillow-SIMD / Pillow <= 12."""
+    try:
+        metadata.version("pillow-simd")
+        return 2
+    except metadata.PackageNotFoundError:
+        return 0 if int(Image.__version__.split(".")[0]) >= 13 else 2
+
+
 @pytest.mark.parametrize("mode,pil", [("bicubic", Image.BICUBIC), ("nearest", Image.NEAREST),
                                       ("bilinear", Image.BILINEAR)])
 def test_antialiased_modes_equal_torchvision_pil_path(packed, mode, pil):
     crop = RandomResizedCrop(17, interpolation=mode)
     ds, batches = _run(packed["raw"], [crop])
     spec = compile_spec([crop])
+    tolerance = _bilinear_tolerance() if mode == "bilinear" else 0  # PIL does the others
     for images, _, idx in batches:
         for k, (i, box) in enumerate(zip(idx, _boxes(ds, spec, idx))):
             ref = pil_crop_resize(ds[int(i)][0], box, (17, 17), pil)
-            assert np.array_equal(images[k].permute(1, 2, 0).numpy(), ref), (mode, int(i))
+            diff = np.abs(images[k].permute(1, 2, 0).numpy().astype(int) - ref)
+            assert diff.max() <= tolerance, (mode, int(i), diff.max())
 
 
 @pytest.mark.parametrize("mode", ["bilinear", "bicubic"])

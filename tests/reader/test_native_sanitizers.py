@@ -3,8 +3,8 @@
 Builds ``dlpack_io.reader._jpeg`` from setup.py with ``-fsanitize=address,undefined``
 into a temporary folder and runs ``tests/fuzz_native.py`` against it for
 DLPACK_SANITIZER_SECONDS (default 45): mutated JPEGs through decode_region, header and
-add_restarts, hostile sizes through to_chw, crop_chw and gather, and truncated mapped
-sources (the SIGBUS guard). Any sanitizer report aborts the run; zero reports pass.
+add_restarts, hostile sizes through to_chw, crop_chw, resize and gather, and truncated
+mapped sources (the SIGBUS guard). Any sanitizer report aborts the run; zero reports pass.
 """
 import os
 import shutil

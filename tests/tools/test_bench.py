@@ -184,6 +184,21 @@ def test_ratios_are_medians_of_per_round_ratios_of_what_ran():
     assert len(got) == 2  # nothing for contenders that did not run or whose rounds differ
 
 
+def test_cpu_per_image_ratio_is_the_median_of_the_ratios_within_rounds():
+    from dlpack_io.tools.bench.report import ratios
+
+    def row(family, seconds, cpu_s, images=100):
+        return {"family": family, "mode": "jpeg", "images": images, "seconds": seconds,
+                "cpu_s": cpu_s}
+    result = {"options": {"workers": [2]}, "limits": {}, "convert": {}, "groups": [
+        {"kind": "workers", "workers": 2, "rows": [
+            row("ours-thread", [1.0, 1.0, 1.0], [0.1, 0.2, 0.1]),
+            row("dataloader-files", [2.0, 2.0, 2.0], [0.4, 0.2, 0.25], images=200)]}]}
+    got = ratios(result)["jpeg: ours (threads) CPU per image / DataLoader over files' "
+                         "(target <= 0.5)"]
+    assert got == {"median": 0.8, "rounds": [0.5, 2.0, 0.8]}
+
+
 def test_remote_section_without_seaweedfs_fails_with_the_fix(tiny_folder, tmp_path, monkeypatch):
     from dlpack_io.tools.bench import seaweed
     from dlpack_io.tools.cli import main

@@ -160,7 +160,7 @@ def decode_breakdown(jpeg_path, count: int = 300, rounds: int = 5) -> dict:
 
 
 def decode_limit(jpeg_path, threads: int | None = None) -> float:
-    """images/s of our region decode + resize alone (no loader), same boxes as the Loader,
+    """images/s of our region decode + resize into CHW alone (no loader), same boxes as the Loader,
     in ``threads`` threads (default: one per core; the C decoder releases the GIL)."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -175,8 +175,10 @@ def decode_limit(jpeg_path, threads: int | None = None) -> float:
 
     def work(part):
         buf = np.empty(jpegdecode.scratch_bytes(800, 800), np.uint8)
+        out = np.empty(3 * SIZE * SIZE, np.uint8)  # CHW, as the Loader's host path writes
         for payload, box, orientation in part:
-            jpegdecode.decode_resized(payload, box, (SIZE, SIZE), buf, orientation=orientation)
+            jpegdecode.decode_resized(payload, box, (SIZE, SIZE), buf, orientation=orientation,
+                                      into=(out, 0, False, False))
     with ThreadPoolExecutor(threads) as pool:
         seconds = _timed(lambda: list(pool.map(work, [jobs[k::threads] for k in range(threads)])))
     return len(jobs) / seconds

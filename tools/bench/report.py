@@ -46,6 +46,14 @@ def _per_round(a: dict, b: dict):
     return [(a["images"] / sa) / (b["images"] / sb) for sa, sb in zip(a["seconds"], b["seconds"])]
 
 
+def _per_round_cpu(a: dict, b: dict):
+    """CPU per image of a over b in each round both ran (cpu_s, like seconds, by round)."""
+    ca, cb = a.get("cpu_s") or (), b.get("cpu_s") or ()
+    if not ca or len(ca) != len(cb) or not all(cb):
+        return None
+    return [(x / a["images"]) / (y / b["images"]) for x, y in zip(ca, cb)]
+
+
 # (what, numerator, denominator): images/s ratios, median over rounds of the ratio measured
 # within one round; loader rows are "family mode" at the largest worker count, batch 256
 LOADER_RATIOS = (
@@ -83,6 +91,11 @@ def ratios(result) -> dict:
             per = _per_round(table.get(a, {}), table.get(b, {})) if a in table else None
             if per:
                 out[what] = {"median": statistics.median(per), "rounds": [round(x, 2) for x in per]}
+    a, b = rows.get("ours-thread jpeg"), rows.get("dataloader-files jpeg")
+    per = _per_round_cpu(a, b) if a and b else None
+    if per:
+        out["jpeg: ours (threads) CPU per image / DataLoader over files' (target <= 0.5)"] = {
+            "median": statistics.median(per), "rounds": [round(x, 2) for x in per]}
     ours = rows.get("ours-thread jpeg", {}).get("images_per_s")
     limit = result.get("limits", {}).get("decode_limit_ours-record-jpeg")
     if ours and limit:
