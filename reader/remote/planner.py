@@ -18,11 +18,11 @@ import time
 
 import numpy as np
 
-from dlpack_io.reader import format as fmt
 from dlpack_io.reader.remote.fetchplan import range_requests
+from dlpack_io.reader.remote.growing import cached
 from dlpack_io.reader.remote.keep import READ_AHEAD, publish_records, read_ahead, split_limit
 from dlpack_io.reader.remote.planmsg import rewrap as _rewrap, timeout_message, warn_overcommit
-from dlpack_io.reader.remote.recordspan import extents, mismatch
+from dlpack_io.reader.remote.recordspan import fetch_spans
 
 log = logging.getLogger(__name__)
 ABSENT, REQUESTED, PRESENT = 0, 1, 2
@@ -44,6 +44,7 @@ class Planner:
         self.keep_budget, self.limit = split_limit(int(source.lengths.sum()), self.limit,
                                                    plan.max_batch_bytes()[0], plan.mode)
         self.ahead = plan.mode == "records" and self.keep_budget >= int(source.lengths.sum())
+        self.grow = source.growing if self.ahead else None  # records land in place
         self.ends = np.array([source.first_sample(k) + len(s) for k, s in enumerate(shards)])
         self.stats = {"requests": 0, "bytes_fetched": 0, "max_held": 0, "evicted": 0,
                       "cached": 0}
@@ -101,8 +102,7 @@ class Planner:
                 eligible = (self.state == ABSENT) & (self.plan.last_use > k)
             todo, pos = read_ahead(todo, pos, eligible, self.plan.size,
                                    self.ends[self.source.shard_of(todo)], READ_AHEAD)
-        found = await self._loop.run_in_executor(None, self.source.whole.present, todo,
-                                                 self.source.dataset_lookup(todo),
+        found = await self._loop.run_in_executor(None, cached, self.source, self.grow, todo,
                                                  self.keep_budget)
         if found.any():
             with self.cond:
@@ -151,24 +151,22 @@ class Planner:
             sem.release()
 
     async def _fetch_range(self, k, start, end, samples, local, entries) -> None:
-        shard = self.shards[k]
-        data = memoryview(await self.store.aget_range(shard.name, start, end, etag=shard.etag))
-        self.stats["requests"] += 1
-        self.stats["bytes_fetched"] += end - start
-        self.source.bytes_fetched += end - start
-        pieces = []
-        for j, e, length in zip(local.tolist(), entries, extents(entries).tolist()):
-            off = int(e["offset"]) - start
-            pieces.append(data[off:off + length])  # the image and its field block (recordspan.py)
-            bad = mismatch(pieces[-1], e)  # "image", "field block" or "span"
-            if bad is not None:
-                raise fmt.FormatError(
-                    f"{shard.path} record {j} (bytes {int(e['offset'])}-{int(e['offset']) + length - 1}):"
-                    f" {bad} checksum mismatch in the downloaded bytes: the object in the bucket is "
-                    f"damaged or was replaced; run 'dlpack verify {self.source.url}'")
+        data, pieces = await fetch_spans(self.store, self.shards[k], start, end, local, entries,
+                                         self.source.url, self._count)
+        await self._loop.run_in_executor(None, self._land, k, data, start, samples, local,
+                                         entries, pieces)
+
+    def _land(self, k, data, start, samples, local, entries, pieces) -> None:
+        """(An executor thread) verified records of shard ``k`` into the cache: in place in its
+        growing file when all is kept (growing.py), else a file each; then tell the waiters."""
+        if self.grow is not None and self.grow.start(k, self.keep_budget):
+            self.grow.land(k, data, start, local, entries)
+            self._mark_present(samples, np.ones(len(samples), dtype=bool))
+            self.grow.finish(k)
+            return
         self._mark_present(samples, publish_records(self.source.keeper, self.session, k, samples,
                                                     local, pieces, self.keep_budget))
-        await self._loop.run_in_executor(None, self.source.whole.after_publish, k, self.keep_budget)
+        self.source.whole.after_publish(k, self.keep_budget)
 
     async def _fetch_shard(self, k: int) -> None:
         from dlpack_io.reader.remote.shardfetch import fetch_shard
@@ -176,10 +174,13 @@ class Planner:
         shard = self.shards[k]
         fetched = await fetch_shard(self.store, shard, self.source.cache, self.session,
                                     self.limit, max_parts=max(2, self.max_inflight // 4))
-        self.stats["requests"] += fetched["requests"]
-        self.stats["bytes_fetched"] += fetched["bytes"]
-        self.source.bytes_fetched += fetched["bytes"]
+        self._count(fetched["requests"], fetched["bytes"])
         self._mark_present(np.array([k]))
+
+    def _count(self, requests: int, nbytes: int) -> None:
+        self.stats["requests"] += requests
+        self.stats["bytes_fetched"] += nbytes
+        self.source.bytes_fetched += nbytes
 
     def _mark_present(self, items, kept=None) -> None:
         with self.cond:

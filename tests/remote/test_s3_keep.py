@@ -109,8 +109,8 @@ def test_a_second_process_reads_what_the_first_kept(s3_env, packed, tmp_path):
 
 def test_ranks_of_one_node_fill_one_cache_together(s3_env, packed, tmp_path):
     """Two ranks run at the same time (each waits for the other's start file): each
-    fetches its half, the ledger counts every byte once, and a later single-rank run
-    fetches nothing."""
+    fetches its half into the same growing shard files (growing.py), which end assembled,
+    the ledger counts every byte once, and a later single-rank run fetches nothing."""
     cache, script = tmp_path / "shared", os.path.join(os.path.dirname(__file__), "keep_child.py")
     procs = [subprocess.Popen([sys.executable, script, URL, str(cache), str(rank), "2",
                                str(tmp_path / f"start{rank}"), str(tmp_path / f"start{1 - rank}")],
@@ -122,9 +122,10 @@ def test_ranks_of_one_node_fill_one_cache_together(s3_env, packed, tmp_path):
         assert p.returncode == 0, err
         reports.append(json.loads(out.splitlines()[-1]))
     remote = Dataset(URL, cache_dir=cache)
-    total = int(remote._remote.lengths.sum())
+    whole = _shard_bytes(remote)
     assert all(r["fetched"] > 0 for r in reports)
-    assert _kept_bytes(remote) == (total, total)  # counted once, though written by two
+    assert _kept_bytes(remote) == (whole, whole)  # counted once, though written by two
+    assert _layout(remote) == sorted(f"{k}.shard" for k in range(len(remote.shards)))
     assert _child(cache, 0, 1)["fetched"] == 0
 
 
