@@ -6,7 +6,8 @@ ranges (records kept by an earlier epoch or run are not fetched again, see keep.
 "shards" fetches whole shards into the shared pool. Batches are planned in consumption
 order and started when their bytes fit in ``cache_limit`` next to what unreleased batches
 hold; an item is evicted when the last batch needing it is released. Every record is checked
-against its CRC before its file appears; a failed request fails every ``wait`` with its message.
+against its CRC before its file (or, all kept, its place in a growing shard: growing.py) is
+filled; a failed request fails every ``wait`` with its message.
 """
 from __future__ import annotations
 
