@@ -230,3 +230,19 @@ def test_replacing_a_kept_file_takes_its_real_size_off_the_ledger(s3_env, packed
     assert keeper.publish(0, 0, 0, data)
     assert os.path.getsize(path) == len(data)
     assert int(open(keeper.ledger, "rb").read()) == keeper.recount() == len(data)
+
+
+def test_read_ahead_passes_over_records_already_fetched_when_all_are_ours():
+    lengths = np.full(8, 10)
+    absent = np.array([1, 1, 0, 1, 1, 1, 0, 1], dtype=bool)  # 2 and 6 fetched already
+    last_use = np.array([1, 1, 0, 2, 3, 1, 0, 2])
+    eligible, passable = keep.ahead_masks(absent, last_use, 1, bridge=True)
+    assert eligible.tolist() == [0, 0, 0, 1, 1, 0, 0, 1]
+    assert passable.tolist() == [1, 1, 1, 0, 0, 1, 1, 0]  # fetched, or for batch <= 1
+    todo, pos = keep.read_ahead(np.array([1]), np.array([0]), eligible, lengths,
+                                np.array([8]), max_bytes=70, passable=passable)
+    assert todo.tolist() == [1, 3, 4, 7] and pos.tolist() == [0, 0, 0, 0]  # over 2, 5, 6
+    assert keep.ahead_masks(absent, last_use, 1, bridge=False)[1] is None
+    todo, _ = keep.read_ahead(np.array([1]), np.array([0]), eligible, lengths,
+                              np.array([8]), max_bytes=70)
+    assert todo.tolist() == [1]  # without passing: 2 ends the run
