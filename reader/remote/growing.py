@@ -21,6 +21,7 @@ import logging
 import mmap
 import os
 import threading
+import time
 import uuid
 
 import numpy as np
@@ -31,6 +32,7 @@ from dlpack_io.reader.remote import cachefs
 from dlpack_io.reader.remote.recordspan import mismatch
 
 log = logging.getLogger(__name__)
+_CLOSE_AFTER_S = 10.0  # a finished shard's files stay open this long (threads still using them)
 
 
 class GrowingShards:
@@ -49,7 +51,7 @@ class GrowingShards:
         self._files: dict = {}  # k -> (fd, map fd, mmap, memoryview)
         self._refused: set[int] = set()  # shards that go the per-record way in this process
         self._finished: set[int] = set()  # shards this process published as assembled
-        self._spent: list = []  # files of finished shards (their fds are never reused)
+        self._spent: list = []  # (when, fd, map fd) of finished shards, closed later
         self._lock = threading.Lock()
 
     def path(self, k: int) -> str:
@@ -116,8 +118,12 @@ class GrowingShards:
             held = self._files.pop(k, None)
             first, n = self.source.first_sample(k), len(self.source.shards[k].index)
             self.verified[first:first + n] = False
-        if held is not None:  # kept open: a thread may still hold it (one pair per shard)
-            self._spent.append(held)
+            now = time.monotonic()
+            if held is not None:  # closed a while later: a reader may be checking with it
+                self._spent.append((now, held[0], held[1]))
+            while self._spent and now - self._spent[0][0] > _CLOSE_AFTER_S:
+                for fd in self._spent.pop(0)[1:]:
+                    os.close(fd)
 
     def finish(self, k: int) -> bool:
         """Make shard ``k``'s growing file the assembled shard once every record is in

@@ -176,3 +176,13 @@ def test_ranges_pass_over_fetched_records_fewer_requests(s3_env, packed, tmp_pat
         counts[bridge] = (prefetch.stats["requests"], prefetch.stats["bytes_fetched"])
         prefetch.close()
     assert counts == {False: (22, 113853), True: (14, 127296)}  # 0.64x the requests
+
+
+def test_finished_shards_close_their_files(s3_env, packed, monkeypatch):
+    from dlpack_io.reader.remote import growing
+
+    monkeypatch.setattr(growing, "_CLOSE_AFTER_S", -1.0)  # at once, not 10 s later
+    local, remote = Dataset(packed), Dataset(URL)
+    _equal(_epoch(local), _epoch(remote))
+    assert remote._remote.growing._spent == [] and remote._remote.growing._files == {}
+    _equal(_epoch(local, 1), _epoch(remote, 1))
