@@ -249,6 +249,19 @@ class WholeShards:
         self.keeper.discard_bytes(size)
 
 
+def cached(source, grow, todo: np.ndarray, budget: int) -> np.ndarray:
+    """Mask of samples ``todo`` verified in ``source``'s cache: in growing shards (``grow``,
+    None when records do not grow in place), assembled shards, or kept record files."""
+    lookup = source.dataset_lookup(todo)
+    found = np.zeros(len(todo), dtype=bool)
+    if grow is not None:
+        found = grow.present(todo, lookup, budget)
+    rest = ~found
+    if rest.any():
+        found[rest] = source.whole.present(todo[rest], tuple(p[rest] for p in lookup), budget)
+    return found
+
+
 def _signature(path: str):
     try:
         st = os.lstat(path)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import stat
 import threading
 import time
 import uuid
@@ -69,7 +70,13 @@ class GrowingShards:
             return False
         if k not in self._refused:
             with self._lock:
-                if k not in self._files and not self._open(k, budget, create=True):
+                try:
+                    opened = k in self._files or self._open(k, budget, create=True)
+                except OSError as exc:  # a planted entry, a full disk: record by record
+                    log.warning("%s: %s; records of shard %d are kept one file each",
+                                self.path(k), exc, k)
+                    opened = False
+                if not opened:
                     self._refused.add(k)
                 self._finished.discard(k)
         return k in self._files or self.source.whole.view(k) is not None
@@ -240,7 +247,8 @@ class GrowingShards:
         if opened is None:
             return None
         fd, st = opened
-        if st.st_uid != os.geteuid() or not create and st.st_size != n:
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() \
+                or not create and st.st_size != n:
             os.close(fd)
             return None
         if st.st_size < n:
@@ -254,18 +262,21 @@ class GrowingShards:
         if head is None or not self.keeper.admit([shard.size], budget)[0]:
             return False
         cachefs.make_dirs(self.keeper.dir, self.keeper.dir)
-        tmp = os.path.join(self.keeper.dir, f".tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}")
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        tmp, fd = os.path.join(self.keeper.dir, f".tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}"), -1
         try:
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             os.ftruncate(fd, shard.size)
             _pwrite_all(fd, head[:fmt.HEADER_SIZE], 0)
             _pwrite_all(fd, head[fmt.HEADER_SIZE:], shard.header.index_offset)
             os.link(tmp, self.path(k))
-        except FileExistsError:  # another process created it first: join theirs
+        except OSError as exc:  # not ours on the ledger: another process's file, or none
             self.keeper.discard_bytes(shard.size)
+            if not isinstance(exc, FileExistsError):  # FileExistsError: join theirs
+                raise
         finally:
-            os.close(fd)
-            os.unlink(tmp)
+            if fd >= 0:
+                os.close(fd)
+                os.unlink(tmp)
         return True
 
     def _head(self, k: int):
@@ -275,19 +286,6 @@ class GrowingShards:
         if head is None or len(head) != shard.size - shard.header.index_offset + fmt.HEADER_SIZE:
             return None
         return head
-
-
-def cached(source, grow, todo: np.ndarray, budget: int) -> np.ndarray:
-    """Mask of samples ``todo`` verified in ``source``'s cache: in growing shards (``grow``,
-    None when records do not grow in place), assembled shards, or kept record files."""
-    lookup = source.dataset_lookup(todo)
-    found = np.zeros(len(todo), dtype=bool)
-    if grow is not None:
-        found = grow.present(todo, lookup, budget)
-    rest = ~found
-    if rest.any():
-        found[rest] = source.whole.present(todo[rest], tuple(p[rest] for p in lookup), budget)
-    return found
 
 
 def _pwrite_all(fd: int, data, at: int) -> None:

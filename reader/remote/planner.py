@@ -18,8 +18,8 @@ import time
 
 import numpy as np
 
+from dlpack_io.reader.remote.assembled import cached
 from dlpack_io.reader.remote.fetchplan import range_requests
-from dlpack_io.reader.remote.growing import cached
 from dlpack_io.reader.remote.keep import (READ_AHEAD, ahead_masks, publish_records, read_ahead,
                                           split_limit)
 from dlpack_io.reader.remote.planmsg import rewrap as _rewrap, timeout_message, warn_overcommit

@@ -186,3 +186,15 @@ def test_finished_shards_close_their_files(s3_env, packed, monkeypatch):
     _equal(_epoch(local), _epoch(remote))
     assert remote._remote.growing._spent == [] and remote._remote.growing._files == {}
     _equal(_epoch(local, 1), _epoch(remote, 1))
+
+
+def test_a_link_planted_where_a_shard_grows_is_not_followed(s3_env, packed, tmp_path, caplog):
+    remote = Dataset(URL, cache_dir=tmp_path / "cache")
+    target = tmp_path / "victim"
+    target.write_bytes(b"keep me")
+    os.symlink(target, remote._remote.growing.path(0))
+    with caplog.at_level(logging.WARNING):
+        _equal(_epoch(Dataset(packed)), _epoch(remote))
+    assert target.read_bytes() == b"keep me"  # never written through
+    assert "not a regular file of ours" in caplog.text
+    assert os.path.exists(remote._remote.whole.path(0))  # kept record by record, assembled
