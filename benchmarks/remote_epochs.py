@@ -105,13 +105,14 @@ def _summary(rows) -> None:
 
 
 def _records_only(cache: str):
-    """The s3:// data set with its kept records left as one file each (shards not
-    assembled): epoch 1 as it was before assembled shards, for the comparison."""
+    """The s3:// data set with its kept records left as one file each (shards neither
+    grown in place nor assembled): epochs 0 and 1 as they were before, for the comparison."""
     from dlpack_io.reader import Dataset
 
     shutil.rmtree(cache, ignore_errors=True)
     ds = Dataset("s3://bench/ds", cache_dir=cache)
     ds._remote.whole.after_publish = lambda *args: None
+    ds._remote.growing.enabled = False  # epoch 0 as before growing shards: a file per record
     return ds
 
 

@@ -206,6 +206,22 @@ class WholeShards:
         except OSError:
             pass  # not empty (a temporary file of another process): left for later
 
+    def adopt(self, k: int, grown: str):
+        """Publish file ``grown`` (growing.py; every record in it verified) as assembled
+        shard ``k``: its stamp, then an exclusive link. True: linked now; False: it is linked
+        already (another process finished it); None: another file is the assembled shard."""
+        st = os.lstat(grown)
+        self._write_stamp(k, (st.st_ino, st.st_size, st.st_mtime_ns))
+        try:
+            os.link(grown, self.path(k))
+        except FileExistsError:
+            try:
+                return False if os.path.samestat(os.lstat(self.path(k)), st) else None
+            except FileNotFoundError:
+                return None
+        self.assembled += 1
+        return True
+
     # ---- stamps and discards ---------------------------------------------------------------
     def _stamp(self, k: int):
         raw = cache_mod.read_file(self.path(k) + ".ok", 80)
@@ -231,6 +247,19 @@ class WholeShards:
         except FileNotFoundError:
             return
         self.keeper.discard_bytes(size)
+
+
+def cached(source, grow, todo: np.ndarray, budget: int) -> np.ndarray:
+    """Mask of samples ``todo`` verified in ``source``'s cache: in growing shards (``grow``,
+    None when records do not grow in place), assembled shards, or kept record files."""
+    lookup = source.dataset_lookup(todo)
+    found = np.zeros(len(todo), dtype=bool)
+    if grow is not None:
+        found = grow.present(todo, lookup, budget)
+    rest = ~found
+    if rest.any():
+        found[rest] = source.whole.present(todo[rest], tuple(p[rest] for p in lookup), budget)
+    return found
 
 
 def _signature(path: str):

@@ -38,6 +38,7 @@ from dlpack_io.reader.remote.recordspan import extents, mismatch
 log = logging.getLogger(__name__)
 ROOM_BATCHES = 16  # room kept free for batches in flight when the data set does not fit
 READ_AHEAD = 2 * 2**20  # per record a batch needs: its neighbours, when all is kept anyway
+BRIDGE_GAP = 256 * 1024  # ... and a range goes on over records already fetched, up to this
 _LEDGER_WIDTH = 20
 
 
@@ -59,20 +60,33 @@ def split_limit(total: int, limit: int, max_batch: int, mode: str) -> tuple[int,
     return keep, (limit if total <= limit else limit - keep)
 
 
-def read_ahead(todo, positions, eligible, lengths, ends, max_bytes: int):
+def ahead_masks(absent, last_use, k: int, bridge: bool):
+    """(eligible, passable) for ``read_ahead`` in batch ``k``: records ``absent`` that a later
+    batch needs; and when ``bridge`` (every record is this plan's), those a run may pass
+    over: fetched or on their way, or fetched for an earlier batch (else None)."""
+    eligible = absent & (last_use > k)
+    return eligible, ((~absent) | (last_use <= k)) if bridge else None
+
+
+def read_ahead(todo, positions, eligible, lengths, ends, max_bytes: int, passable=None):
     """``todo`` (sample numbers) plus, after each, the records that follow it in its shard
     (which ends before sample ``ends[i]``) while ``eligible`` (absent, needed later) and
     within ``max_bytes`` in all, with
     the batch position of the record they follow. When everything fetched is kept, the
     records a later batch needs come with this one's in one range: no byte is fetched
-    twice, many fewer requests are made."""
+    twice, many fewer requests are made. Records ``passable`` (fetched already or on their
+    way) are passed over, their bytes counted, instead of ending the run there."""
     extra, extra_pos, taken = [], [], set(todo.tolist())
     for s, p, end in zip(todo.tolist(), positions.tolist(), ends.tolist()):
         nxt, room = s + 1, max_bytes - int(lengths[s])
-        while nxt < end and eligible[nxt] and nxt not in taken and lengths[nxt] <= room:
-            taken.add(nxt)
-            extra.append(nxt)
-            extra_pos.append(p)
+        while nxt < end and lengths[nxt] <= room:
+            if not eligible[nxt] or nxt in taken:
+                if passable is None or not passable[nxt] and nxt not in taken:
+                    break
+            else:
+                taken.add(nxt)
+                extra.append(nxt)
+                extra_pos.append(p)
             room -= int(lengths[nxt])
             nxt += 1
     if not extra:

@@ -12,7 +12,8 @@ from dlpack_io.reader import format as fmt
 
 def usage(records_dir: str) -> tuple[int, int]:
     """(bytes, files) of kept records under ``records_dir``: regular files of ours only,
-    temporary files and links not counted, nothing followed."""
+    temporary files and links not counted, nothing followed (a shard still growing counts
+    its size, as the ledger does, and no records)."""
     try:
         names = os.listdir(records_dir)
     except FileNotFoundError:
@@ -32,6 +33,9 @@ def usage_of(records_dir: str, names) -> tuple[int, int]:
         if shard.endswith(".shard") and shard[:-6].isdigit():  # assembled (assembled.py)
             if _regular_ours(st):
                 total, files = total + st.st_size, files + _records_in(folder, st.st_size)
+            continue
+        if shard.endswith(".grow") and shard[:-5].isdigit():  # filling (growing.py): bytes
+            total += st.st_size if _regular_ours(st) else 0  # on the ledger, records not yet
             continue
         if not shard.isdigit() or not stat.S_ISDIR(st.st_mode):
             continue

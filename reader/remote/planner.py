@@ -5,8 +5,8 @@ never in a Loader worker. Mode "records" fetches each batch's records as coalesc
 ranges (records kept by an earlier epoch or run are not fetched again, see keep.py); mode
 "shards" fetches whole shards into the shared pool. Batches are planned in consumption
 order and started when their bytes fit in ``cache_limit`` next to what unreleased batches
-hold; an item is evicted when the last batch needing it is released. Every record is checked
-against its CRC before its file appears; a failed request fails every ``wait`` with its message.
+hold; an item is evicted when the last batch needing it is released. Records are CRC-checked
+before they land (a file each, or in place: growing.py); a failed request fails every wait.
 """
 from __future__ import annotations
 
@@ -18,11 +18,12 @@ import time
 
 import numpy as np
 
-from dlpack_io.reader import format as fmt
+from dlpack_io.reader.remote.assembled import cached
 from dlpack_io.reader.remote.fetchplan import range_requests
-from dlpack_io.reader.remote.keep import READ_AHEAD, publish_records, read_ahead, split_limit
+from dlpack_io.reader.remote.keep import (READ_AHEAD, ahead_masks, publish_records, read_ahead,
+                                          split_limit)
 from dlpack_io.reader.remote.planmsg import rewrap as _rewrap, timeout_message, warn_overcommit
-from dlpack_io.reader.remote.recordspan import extents, mismatch
+from dlpack_io.reader.remote.recordspan import fetch_spans
 
 log = logging.getLogger(__name__)
 ABSENT, REQUESTED, PRESENT = 0, 1, 2
@@ -31,19 +32,21 @@ ABSENT, REQUESTED, PRESENT = 0, 1, 2
 class Planner:
     """The state and thread behind a Prefetch handle (reader/remote/prefetch.py)."""
 
-    def __init__(self, source, plan, shards, *, max_inflight: int, gap: int, max_request: int):
+    def __init__(self, source, plan, shards, *, max_inflight: int, gap: int, max_request: int,
+                 bridge_gap: int = 0):
         self.source, self.plan, self.shards = source, plan, shards
         self.store, self.session, self.limit = source.store, source.session, source.cache_limit
         self.max_inflight, self.gap, self.max_request = max_inflight, gap, max_request
         self.state = np.zeros(len(plan.size), dtype=np.int8)
         self.released = np.zeros(len(plan.needs), dtype=bool)
         self.transient = np.zeros(len(plan.size), dtype=bool)  # in the session, not kept
-        self.held = 0
-        # records mode: what epoch 0 fetched stays for later ones (keep.py); held counts
-        # only the transient rest, within what the kept records leave of cache_limit
+        self.held = 0  # records mode: what epoch 0 fetched stays for later ones (keep.py);
+        # held counts only the transient rest, within what the kept records leave of the limit
         self.keep_budget, self.limit = split_limit(int(source.lengths.sum()), self.limit,
                                                    plan.max_batch_bytes()[0], plan.mode)
         self.ahead = plan.mode == "records" and self.keep_budget >= int(source.lengths.sum())
+        self.grow = source.growing if self.ahead else None  # records land in place
+        self.bridge = bridge_gap if self.ahead and (plan.last_use >= 0).all() else 0  # keep.py
         self.ends = np.array([source.first_sample(k) + len(s) for k, s in enumerate(shards)])
         self.stats = {"requests": 0, "bytes_fetched": 0, "max_held": 0, "evicted": 0,
                       "cached": 0}
@@ -54,7 +57,6 @@ class Planner:
         self.thread = threading.Thread(target=self._run, name="dlpack-prefetch", daemon=True)
         self.thread.start()
 
-    # ---- the planner thread -----------------------------------------------------------
     def _run(self) -> None:
         try:
             asyncio.run(self._plan_all())
@@ -81,7 +83,7 @@ class Planner:
                 if self._reserve(k, todo, nbytes):
                     break
                 await self._budget.wait()
-            for request in self._requests(todo, pos):
+            for request in self._requests(todo, pos, k):
                 await sem.acquire()
                 task = asyncio.ensure_future(self._fetch(request, sem))
                 tasks.add(task)
@@ -90,22 +92,22 @@ class Planner:
             await asyncio.gather(*list(tasks))
 
     async def _take_kept(self, k: int, items: np.ndarray, absent: np.ndarray):
-        """(items to fetch, their positions in batch k): the absent ones less those kept
-        in the cache by an earlier epoch or run (verified, now PRESENT)."""
+        """(items to fetch, positions in batch k): the absent ones not verified in the cache."""
         todo = items[absent]
         pos = self.plan.first_pos[k][absent] if self.plan.first_pos else None
         if self.plan.mode != "records" or not len(todo):
             return todo, pos
         if self.ahead and k > 0:  # not for batch 0: its first batch must come fast
             with self.cond:
-                eligible = (self.state == ABSENT) & (self.plan.last_use > k)
+                eligible, passable = ahead_masks(self.state == ABSENT, self.plan.last_use, k,
+                                                 self.bridge > 0)
             todo, pos = read_ahead(todo, pos, eligible, self.plan.size,
-                                   self.ends[self.source.shard_of(todo)], READ_AHEAD)
-        found = await self._loop.run_in_executor(None, self.source.whole.present, todo,
-                                                 self.source.dataset_lookup(todo),
+                                   self.ends[self.source.shard_of(todo)], READ_AHEAD, passable)
+        found = await self._loop.run_in_executor(None, cached, self.source, self.grow, todo,
                                                  self.keep_budget)
         if found.any():
             with self.cond:
+                self.bridge = 0  # a cache holding records already (a repair, a resume): as is
                 self.state[todo[found]] = PRESENT
                 self.stats["cached"] += int(found.sum())
                 self.cond.notify_all()
@@ -128,12 +130,13 @@ class Planner:
             self.stats["max_held"] = max(self.stats["max_held"], self.held)
             return True
 
-    def _requests(self, items: np.ndarray, positions) -> list:
-        """The requests that fetch ``items`` (whole shards, or coalesced record ranges)."""
+    def _requests(self, items: np.ndarray, positions, k: int) -> list:
+        """The requests that fetch ``items`` for batch ``k`` (shards, or record ranges)."""
         if self.plan.mode == "shards":
             return [("shard", int(s)) for s in items]
         return range_requests(items, positions, self.source.dataset_lookup(items),
-                              gap=self.gap, max_bytes=self.max_request)
+                              gap=self.bridge if self.bridge and k else self.gap,
+                              max_bytes=self.max_request)
 
     async def _fetch(self, request, sem) -> None:
         try:
@@ -151,24 +154,22 @@ class Planner:
             sem.release()
 
     async def _fetch_range(self, k, start, end, samples, local, entries) -> None:
-        shard = self.shards[k]
-        data = memoryview(await self.store.aget_range(shard.name, start, end, etag=shard.etag))
-        self.stats["requests"] += 1
-        self.stats["bytes_fetched"] += end - start
-        self.source.bytes_fetched += end - start
-        pieces = []
-        for j, e, length in zip(local.tolist(), entries, extents(entries).tolist()):
-            off = int(e["offset"]) - start
-            pieces.append(data[off:off + length])  # the image and its field block (recordspan.py)
-            bad = mismatch(pieces[-1], e)  # "image", "field block" or "span"
-            if bad is not None:
-                raise fmt.FormatError(
-                    f"{shard.path} record {j} (bytes {int(e['offset'])}-{int(e['offset']) + length - 1}):"
-                    f" {bad} checksum mismatch in the downloaded bytes: the object in the bucket is "
-                    f"damaged or was replaced; run 'dlpack verify {self.source.url}'")
+        data, pieces = await fetch_spans(self.store, self.shards[k], start, end, local, entries,
+                                         self.source.url, self._count)
+        await self._loop.run_in_executor(None, self._land, k, data, start, samples, local,
+                                         entries, pieces)
+
+    def _land(self, k, data, start, samples, local, entries, pieces) -> None:
+        """(An executor thread) verified records of shard ``k`` into the cache: in place in its
+        growing file when all is kept (growing.py), else a file each; then tell the waiters."""
+        if self.grow is not None and self.grow.start(k, self.keep_budget):
+            self.grow.land(k, data, start, local, entries)
+            self._mark_present(samples, np.ones(len(samples), dtype=bool))
+            self.grow.finish(k)
+            return
         self._mark_present(samples, publish_records(self.source.keeper, self.session, k, samples,
                                                     local, pieces, self.keep_budget))
-        await self._loop.run_in_executor(None, self.source.whole.after_publish, k, self.keep_budget)
+        self.source.whole.after_publish(k, self.keep_budget)
 
     async def _fetch_shard(self, k: int) -> None:
         from dlpack_io.reader.remote.shardfetch import fetch_shard
@@ -176,10 +177,13 @@ class Planner:
         shard = self.shards[k]
         fetched = await fetch_shard(self.store, shard, self.source.cache, self.session,
                                     self.limit, max_parts=max(2, self.max_inflight // 4))
-        self.stats["requests"] += fetched["requests"]
-        self.stats["bytes_fetched"] += fetched["bytes"]
-        self.source.bytes_fetched += fetched["bytes"]
+        self._count(fetched["requests"], fetched["bytes"])
         self._mark_present(np.array([k]))
+
+    def _count(self, requests: int, nbytes: int) -> None:
+        self.stats["requests"] += requests
+        self.stats["bytes_fetched"] += nbytes
+        self.source.bytes_fetched += nbytes
 
     def _mark_present(self, items, kept=None) -> None:
         with self.cond:

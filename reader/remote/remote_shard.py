@@ -170,11 +170,14 @@ class RemoteShard:
         offset, length = int(entry["offset"]), int(entry["length"])
         flen, fcrc = self.fields_entry(j)
         start, n, crc = (length, flen, fcrc) if fields else (0, length, int(entry["crc"]))
-        whole = self.source.whole.view(self.number)
-        if whole is not None:  # verified when mapped, as a local shard: zero-copy
-            return whole[offset + start:offset + start + n]
+        span = self._mapped(j)
+        if span is not None:  # verified, in a mapped shard file: zero-copy, as a local shard
+            return span[start:start + n]
         data, origin = self._cached(j, offset + start, n, length + flen)
         if data is None and self._planned(j):  # the prefetcher brings it: don't fetch twice
+            span = self._mapped(j)
+            if span is not None:
+                return span[start:start + n]
             data, origin = self._cached(j, offset + start, n, length + flen)
         if data is not None and (len(data) != n or fmt.crc32(data) != crc):
             self._discard(origin, j, length + flen)
@@ -188,6 +191,20 @@ class RemoteShard:
                                   f"mismatch in the downloaded bytes: the object in the bucket "
                                   f"is damaged or was replaced")
         return data
+
+    def _mapped(self, j: int):
+        """Record ``j``'s span (image, field block), verified, from the assembled shard or
+        the shard growing in place (growing.py); None when it is in neither."""
+        whole = self.source.whole.view(self.number)
+        if whole is None:
+            span = self.source.growing.record(self.number, j)
+            if span is not None:
+                return span
+            whole = self.source.whole.view(self.number)  # finished since we looked
+            if whole is None:
+                return None
+        at = int(self.index[j]["offset"])
+        return whole[at:at + int(self.source.lengths[self.source.first_sample(self.number) + j])]
 
     def _cached(self, j: int, at: int, n: int, span: int) -> tuple[bytes | None, str]:
         """(``n`` bytes at shard offset ``at`` of record ``j`` from the kept records or this

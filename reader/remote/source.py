@@ -18,7 +18,8 @@ from dlpack_io.reader.remote import cache as cache_mod
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.remote.assembled import WholeShards
 from dlpack_io.reader.remote.recordspan import extents
-from dlpack_io.reader.remote.keep import KeptRecords
+from dlpack_io.reader.remote.growing import GrowingShards
+from dlpack_io.reader.remote.keep import BRIDGE_GAP, KeptRecords
 from dlpack_io.reader.remote.remote_shard import RemoteShard
 from dlpack_io.reader.remote.storage import Policy, Store, run_sync
 
@@ -65,13 +66,15 @@ class RemoteSource:
         self.last_fetched = None  # (shard, record, span) a RemoteShard fetched on demand last
         self.keeper = KeptRecords(self.cache, len(self.lengths), owner=self.session.owner)
         self.whole = WholeShards(self)  # kept shards assembled into one mapped file each
+        self.growing = GrowingShards(self)  # epoch 0: shards filled in place (all kept)
         self.fetch_mode, self._active = None, None
         self.bytes_fetched = 0  # by prefetches of this data set (closed ones included)
         # Coalesce neighbours whose gap is under 1/8 of a typical record (capped at 64 KiB):
         # adjacent records always share a request, bytes wasted stay under ~12%.
         typical = int(np.median(self.lengths)) if len(self.lengths) else 0
         self.fetch_options = {"max_inflight": 64, "gap": min(64 * 1024, typical // 8),
-                              "max_request": 8 * 2**20}
+                              "max_request": 8 * 2**20,  # runs pass over <= 2 records:
+                              "bridge_gap": min(BRIDGE_GAP, 2 * typical)}  # keep.py
 
     def _manifest_bytes(self, attach) -> bytes:
         if attach is None:

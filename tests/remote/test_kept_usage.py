@@ -26,3 +26,9 @@ def test_entries_removed_after_the_listing_are_skipped(tmp_path):
     shutil.rmtree(tmp_path / "0")
     assert usage_of(str(tmp_path), names) == (0, 0)
     assert usage(str(tmp_path / "gone")) == (0, 0)
+
+
+def test_a_growing_shard_counts_its_size_and_no_records(tmp_path):
+    _kept(tmp_path, {"0/0": 10, "2.grow": 300, "2.grow.map": 4, "x.grow": 50})
+    os.symlink(tmp_path / "2.grow", tmp_path / "3.grow")  # a link: not counted
+    assert usage(str(tmp_path)) == (10 + 300, 1)

@@ -109,8 +109,8 @@ def test_a_second_process_reads_what_the_first_kept(s3_env, packed, tmp_path):
 
 def test_ranks_of_one_node_fill_one_cache_together(s3_env, packed, tmp_path):
     """Two ranks run at the same time (each waits for the other's start file): each
-    fetches its half, the ledger counts every byte once, and a later single-rank run
-    fetches nothing."""
+    fetches its half into the same growing shard files (growing.py), which end assembled,
+    the ledger counts every byte once, and a later single-rank run fetches nothing."""
     cache, script = tmp_path / "shared", os.path.join(os.path.dirname(__file__), "keep_child.py")
     procs = [subprocess.Popen([sys.executable, script, URL, str(cache), str(rank), "2",
                                str(tmp_path / f"start{rank}"), str(tmp_path / f"start{1 - rank}")],
@@ -122,9 +122,10 @@ def test_ranks_of_one_node_fill_one_cache_together(s3_env, packed, tmp_path):
         assert p.returncode == 0, err
         reports.append(json.loads(out.splitlines()[-1]))
     remote = Dataset(URL, cache_dir=cache)
-    total = int(remote._remote.lengths.sum())
+    whole = _shard_bytes(remote)
     assert all(r["fetched"] > 0 for r in reports)
-    assert _kept_bytes(remote) == (total, total)  # counted once, though written by two
+    assert _kept_bytes(remote) == (whole, whole)  # counted once, though written by two
+    assert _layout(remote) == sorted(f"{k}.shard" for k in range(len(remote.shards)))
     assert _child(cache, 0, 1)["fetched"] == 0
 
 
@@ -229,3 +230,19 @@ def test_replacing_a_kept_file_takes_its_real_size_off_the_ledger(s3_env, packed
     assert keeper.publish(0, 0, 0, data)
     assert os.path.getsize(path) == len(data)
     assert int(open(keeper.ledger, "rb").read()) == keeper.recount() == len(data)
+
+
+def test_read_ahead_passes_over_records_already_fetched_when_all_are_ours():
+    lengths = np.full(8, 10)
+    absent = np.array([1, 1, 0, 1, 1, 1, 0, 1], dtype=bool)  # 2 and 6 fetched already
+    last_use = np.array([1, 1, 0, 2, 3, 1, 0, 2])
+    eligible, passable = keep.ahead_masks(absent, last_use, 1, bridge=True)
+    assert eligible.tolist() == [0, 0, 0, 1, 1, 0, 0, 1]
+    assert passable.tolist() == [1, 1, 1, 0, 0, 1, 1, 0]  # fetched, or for batch <= 1
+    todo, pos = keep.read_ahead(np.array([1]), np.array([0]), eligible, lengths,
+                                np.array([8]), max_bytes=70, passable=passable)
+    assert todo.tolist() == [1, 3, 4, 7] and pos.tolist() == [0, 0, 0, 0]  # over 2, 5, 6
+    assert keep.ahead_masks(absent, last_use, 1, bridge=False)[1] is None
+    todo, _ = keep.read_ahead(np.array([1]), np.array([0]), eligible, lengths,
+                              np.array([8]), max_bytes=70)
+    assert todo.tolist() == [1]  # without passing: 2 ends the run

@@ -1,0 +1,296 @@
+"""Shards filled in place during a cold epoch 0: when everything fetched is kept (the data
+set fits ``cache_limit``), the planner writes each verified record straight into
+``records/<k>.grow``, a sparse file laid out like the shard in the bucket (header page,
+records at their index offsets, index and metadata at the end), and readers take its
+records from one ``mmap`` of it, like a local shard: no file per record, no read-back,
+one CRC per record (when it lands). Once every record is in, the file becomes the
+assembled shard ``records/<k>.shard`` (assembled.py) by an exclusive link: epoch 1 is
+unchanged.
+
+Sharing: ``<k>.grow.map`` holds one byte per record, 1 once its verified bytes are in the
+file (written after them, so a reader that sees the 1 sees the bytes). Any process with
+the same ``cache_dir`` may join a growing file; bytes it did not write itself it checks
+against their CRC once before using them (a killed writer, another job, a local edit: a
+record that fails is marked absent and fetched again). The file is created under a
+temporary name and linked in exclusively; its ``shard.size`` bytes are put on the keep
+ledger (keep.py) by the process that created it, and stay there as the assembled shard.
+"""
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import stat
+import threading
+import time
+import uuid
+
+import numpy as np
+
+from dlpack_io.reader import format as fmt
+from dlpack_io.reader.remote import cache as cache_mod
+from dlpack_io.reader.remote import cachefs
+from dlpack_io.reader.remote.recordspan import mismatch
+
+log = logging.getLogger(__name__)
+_CLOSE_AFTER_S = 10.0  # a finished shard's files stay open this long (threads still using them)
+
+
+class GrowingShards:
+    """The shards of one remote data set (``source``) being filled in place, as one process
+    sees them. The planner (``start``, ``land``) writes; any thread or process reads."""
+
+    def __init__(self, source):
+        self.source, self.keeper = source, source.keeper
+        self.enabled = True  # False: epoch 0 keeps records one file each (the older path)
+        self._owner = os.getpid() if source.keeper.owner else None  # its planner writes
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self.verified = np.zeros(len(self.source.lengths), dtype=bool)  # ours to read
+        self._files: dict = {}  # k -> (fd, map fd, mmap, memoryview)
+        self._refused: set[int] = set()  # shards that go the per-record way in this process
+        self._finished: set[int] = set()  # shards this process published as assembled
+        self._spent: list = []  # (when, fd, map fd) of finished shards, closed later
+        self._lock = threading.Lock()
+
+    def path(self, k: int) -> str:
+        """Where shard number ``k`` grows."""
+        return os.path.join(self.keeper.dir, f"{k}.grow")
+
+    # ---- the planner's side ----------------------------------------------------------------
+    def start(self, k: int, budget: int) -> bool:
+        """Whether records of shard ``k`` land in its growing file (created now, within the
+        keep ``budget``, or joined) or need not land (another process assembled it since);
+        False: keep them one file each (keep.py)."""
+        if k in self._files:
+            return True
+        if not self.enabled or self._owner != os.getpid():
+            return False
+        if k not in self._refused:
+            with self._lock:
+                try:
+                    opened = k in self._files or self._open(k, budget, create=True)
+                except OSError as exc:  # a planted entry, a full disk: record by record
+                    log.warning("%s: %s; records of shard %d are kept one file each",
+                                self.path(k), exc, k)
+                    opened = False
+                if not opened:
+                    self._refused.add(k)
+                self._finished.discard(k)
+        return k in self._files or self.source.whole.view(k) is not None
+
+    def land(self, k: int, data, start: int, local, entries) -> None:
+        """Write verified records ``local`` (index ``entries``) of shard ``k``, whose bytes
+        are in ``data`` (fetched from shard offset ``start``), into the growing file, then
+        mark them present in its map; runs of adjacent records go in one ``pwrite``."""
+        held = self._files.get(k)
+        if held is None:  # assembled by another process: its verified bytes are there
+            return
+        fd, map_fd = held[:2]
+        offsets = entries["offset"].astype(np.int64)
+        ends = offsets + self.source.lengths[self.source.first_sample(k) + local]
+        order = np.argsort(offsets, kind="stable")
+        a = 0
+        for i in range(1, len(order) + 1):
+            if i == len(order) or offsets[order[i]] != ends[order[i - 1]]:
+                lo, hi = int(offsets[order[a]]), int(ends[order[i - 1]])
+                _pwrite_all(fd, data[lo - start:hi - start], lo)
+                a = i
+        for j in local.tolist():  # after the bytes: a reader seeing the 1 sees them
+            os.pwrite(map_fd, b"\x01", j)
+        self.verified[self.source.first_sample(k) + local] = True
+
+    def present(self, samples: np.ndarray, lookup, budget: int) -> np.ndarray:
+        """Mask of ``samples`` whose verified bytes are in a growing file (one left by
+        another process or an earlier run is joined, within ``budget``; its records are
+        checked once). A shard whose file is gone (finished: assembled) is forgotten."""
+        out = np.zeros(len(samples), dtype=bool)
+        shard_ids, local = lookup[0], lookup[1]
+        for k in np.unique(shard_ids).tolist():
+            there = os.path.lexists(self.path(k))
+            if k in self._files and not there:
+                self._forget(k)
+            if k in self._refused or not there or not self.start(k, budget):
+                continue
+            sel = np.flatnonzero(shard_ids == k)
+            out[sel] = [self.record(k, j) is not None for j in local[sel].tolist()]
+        return out
+
+    def _forget(self, k: int) -> None:
+        """Drop what this process knows of shard ``k``'s growing file (it became the
+        assembled shard, whose own checks rule from now on)."""
+        with self._lock:
+            held = self._files.pop(k, None)
+            first, n = self.source.first_sample(k), len(self.source.shards[k].index)
+            self.verified[first:first + n] = False
+            now = time.monotonic()
+            if held is not None:  # closed a while later: a reader may be checking with it
+                self._spent.append((now, held[0], held[1]))
+            while self._spent and now - self._spent[0][0] > _CLOSE_AFTER_S:
+                for fd in self._spent.pop(0)[1:]:
+                    os.close(fd)
+
+    def finish(self, k: int) -> bool:
+        """Make shard ``k``'s growing file the assembled shard once every record is in
+        (those written by others checked first); True when it was published by this call."""
+        first, n = self.source.first_sample(k), len(self.source.shards[k].index)
+        with self._lock:  # one thread of this process publishes it
+            if k not in self._files or k in self._finished:
+                return False
+            if not self.verified[first:first + n].all():
+                held = self._files[k]
+                marks = os.pread(held[1], n, 0)
+                if marks != b"\x01" * n or any(self._check(k, j, held) is None for j in
+                                               np.flatnonzero(~self.verified[first:first + n])):
+                    return False
+            self._finished.add(k)
+        published = self._publish(k)
+        self._forget(k)
+        return published
+
+    def _publish(self, k: int) -> bool:
+        fd = self._files[k][0]
+        head = self._head(k)
+        if head is not None:  # our own verified copy of the header, index and metadata
+            shard = self.source.shards[k]
+            _pwrite_all(fd, head[:fmt.HEADER_SIZE], 0)
+            _pwrite_all(fd, head[fmt.HEADER_SIZE:], shard.header.index_offset)
+        try:
+            adopted = self.source.whole.adopt(k, self.path(k))
+        except FileNotFoundError:  # another process finished it (linked, then removed it)
+            return False
+        if adopted is None:  # another file is the assembled shard: ours goes off the ledger
+            self.keeper.discard_bytes(self.source.shards[k].size)
+        for path in (self.path(k), self.path(k) + ".map"):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        return bool(adopted)
+
+    # ---- any reader ------------------------------------------------------------------------
+    def record(self, k: int, j: int):
+        """Zero-copy view of record ``j`` of shard ``k`` (its image and field block) when its
+        verified bytes are in the growing file, else None. Bytes this process did not write
+        are checked against their CRC once (a failure marks the record absent)."""
+        if self._pid != os.getpid():
+            self._reset()  # forked: open our own files, check what we did not write
+        s = self.source.first_sample(k) + j
+        if k not in self._files:
+            if self._owner == os.getpid() and not self.verified[s] or k in self._refused:
+                return None  # the planner opens what this process fills
+            with self._lock:
+                if k not in self._files and not self._open(k, 0, create=False):
+                    return None
+        held = self._files.get(k)
+        return None if held is None else self._check(k, j, held)
+
+    def _check(self, k: int, j: int, held):
+        """Record ``j``'s span in the open growing file of shard ``k``: verified by this
+        process already, or marked present and passing its CRC now; else None."""
+        s = self.source.first_sample(k) + j
+        entry = self.source.shards[k].entries(np.array([j]), self.source.record_dtype)[0]
+        at, span = int(entry["offset"]), int(self.source.lengths[s])
+        view = held[3][at:at + span]
+        if self.verified[s]:
+            return view
+        if os.pread(held[1], 1, j) != b"\x01":
+            return None
+        if mismatch(view, entry) is not None:
+            log.warning("%s: record %d of shard %d fails its checksum (a writer was killed, "
+                        "or the file was edited); fetched again", self.path(k), j, k)
+            os.pwrite(held[1], b"\x00", j)
+            return None
+        self.verified[s] = True
+        return view
+
+    # ---- files -----------------------------------------------------------------------------
+    def _open(self, k: int, budget: int, *, create: bool) -> bool:
+        """Open (``create``: or create) shard ``k``'s growing file and its map (lock held)."""
+        shard = self.source.shards[k]
+        if create and (os.path.lexists(self.source.whole.path(k))
+                       or os.path.lexists(os.path.dirname(self.keeper.path(k, 0)))):
+            return False  # assembled, or kept record by record by an earlier run
+        if create and not os.path.lexists(self.path(k)) and not self._create(k, budget):
+            return False
+        opened = cachefs.open_regular(self.path(k), os.O_RDWR if create else os.O_RDONLY)
+        if opened is None:
+            return False
+        fd, st = opened
+        if st.st_uid != os.geteuid() or st.st_size != shard.size or not shard.size:
+            os.close(fd)
+            log.warning("%s: not a growing shard of ours of %d bytes; records of shard %d "
+                        "are kept one file each", self.path(k), shard.size, k)
+            return False
+        map_fd = self._open_map(k, create)
+        if map_fd is None:
+            os.close(fd)
+            return False
+        mm = mmap.mmap(fd, shard.size, prot=mmap.PROT_READ)
+        self._files[k] = (fd, map_fd, mm, memoryview(mm))
+        return True
+
+    def _open_map(self, k: int, create: bool):
+        n = len(self.source.shards[k].index)
+        opened = cachefs.open_regular(self.path(k) + ".map", os.O_RDWR) if not create else None
+        if create:
+            try:
+                fd = os.open(self.path(k) + ".map", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, 0o600)
+            except OSError as exc:
+                log.warning("%s.map: %s; shard %d is kept record by record", self.path(k),
+                            exc.strerror, k)
+                return None
+            opened = fd, os.fstat(fd)
+        if opened is None:
+            return None
+        fd, st = opened
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() \
+                or not create and st.st_size != n:
+            os.close(fd)
+            return None
+        if st.st_size < n:
+            os.ftruncate(fd, n)  # zeros: absent (two processes growing it agree)
+        return fd
+
+    def _create(self, k: int, budget: int) -> bool:
+        """A sparse file of the shard's size with its header, index and metadata, linked in
+        exclusively; its size goes on the keep ledger (False: no header cached, no room)."""
+        shard, head = self.source.shards[k], self._head(k)
+        if head is None or not self.keeper.admit([shard.size], budget)[0]:
+            return False
+        cachefs.make_dirs(self.keeper.dir, self.keeper.dir)
+        tmp, fd = os.path.join(self.keeper.dir, f".tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}"), -1
+        try:
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            os.ftruncate(fd, shard.size)
+            _pwrite_all(fd, head[:fmt.HEADER_SIZE], 0)
+            _pwrite_all(fd, head[fmt.HEADER_SIZE:], shard.header.index_offset)
+            os.link(tmp, self.path(k))
+        except OSError as exc:  # not ours on the ledger: another process's file, or none
+            self.keeper.discard_bytes(shard.size)
+            if not isinstance(exc, FileExistsError):  # FileExistsError: join theirs
+                raise
+        finally:
+            if fd >= 0:
+                os.close(fd)
+                os.unlink(tmp)
+        return True
+
+    def _head(self, k: int):
+        """The cached (verified when loaded) header page + index + metadata of shard ``k``."""
+        shard = self.source.shards[k]
+        head = cache_mod.read_file(self.source.cache.index_path(shard.name), shard.size)
+        if head is None or len(head) != shard.size - shard.header.index_offset + fmt.HEADER_SIZE:
+            return None
+        return head
+
+
+def _pwrite_all(fd: int, data, at: int) -> None:
+    """Write all of ``data`` at offset ``at`` of ``fd`` (pwrite may write less)."""
+    view = memoryview(data)
+    while len(view):
+        done = os.pwrite(fd, view, at)
+        view, at = view[done:], at + done
