@@ -149,8 +149,9 @@ def validate_manifest(manifest: dict, where: str) -> dict:
     _check_fields(manifest, MANIFEST_FIELDS, where)
     if manifest["kind"] != MANIFEST_KIND:
         raise FormatError(f"{where}: kind is {manifest['kind']!r}, expected {MANIFEST_KIND!r}")
-    if manifest["version"] not in READABLE_VERSIONS + (RETIRING_VERSION,):
-        raise FormatError(version_error(where, manifest["version"]))
+    readable = READABLE_VERSIONS + (RETIRING_VERSION,)  # a manifest may also retire records
+    if manifest["version"] not in readable:
+        raise FormatError(version_error(where, manifest["version"], readable))
     try:
         computed = manifest_checksum(manifest)
     except (RecursionError, ValueError) as exc:

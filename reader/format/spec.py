@@ -92,13 +92,14 @@ MAX_MANIFEST_BYTES = 256 * 2**20  # a manifest is read whole; larger ones are re
 MAX_JSON_INT = 2**63 - 1          # counts, sizes and offsets in JSON must fit in int64
 
 
-def version_error(where: str, version) -> str:
-    """The message for a data set of another format version: what to do about it."""
-    if isinstance(version, int) and version < min(READABLE_VERSIONS):
+def version_error(where: str, version, readable: tuple = READABLE_VERSIONS) -> str:
+    """The message for a data set of another format version: what to do about it
+    (``readable``: the versions this dlpack reads for that file: shards, or manifests)."""
+    if isinstance(version, int) and version < min(readable):
         return (f"{where}: format version {version}, this dlpack reads versions "
-                f"{READABLE_VERSIONS} (version 2 added EXIF orientation and colour to the index); "
+                f"{readable} (version 2 added EXIF orientation and colour to the index); "
                 f"re-pack it with this dlpack: dlpack convert SRC DST --overwrite")
-    return (f"{where}: format version {version}, this dlpack reads versions {READABLE_VERSIONS}; "
+    return (f"{where}: format version {version}, this dlpack reads versions {readable}; "
             f"upgrade dlpack (pip install -U dlpack-io) to read it")
 
 

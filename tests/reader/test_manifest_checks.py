@@ -98,8 +98,8 @@ def test_kind(manifest, tmp_path):
 
 
 @pytest.mark.parametrize("version,match", [
-    (1, r"format version 1, this dlpack reads versions \(2, 3\) .*re-pack it with this dlpack"),
-    (5, r"format version 5, this dlpack reads versions \(2, 3\); upgrade dlpack \(pip install -U "
+    (1, r"format version 1, this dlpack reads versions \(2, 3, 4\) .*re-pack it with this dlpack"),
+    (5, r"format version 5, this dlpack reads versions \(2, 3, 4\); upgrade dlpack \(pip install -U "
         r"dlpack-io\)"),
     (4, r"version 4 without a 'retired' list: only a version-4 manifest retires records"),
 ])

@@ -250,14 +250,14 @@ def test_old_format_version_names_the_fix(packed, tmp_path):
     m["version"] = 1
     m["checksum"] = fmt.manifest_checksum(m)
     path.write_text(json.dumps(m))
-    with pytest.raises(fmt.FormatError, match=r"format version 1, this dlpack reads versions \(2, 3\) "
+    with pytest.raises(fmt.FormatError, match=r"format version 1, this dlpack reads versions \(2, 3, 4\) "
                                               r".*re-pack it with this dlpack: dlpack convert "
                                               r"SRC DST --overwrite"):
         Dataset(tmp_path / "old")
-    m["version"] = 4
+    m["version"] = 5  # newer than any manifest this dlpack writes (4: retired records)
     m["checksum"] = fmt.manifest_checksum(m)
     path.write_text(json.dumps(m))
-    with pytest.raises(fmt.FormatError, match="version 4.*upgrade dlpack"):
+    with pytest.raises(fmt.FormatError, match=r"version 5.*reads versions \(2, 3, 4\).*upgrade dlpack"):
         Dataset(tmp_path / "old")
 
 
