@@ -152,17 +152,7 @@ def split_inputs(root: str, paths: list, known: dict, threads: int,
     shas = hash_files([os.path.join(root, paths[i]) for i in candidates], threads)
     split.stats = dict(recorded or {})
     split.quick, split.duplicates, split.hashed = len(quick), len(quick), len(candidates)
-    for i, sha in zip(candidates, shas):
-        if sha is None:
-            split.todo.append(i)  # unreadable now: the encoder rejects it, naming why
-        elif sha in known[keys[i]]:
-            split.duplicates += 1
-            split.stats[keys[i]] = now.get(keys[i])
-        else:
-            split.changed.append(keys[i])  # its record (if any) stays the packed file's
-            if replace and len(known[keys[i]]) == 1:
-                split.replacing[i] = next(iter(known[keys[i]].values()))
-                split.todo.append(i)
+    _sort_hashed(split, zip(candidates, shas), keys, known, now, replace)
     split.stats.update((keys[i], now[keys[i]]) for i in split.todo
                        if keys[i] in now and i not in split.replacing)
     split.pending = {keys[i]: now[keys[i]] for i in split.replacing if keys[i] in now}
@@ -218,6 +208,28 @@ def check_fields(base: dict, fields, where: str) -> None:
                               f"but the data set has {sorted(base.get('fields') or {})} (with "
                               f"their types): an append must give every sample the same "
                               f"fields; use --fields to choose them")
+
+
+def _sort_hashed(split: Split, hashed, keys: list, known: dict, now: dict,
+                 replace: bool) -> None:
+    """Sort the (input number, SHA-256 or None) of ``hashed`` into ``split``: to pack
+    (unreadable: the encoder says why), duplicate or changed; with ``replace`` a changed
+    input replaces its path's one record, and only its first input does (a list naming
+    the path twice must not retire one record twice: readers refuse such a manifest)."""
+    taken = set()
+    for i, sha in hashed:
+        if sha is None:
+            split.todo.append(i)  # unreadable now: the encoder rejects it, naming why
+        elif sha in known[keys[i]]:
+            split.duplicates += 1
+            split.stats[keys[i]] = now.get(keys[i])
+        else:
+            split.changed.append(keys[i])  # its record (if any) stays the packed file's
+            record = next(iter(known[keys[i]].values()))
+            if replace and len(known[keys[i]]) == 1 and record not in taken:
+                taken.add(record)
+                split.replacing[i] = record
+                split.todo.append(i)
 
 
 def history_entry(base: dict, new_shards: list, new_classes: list, split_counts: dict,

@@ -22,6 +22,8 @@ def replacements(base: dict, inputs, opts, replacing: dict, todo: list, rejects:
     in SRC of each of ``inputs.paths``, packed in ``opts``' packing order), ``rejects``
     (this append's (path, reason) rejects) and ``new_records`` (records the new shards
     hold, checked against the inputs packed)."""
+    if not replacing:  # nothing to map (a list may name a path twice, one line rejected)
+        return [], []
     refused = {path for path, _ in rejects}
     packed = [(todo[p], shown(inputs.paths[p]))
               for p in packing_order(len(inputs.paths), opts).tolist()
@@ -29,7 +31,9 @@ def replacements(base: dict, inputs, opts, replacing: dict, todo: list, rejects:
     if len(packed) != new_records:
         raise ConversionError(f"the new shards hold {new_records} records for {len(packed)} "
                               f"inputs packed; cannot tell which record replaces which, so no "
-                              f"manifest was written: run the append again")
+                              f"manifest was written: a path the list names on several lines "
+                              f"was rejected on some of them only; fix or drop those lines, "
+                              f"then run the append again with --resume")
     first = base["num_samples"]
     done = [(replacing[i], first + k, path) for k, (i, path) in enumerate(packed)
             if i in replacing]
@@ -42,5 +46,11 @@ def with_retired(manifest: dict, base: dict, pairs: list) -> dict:
     every = sorted(fmt.retired_pairs(base) + pairs)
     if not every:
         return manifest
-    return dict(manifest, version=fmt.RETIRING_VERSION, fields=manifest.get("fields") or {},
-                **{fmt.RETIRED_KEY: every})
+    union = dict(manifest, version=fmt.RETIRING_VERSION, fields=manifest.get("fields") or {},
+                 **{fmt.RETIRED_KEY: every})
+    try:  # what readers check, before a manifest they would refuse is written
+        fmt.check_retired(union, "the union manifest")
+    except fmt.FormatError as exc:
+        raise ConversionError(f"{exc}; no manifest was written (a bug: please report it "
+                              f"with the list or folder appended)") from None
+    return union
