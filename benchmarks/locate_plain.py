@@ -3,7 +3,7 @@ and Dataset.lookup as they were before ``--replace-changed`` (pre), as merged (l
 through record_of(): one more method call per sample) and as now (the map inlined).
 Interleaved pre / merged / now per round; medians of the rounds.
 
-    python benchmarks/locate_plain.py [DATASET] [--rounds 15]
+    python -m benchmarks.locate_plain [DATASET] [--rounds 15]   (no DATASET: a synthetic one)
 """
 from __future__ import annotations
 
