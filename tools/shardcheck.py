@@ -197,10 +197,10 @@ def check_class_counts(manifest: dict, counts, where: str, report) -> None:
 def _note_retired_paths(meta: dict, entry: dict, manifest: dict, report) -> None:
     """Keep in ``report`` the source path of each record of this shard that a retired pair
     names (for check_retired_sources); nothing when the shard records no paths."""
-    paths = meta.get("paths")
-    if not isinstance(paths, list) or len(paths) != entry["num_samples"]:
+    paths, pairs = meta.get("paths"), fmt.retired_pairs(manifest)
+    if not pairs or not isinstance(paths, list) or len(paths) != entry["num_samples"]:
         return
-    named = np.asarray(fmt.retired_pairs(manifest), dtype=np.int64).ravel()
+    named = np.asarray(pairs, dtype=np.int64).ravel()
     first = entry["first_sample"]
     for record in named[(named >= first) & (named < first + len(paths))].tolist():
         report.retired_paths[record] = paths[record - first]
