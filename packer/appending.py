@@ -123,9 +123,10 @@ def plan_append(src, list_file, labels: bool, options: dict, base: dict, metas,
         raise ConversionError(f"{src}: no class folders, but the data set has classes; append "
                               f"class folders (or a --list with labels)")
     base_.check_fields(base, inputs.fields, src)
-    known = base_.known_inputs(metas, fmt.retired_records(fmt.retired_pairs(base)))
+    retired = fmt.retired_records(fmt.retired_pairs(base))
+    known = base_.known_inputs(metas, retired)
     split = base_.split_inputs(inputs.root, inputs.paths, known, opts.num_workers, recorded,
-                               replace)
+                               replace, base_.path_records(metas, retired) if replace else None)
     for path in split.changed[:CHANGED_SHOWN]:
         log.warning("%s: changed since it was packed (same path, other content); %s", path,
                     "packed again to replace it" if replace else "left as it is")

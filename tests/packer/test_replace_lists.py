@@ -86,3 +86,26 @@ def test_a_union_retiring_a_record_twice_is_never_written():
     with pytest.raises(ConversionError, match=r"the union manifest: retired is not sorted by "
                        r"old record, or retires a record twice.*no manifest was written"):
         with_retired(union, {"retired": [[1, 2]]}, [[1, 3]])
+
+
+def test_a_path_packed_on_two_lines_has_both_records_replaced(tmp_path):
+    src, names = _src(tmp_path)
+    dst = tmp_path / "ds"
+    lines = [(names[0], 0), (names[0], 0), (names[1], 0)]  # records 0 and 1: one file
+    convert(src, dst, list_file=_list(tmp_path / "a.csv", lines), **OPTS)
+    before = Dataset(dst)
+    mine = [i for i in range(3) if before.source(i, relative=True) == names[0]]
+    assert len(mine) == 2
+    shutil.copy(src / names[3], src / names[0])
+    a = convert(src, dst, list_file=_list(tmp_path / "b.csv", lines), append=True,
+                replace_changed=True, **OPTS)["append"]
+    assert (a["replaced"], a["new_samples"], a["changed"], a["duplicates"]) == (2, 2, 2, 1)
+    ds = Dataset(dst)
+    assert ds.manifest[fmt.RETIRED_KEY] == [[mine[0], 3], [mine[1], 4]] and len(ds) == 3
+    fresh = tmp_path / "fresh"
+    convert(src, fresh, list_file=_list(tmp_path / "c.csv", [(names[3], 0)]), **OPTS)
+    new = Dataset(fresh)[0][0]
+    assert all(np.array_equal(ds[i][0], new) for i in mine)  # none stale
+    (other,) = set(range(3)) - set(mine)
+    assert np.array_equal(ds[other][0], before[other][0])
+    assert verify(dst, progress=False).ok
