@@ -1,8 +1,9 @@
 """Appends of a ``--list`` that names one path on two lines (packer/replacing.py,
-appendbase.split_inputs): a changed path replaces its record once, never twice (two pairs
-retiring one record made a manifest every reader refuses), and a plain append whose list
-repeats a path with one line rejected packs as a fresh conversion does (it failed at the
-end: 'cannot tell which record replaces which')."""
+appendbase.split_inputs): a changed path replaces each of its records once, never one
+twice (two pairs retiring one record made a manifest every reader refuses) and none left
+stale (a path packed from two lines had only its last record replaced), and a plain
+append whose list repeats a path with one line rejected packs as a fresh conversion does
+(it failed at the end: 'cannot tell which record replaces which')."""
 from __future__ import annotations
 
 import json
