@@ -181,8 +181,9 @@ def _append_locked(dst: str, base: dict, app: Appending, pack, engine: str,
         manifest = union_of(base, app, state, progress, engine, provenance)
         quickcheck.write_local(dst, record_of(app, resumed_from), manifest)
         finalize.write_dataset_files(dst, manifest, state.rejects)
-    except BaseException:
-        if state is None or len(state.shards) == len(base["shards"]):
+    except BaseException as exc:
+        if state is None or len(state.shards) == len(base["shards"]) or \
+                isinstance(exc, replacing.PairingError):  # nothing worth resuming
             clear_outputs(dst, keep=keep)  # no new shard: leave the data set as it was
             journal.Journal(dst).remove()
         raise

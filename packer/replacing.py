@@ -15,6 +15,11 @@ from dlpack_io.packer.pipeline import ConversionError
 from dlpack_io.reader import format as fmt
 
 
+class PairingError(ConversionError):
+    """The new records cannot be paired with the inputs that replace: the append writes
+    no manifest and removes its new shards and journal (the data set stays as it was)."""
+
+
 def replacements(base: dict, inputs, opts, replacing: dict, todo: list, rejects: list,
                  new_records: int) -> tuple[list, list]:
     """(the ``[old, new]`` record pairs this append adds, the paths they replace) from
@@ -29,11 +34,11 @@ def replacements(base: dict, inputs, opts, replacing: dict, todo: list, rejects:
               for p in packing_order(len(inputs.paths), opts).tolist()
               if shown(inputs.paths[p]) not in refused]
     if len(packed) != new_records:
-        raise ConversionError(f"the new shards hold {new_records} records for {len(packed)} "
-                              f"inputs packed; cannot tell which record replaces which, so no "
-                              f"manifest was written: a path the list names on several lines "
-                              f"was rejected on some of them only; fix or drop those lines, "
-                              f"then run the append again with --resume")
+        raise PairingError(f"the new shards hold {new_records} records for {len(packed)} "
+                           f"inputs packed; cannot tell which record replaces which, so no "
+                           f"manifest was written and the new shards were removed: a path "
+                           f"the list names on several lines was rejected on some of them "
+                           f"only; fix or drop those lines, then append again")
     first = base["num_samples"]
     done = [(replacing[i], first + k, path) for k, (i, path) in enumerate(packed)
             if i in replacing]

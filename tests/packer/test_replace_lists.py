@@ -68,15 +68,19 @@ def test_a_replacing_append_that_cannot_pair_its_records_writes_no_manifest(tmp_
     src, names = _src(tmp_path)
     dst = tmp_path / "ds"
     convert(src, dst, list_file=_list(tmp_path / "a.csv", [(names[0], 0), (names[1], 0)]), **OPTS)
-    before = (dst / fmt.MANIFEST_NAME).read_bytes()
+    before, files = (dst / fmt.MANIFEST_NAME).read_bytes(), os.listdir(dst)
     shutil.copy(src / names[3], src / names[0])  # changed, and a new path named twice:
     lines = [(names[0], 0), (names[2], 0), (names[2], 99999999999)]  # one line rejected
     with pytest.raises(ConversionError, match="cannot tell which record replaces which, so "
-                       "no manifest was written: a path the list names on several lines was "
-                       "rejected on some of them only"):
+                       "no manifest was written and the new shards were removed: a path the "
+                       "list names on several lines was rejected on some of them only"):
         convert(src, dst, list_file=_list(tmp_path / "b.csv", lines), append=True,
                 replace_changed=True, **OPTS)
     assert (dst / fmt.MANIFEST_NAME).read_bytes() == before and len(Dataset(dst)) == 2
+    assert sorted(os.listdir(dst)) == sorted(files)  # no shard, no journal left behind
+    fixed = _list(tmp_path / "c.csv", lines[:2])  # a plain append again, no --resume needed
+    a = convert(src, dst, list_file=fixed, append=True, replace_changed=True, **OPTS)["append"]
+    assert (a["replaced"], a["new_samples"], len(Dataset(dst))) == (1, 2, 3)
 
 
 def test_a_union_retiring_a_record_twice_is_never_written():
