@@ -114,3 +114,24 @@ def test_a_path_packed_on_two_lines_has_both_records_replaced(tmp_path):
     (other,) = set(range(3)) - set(mine)
     assert np.array_equal(ds[other][0], before[other][0])
     assert verify(dst, progress=False).ok
+
+
+def test_on_s3_an_append_that_cannot_pair_its_records_leaves_the_bucket_as_it_was(
+        s3_env, tmp_path):
+    from dlpack_io.reader.remote.storage import Store
+
+    src, names = _src(tmp_path)
+    url = "s3://dlpack-test/replace-lists/pairing"
+    convert(src, url, list_file=_list(tmp_path / "a.csv", [(names[0], 0), (names[1], 0)]), **OPTS)
+    store = Store(url)
+    before = {n: store.get(n) for n in store.list()}
+    shutil.copy(src / names[3], src / names[0])
+    lines = [(names[0], 0), (names[2], 0), (names[2], 99999999999)]
+    with pytest.raises(ConversionError, match="the new shards were removed"):
+        convert(src, url, list_file=_list(tmp_path / "b.csv", lines), append=True,
+                replace_changed=True, **OPTS)
+    after = {n: store.get(n) for n in store.list()}
+    assert after == before
+    a = convert(src, url, list_file=_list(tmp_path / "c.csv", lines[:2]), append=True,
+                replace_changed=True, **OPTS)["append"]
+    assert (a["replaced"], a["new_samples"]) == (1, 2)
