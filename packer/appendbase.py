@@ -95,6 +95,17 @@ def known_inputs(metas, retired=frozenset()) -> dict:
     return known
 
 
+def path_records(metas, retired=frozenset()) -> dict:
+    """path -> the live record numbers packed from it, in record order (a list may name a
+    path on several lines: one record each), from ``metas`` checked by known_inputs."""
+    records: dict = {}
+    for entry, meta in metas:
+        for k, path in enumerate(meta["paths"]):
+            if entry["first_sample"] + k not in retired:
+                records.setdefault(str(path), []).append(entry["first_sample"] + k)
+    return records
+
+
 def file_sha256(path: str) -> str | None:
     """SHA-256 (hex) of a file, None when it cannot be read (the encoder then says why)."""
     h = hashlib.sha256()
@@ -129,12 +140,13 @@ class Split:
 
 
 def split_inputs(root: str, paths: list, known: dict, threads: int,
-                 recorded: dict | None = None, replace: bool = False) -> Split:
+                 recorded: dict | None = None, replace: bool = False,
+                 records: dict | None = None) -> Split:
     """Sort ``paths`` (relative to ``root``) into new, duplicate, changed, unverified; the
     files whose path is already packed are hashed (``threads`` at a time) unless their
     size and mtime are those ``recorded`` (quickcheck.py; None: hash them all).
-    ``replace`` (``--replace-changed``): a changed input is packed too, to replace the one
-    record its path has (``Split.replacing``)."""
+    ``replace`` (``--replace-changed``): a changed input is packed too, to replace a record
+    of its path (``Split.replacing``; ``records``: path_records, else the last record)."""
     split, candidates = Split(), []
     keys = [shown(path) for path in paths]
     for i, key in enumerate(keys):
@@ -152,17 +164,7 @@ def split_inputs(root: str, paths: list, known: dict, threads: int,
     shas = hash_files([os.path.join(root, paths[i]) for i in candidates], threads)
     split.stats = dict(recorded or {})
     split.quick, split.duplicates, split.hashed = len(quick), len(quick), len(candidates)
-    for i, sha in zip(candidates, shas):
-        if sha is None:
-            split.todo.append(i)  # unreadable now: the encoder rejects it, naming why
-        elif sha in known[keys[i]]:
-            split.duplicates += 1
-            split.stats[keys[i]] = now.get(keys[i])
-        else:
-            split.changed.append(keys[i])  # its record (if any) stays the packed file's
-            if replace and len(known[keys[i]]) == 1:
-                split.replacing[i] = next(iter(known[keys[i]].values()))
-                split.todo.append(i)
+    _sort_hashed(split, zip(candidates, shas), keys, known, now, replace, records or {})
     split.stats.update((keys[i], now[keys[i]]) for i in split.todo
                        if keys[i] in now and i not in split.replacing)
     split.pending = {keys[i]: now[keys[i]] for i in split.replacing if keys[i] in now}
@@ -218,6 +220,29 @@ def check_fields(base: dict, fields, where: str) -> None:
                               f"but the data set has {sorted(base.get('fields') or {})} (with "
                               f"their types): an append must give every sample the same "
                               f"fields; use --fields to choose them")
+
+
+def _sort_hashed(split: Split, hashed, keys: list, known: dict, now: dict,
+                 replace: bool, records: dict) -> None:
+    """Sort the (input number, SHA-256 or None) of ``hashed`` into ``split``: to pack
+    (unreadable: the encoder says why), duplicate or changed; with ``replace`` the k-th
+    changed input of a path replaces the k-th live record of that path (``records``), and
+    one beyond them none (no record is retired twice: readers refuse such a manifest)."""
+    used: dict = {}
+    for i, sha in hashed:
+        if sha is None:
+            split.todo.append(i)  # unreadable now: the encoder rejects it, naming why
+        elif sha in known[keys[i]]:
+            split.duplicates += 1
+            split.stats[keys[i]] = now.get(keys[i])
+        else:
+            split.changed.append(keys[i])  # its record (if any) stays the packed file's
+            live = records.get(keys[i]) or list(known[keys[i]].values())
+            k = used.get(keys[i], 0)
+            if replace and len(known[keys[i]]) == 1 and k < len(live):
+                used[keys[i]] = k + 1
+                split.replacing[i] = live[k]
+                split.todo.append(i)
 
 
 def history_entry(base: dict, new_shards: list, new_classes: list, split_counts: dict,

@@ -123,9 +123,10 @@ def plan_append(src, list_file, labels: bool, options: dict, base: dict, metas,
         raise ConversionError(f"{src}: no class folders, but the data set has classes; append "
                               f"class folders (or a --list with labels)")
     base_.check_fields(base, inputs.fields, src)
-    known = base_.known_inputs(metas, fmt.retired_records(fmt.retired_pairs(base)))
+    retired = fmt.retired_records(fmt.retired_pairs(base))
+    known = base_.known_inputs(metas, retired)
     split = base_.split_inputs(inputs.root, inputs.paths, known, opts.num_workers, recorded,
-                               replace)
+                               replace, base_.path_records(metas, retired) if replace else None)
     for path in split.changed[:CHANGED_SHOWN]:
         log.warning("%s: changed since it was packed (same path, other content); %s", path,
                     "packed again to replace it" if replace else "left as it is")
@@ -180,8 +181,9 @@ def _append_locked(dst: str, base: dict, app: Appending, pack, engine: str,
         manifest = union_of(base, app, state, progress, engine, provenance)
         quickcheck.write_local(dst, record_of(app, resumed_from), manifest)
         finalize.write_dataset_files(dst, manifest, state.rejects)
-    except BaseException:
-        if state is None or len(state.shards) == len(base["shards"]):
+    except BaseException as exc:
+        if state is None or len(state.shards) == len(base["shards"]) or \
+                isinstance(exc, replacing.PairingError):  # nothing worth resuming
             clear_outputs(dst, keep=keep)  # no new shard: leave the data set as it was
             journal.Journal(dst).remove()
         raise

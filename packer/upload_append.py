@@ -13,7 +13,7 @@ import os
 import shutil
 import tempfile
 
-from dlpack_io.packer import appending, finalize, journal, quickcheck
+from dlpack_io.packer import appending, finalize, journal, quickcheck, replacing
 from dlpack_io.packer import appendbase as base_
 from dlpack_io.packer.dstfiles import kept_shard_meta
 from dlpack_io.packer.engines import engine_context
@@ -103,7 +103,13 @@ def _append_staged(store: Store, stage: str, base: dict, app, pack, provenance: 
     except BaseException:
         journal_.abort()
         raise
-    manifest = appending.union_of(base, app, state, progress, "local", provenance)
+    try:
+        manifest = appending.union_of(base, app, state, progress, "local", provenance)
+    except replacing.PairingError:  # nothing worth resuming: the data set stays as it was
+        for entry in state.shards[len(base["shards"]):]:
+            store.delete(entry["name"])
+        store.delete(journal.JOURNAL_NAME)
+        raise
     quickcheck.write_remote(store, appending.record_of(app, resumed_from), manifest)
     store.put(fmt.REJECTS_NAME, finalize.rejects_tsv(state.rejects))
     store.put(fmt.MANIFEST_NAME, fmt.encode_meta(manifest))  # last: now readers see it

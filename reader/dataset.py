@@ -130,7 +130,9 @@ class Dataset(ImageFolderAttributes):
         n = len(self)
         if not -n <= i < n:
             raise IndexError(f"sample {i} out of range for a data set of {n} samples")
-        i = self.record_of(i % n)
+        i %= n
+        if self._records is not None:  # inline, not record_of(): no call for most data sets
+            i = int(self._records[i])
         k = int(np.searchsorted(self._starts, i, side="right")) - 1
         return k, i - int(self._starts[k])
 

@@ -16,7 +16,7 @@ from dlpack_io.reader import format as fmt
 from dlpack_io.reader.remote.storage import (ObjectChangedError, StorageError, Store,
                                              run_sync)
 from dlpack_io.tools.shardcheck import (VerifyReport, check_accounting, check_class_counts,
-                                        check_shard)
+                                        check_retired_sources, check_shard)
 
 
 async def download(store: Store, name: str, size: int, path: str, *, parts: int = 8,
@@ -91,6 +91,7 @@ def verify_remote(url: str, *, decode: bool = False, progress: bool = True,
         bar.close()
     check_class_counts(manifest, counts, manifest_url, report)
     check_accounting(manifest, manifest_url, report)
+    check_retired_sources(manifest, manifest_url, report)
     return report
 
 

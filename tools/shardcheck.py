@@ -41,6 +41,7 @@ class VerifyReport:
     records_checked: int = 0
     bytes_checked: int = 0
     not_a_dataset: bool = False
+    retired_paths: dict = field(default_factory=dict)  # record -> source path, retired pairs'
 
     @property
     def ok(self) -> bool:
@@ -170,7 +171,7 @@ def check_shard(dataset, entry, manifest, decode, report, progress, max_pixels):
     shard = open_shard(dataset, entry, manifest["format"], num_classes=len(manifest["classes"]),
                        max_pixels=max_pixels)
     try:
-        shard.meta()  # checks the metadata checksum
+        _note_retired_paths(shard.meta(), entry, manifest, report)  # meta: checksum checked
         if len(shard.index) != entry["num_samples"]:
             report.add(path, f"holds {len(shard.index)} records, the manifest says "
                              f"{entry['num_samples']}")
@@ -191,6 +192,35 @@ def check_class_counts(manifest: dict, counts, where: str, report) -> None:
                   zip(manifest["classes"], counts.tolist(), manifest["class_counts"]) if c != m]
         report.add(where, f"class_counts differ from the labels stored in the shards "
                           f"({'; '.join(differ[:5])})")
+
+
+def _note_retired_paths(meta: dict, entry: dict, manifest: dict, report) -> None:
+    """Keep in ``report`` the source path of each record of this shard that a retired pair
+    names (for check_retired_sources); nothing when the shard records no paths."""
+    paths, pairs = meta.get("paths"), fmt.retired_pairs(manifest)
+    if not pairs or not isinstance(paths, list) or len(paths) != entry["num_samples"]:
+        return
+    named = np.asarray(pairs, dtype=np.int64).ravel()
+    first = entry["first_sample"]
+    for record in named[(named >= first) & (named < first + len(paths))].tolist():
+        report.retired_paths[record] = paths[record - first]
+
+
+def check_retired_sources(manifest: dict, where: str, report) -> None:
+    """Add a problem when a retired ``[old, new]`` pair (reader/format/retired.py) names
+    records packed from two different source paths: ``--replace-changed`` packs the same
+    input again, so such a pair would show another input's image at the sample's index."""
+    if not report.ok:
+        return
+    known = report.retired_paths
+    bad = [(i, old, new) for i, (old, new) in enumerate(fmt.retired_pairs(manifest))
+           if old in known and new in known and known[old] != known[new]]
+    if bad:
+        i, old, new = bad[0]
+        report.add(where, f"retired[{i}]: record {old} ({known[old]}) is replaced by record "
+                          f"{new} ({known[new]}), packed from another input; {len(bad)} "
+                          f"such pair(s): the manifest's retired list is wrong (edited, or a "
+                          f"packer bug); convert the source again")
 
 
 def check_accounting(manifest: dict, where: str, report) -> None:

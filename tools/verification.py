@@ -2,8 +2,10 @@
 
 Checks, in order: the manifest (schema and its own checksum), then each shard
 (shardcheck.check_shard: file, checksums, index entries, every record's CRC, padding, with
-``decode=True`` every image), then the class counts. A data set at s3://bucket/prefix is
-checked by remoteverify.verify_remote, each shard streamed down and checked the same way.
+``decode=True`` every image), then the class counts, the accounting of inputs and that
+each retired pair names two records of one source path (shardcheck.check_retired_sources).
+A data set at s3://bucket/prefix is checked by remoteverify.verify_remote, each shard
+streamed down and checked the same way.
 Returns data; the CLI prints it.
 """
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dlpack_io.reader.manifest import NotADatasetError, load_manifest
 # this module, not where the report is defined.
 from dlpack_io.tools.shardcheck import (EXIT_DAMAGED, EXIT_NOT_A_DATASET, EXIT_OK,  # noqa: F401
                                         VerifyReport, check_accounting, check_class_counts,
-                                        check_shard)
+                                        check_retired_sources, check_shard)
 
 
 def verify(dataset, *, decode: bool = False, progress: bool = True,
@@ -53,4 +55,5 @@ def verify(dataset, *, decode: bool = False, progress: bool = True,
         bar.close()
     check_class_counts(manifest, counts, os.path.join(dataset, fmt.MANIFEST_NAME), report)
     check_accounting(manifest, os.path.join(dataset, fmt.MANIFEST_NAME), report)
+    check_retired_sources(manifest, os.path.join(dataset, fmt.MANIFEST_NAME), report)
     return report
