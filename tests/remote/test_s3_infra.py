@@ -135,3 +135,31 @@ def test_seaweed_start_failure_is_reported_and_cleaned_up(tmp_path):
     with pytest.raises(RuntimeError, match="weed mini"):
         server.start()
     assert server.proc is None
+
+
+def test_seaweed_that_loses_a_port_race_is_started_again_on_other_ports(tmp_path, monkeypatch):
+    """The first attempt is handed an S3 port that another process holds (what a port found
+    free and taken before weed binds it looks like): weed exits, and start() tries again on
+    fresh ports, keeping the failed attempt's output."""
+    from dlpack_io.tools.bench import seaweed
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen(1)
+    real, calls = seaweed.free_ports, []
+
+    def first_with_a_taken_port(n):
+        ports = real(n)
+        calls.append(n)
+        if len(calls) == 1:
+            ports[seaweed._PORT_FLAGS.index("s3.port")] = held.getsockname()[1]
+        return ports
+
+    monkeypatch.setattr(seaweed, "free_ports", first_with_a_taken_port)
+    try:
+        with SeaweedServer(tmp_path, buckets=["race-test"]) as server:
+            assert server.port != held.getsockname()[1]
+            assert len(calls) == 2
+        assert (tmp_path / "weed.out.1").exists() and (tmp_path / "weed.out").exists()
+    finally:
+        held.close()

@@ -71,6 +71,10 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+class ServerExited(RuntimeError):
+    """weed mini exited before it answered (the message says where its output is)."""
+
+
 class SeaweedServer:
     """One ``weed mini`` process: S3 on 127.0.0.1, data and logs under ``root``."""
 
@@ -103,8 +107,26 @@ class SeaweedServer:
             cmd.append(f"-bucket={','.join(self.buckets)}")
         return cmd
 
-    def start(self) -> "SeaweedServer":
-        """Start the server and return once it answers S3 requests (or raise)."""
+    def start(self, attempts: int = 3) -> "SeaweedServer":
+        """Start the server and return once it answers S3 requests (or raise). A server
+        that exits while starting is started again on other free ports, up to ``attempts``
+        times: a port found free can be taken by another process (another test session's
+        server, say) before weed binds it; each failed attempt's output stays beside
+        ``weed.out`` as ``weed.out.N``."""
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._start_once()
+            except ServerExited:
+                if attempt == attempts:
+                    raise
+                out = os.path.join(self.root, "weed.out")
+                os.replace(out, f"{out}.{attempt}")
+                log.warning("weed mini exited while starting (attempt %d of %d, output in "
+                               "%s.%d): starting it again on other ports", attempt, attempts,
+                               out, attempt)
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> "SeaweedServer":
         os.makedirs(self.root, exist_ok=True)
         ports = dict(zip(_PORT_FLAGS, free_ports(len(_PORT_FLAGS))))
         self.port = ports["s3.port"]
@@ -129,7 +151,7 @@ class SeaweedServer:
         delay = 0.05
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"weed mini exited with status {self.proc.returncode} while "
+                raise ServerExited(f"weed mini exited with status {self.proc.returncode} while "
                                    f"starting; see {self.root}/weed.out and {self.root}/logs")
             if self._answers():
                 return
