@@ -61,6 +61,22 @@ def make_plan(mode: str, batches, shard_ids_of, record_lengths, shard_sizes) -> 
     return Plan(mode, needs, size, last_use, first_pos)
 
 
+def first_use(plan: Plan) -> np.ndarray:
+    """The first batch needing each item of ``plan``, -1 if none."""
+    first = np.full(len(plan.size), -1, dtype=np.int64)
+    for k in range(len(plan.needs) - 1, -1, -1):
+        first[plan.needs[k]] = k  # the earlier one wins
+    return first
+
+
+def fill_first(plan: Plan, todo: np.ndarray, ratio: float) -> bool:
+    """Whether items ``todo`` (batch 0's among them) come all at once, before batch 0 on its
+    own: when they are within ``ratio`` times batch 0's bytes. Large ranges are served
+    ~10x faster than record-sized ones (docs/benchmarks.md), so batch 0 is not later for
+    it, and the rest needs far fewer requests."""
+    return int(plan.size[todo].sum()) <= ratio * plan.batch_bytes(0)
+
+
 def check_limit(plan: Plan, cache_limit: int, where: str) -> None:
     """Refuse a cache_limit that cannot hold what one batch needs, saying how much it must be."""
     need, k = plan.max_batch_bytes()
