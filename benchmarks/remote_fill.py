@@ -21,7 +21,9 @@ import numpy as np
 
 VARIANTS = {"batch by batch (fill off)": {"fill_bytes": 0},
             "batch 0, then fill 4 MiB x8": {"fill_bytes": 4 << 20, "fill_inflight": 8,
-                                            "after": True},
+                                            "after": True, "hold": False},
+            "batch 0 in, then fill 4 MiB x8": {"fill_bytes": 4 << 20, "fill_inflight": 8,
+                                               "after": True, "hold": True},
             "fill 4 MiB x8 (default)": {"fill_bytes": 4 << 20, "fill_inflight": 8},
             "fill 4 MiB x4": {"fill_bytes": 4 << 20, "fill_inflight": 4},
             "fill 8 MiB x8": {"fill_bytes": 8 << 20, "fill_inflight": 8}}
@@ -40,6 +42,7 @@ def _once(url: str, cache: str, batches, options: dict) -> tuple:
     ds = Dataset(url, cache_dir=cache)
     options = dict(options)
     planner.FILL_FIRST = 0 if options.pop("after", False) else 8
+    planner.HOLD_FILL = options.pop("hold", True)
     ds._remote.fetch_options.update(options)
     t0, c0 = time.perf_counter(), _cpu()
     prefetch = ds.start_prefetch(batches, mode="records")

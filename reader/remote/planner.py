@@ -27,6 +27,7 @@ from dlpack_io.reader.remote.recordspan import fetch_spans
 
 log = logging.getLogger(__name__)
 ABSENT, REQUESTED, PRESENT = 0, 1, 2
+HOLD_FILL = True  # a fill after batch 0 starts when batch 0's requests are done
 
 
 class Planner:
@@ -85,7 +86,9 @@ class Planner:
             for request in self._requests(todo, pos, k):
                 await sem.acquire()
                 self._spawn(tasks, request, sem)
-            if k == 0 and self.fill and not filled:  # else the rest after batch 0
+            if k == 0 and self.fill and not filled:  # else the rest once batch 0 is in
+                if HOLD_FILL and tasks:  # (its large ranges would slow batch 0's requests)
+                    await asyncio.wait(set(tasks))
                 await self._fill(sem, tasks)
         while tasks:
             await asyncio.gather(*list(tasks))
@@ -99,7 +102,7 @@ class Planner:
             todo = np.flatnonzero((self.state == ABSENT) & (self.plan.last_use >= 0))
         if first and not fill_first(self.plan, todo, FILL_FIRST):
             return False
-        todo = todo[~await self._found(todo)]
+        todo = todo[~await self._found(todo)] if len(todo) else todo
         await self._admit(0, todo)
         fill_sem = asyncio.Semaphore(self.fill[1])
         for request in range_requests(todo, first_use(self.plan)[todo],
