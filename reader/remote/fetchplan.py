@@ -77,6 +77,14 @@ def fill_first(plan: Plan, todo: np.ndarray, ratio: float) -> bool:
     return int(plan.size[todo].sum()) <= ratio * plan.batch_bytes(0)
 
 
+def fill_inflight(requests: list, fill_bytes: int, few: int, many: int) -> int:
+    """How many of the fill's range ``requests`` go at once: ``few`` when they are large
+    (a quarter of ``fill_bytes`` or more on average), else ``many`` (a rank's share of the
+    records: small ranges, as many in flight as a batch's requests)."""
+    spanned = sum(r[3] - r[2] for r in requests)
+    return few if spanned >= len(requests) * fill_bytes // 4 else many
+
+
 def check_limit(plan: Plan, cache_limit: int, where: str) -> None:
     """Refuse a cache_limit that cannot hold what one batch needs, saying how much it must be."""
     need, k = plan.max_batch_bytes()

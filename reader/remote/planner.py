@@ -19,7 +19,8 @@ import time
 import numpy as np
 
 from dlpack_io.reader.remote.assembled import cached
-from dlpack_io.reader.remote.fetchplan import fill_first, first_use, range_requests
+from dlpack_io.reader.remote.fetchplan import (fill_first, fill_inflight, first_use,
+                                               range_requests)
 from dlpack_io.reader.remote.keep import (FILL_FIRST, READ_AHEAD, ahead_masks, publish_records,
                                           read_ahead, split_limit)
 from dlpack_io.reader.remote.planmsg import rewrap as _rewrap, timeout_message, warn_overcommit
@@ -95,7 +96,8 @@ class Planner:
 
     async def _fill(self, sem, tasks, first: bool = False) -> bool:
         """(Everything kept) every record of this plan not requested yet in few large ranges
-        (``fill_bytes``, ``fill_inflight`` at once; other ranks' records are not fetched),
+        (``fill_bytes``, ``fill_inflight`` at once; other ranks' records are not fetched,
+        so a rank's share may be small ranges: then ``max_inflight`` at once),
         those the epoch needs first first: later batches find them requested. ``first``
         (before batch 0): only when it is all within FILL_FIRST times batch 0's bytes."""
         with self.cond:
@@ -104,10 +106,11 @@ class Planner:
             return False
         todo = todo[~await self._found(todo)] if len(todo) else todo
         await self._admit(0, todo)
-        fill_sem = asyncio.Semaphore(self.fill[1])
-        for request in range_requests(todo, first_use(self.plan)[todo],
-                                      self.source.dataset_lookup(todo),
-                                      gap=self.bridge or self.gap, max_bytes=self.fill[0]):
+        requests = range_requests(todo, first_use(self.plan)[todo],
+                                  self.source.dataset_lookup(todo),
+                                  gap=self.bridge or self.gap, max_bytes=self.fill[0])
+        fill_sem = asyncio.Semaphore(fill_inflight(requests, *self.fill, self.max_inflight))
+        for request in requests:
             await fill_sem.acquire()
             await sem.acquire()
             self._spawn(tasks, request, sem, fill_sem)

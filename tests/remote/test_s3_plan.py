@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from dlpack_io.reader.remote.fetchplan import (auto_mode, check_limit, coalesce, fill_first,
-                                               first_use, make_plan)
+                                               fill_inflight, first_use, make_plan)
 
 
 def test_coalesce_merges_close_neighbours_and_respects_the_size_cap():
@@ -49,6 +49,14 @@ def test_first_use_and_when_the_fill_comes_before_batch_0():
     assert first_use(plan).tolist() == [-1, 0, 1, 0, -1, -1, -1, -1, -1, 2]
     todo = np.array([1, 2, 3, 9])  # 20 + 30 + 40 + 100 = 190 bytes; batch 0: 60
     assert fill_first(plan, todo, 190 / 60) and not fill_first(plan, todo, 3)
+
+
+def test_the_fill_keeps_few_large_ranges_in_flight_but_many_small_ones():
+    def ranges(*sizes):
+        return [("range", 0, 0, size, None, None, None) for size in sizes]
+    assert fill_inflight(ranges(400, 100), 400, 8, 64) == 8  # mean 250 >= 400 / 4
+    assert fill_inflight(ranges(99, 99), 400, 8, 64) == 64
+    assert fill_inflight([], 400, 8, 64) == 8
 
 
 def test_shards_plan_needs_whole_shards():
