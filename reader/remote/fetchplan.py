@@ -61,6 +61,30 @@ def make_plan(mode: str, batches, shard_ids_of, record_lengths, shard_sizes) -> 
     return Plan(mode, needs, size, last_use, first_pos)
 
 
+def first_use(plan: Plan) -> np.ndarray:
+    """The first batch needing each item of ``plan``, -1 if none."""
+    first = np.full(len(plan.size), -1, dtype=np.int64)
+    for k in range(len(plan.needs) - 1, -1, -1):
+        first[plan.needs[k]] = k  # the earlier one wins
+    return first
+
+
+def fill_first(plan: Plan, todo: np.ndarray, ratio: float) -> bool:
+    """Whether items ``todo`` (batch 0's among them) come all at once, before batch 0 on its
+    own: when they are within ``ratio`` times batch 0's bytes. Large ranges are served
+    ~10x faster than record-sized ones (docs/benchmarks.md), so batch 0 is not later for
+    it, and the rest needs far fewer requests."""
+    return int(plan.size[todo].sum()) <= ratio * plan.batch_bytes(0)
+
+
+def fill_inflight(requests: list, fill_bytes: int, few: int, many: int) -> int:
+    """How many of the fill's range ``requests`` go at once: ``few`` when they are large
+    (a quarter of ``fill_bytes`` or more on average), else ``many`` (a rank's share of the
+    records: small ranges, as many in flight as a batch's requests)."""
+    spanned = sum(r[3] - r[2] for r in requests)
+    return few if spanned >= len(requests) * fill_bytes // 4 else many
+
+
 def check_limit(plan: Plan, cache_limit: int, where: str) -> None:
     """Refuse a cache_limit that cannot hold what one batch needs, saying how much it must be."""
     need, k = plan.max_batch_bytes()

@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 ROOM_BATCHES = 16  # room kept free for batches in flight when the data set does not fit
 READ_AHEAD = 2 * 2**20  # per record a batch needs: its neighbours, when all is kept anyway
 BRIDGE_GAP = 256 * 1024  # ... and a range goes on over records already fetched, up to this
+FILL_BYTES = 4 * 2**20  # cold epoch 0, all kept: after batch 0, the rest in ranges this big
+FILL_INFLIGHT = 8  # ... this many at once (planner.py: few large requests, little server CPU)
+FILL_FIRST = 8  # ... and batch 0 with them when it all is within this many times its bytes
 _LEDGER_WIDTH = 20
 
 

@@ -19,21 +19,23 @@ import time
 import numpy as np
 
 from dlpack_io.reader.remote.assembled import cached
-from dlpack_io.reader.remote.fetchplan import range_requests
-from dlpack_io.reader.remote.keep import (READ_AHEAD, ahead_masks, publish_records, read_ahead,
-                                          split_limit)
+from dlpack_io.reader.remote.fetchplan import (fill_first, fill_inflight, first_use,
+                                               range_requests)
+from dlpack_io.reader.remote.keep import (FILL_FIRST, READ_AHEAD, ahead_masks, publish_records,
+                                          read_ahead, split_limit)
 from dlpack_io.reader.remote.planmsg import rewrap as _rewrap, timeout_message, warn_overcommit
 from dlpack_io.reader.remote.recordspan import fetch_spans
 
 log = logging.getLogger(__name__)
 ABSENT, REQUESTED, PRESENT = 0, 1, 2
+HOLD_FILL = True  # a fill after batch 0 starts when batch 0's requests are done
 
 
 class Planner:
     """The state and thread behind a Prefetch handle (reader/remote/prefetch.py)."""
 
     def __init__(self, source, plan, shards, *, max_inflight: int, gap: int, max_request: int,
-                 bridge_gap: int = 0):
+                 bridge_gap: int = 0, fill_bytes: int = 0, fill_inflight: int = 4):
         self.source, self.plan, self.shards = source, plan, shards
         self.store, self.session, self.limit = source.store, source.session, source.cache_limit
         self.max_inflight, self.gap, self.max_request = max_inflight, gap, max_request
@@ -47,6 +49,7 @@ class Planner:
         self.ahead = plan.mode == "records" and self.keep_budget >= int(source.lengths.sum())
         self.grow = source.growing if self.ahead else None  # records land in place
         self.bridge = bridge_gap if self.ahead and (plan.last_use >= 0).all() else 0  # keep.py
+        self.fill = (fill_bytes, fill_inflight) if self.grow is not None and fill_bytes else None
         self.ends = np.array([source.first_sample(k) + len(s) for k, s in enumerate(shards)])
         self.stats = {"requests": 0, "bytes_fetched": 0, "max_held": 0, "evicted": 0,
                       "cached": 0}
@@ -71,25 +74,73 @@ class Planner:
         self._loop, self._budget = asyncio.get_running_loop(), asyncio.Event()
         self._main = asyncio.current_task()
         sem, tasks = asyncio.Semaphore(self.max_inflight), set()
+        filled = False
         for k, items in enumerate(self.plan.needs):
+            if k == 0 and self.fill:  # a small data set: all of it first, batch 0 with it
+                filled = await self._fill(sem, tasks, first=True)
             with self.cond:
                 if self.closed:
                     return
                 absent = self.state[items] == ABSENT
             todo, pos = await self._take_kept(k, items, absent)
-            nbytes = int(self.plan.size[todo].sum())
-            while True:  # clear first: a release() landing after the check wakes the wait
-                self._budget.clear()
-                if self._reserve(k, todo, nbytes):
-                    break
-                await self._budget.wait()
+            await self._admit(k, todo)
             for request in self._requests(todo, pos, k):
                 await sem.acquire()
-                task = asyncio.ensure_future(self._fetch(request, sem))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
+                self._spawn(tasks, request, sem)
+            if k == 0 and self.fill and not filled:  # else the rest once batch 0 is in
+                if HOLD_FILL and tasks:  # (its large ranges would slow batch 0's requests)
+                    await asyncio.wait(set(tasks))
+                await self._fill(sem, tasks)
         while tasks:
             await asyncio.gather(*list(tasks))
+
+    async def _fill(self, sem, tasks, first: bool = False) -> bool:
+        """(Everything kept) every record of this plan not requested yet in few large ranges
+        (``fill_bytes``, ``fill_inflight`` at once; other ranks' records are not fetched,
+        so a rank's share may be small ranges: then ``max_inflight`` at once),
+        those the epoch needs first first: later batches find them requested. ``first``
+        (before batch 0): only when it is all within FILL_FIRST times batch 0's bytes."""
+        with self.cond:
+            todo = np.flatnonzero((self.state == ABSENT) & (self.plan.last_use >= 0))
+        if first and not fill_first(self.plan, todo, FILL_FIRST):
+            return False
+        todo = todo[~await self._found(todo)] if len(todo) else todo
+        await self._admit(0, todo)
+        requests = range_requests(todo, first_use(self.plan)[todo],
+                                  self.source.dataset_lookup(todo),
+                                  gap=self.bridge or self.gap, max_bytes=self.fill[0])
+        fill_sem = asyncio.Semaphore(fill_inflight(requests, *self.fill, self.max_inflight))
+        for request in requests:
+            await fill_sem.acquire()
+            await sem.acquire()
+            self._spawn(tasks, request, sem, fill_sem)
+        return True
+
+    def _spawn(self, tasks: set, request, *sems) -> None:
+        task = asyncio.ensure_future(self._fetch(request, *sems))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    async def _admit(self, k: int, todo: np.ndarray) -> None:
+        """Reserve ``todo`` for batch ``k``, waiting while the budget has no room."""
+        nbytes = int(self.plan.size[todo].sum())
+        while True:  # clear first: a release() landing after the check wakes the wait
+            self._budget.clear()
+            if self._reserve(k, todo, nbytes):
+                return
+            await self._budget.wait()
+
+    async def _found(self, todo: np.ndarray) -> np.ndarray:
+        """Mask of ``todo`` verified in the cache already (now PRESENT)."""
+        found = await self._loop.run_in_executor(None, cached, self.source, self.grow, todo,
+                                                 self.keep_budget)
+        if found.any():
+            with self.cond:
+                self.bridge = 0  # a cache holding records already (a repair, a resume): as is
+                self.state[todo[found]] = PRESENT
+                self.stats["cached"] += int(found.sum())
+                self.cond.notify_all()
+        return found
 
     async def _take_kept(self, k: int, items: np.ndarray, absent: np.ndarray):
         """(items to fetch, positions in batch k): the absent ones not verified in the cache."""
@@ -103,14 +154,7 @@ class Planner:
                                                  self.bridge > 0)
             todo, pos = read_ahead(todo, pos, eligible, self.plan.size,
                                    self.ends[self.source.shard_of(todo)], READ_AHEAD, passable)
-        found = await self._loop.run_in_executor(None, cached, self.source, self.grow, todo,
-                                                 self.keep_budget)
-        if found.any():
-            with self.cond:
-                self.bridge = 0  # a cache holding records already (a repair, a resume): as is
-                self.state[todo[found]] = PRESENT
-                self.stats["cached"] += int(found.sum())
-                self.cond.notify_all()
+        found = await self._found(todo)
         return todo[~found], pos[~found]
 
     def _reserve(self, k: int, todo: np.ndarray, nbytes: int) -> bool:
@@ -138,7 +182,7 @@ class Planner:
                               gap=self.bridge if self.bridge and k else self.gap,
                               max_bytes=self.max_request)
 
-    async def _fetch(self, request, sem) -> None:
+    async def _fetch(self, request, *sems) -> None:
         try:
             if request[0] == "shard":
                 await self._fetch_shard(request[1])
@@ -151,7 +195,8 @@ class Planner:
             self._main.cancel()
             raise
         finally:
-            sem.release()
+            for sem in sems:
+                sem.release()
 
     async def _fetch_range(self, k, start, end, samples, local, entries) -> None:
         data, pieces = await fetch_spans(self.store, self.shards[k], start, end, local, entries,

@@ -19,7 +19,7 @@ from dlpack_io.reader import format as fmt
 from dlpack_io.reader.remote.assembled import WholeShards
 from dlpack_io.reader.remote.recordspan import extents
 from dlpack_io.reader.remote.growing import GrowingShards
-from dlpack_io.reader.remote.keep import BRIDGE_GAP, KeptRecords
+from dlpack_io.reader.remote.keep import BRIDGE_GAP, FILL_BYTES, FILL_INFLIGHT, KeptRecords
 from dlpack_io.reader.remote.remote_shard import RemoteShard
 from dlpack_io.reader.remote.storage import Policy, Store, run_sync
 
@@ -74,7 +74,8 @@ class RemoteSource:
         typical = int(np.median(self.lengths)) if len(self.lengths) else 0
         self.fetch_options = {"max_inflight": 64, "gap": min(64 * 1024, typical // 8),
                               "max_request": 8 * 2**20,  # runs pass over <= 2 records:
-                              "bridge_gap": min(BRIDGE_GAP, 2 * typical)}  # keep.py
+                              "bridge_gap": min(BRIDGE_GAP, 2 * typical),  # keep.py
+                              "fill_bytes": FILL_BYTES, "fill_inflight": FILL_INFLIGHT}
 
     def _manifest_bytes(self, attach) -> bytes:
         if attach is None:

@@ -168,6 +168,7 @@ def test_ranges_pass_over_fetched_records_fewer_requests(s3_env, packed, tmp_pat
     counts = {}
     for bridge in (False, True):
         ds = Dataset(URL, cache_dir=tmp_path / f"cache-{bridge}")
+        ds._remote.fetch_options["fill_bytes"] = 0  # batch by batch (the fill: next test)
         if not bridge:  # as before: a run ends at the first record fetched already
             ds._remote.fetch_options["bridge_gap"] = 0
         prefetch = ds.start_prefetch(batches, mode="records")
@@ -176,6 +177,39 @@ def test_ranges_pass_over_fetched_records_fewer_requests(s3_env, packed, tmp_pat
         counts[bridge] = (prefetch.stats["requests"], prefetch.stats["bytes_fetched"])
         prefetch.close()
     assert counts == {False: (22, 113853), True: (14, 127296)}  # 0.64x the requests
+
+
+def _fill_counts(ds, batches):
+    prefetch = ds.start_prefetch(batches, mode="records")
+    for k in range(len(batches)):
+        prefetch.wait(k)
+    counts = (prefetch.stats["requests"], prefetch.stats["bytes_fetched"])
+    prefetch.close()
+    return counts
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_the_fill_fetches_in_few_large_ranges(s3_env, packed, tmp_path, monkeypatch, first):
+    """All kept, cold: a small data set (within FILL_FIRST times batch 0's bytes) comes all
+    at once in ranges of up to fill_bytes (here 1 MiB: a whole shard), batch 0 with it;
+    a larger one (FILL_FIRST 0 here) gets batch 0 record by record, then the rest (passing
+    over batch 0's records costs a few bytes). A plan of half the records (one rank of
+    two; its records seldom adjoin: one request each) fetches only its own. Exact counts: the planning is a pure function."""
+    from dlpack_io.reader.remote import planner
+
+    monkeypatch.setattr(planner, "FILL_FIRST", 8 if first else 0)
+    order = np.random.default_rng(0).permutation(40)
+    batches = [order[i:i + 8] for i in range(0, 40, 8)]
+    half = [b[b % 2 == 0] for b in batches]
+    counts = {}
+    for name, plan in (("all", batches), ("half", half)):
+        ds = Dataset(URL, cache_dir=tmp_path / f"cache-{name}")
+        ds._remote.fetch_options["fill_bytes"] = 2**20
+        counts[name] = _fill_counts(ds, plan)
+        assert counts[name][1] >= int(ds._remote.lengths[np.concatenate(plan)].sum())
+    assert counts == ({"all": (5, 114413), "half": (20, 56659)} if first else  # batchwise: 14, 22
+                      {"all": (11, 127385), "half": (20, 56659)})
+    assert counts["half"][1] < counts["all"][1] / 2  # each rank ~1/world of the bytes
 
 
 def test_finished_shards_close_their_files(s3_env, packed, monkeypatch):

@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dlpack_io.reader.remote.fetchplan import auto_mode, check_limit, coalesce, make_plan
+from dlpack_io.reader.remote.fetchplan import (auto_mode, check_limit, coalesce, fill_first,
+                                               fill_inflight, first_use, make_plan)
 
 
 def test_coalesce_merges_close_neighbours_and_respects_the_size_cap():
@@ -39,6 +40,23 @@ def test_records_plan_last_use_and_batch_bytes():
     # where each needed record first appears in its batch: requests go out in that order
     assert [p.tolist() for p in plan.first_pos] == [[1, 0], [0, 1], [0]]
     assert plan.max_batch_bytes() == (100, 2)
+
+
+def test_first_use_and_when_the_fill_comes_before_batch_0():
+    lengths = np.arange(1, 11) * 10
+    batches = [np.array([3, 1, 1]), np.array([2, 3]), np.array([9])]
+    plan = make_plan("records", batches, _shard_of(np.array([0, 5])), lengths, [100, 100])
+    assert first_use(plan).tolist() == [-1, 0, 1, 0, -1, -1, -1, -1, -1, 2]
+    todo = np.array([1, 2, 3, 9])  # 20 + 30 + 40 + 100 = 190 bytes; batch 0: 60
+    assert fill_first(plan, todo, 190 / 60) and not fill_first(plan, todo, 3)
+
+
+def test_the_fill_keeps_few_large_ranges_in_flight_but_many_small_ones():
+    def ranges(*sizes):
+        return [("range", 0, 0, size, None, None, None) for size in sizes]
+    assert fill_inflight(ranges(400, 100), 400, 8, 64) == 8  # mean 250 >= 400 / 4
+    assert fill_inflight(ranges(99, 99), 400, 8, 64) == 64
+    assert fill_inflight([], 400, 8, 64) == 8
 
 
 def test_shards_plan_needs_whole_shards():
