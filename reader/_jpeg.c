@@ -28,6 +28,8 @@
  *          dst, dst_offset, flip_h, flip_v, chw=True)
  *       Pillow's antialiased BILINEAR resample of the float box of a block (_resize.c),
  *       bit-identical to plain Pillow, straight into dst as CHW planes (or HWC RGB), flipped.
+ *   resize_isa() -> "avx2" or "scalar": the passes resize runs in this process (AVX2 where
+ *       the CPU has it, unless DLPACK_IO_NO_AVX2 is set to anything but "" or "0").
  *   gather(src, src_offsets, lengths, dst, dst_offsets)
  *       memcpy many byte ranges (int64 arrays) of src into dst, e.g. whole raw records of
  *       a memory-mapped shard into a pinned batch buffer.
@@ -1186,6 +1188,14 @@ int resize_plan(ResizePlan **out, int ps, int rows, int cols, const float box[4]
 void resize_run(ResizePlan *p, const unsigned char *src, size_t stride, unsigned char *dst,
                 int chw, int flip_h, int flip_v);
 void resize_free(ResizePlan *p);
+const char *resize_isa(void);
+
+/* resize_isa() -> "avx2" or "scalar": which passes resize runs in this process. */
+static PyObject *py_resize_isa(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return PyUnicode_FromString(resize_isa());
+}
 
 /* The MemoryError of a resize whose plan could not be made (status -1 or -2). */
 static PyObject *resize_refused(int status, int rows, int cols, const float box[4], int oh,
@@ -1282,6 +1292,8 @@ static PyMethodDef methods[] = {
     {"resize", py_resize, METH_VARARGS,
      "resize(src, offset, row_stride, rows, cols, pixel_size, x0, y0, x1, y1, out_h, out_w, "
      "dst, dst_offset, flip_h, flip_v, chw=True): Pillow's antialiased BILINEAR of a box"},
+    {"resize_isa", py_resize_isa, METH_NOARGS,
+     "resize_isa() -> 'avx2' or 'scalar': the passes resize runs (DLPACK_IO_NO_AVX2=1: scalar)"},
     {"to_chw", py_to_chw, METH_VARARGS,
      "to_chw(src, offset, row_stride, height, width, dst, dst_offset, flip_h, flip_v, "
      "pixel_size=3)"},

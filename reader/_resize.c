@@ -246,14 +246,28 @@ static void split8_avx2(const uint8_t *row, uint8_t *d0, uint8_t *d1, uint8_t *d
     _mm_storel_epi64((__m128i *)d2, _mm256_extracti128_si256(px, 1));
 }
 
-/* AVX2 present, and not switched off with DLPACK_IO_NO_AVX2 (the tests of the scalar path) */
+/* AVX2 present, and not switched off with DLPACK_IO_NO_AVX2 set to anything but "" or "0"
+   (the tests of the scalar path). Read once; threads racing the first call store the same
+   value. */
 static int have_avx2(void) {
     static int known = -1;
-    if (known < 0)
-        known = __builtin_cpu_supports("avx2") && getenv("DLPACK_IO_NO_AVX2") == NULL ? 1 : 0;
+    if (known < 0) {
+        const char *off = getenv("DLPACK_IO_NO_AVX2");
+        int switched_off = off != NULL && off[0] != '\0' && strcmp(off, "0") != 0;
+        known = __builtin_cpu_supports("avx2") && !switched_off ? 1 : 0;
+    }
     return known;
 }
 #endif
+
+/* "avx2" or "scalar": the passes resize_run uses in this process. */
+const char *resize_isa(void) {
+#ifdef HAVE_AVX2_PATH
+    return have_avx2() ? "avx2" : "scalar";
+#else
+    return "scalar";
+#endif
+}
 
 /* Where the output goes: CHW planes or HWC RGB, flipped as asked. */
 typedef struct {
