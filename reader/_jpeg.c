@@ -28,6 +28,8 @@
  *          dst, dst_offset, flip_h, flip_v, chw=True)
  *       Pillow's antialiased BILINEAR resample of the float box of a block (_resize.c),
  *       bit-identical to plain Pillow, straight into dst as CHW planes (or HWC RGB), flipped.
+ *   resize_isa() -> "avx2" or "scalar": the passes resize runs in this process (AVX2 where
+ *       the CPU has it, unless DLPACK_IO_NO_AVX2 is set to anything but "" or "0").
  *   gather(src, src_offsets, lengths, dst, dst_offsets)
  *       memcpy many byte ranges (int64 arrays) of src into dst, e.g. whole raw records of
  *       a memory-mapped shard into a pinned batch buffer.
@@ -1180,9 +1182,35 @@ static PyObject *py_add_restarts(PyObject *self, PyObject *args) {
     return res;
 }
 
-int resize_aa_bilinear(const unsigned char *src, size_t stride, int ps, int rows, int cols,
-                       const float box[4], int oh, int ow, unsigned char *dst, int chw,
-                       int flip_h, int flip_v); /* _resize.c */
+typedef struct ResizePlan ResizePlan; /* _resize.c */
+int resize_plan(ResizePlan **out, int ps, int rows, int cols, const float box[4], int oh,
+                int ow); /* 0, -1: no memory, -2: past Pillow's coefficient limit */
+void resize_run(ResizePlan *p, const unsigned char *src, size_t stride, unsigned char *dst,
+                int chw, int flip_h, int flip_v);
+void resize_free(ResizePlan *p);
+const char *resize_isa(void);
+
+/* resize_isa() -> "avx2" or "scalar": which passes resize runs in this process. */
+static PyObject *py_resize_isa(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return PyUnicode_FromString(resize_isa());
+}
+
+/* The MemoryError of a resize whose plan could not be made (status -1 or -2). */
+static PyObject *resize_refused(int status, int rows, int cols, const float box[4], int oh,
+                                int ow) {
+    char msg[512]; /* PyErr_Format has no %g */
+    if (status != -2)
+        return PyErr_NoMemory();
+    snprintf(msg, sizeof msg,
+             "resize: %d -> %d columns, %d -> %d rows (box %g, %g, %g, %g): the filter's "
+             "coefficient tables pass Pillow's limit (output pixels x taps x 8 bytes <= "
+             "2147483647 per axis), as Pillow refuses; resize in two steps or decode at a "
+             "reduced scale first", cols, ow, rows, oh, box[0], box[1], box[2], box[3]);
+    PyErr_SetString(PyExc_MemoryError, msg);
+    return NULL;
+}
 
 /* resize(src, offset, row_stride, rows, cols, pixel_size, x0, y0, x1, y1, out_h, out_w, dst,
    dst_offset, flip_h, flip_v, chw=True): Pillow's antialiased BILINEAR resample of the
@@ -1196,6 +1224,7 @@ static PyObject *py_resize(PyObject *self, PyObject *args) {
     long long row_bytes, out_bytes;
     BusGuard g;
     const char *volatile fault = NULL;
+    ResizePlan *plan = NULL; /* set before the sigsetjmp, never after */
     (void)self;
     if (!PyArg_ParseTuple(args, "y*nniiiffffiiw*npp|p", &src, &offset, &row_stride, &rows,
                           &cols, &ps, &box[0], &box[1], &box[2], &box[3], &oh, &ow, &dst,
@@ -1222,16 +1251,19 @@ static PyObject *py_resize(PyObject *self, PyObject *args) {
     }
     keep_sigbus_handler();
     Py_BEGIN_ALLOW_THREADS
+    status = resize_plan(&plan, ps, rows, cols, box, oh, ow); /* outside the guard */
     g.addr = NULL;
-    if (sigsetjmp(g.env, 1) == 0) {
+    if (status != 0) {
+        /* nothing to read */
+    } else if (sigsetjmp(g.env, 1) == 0) {
         tls_bus = &g;
-        status = resize_aa_bilinear((const unsigned char *)src.buf + offset, row_stride, ps,
-                                    rows, cols, box, oh, ow,
-                                    (unsigned char *)dst.buf + dst_offset, chw, flip_h, flip_v);
+        resize_run(plan, (const unsigned char *)src.buf + offset, row_stride,
+                   (unsigned char *)dst.buf + dst_offset, chw, flip_h, flip_v);
         tls_bus = NULL;
     } else {
         fault = g.addr != NULL ? g.addr : (const char *)src.buf;
     }
+    resize_free(plan);
     Py_END_ALLOW_THREADS
     if (fault != NULL)
         bus_error("resize", src.buf, src.len, fault);
@@ -1240,7 +1272,7 @@ static PyObject *py_resize(PyObject *self, PyObject *args) {
     if (fault != NULL)
         return NULL;
     if (status != 0)
-        return PyErr_NoMemory();
+        return resize_refused(status, rows, cols, box, oh, ow);
     Py_RETURN_NONE;
 }
 
@@ -1260,6 +1292,8 @@ static PyMethodDef methods[] = {
     {"resize", py_resize, METH_VARARGS,
      "resize(src, offset, row_stride, rows, cols, pixel_size, x0, y0, x1, y1, out_h, out_w, "
      "dst, dst_offset, flip_h, flip_v, chw=True): Pillow's antialiased BILINEAR of a box"},
+    {"resize_isa", py_resize_isa, METH_NOARGS,
+     "resize_isa() -> 'avx2' or 'scalar': the passes resize runs (DLPACK_IO_NO_AVX2=1: scalar)"},
     {"to_chw", py_to_chw, METH_VARARGS,
      "to_chw(src, offset, row_stride, height, width, dst, dst_offset, flip_h, flip_v, "
      "pixel_size=3)"},

@@ -20,9 +20,13 @@
  * run 8 channels per multiply, the integers unchanged.
  *
  * Pure C, no Python: the caller (py_resize in _jpeg.c) checks every size and the box,
- * releases the GIL and guards the reads against SIGBUS. Returns 0, or -1 when memory for
- * the coefficients or the intermediate rows cannot be allocated.
+ * releases the GIL and guards the reads against SIGBUS. resize_plan() allocates every
+ * table and row (0, RESIZE_NO_MEMORY, or RESIZE_TOO_WIDE when the coefficient tables pass
+ * Pillow's own limit, out * taps * 8 bytes > INT_MAX, which Pillow refuses with
+ * MemoryError too), resize_run() only reads and writes pixels (the part under the SIGBUS
+ * guard: a fault jumps out of it and leaks nothing), resize_free() frees the plan.
  */
+#include <limits.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -30,6 +34,10 @@
 #include <string.h>
 
 #define PRECISION_BITS 22 /* 32 - 8 - 2, as Pillow */
+#define RESIZE_NO_MEMORY (-1)
+#define RESIZE_TOO_WIDE (-2)
+
+typedef struct ResizePlan ResizePlan;
 
 typedef struct {
     int ksize;       /* taps per output pixel (stride of kk) */
@@ -44,33 +52,35 @@ static double bilinear(double x) {
 }
 
 /* Pillow's precompute_coeffs + normalize_coeffs_8bpc for one axis: `out` samples over
-   [in0, in1) of an axis of `in_size` pixels. in0 and in1 are floats as Pillow's box is. */
+   [in0, in1) of an axis of `in_size` pixels. in0 and in1 are floats as Pillow's box is.
+   Returns 0, RESIZE_NO_MEMORY, or RESIZE_TOO_WIDE (checked before allocating) when the
+   tables pass Pillow's limit, out * taps * sizeof(double) > INT_MAX, as Pillow refuses. */
 static int make_taps(int in_size, float in0, float in1, int out, Taps *t) {
-    double scale, filterscale, support, center, ww, ss, *w;
+    double scale, filterscale, support, center, ww, ss, lo, hi, *w;
     int xx, x, xmin, xmax;
     filterscale = scale = (double)(in1 - in0) / out;
     if (filterscale < 1.0)
         filterscale = 1.0;
     support = 1.0 * filterscale;
+    if ((ceil(support) * 2 + 1) * sizeof(double) * out > (double)INT_MAX)
+        return RESIZE_TOO_WIDE; /* also keeps ksize, bounds and every index below in int */
     t->ksize = (int)ceil(support) * 2 + 1;
     t->bounds = malloc((size_t)out * 2 * sizeof(int));
     t->kk = malloc((size_t)out * t->ksize * sizeof(int32_t));
     w = malloc((size_t)t->ksize * sizeof(double));
     if (t->bounds == NULL || t->kk == NULL || w == NULL) {
         free(w);
-        return -1;
+        return RESIZE_NO_MEMORY;
     }
     ss = 1.0 / filterscale;
     for (xx = 0; xx < out; xx++) {
         int32_t *k = t->kk + (size_t)xx * t->ksize;
         center = in0 + (xx + 0.5) * scale;
-        xmin = (int)(center - support + 0.5);
-        if (xmin < 0)
-            xmin = 0;
-        xmax = (int)(center + support + 0.5);
-        if (xmax > in_size)
-            xmax = in_size;
-        xmax -= xmin;
+        lo = center - support + 0.5; /* Pillow's (int) casts, clamped before converting */
+        hi = center + support + 0.5;
+        xmin = lo > 0.0 ? (int)lo : 0;
+        xmax = hi < (double)in_size ? (int)hi : in_size;
+        xmax = xmax > xmin ? xmax - xmin : 0;
         ww = 0.0;
         for (x = 0; x < xmax; x++) {
             w[x] = bilinear((x + xmin - center + 0.5) * ss);
@@ -236,14 +246,28 @@ static void split8_avx2(const uint8_t *row, uint8_t *d0, uint8_t *d1, uint8_t *d
     _mm_storel_epi64((__m128i *)d2, _mm256_extracti128_si256(px, 1));
 }
 
-/* AVX2 present, and not switched off with DLPACK_IO_NO_AVX2 (the tests of the scalar path) */
+/* AVX2 present, and not switched off with DLPACK_IO_NO_AVX2 set to anything but "" or "0"
+   (the tests of the scalar path). Read once; threads racing the first call store the same
+   value. */
 static int have_avx2(void) {
     static int known = -1;
-    if (known < 0)
-        known = __builtin_cpu_supports("avx2") && getenv("DLPACK_IO_NO_AVX2") == NULL ? 1 : 0;
+    if (known < 0) {
+        const char *off = getenv("DLPACK_IO_NO_AVX2");
+        int switched_off = off != NULL && off[0] != '\0' && strcmp(off, "0") != 0;
+        known = __builtin_cpu_supports("avx2") && !switched_off ? 1 : 0;
+    }
     return known;
 }
 #endif
+
+/* "avx2" or "scalar": the passes resize_run uses in this process. */
+const char *resize_isa(void) {
+#ifdef HAVE_AVX2_PATH
+    return have_avx2() ? "avx2" : "scalar";
+#else
+    return "scalar";
+#endif
+}
 
 /* Where the output goes: CHW planes or HWC RGB, flipped as asked. */
 typedef struct {
@@ -370,42 +394,69 @@ static int32_t *pair_weights(const Taps *h, int ow) {
     return w8;
 }
 
-int resize_aa_bilinear(const uint8_t *src, size_t stride, int ps, int rows, int cols,
-                       const float box[4], int oh, int ow, uint8_t *dst, int chw, int flip_h,
-                       int flip_v) {
-    Taps h = {0, NULL, NULL}, v = {0, NULL, NULL};
-    Out o = {dst, oh, ow, chw, flip_h, flip_v};
-    Passes P = {&h, &v, NULL, 0};
-    uint8_t *tmp = NULL, *line = NULL;
-    int status = -1, by_columns = columns_first(rows, cols, oh, ow);
+/* Everything one resize allocates: made before the guarded read (resize_plan), so a bus
+   error that siglongjmps out of the passes (resize_run) leaves nothing unfreed: the caller
+   calls resize_free after the guard either way. */
+struct ResizePlan {
+    Taps h, v;
+    Passes P;
+    uint8_t *tmp, *line;
+    int ps, cols, oh, ow, by_columns;
+};
+
+void resize_free(ResizePlan *p) {
+    if (p == NULL)
+        return;
+    free(p->line);
+    free(p->tmp);
+    free(p->P.w8);
+    free_taps(&p->h);
+    free_taps(&p->v);
+    free(p);
+}
+
+int resize_plan(ResizePlan **out, int ps, int rows, int cols, const float box[4], int oh,
+                int ow) {
+    ResizePlan *p = calloc(1, sizeof(ResizePlan));
+    int status;
     size_t tmp_bytes;
-    if (make_taps(rows, box[1], box[3], oh, &v) != 0 ||
-        make_taps(cols, box[0], box[2], ow, &h) != 0)
-        goto done;
+    *out = NULL;
+    if (p == NULL)
+        return RESIZE_NO_MEMORY;
+    p->P.h = &p->h;
+    p->P.v = &p->v;
+    p->ps = ps, p->cols = cols, p->oh = oh, p->ow = ow;
+    p->by_columns = columns_first(rows, cols, oh, ow);
+    if ((status = make_taps(rows, box[1], box[3], oh, &p->v)) != 0 ||
+        (status = make_taps(cols, box[0], box[2], ow, &p->h)) != 0)
+        goto fail;
+    status = RESIZE_NO_MEMORY;
 #ifdef HAVE_AVX2_PATH
     if (have_avx2()) {
-        P.vec = 1;
-        if (ps == 4 && (P.w8 = pair_weights(&h, ow)) == NULL)
-            goto done;
+        p->P.vec = 1;
+        if (ps == 4 && (p->P.w8 = pair_weights(&p->h, ow)) == NULL)
+            goto fail;
     }
 #endif
-    tmp_bytes = by_columns
-        ? (size_t)(v.bounds[2 * oh - 2] + v.bounds[2 * oh - 1] - v.bounds[0]) * ow * 4
+    tmp_bytes = p->by_columns
+        ? (size_t)(p->v.bounds[2 * oh - 2] + p->v.bounds[2 * oh - 1] - p->v.bounds[0]) * ow * 4
         : (size_t)cols * ps * 2;
-    tmp = malloc(tmp_bytes);
-    line = malloc((size_t)ow * 8);
-    if (tmp == NULL || line == NULL)
-        goto done;
-    if (by_columns)
-        columns_then_rows(src, stride, ps, cols, &P, &v, &o, tmp, line);
-    else
-        rows_then_columns(src, stride, ps, cols, &P, &o, tmp, line);
-    status = 0;
-done:
-    free(line);
-    free(tmp);
-    free(P.w8);
-    free_taps(&h);
-    free_taps(&v);
+    p->tmp = malloc(tmp_bytes > 0 ? tmp_bytes : 1);
+    p->line = malloc((size_t)ow * 8);
+    if (p->tmp == NULL || p->line == NULL)
+        goto fail;
+    *out = p;
+    return 0;
+fail:
+    resize_free(p);
     return status;
+}
+
+void resize_run(ResizePlan *p, const uint8_t *src, size_t stride, uint8_t *dst, int chw,
+                int flip_h, int flip_v) {
+    Out o = {dst, p->oh, p->ow, chw, flip_h, flip_v};
+    if (p->by_columns)
+        columns_then_rows(src, stride, p->ps, p->cols, &p->P, &p->v, &o, p->tmp, p->line);
+    else
+        rows_then_columns(src, stride, p->ps, p->cols, &p->P, &o, p->tmp, p->line);
 }

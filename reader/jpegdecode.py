@@ -238,7 +238,7 @@ def resize_region(region: Region, box, out_size, within_box: bool = True,
     ix0, iy0, ix1, iy1 = _window(region, box, within_box)
     x0, y0, x1, y1 = box
     local = (x0 - ix0, y0 - iy0, x1 - ix0, y1 - iy0)
-    if into is not None and native_resize is not None and tuple(resample) == DEFAULT_RESAMPLE:
+    if into is not None and resizes_in_c(resample):
         _resize_native(region, (ix0, iy0, ix1, iy1), local, out_size, into)
         return None
     if not resample_mod.uses_pil(resample):
@@ -255,6 +255,13 @@ def resize_region(region: Region, box, out_size, within_box: bool = True,
     dst, offset, flip_h, flip_v = into
     nativecopy.to_chw_array(out, dst, offset, flip_h, flip_v)
     return None
+
+
+def resizes_in_c(resample=DEFAULT_RESAMPLE) -> bool:
+    """True when ``resize_region(..., into=...)`` runs the C resize for ``resample``: it
+    reads its source under the SIGBUS guard, so a memory-mapped record needs no copy first
+    (PIL's resize reads Python-land memory unguarded: callers copy for it)."""
+    return native_resize is not None and tuple(resample) == DEFAULT_RESAMPLE
 
 
 def _resize_native(region: Region, window, local, out_size, into) -> None:

@@ -5,7 +5,8 @@ see ``tests/reader/test_native_sanitizers.py``, which builds one and runs this):
 access or undefined behaviour then aborts the process with a report. Each entry point gets
 hostile arguments: mutated JPEGs (bit flips, truncations, spliced and overwritten bytes,
 SOF sizes and restart intervals rewritten), boxes, strides, offsets and sizes at and far
-past their limits, and a source buffer truncated under the read (SIGBUS guard). Every
+past their limits, a fixed set of hostile resizes (hostile_resize), and a source buffer
+truncated under the read (SIGBUS guard). Every
 call must return or raise ValueError (MemoryError for a refused huge buffer).
 
     python tests/fuzz_native.py --seconds 40 --module-dir BUILD_DIR [--seed 0]
@@ -138,6 +139,39 @@ def _fuzz_resize(jpeg, rng, src, dst, h, w, ps) -> None:
           _size(rng, dst.size), rng.random() < .5, rng.random() < .5, rng.random() < .5)
 
 
+def hostile_resize(jpeg) -> int:
+    """resize on exact-size sources (any over-read is past the allocation) with boxes at,
+    on and beyond the edges, zero-width boxes, 1-px outputs, upscales, odd widths around
+    the AVX2 groups of 8, both flips, CHW and HWC; and filters past Pillow's coefficient
+    limit (a 2**30 + 1 pixel row of a sparse map: the tap count overflowed int). Returns
+    the number of calls."""
+    rng, calls = np.random.default_rng(1), 0
+    for rows, cols, ps in ((1, 1, 4), (2, 9, 4), (3, 17, 3), (9, 8, 4), (17, 33, 4), (5, 7, 3)):
+        src = rng.integers(0, 256, rows * cols * ps, dtype=np.uint8)
+        w, h = float(cols), float(rows)
+        for box in ((0, 0, w, h), (w, h, w, h), (0, 0, 0, 0), (w - 1e-6, h - 1e-6, w, h),
+                    (0, 0, 1e-30, 1e-45), (0.5, 0.5, w - 0.5, h - 0.5), (w / 3, h / 3, w / 2, h)):
+            for oh, ow in ((1, 1), (1, 9), (9, 1), (3, 17), (33, 7), (2, 65), (rows, cols)):
+                for chw, fh, fv in ((1, 0, 0), (1, 1, 1), (0, 1, 0)):
+                    dst = np.empty(3 * oh * ow, np.uint8)
+                    _call(jpeg.resize, src, 0, cols * ps, rows, cols, ps, *map(float, box), oh,
+                          ow, dst, 0, fh, fv, chw)
+                    calls += 1
+    cols = 2**30 + 1
+    with tempfile.NamedTemporaryFile() as f:
+        f.truncate(cols * 4)
+        f.flush()
+        wide = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        for oh, ow in ((1, 1), (1, 3)):
+            _call(jpeg.resize, wide, 0, cols * 4, 1, cols, 4, 0.0, 0.0, float(cols), 1.0, oh, ow,
+                  np.empty(3 * ow, np.uint8), 0, False, False)
+            calls += 1
+        wide.close()
+    _call(jpeg.resize, np.zeros(4, np.uint8), 0, 4, 1, 1, 4, 0.0, 0.0, 1.0, 1.0, 1, 2**27,
+          np.empty(3 * 2**27, np.uint8), 0, False, False)  # refused before ~10 GB of tables
+    return calls + 1
+
+
 def fuzz_truncated_map(jpeg, rng, data) -> None:
     """A mapped source truncated under the read: every entry point raises, none dies."""
     with tempfile.NamedTemporaryFile() as f:
@@ -168,7 +202,8 @@ def run(module_dir: str, seconds: float, seed: int) -> dict:
     sys.path.insert(0, module_dir)
     jpeg = importlib.import_module("_jpeg")
     rng, data = random.Random(seed), corpus(jpeg)
-    counts = {"decode": 0, "restarts": 0, "copies": 0, "sigbus": 0}
+    counts = {"decode": 0, "restarts": 0, "copies": 0, "sigbus": 0,
+              "hostile_resize": hostile_resize(jpeg)}
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         sample = rng.choice(data)

@@ -82,8 +82,9 @@ def fill_sample(ctx, plan: BatchPlan, pos: int, epoch: int, flat, offset, scratc
         _fill_pixels(pixels, pos, fh, fv, params, flat, offset)
     elif kind == fmt.KIND_RAW:
         # PIL's resize reads its input from Python-land memory: copy a mapped record under
-        # the SIGBUS guard first; a plain crop is read by the (guarded) C copy itself
-        raw = guarded_array(payload) if params.resize else np.frombuffer(payload, np.uint8)
+        # the SIGBUS guard first; a plain crop and the C resize read it themselves, guarded
+        copy = params.resize and not jpegdecode.resizes_in_c(params.resample)
+        raw = guarded_array(payload) if copy else np.frombuffer(payload, np.uint8)
         _fill_pixels(raw.reshape(int(entry["height"]), int(entry["width"]), 3), pos, fh, fv,
                      params, flat, offset)
     elif kind == fmt.KIND_JPEG:

@@ -159,3 +159,20 @@ def test_the_scalar_code_gives_the_same_integers():
                           cwd=Path(__file__).parents[2], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0 and " passed" in done.stdout, done.stdout[-2000:]
+
+
+@needs_ext
+def test_dlpack_io_no_avx2_switches_avx2_off_only_when_set_to_a_true_value():
+    """``DLPACK_IO_NO_AVX2=1`` runs the scalar passes; ``0`` or empty is as if unset (it was
+    any value at all, so ``=0`` silently switched AVX2 off)."""
+    code = "from dlpack_io.reader.format.native import native_jpeg; print(native_jpeg().resize_isa())"
+
+    def isa(value):
+        env = {k: v for k, v in os.environ.items() if k != "DLPACK_IO_NO_AVX2"}
+        if value is not None:
+            env["DLPACK_IO_NO_AVX2"] = value
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                              text=True, timeout=60, check=True).stdout.strip()
+    native = isa(None)
+    assert native in ("avx2", "scalar")
+    assert (isa("1"), isa("yes"), isa("0"), isa("")) == ("scalar", "scalar", native, native)
