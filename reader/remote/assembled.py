@@ -206,19 +206,23 @@ class WholeShards:
         except OSError:
             pass  # not empty (a temporary file of another process): left for later
 
-    def adopt(self, k: int, grown: str):
-        """Publish file ``grown`` (growing.py; every record in it verified) as assembled
-        shard ``k``: its stamp, then an exclusive link. True: linked now; False: it is linked
-        already (another process finished it); None: another file is the assembled shard."""
-        st = os.lstat(grown)
+    def adopt(self, k: int, grown: str, fd: int):
+        """Publish the file open as ``fd`` (growing.py's ``grown``; every record in it
+        verified) as assembled shard ``k``: its stamp (from ``fstat``: the file verified,
+        whatever ``grown`` names now), then an exclusive link of that very file. True: linked
+        now; False: it is linked already (another process finished it); None: another file
+        is the assembled shard, or ours was removed (``dlpack cache clear``)."""
+        st = os.fstat(fd)
         self._write_stamp(k, (st.st_ino, st.st_size, st.st_mtime_ns))
         try:
-            os.link(grown, self.path(k))
+            cachefs.link_open_file(fd, st, grown, self.path(k))
         except FileExistsError:
             try:
                 return False if os.path.samestat(os.lstat(self.path(k)), st) else None
             except FileNotFoundError:
                 return None
+        except FileNotFoundError:
+            return None
         self.assembled += 1
         return True
 

@@ -133,6 +133,24 @@ def pread_exact(path: str, offset: int, length: int, size: int) -> bytes | None:
         os.close(fd)
 
 
+def link_open_file(fd: int, st, path: str, target: str) -> None:
+    """Link the file open as ``fd`` (``fstat`` ``st``) at ``target``, exclusively; never
+    another file that ``path`` names by now. FileNotFoundError when it has no name left."""
+    try:  # Linux: linkat(AT_SYMLINK_FOLLOW) of /proc/self/fd/N links the open file itself
+        fds = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        fds = None
+    if fds is not None:
+        try:  # src_dir_fd: linkat, not link (which would link the /proc entry itself)
+            os.link(str(fd), target, src_dir_fd=fds, follow_symlinks=True)
+        finally:
+            os.close(fds)
+        return
+    if not os.path.samestat(os.lstat(path), st):  # elsewhere: the name, if it is still ours
+        raise FileNotFoundError(f"{path}: replaced by another file")
+    os.link(path, target, follow_symlinks=False)
+
+
 def discard(path: str, why: str) -> bool:
     """Remove our cache file ``path`` (the entry only: a link is never followed) after its
     bytes failed their checksum, with a warning naming it. True when this call removed it

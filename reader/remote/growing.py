@@ -151,23 +151,17 @@ class GrowingShards:
         return published
 
     def _publish(self, k: int) -> bool:
-        fd = self._files[k][0]
+        fd, map_fd = self._files[k][:2]
         head = self._head(k)
         if head is not None:  # our own verified copy of the header, index and metadata
             shard = self.source.shards[k]
             _pwrite_all(fd, head[:fmt.HEADER_SIZE], 0)
             _pwrite_all(fd, head[fmt.HEADER_SIZE:], shard.header.index_offset)
-        try:
-            adopted = self.source.whole.adopt(k, self.path(k))
-        except FileNotFoundError:  # another process finished it (linked, then removed it)
-            return False
+        adopted = self.source.whole.adopt(k, self.path(k), fd)
         if adopted is None:  # another file is the assembled shard: ours goes off the ledger
             self.keeper.discard_bytes(self.source.shards[k].size)
-        for path in (self.path(k), self.path(k) + ".map"):
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+        for path, held in ((self.path(k), fd), (self.path(k) + ".map", map_fd)):
+            _unlink_if_same(path, held)  # never a file swapped in under our names
         return bool(adopted)
 
     # ---- any reader ------------------------------------------------------------------------
@@ -286,6 +280,15 @@ class GrowingShards:
         if head is None or len(head) != shard.size - shard.header.index_offset + fmt.HEADER_SIZE:
             return None
         return head
+
+
+def _unlink_if_same(path: str, fd: int) -> None:
+    """Remove ``path`` if it still names the file open as ``fd``."""
+    try:
+        if os.path.samestat(os.lstat(path), os.fstat(fd)):
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _pwrite_all(fd: int, data, at: int) -> None:

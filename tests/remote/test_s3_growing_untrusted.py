@@ -1,0 +1,81 @@
+"""A growing shard (reader/remote/growing.py) in a cache folder that cannot be trusted:
+files replaced, hard-linked, truncated or resized behind the reader's back. Every byte
+served is one this process verified; nothing outside the cache is written. Real SeaweedFS."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from dlpack_io.reader import Loader, RandomResizedCrop
+from dlpack_io.reader.dataset import Dataset
+from dlpack_io.tools.synth import make_image_folder
+
+from helpers import upload_folder
+
+URL = "s3://dlpack-test/growing/untrusted"
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory, s3_server):
+    from dlpack_io.packer import convert
+
+    root = tmp_path_factory.mktemp("untrusted")
+    make_image_folder(root / "src", 20, 2, seed=7, size=(40, 48))
+    convert(root / "src", root / "local", shard_size="30KB", workers=1, progress=False)
+    upload_folder(root / "local", URL, s3_server.env())
+    return str(root / "local")
+
+
+def _remote(cache):
+    """The data set in the bucket, its records fetched range by range (growing in place)."""
+    return Dataset(URL, cache_dir=cache, fetch_mode="records")
+
+
+def _epoch(ds, kind="thread"):
+    loader = Loader(ds, batch_size=4, seed=1, transforms=[RandomResizedCrop(16)],
+                    return_index=True, num_workers=2, worker_kind=kind)
+    out = [(idx.copy(), images.clone(), labels.clone()) for images, labels, idx in loader]
+    loader.close()
+    return out
+
+
+def _equal(a, b):
+    assert len(a) == len(b) > 0
+    for (ia, xa, la), (ib, xb, lb) in zip(a, b):
+        assert np.array_equal(ia, ib) and torch.equal(la, lb) and torch.equal(xa, xb)
+
+
+def _first_batch(ds, k=0):
+    """Land the first 3 records of shard ``k`` in its growing file (the planner's way)."""
+    first = ds._remote.first_sample(k)
+    prefetch = ds.start_prefetch([np.arange(first, first + 3)], mode="records")
+    prefetch.wait(0)
+    return prefetch
+
+
+def test_a_growing_file_replaced_before_it_is_published_is_not_stamped(s3_env, packed,
+                                                                       tmp_path):
+    """Between the last record's check and the link to <k>.shard, the .grow path is swapped
+    for another file of the right size (zeros: a new inode). The file published and stamped
+    as verified must be the one this process verified, never the swapped-in one (a stamp
+    lets every later process map it without a check). The next run joins the file it
+    finds, checks it, and fills it."""
+    remote = _remote(tmp_path / "cache")
+    whole, grow = remote._remote.whole, remote._remote.growing
+    real = whole.adopt
+
+    def swapped(k, *args):
+        forged = tmp_path / f"forged{k}"
+        with open(forged, "wb") as f:
+            f.truncate(remote.shards[k].size)
+        os.replace(forged, grow.path(k))
+        return real(k, *args)
+    whole.adopt = swapped
+    local = Dataset(packed)
+    _equal(_epoch(local), _epoch(remote))
+    assert not os.path.exists(whole.path(0))  # ours lost its name: nothing to publish
+    _equal(_epoch(local), _epoch(_remote(tmp_path / "cache")))
+
