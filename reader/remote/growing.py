@@ -213,10 +213,11 @@ class GrowingShards:
         if opened is None:
             return False
         fd, st = opened
-        if st.st_uid != os.geteuid() or st.st_size != shard.size or not shard.size:
+        if st.st_uid != os.geteuid() or st.st_size != shard.size or not shard.size \
+                or create and st.st_nlink != 1:  # a hard link: a file outside is not written
             os.close(fd)
-            log.warning("%s: not a growing shard of ours of %d bytes; records of shard %d "
-                        "are kept one file each", self.path(k), shard.size, k)
+            log.warning("%s: not a growing shard of ours of %d bytes (one link); records of "
+                        "shard %d are kept one file each", self.path(k), shard.size, k)
             return False
         map_fd = self._open_map(k, create)
         if map_fd is None:
@@ -241,8 +242,8 @@ class GrowingShards:
         if opened is None:
             return None
         fd, st = opened
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() \
-                or not create and st.st_size != n:
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1 \
+                or not create and st.st_size != n:  # written: never through a hard link
             os.close(fd)
             return None
         if st.st_size < n:

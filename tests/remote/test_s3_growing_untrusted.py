@@ -79,3 +79,38 @@ def test_a_growing_file_replaced_before_it_is_published_is_not_stamped(s3_env, p
     assert not os.path.exists(whole.path(0))  # ours lost its name: nothing to publish
     _equal(_epoch(local), _epoch(_remote(tmp_path / "cache")))
 
+
+def _records_dir(remote) -> str:
+    os.makedirs(remote._remote.keeper.dir, mode=0o700, exist_ok=True)
+    return remote._remote.keeper.dir
+
+
+def test_hard_links_to_files_outside_are_never_written(s3_env, packed, tmp_path):
+    """<0>.grow and <1>.grow.map are hard links to files of ours outside the cache (the
+    growing file with the shard's exact size): neither is written, truncated or removed."""
+    remote = _remote(tmp_path / "cache")
+    folder, grow = _records_dir(remote), remote._remote.growing
+    victims = {grow.path(0): tmp_path / "victim0", grow.path(1) + ".map": tmp_path / "victim1"}
+    victims[grow.path(0)].write_bytes(b"v" * remote.shards[0].size)
+    victims[grow.path(1) + ".map"].write_bytes(b"keep me")
+    for name, victim in victims.items():
+        os.link(victim, name)
+    _equal(_epoch(Dataset(packed)), _epoch(remote))
+    assert victims[grow.path(0)].read_bytes() == b"v" * remote.shards[0].size
+    assert victims[grow.path(1) + ".map"].read_bytes() == b"keep me"
+    assert os.path.isdir(folder)
+
+
+@pytest.mark.parametrize("extra", [-3, 100])
+def test_a_map_of_the_wrong_length_is_repaired_for_every_process(s3_env, packed, tmp_path,
+                                                                 extra):
+    """A map left shorter or longer than one byte per record (a bad earlier run, a local
+    edit): process workers read the same verified bytes as the main process."""
+    remote = _remote(tmp_path / "cache")
+    first = _remote(tmp_path / "cache")
+    _first_batch(first).close()  # shard 0 growing, three records marked present
+    path = first._remote.growing.path(0) + ".map"
+    n = len(first.shards[0].index)
+    with open(path, "r+b") as f:
+        f.truncate(n + extra)
+    _equal(_epoch(Dataset(packed), "process"), _epoch(remote, "process"))
