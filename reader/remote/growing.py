@@ -246,8 +246,8 @@ class GrowingShards:
                 or not create and st.st_size != n:  # written: never through a hard link
             os.close(fd)
             return None
-        if st.st_size < n:
-            os.ftruncate(fd, n)  # zeros: absent (two processes growing it agree)
+        if st.st_size != n:  # added zeros: absent; a longer one cut (workers refuse it)
+            os.ftruncate(fd, n)
         return fd
 
     def _create(self, k: int, budget: int) -> bool:

@@ -114,3 +114,32 @@ def test_a_map_of_the_wrong_length_is_repaired_for_every_process(s3_env, packed,
     with open(path, "r+b") as f:
         f.truncate(n + extra)
     _equal(_epoch(Dataset(packed), "process"), _epoch(remote, "process"))
+
+
+def _in_child(fn) -> bytes:
+    """``fn()``'s bytes, computed in a forked child (as a process worker would)."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.write(write, fn())
+        finally:
+            os._exit(0)
+    os.close(write)
+    out = b"".join(iter(lambda: os.read(read, 1 << 16), b""))
+    os.close(read)
+    os.waitpid(pid, 0)
+    return out
+
+
+def test_a_worker_joins_a_growing_file_whose_map_was_longer(s3_env, packed, tmp_path):
+    first = _remote(tmp_path / "cache")
+    _first_batch(first).close()  # shard 0 growing, records 0-2 marked present
+    path = first._remote.growing.path(0) + ".map"
+    with open(path, "ab") as f:
+        f.write(b"\x01" * 100)
+    remote = _remote(tmp_path / "cache")
+    grow = remote._remote.growing
+    assert grow.start(0, 1 << 30)  # the owner (its planner) joins the file
+    got = _in_child(lambda: bytes(grow.record(0, 1) or b"none"))
+    assert got == bytes(remote.shards[0].payload(1)) + bytes(remote.shards[0].fields_block(1))
