@@ -151,6 +151,15 @@ def link_open_file(fd: int, st, path: str, target: str) -> None:
     os.link(path, target, follow_symlinks=False)
 
 
+def unlink_if_same(path: str, fd: int) -> None:
+    """Remove ``path`` if it still names the file open as ``fd``."""
+    try:
+        if os.path.samestat(os.lstat(path), os.fstat(fd)):
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 def discard(path: str, why: str) -> bool:
     """Remove our cache file ``path`` (the entry only: a link is never followed) after its
     bytes failed their checksum, with a warning naming it. True when this call removed it

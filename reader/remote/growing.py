@@ -31,6 +31,7 @@ from dlpack_io.reader import format as fmt
 from dlpack_io.reader.remote import cache as cache_mod
 from dlpack_io.reader.remote import cachefs
 from dlpack_io.reader.remote.recordspan import mismatch
+from dlpack_io.reader.safeio import ShardChangedError
 
 log = logging.getLogger(__name__)
 _CLOSE_AFTER_S = 10.0  # a finished shard's files stay open this long (threads still using them)
@@ -161,7 +162,7 @@ class GrowingShards:
         if adopted is None:  # another file is the assembled shard: ours goes off the ledger
             self.keeper.discard_bytes(self.source.shards[k].size)
         for path, held in ((self.path(k), fd), (self.path(k) + ".map", map_fd)):
-            _unlink_if_same(path, held)  # never a file swapped in under our names
+            cachefs.unlink_if_same(path, held)  # never a file swapped in under our names
         return bool(adopted)
 
     # ---- any reader ------------------------------------------------------------------------
@@ -192,7 +193,11 @@ class GrowingShards:
             return view
         if os.pread(held[1], 1, j) != b"\x01":
             return None
-        if mismatch(view, entry) is not None:
+        data = os.pread(held[0], span, at)  # checked as read (a mapped page of a cut file
+        if len(data) != span:  # would fault: SIGBUS), then served from the map
+            raise ShardChangedError(self.path(k), f"{os.fstat(held[0]).st_size} bytes, the "
+                                    f"shard has {self.source.shards[k].size}")
+        if mismatch(data, entry) is not None:
             log.warning("%s: record %d of shard %d fails its checksum (a writer was killed, "
                         "or the file was edited); fetched again", self.path(k), j, k)
             os.pwrite(held[1], b"\x00", j)
@@ -281,15 +286,6 @@ class GrowingShards:
         if head is None or len(head) != shard.size - shard.header.index_offset + fmt.HEADER_SIZE:
             return None
         return head
-
-
-def _unlink_if_same(path: str, fd: int) -> None:
-    """Remove ``path`` if it still names the file open as ``fd``."""
-    try:
-        if os.path.samestat(os.lstat(path), os.fstat(fd)):
-            os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 def _pwrite_all(fd: int, data, at: int) -> None:

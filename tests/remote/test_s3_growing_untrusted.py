@@ -4,6 +4,9 @@ served is one this process verified; nothing outside the cache is written. Real 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -143,3 +146,34 @@ def test_a_worker_joins_a_growing_file_whose_map_was_longer(s3_env, packed, tmp_
     assert grow.start(0, 1 << 30)  # the owner (its planner) joins the file
     got = _in_child(lambda: bytes(grow.record(0, 1) or b"none"))
     assert got == bytes(remote.shards[0].payload(1)) + bytes(remote.shards[0].fields_block(1))
+
+
+def _child(cache, action) -> subprocess.CompletedProcess:
+    script = os.path.join(os.path.dirname(__file__), "grow_child.py")
+    return subprocess.run([sys.executable, script, URL, str(cache), action],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_a_growing_file_cut_while_mapped_is_an_error_naming_it(s3_env, packed, tmp_path):
+    """Another process's record is checked after the file was cut to one page under the
+    map: an error naming the file, not a SIGBUS."""
+    _first_batch(_remote(tmp_path / "cache")).close()  # records 0-2 written by this process
+    done = _child(tmp_path / "cache", "cut")
+    assert done.returncode == 0, done.stderr
+    path = _remote(tmp_path / "cache")._remote.growing.path(0)
+    assert done.stdout.startswith("ShardChangedError") and path in done.stdout
+
+
+def test_a_writer_killed_mid_record_never_serves_half_a_record(s3_env, packed, tmp_path):
+    """SIGKILL in the middle of a record's write: the next run checks, refetches, finishes
+    every shard and counts each once on the ledger."""
+    done = _child(tmp_path / "cache", "kill")
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    remote = _remote(tmp_path / "cache")
+    assert os.path.exists(remote._remote.growing.path(0))  # left half full
+    _equal(_epoch(Dataset(packed)), _epoch(remote))
+    folder = remote._remote.keeper.dir
+    assert sorted(n for n in os.listdir(folder) if n.endswith((".shard", ".grow", ".map"))) \
+        == ["0.shard", "1.shard"]
+    with open(os.path.join(folder, ".ledger"), "rb") as f:
+        assert int(f.read()) == sum(s.size for s in remote.shards)
