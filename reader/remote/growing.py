@@ -94,13 +94,18 @@ class GrowingShards:
         ends = offsets + self.source.lengths[self.source.first_sample(k) + local]
         order = np.argsort(offsets, kind="stable")
         a = 0
-        for i in range(1, len(order) + 1):
-            if i == len(order) or offsets[order[i]] != ends[order[i - 1]]:
-                lo, hi = int(offsets[order[a]]), int(ends[order[i - 1]])
-                _pwrite_all(fd, data[lo - start:hi - start], lo)
-                a = i
-        for j in local.tolist():  # after the bytes: a reader seeing the 1 sees them
-            os.pwrite(map_fd, b"\x01", j)
+        try:
+            for i in range(1, len(order) + 1):
+                if i == len(order) or offsets[order[i]] != ends[order[i - 1]]:
+                    lo, hi = int(offsets[order[a]]), int(ends[order[i - 1]])
+                    _pwrite_all(fd, data[lo - start:hi - start], lo)
+                    a = i
+            for j in local.tolist():  # after the bytes: a reader seeing the 1 sees them
+                os.pwrite(map_fd, b"\x01", j)
+        except OSError as exc:  # a full disk: the sparse file takes its blocks as it fills
+            raise OSError(exc.errno, f"{exc.strerror}: writing records of shard {k} into "
+                          f"{self.path(k)}; free space there, or pass a smaller cache_limit "
+                          f"or another cache_dir") from exc
         self.verified[self.source.first_sample(k) + local] = True
 
     def present(self, samples: np.ndarray, lookup, budget: int) -> np.ndarray:
@@ -238,7 +243,7 @@ class GrowingShards:
         if create:
             try:
                 fd = os.open(self.path(k) + ".map", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW
-                             | os.O_CLOEXEC, 0o600)
+                             | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
             except OSError as exc:
                 log.warning("%s.map: %s; shard %d is kept record by record", self.path(k),
                             exc.strerror, k)
@@ -283,9 +288,8 @@ class GrowingShards:
         """The cached (verified when loaded) header page + index + metadata of shard ``k``."""
         shard = self.source.shards[k]
         head = cache_mod.read_file(self.source.cache.index_path(shard.name), shard.size)
-        if head is None or len(head) != shard.size - shard.header.index_offset + fmt.HEADER_SIZE:
-            return None
-        return head
+        full = shard.size - shard.header.index_offset + fmt.HEADER_SIZE
+        return head if head is not None and len(head) == full else None
 
 
 def _pwrite_all(fd: int, data, at: int) -> None:

@@ -3,7 +3,9 @@ files replaced, hard-linked, truncated or resized behind the reader's back. Ever
 served is one this process verified; nothing outside the cache is written. Real SeaweedFS."""
 from __future__ import annotations
 
+import errno
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -177,3 +179,22 @@ def test_a_writer_killed_mid_record_never_serves_half_a_record(s3_env, packed, t
         == ["0.shard", "1.shard"]
     with open(os.path.join(folder, ".ledger"), "rb") as f:
         assert int(f.read()) == sum(s.size for s in remote.shards)
+
+
+def test_a_full_disk_while_records_land_is_an_error_naming_the_file(s3_env, packed, tmp_path,
+                                                                     monkeypatch):
+    from dlpack_io.reader.remote import growing
+
+    remote = _remote(tmp_path / "cache")
+    real, head = growing._pwrite_all, remote.shards[0].header
+
+    def full(fd, data, at):
+        if head.data_offset <= at < head.index_offset:  # a record, not the header
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(fd, data, at)
+    monkeypatch.setattr(growing, "_pwrite_all", full)
+    with pytest.raises(OSError) as caught:
+        _epoch(remote)
+    message = str(caught.value)  # the planner's rewrap keeps the words, not the errno
+    assert "No space left on device" in message and "cache_limit" in message
+    assert re.search(r"records/[01]\.grow", message)
