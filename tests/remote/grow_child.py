@@ -1,10 +1,12 @@
 """A process for tests/remote/test_s3_growing_untrusted.py (not a test module).
 
-    python grow_child.py URL CACHE_DIR cut|kill
+    python grow_child.py URL CACHE_DIR cut|kill|cutshard
 
 cut: join shard 0's growing file, cut it to one page while it is mapped, then read a record
 another process wrote; prints what happened (never dies of SIGBUS).
 kill: start epoch 0 and die by SIGKILL in the middle of the first write of a record.
+cutshard: map assembled shard 0 (unstamped: checked first) and cut it to one page while its
+records are being checked; prints what ``view`` returned.
 """
 from __future__ import annotations
 
@@ -28,6 +30,17 @@ def main() -> None:
             print("served")
         except Exception as exc:  # noqa: BLE001 - the test reads what it was
             print(f"{type(exc).__name__}: {exc}")
+        return
+    if action == "cutshard":
+        from dlpack_io.reader.remote import assembled
+
+        check = assembled._intact
+
+        def cut_then_check(*args):
+            os.truncate(ds._remote.whole.path(0), 4096)
+            return check(*args)
+        assembled._intact = cut_then_check
+        print("mapped" if ds._remote.whole.view(0) is not None else "discarded")
         return
     real, head = growing._pwrite_all, ds.shards[0].header
 

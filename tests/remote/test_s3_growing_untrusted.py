@@ -198,3 +198,14 @@ def test_a_full_disk_while_records_land_is_an_error_naming_the_file(s3_env, pack
     message = str(caught.value)  # the planner's rewrap keeps the words, not the errno
     assert "No space left on device" in message and "cache_limit" in message
     assert re.search(r"records/[01]\.grow", message)
+
+
+def test_an_assembled_shard_cut_while_it_is_checked_is_discarded(s3_env, packed, tmp_path):
+    """Its stamp gone, assembled shard 0 is checked record by record before it is used; cut
+    to one page meanwhile, it is discarded (and fetched again later), never a SIGBUS."""
+    remote = _remote(tmp_path / "cache")
+    _equal(_epoch(Dataset(packed)), _epoch(remote))
+    os.unlink(remote._remote.whole.path(0) + ".ok")
+    done = _child(tmp_path / "cache", "cutshard")
+    assert (done.returncode, done.stdout) == (0, "discarded\n"), done.stderr
+    assert not os.path.exists(remote._remote.whole.path(0))
