@@ -18,6 +18,8 @@ import logging
 import os
 import stat
 
+from dlpack_io.reader.safeio import ShardChangedError
+
 log = logging.getLogger(__name__)
 
 _OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -158,6 +160,14 @@ def unlink_if_same(path: str, fd: int) -> None:
             os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def check_size(fd: int, size: int, path: str) -> None:
+    """ShardChangedError naming ``path`` unless the file open as ``fd`` still has ``size``
+    bytes (a file cut, or grown, under a process that maps it)."""
+    now = os.fstat(fd).st_size
+    if now != size:
+        raise ShardChangedError(path, f"{now} bytes, the shard has {size}")
 
 
 def discard(path: str, why: str) -> bool:

@@ -31,7 +31,6 @@ from dlpack_io.reader import format as fmt
 from dlpack_io.reader.remote import cache as cache_mod
 from dlpack_io.reader.remote import cachefs
 from dlpack_io.reader.remote.recordspan import mismatch
-from dlpack_io.reader.safeio import ShardChangedError
 
 log = logging.getLogger(__name__)
 _CLOSE_AFTER_S = 10.0  # a finished shard's files stay open this long (threads still using them)
@@ -90,7 +89,8 @@ class GrowingShards:
         if held is None:  # assembled by another process: its verified bytes are there
             return
         fd, map_fd = held[:2]
-        offsets = entries["offset"].astype(np.int64)
+        cachefs.check_size(fd, self.source.shards[k].size, self.path(k))  # a cut file: no
+        offsets = entries["offset"].astype(np.int64)  # write extends it (zeros, verified)
         ends = offsets + self.source.lengths[self.source.first_sample(k) + local]
         order = np.argsort(offsets, kind="stable")
         a = 0
@@ -200,8 +200,7 @@ class GrowingShards:
             return None
         data = os.pread(held[0], span, at)  # checked as read (a mapped page of a cut file
         if len(data) != span:  # would fault: SIGBUS), then served from the map
-            raise ShardChangedError(self.path(k), f"{os.fstat(held[0]).st_size} bytes, the "
-                                    f"shard has {self.source.shards[k].size}")
+            cachefs.check_size(held[0], self.source.shards[k].size, self.path(k))
         if mismatch(data, entry) is not None:
             log.warning("%s: record %d of shard %d fails its checksum (a writer was killed, "
                         "or the file was edited); fetched again", self.path(k), j, k)

@@ -209,3 +209,20 @@ def test_an_assembled_shard_cut_while_it_is_checked_is_discarded(s3_env, packed,
     done = _child(tmp_path / "cache", "cutshard")
     assert (done.returncode, done.stdout) == (0, "discarded\n"), done.stderr
     assert not os.path.exists(remote._remote.whole.path(0))
+
+
+def test_a_growing_file_cut_under_its_writer_is_an_error_naming_it(s3_env, packed, tmp_path):
+    """Cut to one page after records 0-2 landed: the next landing would extend it again
+    (zeros where verified records were); the planner refuses to write into it."""
+    remote = _remote(tmp_path / "cache")
+    prefetch = _first_batch(remote)
+    os.truncate(remote._remote.growing.path(0), 4096)
+    first = remote._remote.first_sample(0)
+    prefetch.close()
+    prefetch = remote.start_prefetch([np.arange(first + 3, first + 6)], mode="records")
+    with pytest.raises(Exception) as caught:  # ShardChangedError, rewrapped by the planner
+        prefetch.wait(0)
+    prefetch.close()
+    path = remote._remote.growing.path(0)
+    assert "changed on disk" in str(caught.value) and path in str(caught.value)
+    assert os.path.getsize(path) == 4096  # nothing written into it
