@@ -204,7 +204,8 @@ class GrowingShards:
         if mismatch(data, entry) is not None:
             log.warning("%s: record %d of shard %d fails its checksum (a writer was killed, "
                         "or the file was edited); fetched again", self.path(k), j, k)
-            os.pwrite(held[1], b"\x00", j)
+            if self._owner == os.getpid():  # its planner fetches it again (a worker that read
+                os.pwrite(held[1], b"\x00", j)  # old bytes must not clear a fresh mark)
             return None
         self.verified[s] = True
         return view
@@ -238,7 +239,7 @@ class GrowingShards:
 
     def _open_map(self, k: int, create: bool):
         n = len(self.source.shards[k].index)
-        opened = cachefs.open_regular(self.path(k) + ".map", os.O_RDWR) if not create else None
+        opened = cachefs.open_regular(self.path(k) + ".map") if not create else None
         if create:
             try:
                 fd = os.open(self.path(k) + ".map", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW

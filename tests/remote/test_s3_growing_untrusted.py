@@ -226,3 +226,26 @@ def test_a_growing_file_cut_under_its_writer_is_an_error_naming_it(s3_env, packe
     path = remote._remote.growing.path(0)
     assert "changed on disk" in str(caught.value) and path in str(caught.value)
     assert os.path.getsize(path) == 4096  # nothing written into it
+
+
+def test_only_the_planner_clears_a_mark_of_the_map(s3_env, packed, tmp_path):
+    """A worker process that finds a marked record damaged leaves the map alone: a worker
+    that read the bytes just before the planner rewrote them would otherwise clear the
+    planner's fresh mark, and every worker would fail on that record until the shard is
+    finished. The planner, which fetches it again, clears it."""
+    first = _remote(tmp_path / "cache")
+    _first_batch(first).close()
+    grow = first._remote.growing
+    at = int(first.shards[0].index[1]["offset"])
+    with open(grow.path(0), "r+b") as f:  # record 1: damaged, still marked
+        f.seek(at)
+        f.write(b"\x00")
+    remote = _remote(tmp_path / "cache")
+    grow = remote._remote.growing
+    assert grow.start(0, 1 << 30)
+    assert _in_child(lambda: b"none" if grow.record(0, 1) is None else b"served") == b"none"
+    with open(grow.path(0) + ".map", "rb") as f:
+        assert f.read()[1] == 1  # left for the planner
+    assert grow.record(0, 1) is None
+    with open(grow.path(0) + ".map", "rb") as f:
+        assert f.read()[1] == 0
