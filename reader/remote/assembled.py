@@ -209,8 +209,9 @@ class WholeShards:
         """Publish the file open as ``fd`` (growing.py's ``grown``; every record in it
         verified) as assembled shard ``k``: its stamp (from ``fstat``: the file verified,
         whatever ``grown`` names now), then an exclusive link of that very file. True: linked
-        now; False: it is linked already (another process finished it); None: another file
-        is the assembled shard, or ours was removed (``dlpack cache clear``)."""
+        now; False: it is linked already (another process finished it), or ours lost its
+        name (whatever ``grown`` names now stays on the ledger in its place); None: another
+        file is the assembled shard."""
         st = os.fstat(fd)
         self._write_stamp(k, (st.st_ino, st.st_size, st.st_mtime_ns))
         try:
@@ -221,7 +222,7 @@ class WholeShards:
             except FileNotFoundError:
                 return None
         except FileNotFoundError:
-            return None
+            return False
         self.assembled += 1
         return True
 

@@ -82,7 +82,10 @@ def test_a_growing_file_replaced_before_it_is_published_is_not_stamped(s3_env, p
     local = Dataset(packed)
     _equal(_epoch(local), _epoch(remote))
     assert not os.path.exists(whole.path(0))  # ours lost its name: nothing to publish
-    _equal(_epoch(local), _epoch(_remote(tmp_path / "cache")))
+    again = _remote(tmp_path / "cache")
+    _equal(_epoch(local), _epoch(again))
+    with open(os.path.join(again._remote.keeper.dir, ".ledger"), "rb") as f:
+        assert int(f.read()) == sum(s.size for s in again.shards)  # each counted once
 
 
 def _records_dir(remote) -> str:
