@@ -180,3 +180,11 @@ def discard(path: str, why: str) -> bool:
     except FileNotFoundError:
         return False
     return True
+
+
+def pwrite_all(fd: int, data, at: int) -> None:
+    """Write all of ``data`` at offset ``at`` of ``fd`` (pwrite may write less)."""
+    view = memoryview(data)
+    while len(view):
+        done = os.pwrite(fd, view, at)
+        view, at = view[done:], at + done

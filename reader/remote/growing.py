@@ -98,7 +98,7 @@ class GrowingShards:
             for i in range(1, len(order) + 1):
                 if i == len(order) or offsets[order[i]] != ends[order[i - 1]]:
                     lo, hi = int(offsets[order[a]]), int(ends[order[i - 1]])
-                    _pwrite_all(fd, data[lo - start:hi - start], lo)
+                    cachefs.pwrite_all(fd, data[lo - start:hi - start], lo)
                     a = i
             for j in local.tolist():  # after the bytes: a reader seeing the 1 sees them
                 os.pwrite(map_fd, b"\x01", j)
@@ -161,8 +161,8 @@ class GrowingShards:
         head = self._head(k)
         if head is not None:  # our own verified copy of the header, index and metadata
             shard = self.source.shards[k]
-            _pwrite_all(fd, head[:fmt.HEADER_SIZE], 0)
-            _pwrite_all(fd, head[fmt.HEADER_SIZE:], shard.header.index_offset)
+            cachefs.pwrite_all(fd, head[:fmt.HEADER_SIZE], 0)
+            cachefs.pwrite_all(fd, head[fmt.HEADER_SIZE:], shard.header.index_offset)
         adopted = self.source.whole.adopt(k, self.path(k), fd)
         if adopted is None:  # another file is the assembled shard: ours goes off the ledger
             self.keeper.discard_bytes(self.source.shards[k].size)
@@ -217,6 +217,7 @@ class GrowingShards:
         if create and (os.path.lexists(self.source.whole.path(k))
                        or os.path.lexists(os.path.dirname(self.keeper.path(k, 0)))):
             return False  # assembled, or kept record by record by an earlier run
+        self._made = None
         if create and not os.path.lexists(self.path(k)) and not self._create(k, budget):
             return False
         opened = cachefs.open_regular(self.path(k), os.O_RDWR if create else os.O_RDONLY)
@@ -230,7 +231,10 @@ class GrowingShards:
                         "shard %d are kept one file each", self.path(k), shard.size, k)
             return False
         map_fd = self._open_map(k, create)
-        if map_fd is None:
+        if map_fd is None:  # a planted map: a file we linked just now is not left behind
+            if self._made == k:
+                cachefs.unlink_if_same(self.path(k), fd)
+                self.keeper.discard_bytes(shard.size)
             os.close(fd)
             return False
         mm = mmap.mmap(fd, shard.size, prot=mmap.PROT_READ)
@@ -271,9 +275,10 @@ class GrowingShards:
         try:
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             os.ftruncate(fd, shard.size)
-            _pwrite_all(fd, head[:fmt.HEADER_SIZE], 0)
-            _pwrite_all(fd, head[fmt.HEADER_SIZE:], shard.header.index_offset)
+            cachefs.pwrite_all(fd, head[:fmt.HEADER_SIZE], 0)
+            cachefs.pwrite_all(fd, head[fmt.HEADER_SIZE:], shard.header.index_offset)
             os.link(tmp, self.path(k))
+            self._made = k  # ours: removed again if its map cannot be opened
         except OSError as exc:  # not ours on the ledger: another process's file, or none
             self.keeper.discard_bytes(shard.size)
             if not isinstance(exc, FileExistsError):  # FileExistsError: join theirs
@@ -290,11 +295,3 @@ class GrowingShards:
         head = cache_mod.read_file(self.source.cache.index_path(shard.name), shard.size)
         full = shard.size - shard.header.index_offset + fmt.HEADER_SIZE
         return head if head is not None and len(head) == full else None
-
-
-def _pwrite_all(fd: int, data, at: int) -> None:
-    """Write all of ``data`` at offset ``at`` of ``fd`` (pwrite may write less)."""
-    view = memoryview(data)
-    while len(view):
-        done = os.pwrite(fd, view, at)
-        view, at = view[done:], at + done

@@ -186,16 +186,16 @@ def test_a_writer_killed_mid_record_never_serves_half_a_record(s3_env, packed, t
 
 def test_a_full_disk_while_records_land_is_an_error_naming_the_file(s3_env, packed, tmp_path,
                                                                      monkeypatch):
-    from dlpack_io.reader.remote import growing
+    from dlpack_io.reader.remote import cachefs
 
     remote = _remote(tmp_path / "cache")
-    real, head = growing._pwrite_all, remote.shards[0].header
+    real, head = cachefs.pwrite_all, remote.shards[0].header
 
     def full(fd, data, at):
         if head.data_offset <= at < head.index_offset:  # a record, not the header
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         real(fd, data, at)
-    monkeypatch.setattr(growing, "_pwrite_all", full)
+    monkeypatch.setattr(cachefs, "pwrite_all", full)
     with pytest.raises(OSError) as caught:
         _epoch(remote)
     message = str(caught.value)  # the planner's rewrap keeps the words, not the errno
@@ -252,3 +252,19 @@ def test_only_the_planner_clears_a_mark_of_the_map(s3_env, packed, tmp_path):
     assert grow.record(0, 1) is None
     with open(grow.path(0) + ".map", "rb") as f:
         assert f.read()[1] == 0
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+def test_a_map_that_is_not_a_regular_file_is_never_waited_on_or_followed(s3_env, packed,
+                                                                         tmp_path, kind):
+    remote = _remote(tmp_path / "cache")
+    path = os.path.join(_records_dir(remote), "0.grow.map")
+    target = tmp_path / "victim"
+    target.write_bytes(b"keep me")
+    os.mkfifo(path) if kind == "fifo" else os.symlink(target, path)
+    _equal(_epoch(Dataset(packed)), _epoch(remote))
+    assert target.read_bytes() == b"keep me"
+    assert os.path.exists(remote._remote.whole.path(0))  # kept record by record, assembled
+    assert not os.path.exists(remote._remote.growing.path(0))  # no file of ours left behind
+    with open(os.path.join(remote._remote.keeper.dir, ".ledger"), "rb") as f:
+        assert int(f.read()) == sum(s.size for s in remote.shards)  # each counted once
