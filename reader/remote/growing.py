@@ -11,7 +11,7 @@ Sharing: ``<k>.grow.map`` holds one byte per record, 1 once its verified bytes a
 file (written after them, so a reader that sees the 1 sees the bytes). Any process with
 the same ``cache_dir`` may join a growing file; bytes it did not write itself it checks
 against their CRC once before using them (a killed writer, another job, a local edit: a
-record that fails is marked absent and fetched again). The file is created under a
+record that fails is marked absent by a planner and fetched again). The file is created under a
 temporary name and linked in exclusively; its ``shard.size`` bytes are put on the keep
 ledger (keep.py) by the process that created it, and stay there as the assembled shard.
 """
