@@ -83,19 +83,18 @@ class WholeShards:
             if st.st_size != shard.size or st.st_size == 0:
                 self._discard(k, shard.size, f"{st.st_size} bytes, the shard has {shard.size}")
                 return None
-            mm = mmap.mmap(fd, st.st_size, prot=mmap.PROT_READ)
+            stamped = self._stamp(k) == sig
+            bad = None if stamped else _first_bad(fd, shard)  # read, not mapped: see there
+            mm = mmap.mmap(fd, st.st_size, prot=mmap.PROT_READ) if bad is None else None
         finally:
             os.close(fd)
-        view = memoryview(mm)
-        if self._stamp(k) != sig:
-            bad = _first_bad(view, shard)
-            if bad is not None:
-                view.release()
-                mm.close()
-                self._discard(k, shard.size, f"record {bad} fails its checksum (damaged or "
-                                             f"edited locally)")
-                return None
+        if bad is not None:
+            self._discard(k, shard.size, f"record {bad} fails its checksum (damaged or edited "
+                                         f"locally)")
+            return None
+        if not stamped:
             self._write_stamp(k, sig)
+        view = memoryview(mm)
         self._maps[k] = (os.getpid(), sig, mm, view)
         return view
 
@@ -206,19 +205,24 @@ class WholeShards:
         except OSError:
             pass  # not empty (a temporary file of another process): left for later
 
-    def adopt(self, k: int, grown: str):
-        """Publish file ``grown`` (growing.py; every record in it verified) as assembled
-        shard ``k``: its stamp, then an exclusive link. True: linked now; False: it is linked
-        already (another process finished it); None: another file is the assembled shard."""
-        st = os.lstat(grown)
+    def adopt(self, k: int, grown: str, fd: int):
+        """Publish the file open as ``fd`` (growing.py's ``grown``; every record in it
+        verified) as assembled shard ``k``: its stamp (from ``fstat``: the file verified,
+        whatever ``grown`` names now), then an exclusive link of that very file. True: linked
+        now; False: it is linked already (another process finished it), or ours lost its
+        name (whatever ``grown`` names now stays on the ledger in its place); None: another
+        file is the assembled shard."""
+        st = os.fstat(fd)
         self._write_stamp(k, (st.st_ino, st.st_size, st.st_mtime_ns))
         try:
-            os.link(grown, self.path(k))
+            cachefs.link_open_file(fd, st, grown, self.path(k))
         except FileExistsError:
             try:
                 return False if os.path.samestat(os.lstat(self.path(k)), st) else None
             except FileNotFoundError:
                 return None
+        except FileNotFoundError:
+            return False
         self.assembled += 1
         return True
 
@@ -270,11 +274,14 @@ def _signature(path: str):
     return st.st_ino, st.st_size, st.st_mtime_ns
 
 
-def _first_bad(view, shard) -> int | None:
-    """Number of the first record of ``shard`` whose bytes (image, field block) in
-    ``view`` fail their CRC."""
+def _first_bad(fd: int, shard) -> int | None:
+    """Number of the first record of ``shard`` whose bytes (image, field block) in the file
+    open as ``fd`` fail their CRC. Read with ``pread``: a mapped page of a file cut under
+    the check would fault (SIGBUS); a short read is a record that fails."""
     for j, e in enumerate(shard.index):
-        if not _intact(view, int(e["offset"]), e, shard, j):
+        span = int(e["length"]) + shard.fields_entry(j)[0]
+        data = os.pread(fd, span, int(e["offset"]))
+        if len(data) != span or not _intact(data, 0, e, shard, j):
             return j
     return None
 

@@ -18,6 +18,8 @@ import logging
 import os
 import stat
 
+from dlpack_io.reader.safeio import ShardChangedError
+
 log = logging.getLogger(__name__)
 
 _OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -133,6 +135,41 @@ def pread_exact(path: str, offset: int, length: int, size: int) -> bytes | None:
         os.close(fd)
 
 
+def link_open_file(fd: int, st, path: str, target: str) -> None:
+    """Link the file open as ``fd`` (``fstat`` ``st``) at ``target``, exclusively; never
+    another file that ``path`` names by now. FileNotFoundError when it has no name left."""
+    try:  # Linux: linkat(AT_SYMLINK_FOLLOW) of /proc/self/fd/N links the open file itself
+        fds = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        fds = None
+    if fds is not None:
+        try:  # src_dir_fd: linkat, not link (which would link the /proc entry itself)
+            os.link(str(fd), target, src_dir_fd=fds, follow_symlinks=True)
+        finally:
+            os.close(fds)
+        return
+    if not os.path.samestat(os.lstat(path), st):  # elsewhere: the name, if it is still ours
+        raise FileNotFoundError(f"{path}: replaced by another file")
+    os.link(path, target, follow_symlinks=False)
+
+
+def unlink_if_same(path: str, fd: int) -> None:
+    """Remove ``path`` if it still names the file open as ``fd``."""
+    try:
+        if os.path.samestat(os.lstat(path), os.fstat(fd)):
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def check_size(fd: int, size: int, path: str) -> None:
+    """ShardChangedError naming ``path`` unless the file open as ``fd`` still has ``size``
+    bytes (a file cut, or grown, under a process that maps it)."""
+    now = os.fstat(fd).st_size
+    if now != size:
+        raise ShardChangedError(path, f"{now} bytes, the shard has {size}")
+
+
 def discard(path: str, why: str) -> bool:
     """Remove our cache file ``path`` (the entry only: a link is never followed) after its
     bytes failed their checksum, with a warning naming it. True when this call removed it
@@ -143,3 +180,11 @@ def discard(path: str, why: str) -> bool:
     except FileNotFoundError:
         return False
     return True
+
+
+def pwrite_all(fd: int, data, at: int) -> None:
+    """Write all of ``data`` at offset ``at`` of ``fd`` (pwrite may write less)."""
+    view = memoryview(data)
+    while len(view):
+        done = os.pwrite(fd, view, at)
+        view, at = view[done:], at + done

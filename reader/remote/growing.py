@@ -11,7 +11,7 @@ Sharing: ``<k>.grow.map`` holds one byte per record, 1 once its verified bytes a
 file (written after them, so a reader that sees the 1 sees the bytes). Any process with
 the same ``cache_dir`` may join a growing file; bytes it did not write itself it checks
 against their CRC once before using them (a killed writer, another job, a local edit: a
-record that fails is marked absent and fetched again). The file is created under a
+record that fails is marked absent by a planner and fetched again). The file is created under a
 temporary name and linked in exclusively; its ``shard.size`` bytes are put on the keep
 ledger (keep.py) by the process that created it, and stay there as the assembled shard.
 """
@@ -89,17 +89,23 @@ class GrowingShards:
         if held is None:  # assembled by another process: its verified bytes are there
             return
         fd, map_fd = held[:2]
-        offsets = entries["offset"].astype(np.int64)
+        cachefs.check_size(fd, self.source.shards[k].size, self.path(k))  # a cut file: no
+        offsets = entries["offset"].astype(np.int64)  # write extends it (zeros, verified)
         ends = offsets + self.source.lengths[self.source.first_sample(k) + local]
         order = np.argsort(offsets, kind="stable")
         a = 0
-        for i in range(1, len(order) + 1):
-            if i == len(order) or offsets[order[i]] != ends[order[i - 1]]:
-                lo, hi = int(offsets[order[a]]), int(ends[order[i - 1]])
-                _pwrite_all(fd, data[lo - start:hi - start], lo)
-                a = i
-        for j in local.tolist():  # after the bytes: a reader seeing the 1 sees them
-            os.pwrite(map_fd, b"\x01", j)
+        try:
+            for i in range(1, len(order) + 1):
+                if i == len(order) or offsets[order[i]] != ends[order[i - 1]]:
+                    lo, hi = int(offsets[order[a]]), int(ends[order[i - 1]])
+                    cachefs.pwrite_all(fd, data[lo - start:hi - start], lo)
+                    a = i
+            for j in local.tolist():  # after the bytes: a reader seeing the 1 sees them
+                os.pwrite(map_fd, b"\x01", j)
+        except OSError as exc:  # a full disk: the sparse file takes its blocks as it fills
+            raise OSError(exc.errno, f"{exc.strerror}: writing records of shard {k} into "
+                          f"{self.path(k)}; free space there, or pass a smaller cache_limit "
+                          f"or another cache_dir") from exc
         self.verified[self.source.first_sample(k) + local] = True
 
     def present(self, samples: np.ndarray, lookup, budget: int) -> np.ndarray:
@@ -151,23 +157,17 @@ class GrowingShards:
         return published
 
     def _publish(self, k: int) -> bool:
-        fd = self._files[k][0]
+        fd, map_fd = self._files[k][:2]
         head = self._head(k)
         if head is not None:  # our own verified copy of the header, index and metadata
             shard = self.source.shards[k]
-            _pwrite_all(fd, head[:fmt.HEADER_SIZE], 0)
-            _pwrite_all(fd, head[fmt.HEADER_SIZE:], shard.header.index_offset)
-        try:
-            adopted = self.source.whole.adopt(k, self.path(k))
-        except FileNotFoundError:  # another process finished it (linked, then removed it)
-            return False
+            cachefs.pwrite_all(fd, head[:fmt.HEADER_SIZE], 0)
+            cachefs.pwrite_all(fd, head[fmt.HEADER_SIZE:], shard.header.index_offset)
+        adopted = self.source.whole.adopt(k, self.path(k), fd)
         if adopted is None:  # another file is the assembled shard: ours goes off the ledger
             self.keeper.discard_bytes(self.source.shards[k].size)
-        for path in (self.path(k), self.path(k) + ".map"):
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
+        for path, held in ((self.path(k), fd), (self.path(k) + ".map", map_fd)):
+            cachefs.unlink_if_same(path, held)  # never a file swapped in under our names
         return bool(adopted)
 
     # ---- any reader ------------------------------------------------------------------------
@@ -198,10 +198,14 @@ class GrowingShards:
             return view
         if os.pread(held[1], 1, j) != b"\x01":
             return None
-        if mismatch(view, entry) is not None:
+        data = os.pread(held[0], span, at)  # checked as read (a mapped page of a cut file
+        if len(data) != span:  # would fault: SIGBUS), then served from the map
+            cachefs.check_size(held[0], self.source.shards[k].size, self.path(k))
+        if mismatch(data, entry) is not None:
             log.warning("%s: record %d of shard %d fails its checksum (a writer was killed, "
                         "or the file was edited); fetched again", self.path(k), j, k)
-            os.pwrite(held[1], b"\x00", j)
+            if self._owner == os.getpid():  # its planner fetches it again (a worker that read
+                os.pwrite(held[1], b"\x00", j)  # old bytes must not clear a fresh mark)
             return None
         self.verified[s] = True
         return view
@@ -213,19 +217,24 @@ class GrowingShards:
         if create and (os.path.lexists(self.source.whole.path(k))
                        or os.path.lexists(os.path.dirname(self.keeper.path(k, 0)))):
             return False  # assembled, or kept record by record by an earlier run
+        self._made = None
         if create and not os.path.lexists(self.path(k)) and not self._create(k, budget):
             return False
         opened = cachefs.open_regular(self.path(k), os.O_RDWR if create else os.O_RDONLY)
         if opened is None:
             return False
         fd, st = opened
-        if st.st_uid != os.geteuid() or st.st_size != shard.size or not shard.size:
+        if st.st_uid != os.geteuid() or st.st_size != shard.size or not shard.size \
+                or create and st.st_nlink != 1:  # a hard link: a file outside is not written
             os.close(fd)
-            log.warning("%s: not a growing shard of ours of %d bytes; records of shard %d "
-                        "are kept one file each", self.path(k), shard.size, k)
+            log.warning("%s: not a growing shard of ours of %d bytes (one link); records of "
+                        "shard %d are kept one file each", self.path(k), shard.size, k)
             return False
         map_fd = self._open_map(k, create)
-        if map_fd is None:
+        if map_fd is None:  # a planted map: a file we linked just now is not left behind
+            if self._made == k:
+                cachefs.unlink_if_same(self.path(k), fd)
+                self.keeper.discard_bytes(shard.size)
             os.close(fd)
             return False
         mm = mmap.mmap(fd, shard.size, prot=mmap.PROT_READ)
@@ -234,11 +243,11 @@ class GrowingShards:
 
     def _open_map(self, k: int, create: bool):
         n = len(self.source.shards[k].index)
-        opened = cachefs.open_regular(self.path(k) + ".map", os.O_RDWR) if not create else None
+        opened = cachefs.open_regular(self.path(k) + ".map") if not create else None
         if create:
             try:
                 fd = os.open(self.path(k) + ".map", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW
-                             | os.O_CLOEXEC, 0o600)
+                             | os.O_NONBLOCK | os.O_CLOEXEC, 0o600)
             except OSError as exc:
                 log.warning("%s.map: %s; shard %d is kept record by record", self.path(k),
                             exc.strerror, k)
@@ -247,12 +256,12 @@ class GrowingShards:
         if opened is None:
             return None
         fd, st = opened
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() \
-                or not create and st.st_size != n:
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink != 1 \
+                or not create and st.st_size != n:  # written: never through a hard link
             os.close(fd)
             return None
-        if st.st_size < n:
-            os.ftruncate(fd, n)  # zeros: absent (two processes growing it agree)
+        if st.st_size != n:  # added zeros: absent; a longer one cut (workers refuse it)
+            os.ftruncate(fd, n)
         return fd
 
     def _create(self, k: int, budget: int) -> bool:
@@ -266,9 +275,10 @@ class GrowingShards:
         try:
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             os.ftruncate(fd, shard.size)
-            _pwrite_all(fd, head[:fmt.HEADER_SIZE], 0)
-            _pwrite_all(fd, head[fmt.HEADER_SIZE:], shard.header.index_offset)
+            cachefs.pwrite_all(fd, head[:fmt.HEADER_SIZE], 0)
+            cachefs.pwrite_all(fd, head[fmt.HEADER_SIZE:], shard.header.index_offset)
             os.link(tmp, self.path(k))
+            self._made = k  # ours: removed again if its map cannot be opened
         except OSError as exc:  # not ours on the ledger: another process's file, or none
             self.keeper.discard_bytes(shard.size)
             if not isinstance(exc, FileExistsError):  # FileExistsError: join theirs
@@ -283,14 +293,5 @@ class GrowingShards:
         """The cached (verified when loaded) header page + index + metadata of shard ``k``."""
         shard = self.source.shards[k]
         head = cache_mod.read_file(self.source.cache.index_path(shard.name), shard.size)
-        if head is None or len(head) != shard.size - shard.header.index_offset + fmt.HEADER_SIZE:
-            return None
-        return head
-
-
-def _pwrite_all(fd: int, data, at: int) -> None:
-    """Write all of ``data`` at offset ``at`` of ``fd`` (pwrite may write less)."""
-    view = memoryview(data)
-    while len(view):
-        done = os.pwrite(fd, view, at)
-        view, at = view[done:], at + done
+        full = shard.size - shard.header.index_offset + fmt.HEADER_SIZE
+        return head if head is not None and len(head) == full else None
