@@ -181,7 +181,9 @@ class Tuner:
     def _prime(self, trial: Trial, batches, end: int, ticket0: int, epoch: int) -> None:
         """Overlap the turns: the next candidate's parked engine takes the first batch of
         its turn while ``trial`` builds its last, so no turn after the first round starts
-        empty. Local data only (a remote batch waits on the prefetcher, in deliver's order)."""
+        empty. Local data only (a remote batch waits on the prefetcher, in deliver's order).
+        Primed before the turn's figures are in: a candidate dropped (or not chosen) right
+        after keeps that one batch unread until its engine is closed at settle."""
         after = self.next_turn(extra=trial)
         engine = None if after is None or after is trial or end >= len(batches) else \
             self.engines.parked(self._concrete(after, None))

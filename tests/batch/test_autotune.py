@@ -16,6 +16,8 @@ from dlpack_io.reader.batch.autotune import (Shifted, Trial, Tuner, candidates, 
                                              converged, drop_losers)
 from dlpack_io.reader.batch.engine import prime
 from dlpack_io.reader.batch.enginepool import EnginePool
+from dlpack_io.reader.batch.processes import ProcessRunner
+from dlpack_io.reader.batch.runners import ThreadRunner
 
 from helpers import pack_jpeg_and_raw
 
@@ -287,14 +289,28 @@ def test_the_next_turn_is_primed_and_reads_the_same_batches(packed, monkeypatch)
         return prime(engine, batches, start, ticket0, epoch, count)
 
     monkeypatch.setattr(autotune, "prime", counted)
+    for rule in ("skip", "drop_losers"):  # every candidate takes every turn: a fixed schedule
+        monkeypatch.setattr(autotune, rule, lambda *args: None)
+    monkeypatch.setattr(autotune, "converged", lambda trials: False)
+    tickets = []  # every batch is submitted once: deliver goes on after the primed ones
+    for runner in (ThreadRunner, ProcessRunner):
+        monkeypatch.setattr(runner, "submit", _recorded(tickets, runner.submit))
     options = dict(batch_size=4, seed=5, transforms=list(RECIPE), return_index=True)
     auto = _read(Loader(Dataset(packed["raw"]), num_workers="auto", **options))
+    assert sorted(t for _, t in tickets) == list(range(18))
     fixed = _read(Loader(Dataset(packed["raw"]), num_workers=1, **options))
     _same(auto, fixed)
-    # turns of 3 batches from batch 0; from round two on (its engine parked, not started
-    # inside another turn) each next turn's first batch is submitted one batch before the
-    # turn's end (at batch 3 x turns)
-    assert primed and all(s % 3 == 0 and s >= 6 and c == 1 for s, c in primed)
+    # 18 batches: round one is 2, 4, 1 threads, 2 processes, 3 batches each (engines started
+    # at their turn, never for priming); round two's turns (2 threads at 12, 4 at 15) get
+    # their first batch while the turn before builds its last; the epoch ends at 18
+    assert primed == [(12, 1), (15, 1)]
+
+
+def _recorded(tickets, submit):
+    def recording(self, ticket, indices, epoch):
+        tickets.append((id(self), ticket))
+        return submit(self, ticket, indices, epoch)
+    return recording
 
 
 def test_the_pool_shows_a_parked_engine_and_never_starts_one_for_priming():
