@@ -5,7 +5,13 @@ ROUNDS short pieces each, at batch boundaries), measures each one as the trainin
 it, then keeps the best for the rest of the run and logs what it chose and why (one line;
 also ``loader.stats().tuned``). A candidate's engine (workers and buffers) is started at its
 first turn and parked between its turns (enginepool.py): a turn starts nothing, so it
-measures the setting and not its start-up. Taking turns means a change in a shared
+measures the setting and not its start-up; from the second round on, the next candidate's
+parked engine is handed the first batch of its turn while the running one builds its last
+(``prime``), so no turn starts with an empty pipeline. Every candidate's piece is the same
+number of batches (equal work), ``cores`` threads go first, and their first piece decides
+which candidates the host makes pointless (trials.skip: fewer threads when the loop waits
+for data, processes when the threads kept every core busy without a GIL-bound
+``sample_transform``). Taking turns means a change in a shared
 machine's load hits every candidate alike, and the median over a candidate's pieces drops a
 piece that met a burst. After each round a candidate more than DROP slower than the best is
 dropped (its turns would only cost), and once two rounds leave the candidates within TIE of
@@ -42,20 +48,20 @@ from __future__ import annotations
 import logging
 import math
 import os
-import statistics
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
-from dlpack_io.reader.batch.engine import deliver
+from dlpack_io.reader.batch import stagetimes
+from dlpack_io.reader.batch.engine import deliver, prime
 from dlpack_io.reader.batch.enginepool import EnginePool
 from dlpack_io.reader.batch.stats import tree_cpu
+from dlpack_io.reader.batch.trials import (ROUNDS, Trial, choose, converged, describe,
+                                           drop_losers, name, skip)
 
+__all__ = ["AUTO", "Shifted", "Trial", "Tuner", "candidates", "choose", "converged",
+           "drop_losers", "usable_cores"]
 log = logging.getLogger(__name__)
 AUTO = "auto"
-TIE = 0.05            # intervals within 5% of the best are equal: the cheaper one wins
-ROUNDS = 3            # each candidate is measured in this many pieces, taken in turns
-DROP = 0.5            # after a round, a candidate this much slower than the best is dropped
-#                       (one short piece is noisy: at 0.25 a lucky piece dropped the rest)
 JITTER_RAISE = 1.5    # prefetch="auto" goes deeper than 2 x workers only from this jitter on
 
 
@@ -80,84 +86,6 @@ def candidates(cores: int, max_workers: int, processes: bool = True) -> list[tup
     return list(dict.fromkeys(out))  # no setting twice (max_workers may fold them)
 
 
-@dataclass
-class Trial:
-    """One candidate's measurements: pieces of consecutive deliveries."""
-
-    kind: str
-    workers: int
-    intervals: list = field(default_factory=list)   # seconds between deliveries
-    pieces: list = field(default_factory=list)      # mean interval of each measured piece
-    cpu_s: float = 0.0
-    images: int = 0
-    dropped: bool = False
-
-    def needed(self) -> int:
-        """Intervals that make a trial: three rounds of the workers' batches (at least six:
-        one interval is one noisy sample of a shared machine)."""
-        return max(6, 3 * self.workers)
-
-    def piece(self) -> int:
-        """Intervals measured per turn (the trial is ROUNDS turns)."""
-        return math.ceil(self.needed() / ROUNDS)
-
-    def done(self) -> bool:
-        """Measured in every round, or dropped as clearly slower than another candidate."""
-        return len(self.pieces) >= ROUNDS or self.dropped
-
-    @property
-    def interval(self) -> float:
-        """Median over the pieces of their mean seconds between deliveries (the pieces are
-        taken in turns with the other candidates, so a change in the machine's load hits
-        them all; the median drops a piece that met a burst); inf when nothing measured."""
-        return statistics.median(self.pieces) if self.pieces else math.inf
-
-    @property
-    def cpu_ms(self) -> float:
-        """CPU milliseconds per image over the measured intervals."""
-        return 1000 * self.cpu_s / self.images if self.images else 0.0
-
-    def jitter(self) -> float:
-        """The slowest window of ``workers`` deliveries over the mean window (>= 1)."""
-        w = max(1, self.workers)
-        windows = [sum(self.intervals[i:i + w]) for i in range(0, len(self.intervals) - w + 1, w)]
-        mean = sum(windows) / len(windows) if windows else 0.0
-        return max(windows) / mean if mean > 0 else 1.0
-
-
-def name(trial: Trial) -> str:
-    """'2 threads', '1 process': a trial's setting in words."""
-    plural = "" if trial.workers == 1 else ("es" if trial.kind == "process" else "s")
-    return f"{trial.workers} {trial.kind}{plural}"
-
-
-def choose(trials: list[Trial]) -> Trial:
-    """The trial with the shortest interval; the first of those within TIE of it."""
-    best = min(t.interval for t in trials)
-    return next(t for t in trials if t.interval <= best * (1 + TIE) or best == math.inf)
-
-
-def drop_losers(trials: list[Trial]) -> None:
-    """Once every candidate still on trial has as many pieces as the others (a round is
-    over), drop those more than DROP slower than the best: their turns would only cost."""
-    live = [t for t in trials if not t.dropped]
-    if len({len(t.pieces) for t in live}) != 1 or not live[0].pieces:
-        return
-    best = min(t.interval for t in live)
-    for t in live:
-        t.dropped = t.interval > best * (1 + DROP)
-
-
-def converged(trials: list[Trial]) -> bool:
-    """Two rounds or more are over and every candidate still on trial is within TIE of the
-    best: the cheapest of equals wins, so another round would buy little for its turns."""
-    live = [t for t in trials if not t.dropped]
-    if len({len(t.pieces) for t in live}) != 1 or len(live[0].pieces) < 2:
-        return False
-    best = min(t.interval for t in live)
-    return all(t.interval <= best * (1 + TIE) for t in live)
-
-
 class Tuner:
     """Which setting builds the batches now; trials the candidates, then settles."""
 
@@ -170,21 +98,25 @@ class Tuner:
         self._tell = on_setting or (lambda *args: None)
         auto_workers = options.num_workers == AUTO
         self.auto_prefetch = options.prefetch == AUTO
+        self.cores = usable_cores() if cores is None else cores
         if auto_workers:
-            cores = usable_cores() if cores is None else cores
-            kinds = candidates(cores, MAX_WORKERS)
+            kinds = candidates(self.cores, MAX_WORKERS)
         else:
             kinds = [(options.worker_kind, int(options.num_workers))]
         self.trials = [Trial(kind, n) for kind, n in kinds]
         # too short an epoch to measure: cores threads (every heavy step releases the GIL)
         self.fallback = next((t for t in self.trials if t.kind == "thread" and auto_workers
-                              and t.workers == min(cores, MAX_WORKERS)), self.trials[0])
+                              and t.workers == min(self.cores, MAX_WORKERS)), self.trials[0])
+        span = self.fallback.piece()  # equal work: every candidate's piece as long
+        for t in self.trials if auto_workers else ():
+            t.span = span
         self.settled = not (auto_workers or self.auto_prefetch) or not self.trials[0].workers
         self.reason = "" if self.settled else "measuring " + ", ".join(
             name(t) for t in self.trials)
         self.engines = EnginePool()  # the candidates' engines, parked between their turns
         self.engines.parking = not self.settled
-        self._use(self._concrete(self.trials[0], None))
+        self._primed = None  # (engine, first batch, count): the next turn's batches submitted
+        self._use(self._concrete(self.fallback, None))
 
     def one_round(self) -> int:
         """Batches that one round of the trials delivers (each candidate's piece + fill)."""
@@ -197,10 +129,20 @@ class Tuner:
         return replace(asked, num_workers=trial.workers, worker_kind=trial.kind,
                        prefetch=prefetch)
 
-    def _current(self) -> Trial | None:
-        """The next turn: the candidate with the fewest pieces (the first of those)."""
-        left = [t for t in self.trials if not t.done()]
-        return min(left, key=lambda t: len(t.pieces)) if left else None
+    def next_turn(self, extra: Trial | None = None) -> Trial | None:
+        """The next turn: the candidate with the fewest pieces, ``cores`` threads first,
+        then in order (``extra``: counted as if it had measured one more piece)."""
+        def pieces(t):
+            return len(t.pieces) + (t is extra)
+        left = [t for t in self.trials if not t.dropped and pieces(t) < ROUNDS]
+        return min(left, key=lambda t: (pieces(t), self._rank(t))) if left else None
+
+    def _rank(self, trial: Trial) -> tuple:
+        """Turn order within a round: ``cores`` threads (its first piece decides what to
+        skip: trials.skip), then more threads, then those skip may rule out."""
+        first = self.fallback
+        maybe = trial.kind == "process" or trial.workers < first.workers
+        return trial is not first, maybe, self.trials.index(trial)
 
     def deliver(self, engine, swap, batches, start, ticket0, prefetch, epoch, on_batch):
         """engine.deliver's batches, in order, with the trials in between; ``swap(options)``
@@ -209,7 +151,7 @@ class Tuner:
         if not self.settled and len(batches) - start < self.one_round():
             engine = self.settle(engine, swap, short=len(batches) - start)
         while not self.settled and k < len(batches):
-            trial = self._current()
+            trial = self.next_turn()
             if trial is None:
                 engine = self.settle(engine, swap)
                 break
@@ -217,8 +159,10 @@ class Tuner:
                 self._use(self._concrete(trial, None))
                 engine = swap(self.options)
             end = min(len(batches), k + trial.piece() + 1)
-            yield from self._measured(trial, engine, batches[:end], k, ticket0,
+            yield from self._measured(trial, engine, batches, k, end, ticket0,
                                       Shifted(prefetch, k - start), epoch, on_batch)
+            if trial is self.fallback and len(trial.pieces) == 1:
+                skip(self.trials, trial, self.cores)
             drop_losers(self.trials)
             k = end
             if converged(self.trials) and k < len(batches):
@@ -227,22 +171,47 @@ class Tuner:
             engine = self.settle(engine, swap)
         if k < len(batches):
             yield from deliver(engine, batches, k, ticket0, Shifted(prefetch, k - start),
-                               epoch, self.options.in_flight, on_batch)
+                               epoch, self.options.in_flight, on_batch, self._take(engine, k))
 
-    def _measured(self, trial, engine, batches, k, ticket0, prefetch, epoch, on_batch):
+    def _take(self, engine, k: int) -> int:
+        """Batches from ``k`` already submitted to ``engine`` by a priming (0: none)."""
+        primed, self._primed = self._primed, None
+        return primed[2] if primed and primed[0] is engine and primed[1] == k else 0
+
+    def _prime(self, trial: Trial, batches, end: int, ticket0: int, epoch: int) -> None:
+        """Overlap the turns: the next candidate's parked engine takes the first batch of
+        its turn while ``trial`` builds its last, so no turn after the first round starts
+        empty. Local data only (a remote batch waits on the prefetcher, in deliver's order).
+        Primed before the turn's figures are in: a candidate dropped (or not chosen) right
+        after keeps that one batch unread until its engine is closed at settle."""
+        after = self.next_turn(extra=trial)
+        engine = None if after is None or after is trial or end >= len(batches) else \
+            self.engines.parked(self._concrete(after, None))
+        if engine is not None:
+            self._primed = (engine, end, prime(engine, batches, end, ticket0, epoch, 1))
+
+    def _measured(self, trial, engine, batches, k, end, ticket0, prefetch, epoch, on_batch):
         last = cpu0 = None
-        piece = []
-        for item in deliver(engine, batches, k, ticket0, prefetch, epoch,
-                            self.options.in_flight, on_batch):
+        piece, step = [], 0.0
+        for item in deliver(engine, batches[:end], k, ticket0, prefetch, epoch,
+                            self.options.in_flight, on_batch, self._take(engine, k)):
             now, cpu = time.perf_counter(), tree_cpu(engine.runner.pids)
             if last is not None:  # the first delivery of a piece pays start-up and fill
                 piece.append(now - last)
                 trial.cpu_s, trial.images = trial.cpu_s + cpu - cpu0, trial.images + len(item[2])
-            last, cpu0 = now, cpu
+                stages = stagetimes.totals(item[1].stages)
+                if stages is not None:
+                    trial.user_s += float(stages[stagetimes.USER])
+                    trial.stage_s += float(stages.sum())
+            if item[0] == end - 2 and prefetch is None:
+                self._prime(trial, batches, end, ticket0, epoch)
+            last, cpu0, handed = now, cpu, time.perf_counter()
             yield item  # the step runs here: the next interval spans it, as the loop sees it
+            step += time.perf_counter() - handed if len(piece) < trial.piece() else 0.0
         if piece:
             trial.intervals += piece
             trial.pieces.append(sum(piece) / len(piece))
+            trial.wall_s, trial.step_s = trial.wall_s + sum(piece), trial.step_s + step
 
     def settle(self, engine, swap, short: int = 0):
         """Keep the best trial's setting (``prefetch="auto"``: its depth too), log why;
@@ -257,9 +226,7 @@ class Tuner:
         chosen = self._concrete(best, prefetch)
         self.settled, self.engines.parking = True, False
         why = f"not measured: an epoch of {short} batches is too short for the trials" \
-            if short else "measured: " + "; ".join(
-                f"{name(t)} {t.interval * 1000:.1f} ms/batch {t.cpu_ms:.2f} CPU-ms/image"
-                + (" (dropped)" if t.dropped else "") for t in self.trials)
+            if short else "measured: " + "; ".join(describe(t) for t in self.trials)
         self.reason = (f"num_workers={chosen.num_workers} worker_kind={chosen.worker_kind!r} "
                        f"prefetch={chosen.in_flight} ({why})")
         log.info("Loader auto setting: %s", self.reason)

@@ -17,14 +17,21 @@ def engine_key(options) -> tuple:
 class EnginePool:
     """Parked engines by ``engine_key``; ``parking`` is on while the candidates are on trial."""
 
-    def __init__(self):
+    def __init__(self, make=None):
         self.idle: dict = {}
         self.parking = False
+        self.make = make      # options -> a new engine (the Loader's; swap's default)
         self._running = None  # the key of the engine swap() last handed out
 
-    def swap(self, engine, options, make):
+    def parked(self, options):
+        """The parked engine for ``options``, or None: the next turn's engine, primed before
+        its turn (autotune.py). None is never started here: a start inside the running
+        turn would be measured as that turn's cost."""
+        return self.idle.get(engine_key(options))
+
+    def swap(self, engine, options, make=None):
         """The engine for concrete LoaderOptions ``options``: a parked one of the same key,
-        or ``make(options)``. ``engine`` (the running one, or None) is parked while
+        or ``make(options)`` (default: ``self.make``). ``engine`` (the running one, or None) is parked while
         ``parking``, closed otherwise (and then every parked engine is closed too)."""
         if engine is not None:
             if self.parking and self._running not in self.idle:
@@ -36,7 +43,7 @@ class EnginePool:
         if not self.parking:
             self.close()
         self._running = key
-        return found if found is not None else make(options)
+        return found if found is not None else (make or self.make)(options)
 
     def close(self) -> None:
         """Close every parked engine (the running one belongs to the Loader)."""

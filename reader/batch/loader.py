@@ -95,6 +95,8 @@ class Loader(DataLoaderAttributes):
         self.skipped = SkipAccount()
         self._stats = StatsClock(0, opts.worker_kind, self.device)  # Tuner: the setting
         self._tune = Tuner(opts, self._stats.setting)  # "auto": settled on the first batches
+        self._tune.engines.make = lambda o, d=self.dataset, s=self.spec, dev=self.device, \
+            t=self.device_transforms: make_engine(o, d, s, dev, t)  # no cycle through self
         self._log = LogSchedule(opts.log_every)
         self._consumer = threading.get_ident()  # the thread that iterates (updated per epoch)
         self._pin = pin_ok(opts.pin_memory, self.device)
@@ -260,8 +262,7 @@ class Loader(DataLoaderAttributes):
     # ---- resources ---------------------------------------------------------------------
     def _swap(self, opts):  # the engine for concrete options (autotune.py: parked or new)
         engine, self._engine = self._engine, None
-        self._engine = self._tune.engines.swap(engine, opts, lambda o: make_engine(
-            o, self.dataset, self.spec, self.device, self.device_transforms))
+        self._engine = self._tune.engines.swap(engine, opts)
         return self._engine
 
     def _close_engine(self) -> None:

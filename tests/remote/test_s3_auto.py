@@ -57,8 +57,8 @@ def test_auto_over_s3_reads_what_a_fixed_setting_reads_on_disk(s3_env, packed, m
     for (ia, xa), (ib, xb) in zip(local, auto):
         np.testing.assert_array_equal(ia, ib)
         np.testing.assert_array_equal(xa, xb)
-    # 1, 2 and 4 threads and 2 processes had their turns (one round, 3 + 3 + 5 + 3 batches,
-    # fits the first epoch of 20; settled at its end)
+    # 2 and 4 threads, then 1 thread and 2 processes unless skipped, had their turns (one
+    # round of 4 turns of 3 batches fits the first epoch of 20; settled at its end)
     assert stats.tuned.startswith("num_workers=")
     assert "2 processes" in stats.tuned
     # every record of the data set came over the network in the first epoch, at least

@@ -1,0 +1,143 @@
+"""What ``num_workers="auto"`` measures and how it judges: a candidate's trial (pieces of
+consecutive deliveries), the choice, the drop and tie rules, and which candidates a first
+look at the host makes pointless (pure functions; the Tuner in autotune.py drives them).
+
+Equal work: every candidate's piece is the same number of batches (``span``), so the
+candidates are judged on the throughput of equal work, not on more batches for more
+workers. The first piece is ``cores`` threads' (today's default); from it, ``skip`` reads
+two facts of the host before the other candidates pay a turn:
+
+* the **step share**: the part of each interval the training loop spent outside
+  ``next()``. Under STEP_SHARE the loop waits for data, so fewer threads than ``cores``
+  cannot deliver sooner: the ``cores / 2`` threads candidate is skipped;
+* the **GIL share** of a batch: the user's ``sample_transform`` seconds over all the stage
+  seconds of the piece (stagetimes.py), and the **CPU share**: CPU seconds of the piece over
+  its wall seconds x ``cores``. Processes can only win where threads leave cores idle
+  because Python holds the GIL; when the threads already kept CPU_FULL of every core busy
+  and the GIL share is under GIL_SHARE, the process candidate is skipped.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+TIE = 0.05            # intervals within 5% of the best are equal: the cheaper one wins
+ROUNDS = 3            # each candidate is measured in this many pieces, taken in turns
+DROP = 0.5            # after a round, a candidate this much slower than the best is dropped
+#                       (one short piece is noisy: at 0.25 a lucky piece dropped the rest)
+STEP_SHARE = 0.25     # a loop outside next() for less of an interval waits for data
+GIL_SHARE = 0.10      # a sample_transform share of the stage seconds that asks for processes
+CPU_FULL = 0.85       # threads that kept this share of every core busy left none idle
+
+
+@dataclass
+class Trial:
+    """One candidate's measurements: pieces of consecutive deliveries."""
+
+    kind: str
+    workers: int
+    intervals: list = field(default_factory=list)   # seconds between deliveries
+    pieces: list = field(default_factory=list)      # mean interval of each measured piece
+    cpu_s: float = 0.0
+    images: int = 0
+    dropped: bool = False
+    span: int = 0          # intervals per piece, the same for every candidate (0: own rule)
+    skipped: str = ""      # why a first look made this candidate pointless
+    wall_s: float = 0.0    # seconds of the measured intervals
+    step_s: float = 0.0    # of which the loop spent outside next()
+    user_s: float = 0.0    # workers' seconds in the sample_transform (stagetimes USER)
+    stage_s: float = 0.0   # workers' seconds in every stage
+
+    def needed(self) -> int:
+        """Intervals that make a trial: three rounds of the workers' batches (at least six:
+        one interval is one noisy sample of a shared machine)."""
+        return max(6, 3 * self.workers)
+
+    def piece(self) -> int:
+        """Intervals measured per turn (the trial is ROUNDS turns): ``span`` when set."""
+        return self.span or math.ceil(self.needed() / ROUNDS)
+
+    def done(self) -> bool:
+        """Measured in every round, or dropped as clearly slower than another candidate."""
+        return len(self.pieces) >= ROUNDS or self.dropped
+
+    @property
+    def interval(self) -> float:
+        """Median over the pieces of their mean seconds between deliveries (the pieces are
+        taken in turns with the other candidates, so a change in the machine's load hits
+        them all; the median drops a piece that met a burst); inf when nothing measured."""
+        return statistics.median(self.pieces) if self.pieces else math.inf
+
+    @property
+    def cpu_ms(self) -> float:
+        """CPU milliseconds per image over the measured intervals."""
+        return 1000 * self.cpu_s / self.images if self.images else 0.0
+
+    def jitter(self) -> float:
+        """The slowest window of ``workers`` deliveries over the mean window (>= 1)."""
+        w = max(1, self.workers)
+        windows = [sum(self.intervals[i:i + w]) for i in range(0, len(self.intervals) - w + 1, w)]
+        mean = sum(windows) / len(windows) if windows else 0.0
+        return max(windows) / mean if mean > 0 else 1.0
+
+
+def name(trial: Trial) -> str:
+    """'2 threads', '1 process': a trial's setting in words."""
+    plural = "" if trial.workers == 1 else ("es" if trial.kind == "process" else "s")
+    return f"{trial.workers} {trial.kind}{plural}"
+
+
+def describe(trial: Trial) -> str:
+    """A trial's figures in words, for the log line."""
+    if trial.skipped:
+        return f"{name(trial)} skipped ({trial.skipped})"
+    return (f"{name(trial)} {trial.interval * 1000:.1f} ms/batch {trial.cpu_ms:.2f} "
+            f"CPU-ms/image" + (" (dropped)" if trial.dropped else ""))
+
+
+def choose(trials: list[Trial]) -> Trial:
+    """The trial with the shortest interval; the first of those within TIE of it."""
+    best = min(t.interval for t in trials)
+    return next(t for t in trials if t.interval <= best * (1 + TIE) or best == math.inf)
+
+
+def drop_losers(trials: list[Trial]) -> None:
+    """Once every candidate still on trial has as many pieces as the others (a round is
+    over), drop those more than DROP slower than the best: their turns would only cost."""
+    live = [t for t in trials if not t.dropped]
+    if len({len(t.pieces) for t in live}) != 1 or not live[0].pieces:
+        return
+    best = min(t.interval for t in live)
+    for t in live:
+        t.dropped = t.interval > best * (1 + DROP)
+
+
+def converged(trials: list[Trial]) -> bool:
+    """Two rounds or more are over and every candidate still on trial is within TIE of the
+    best: the cheapest of equals wins, so another round would buy little for its turns."""
+    live = [t for t in trials if not t.dropped]
+    if len({len(t.pieces) for t in live}) != 1 or len(live[0].pieces) < 2:
+        return False
+    best = min(t.interval for t in live)
+    return all(t.interval <= best * (1 + TIE) for t in live)
+
+
+def skip(trials: list[Trial], first: Trial, cores: int) -> None:
+    """After ``first`` (``cores`` threads) measured a piece, skip the candidates the host
+    makes pointless (module docstring): fewer threads when the loop waits for data,
+    processes when the threads kept every core busy without a GIL-bound transform."""
+    if not first.wall_s:
+        return
+    step = first.step_s / first.wall_s
+    cpu = first.cpu_s / (first.wall_s * max(1, cores))
+    gil = first.user_s / first.stage_s if first.stage_s > 0 else 0.0
+    for t in trials:
+        if t.pieces or t is first:
+            continue
+        if t.kind == "thread" and t.workers < first.workers and step < STEP_SHARE:
+            t.skipped = f"the loop waited for data: step {step:.0%} of each interval"
+        elif t.kind == "process" and cpu >= CPU_FULL and gil < GIL_SHARE:
+            t.skipped = (f"{name(first)} kept {cpu:.0%} of {cores} cores busy, "
+                         f"sample_transform {gil:.0%} of the stage time")
+        t.dropped = t.dropped or bool(t.skipped)
