@@ -83,10 +83,9 @@ class Loader(DataLoaderAttributes):
         self.spec = compile_spec(opts.transforms, dtype=opts.dtype,
                                  reduced_decode=opts.reduced_decode, pad=opts.pad_stride)
         self.device = resolve_device(opts.device)
-        self.device_transforms = use_device_transforms(opts.device_transforms, self.device) \
+        wanted = use_device_transforms(opts.device_transforms, self.device) \
             and opts.sample_transform is None
-        self.device_transforms = place_transforms(self.spec, self.device_transforms,
-                                                  opts.device_transforms)
+        self.device_transforms = place_transforms(self.spec, wanted, opts.device_transforms)
         self._batch = Assembler(self.dataset, self.fields, self.spec, opts, self.device_transforms)
         self._finish = BatchFinish(self.spec, opts.seed, len(self.dataset.classes),
                                    self.device_transforms)
