@@ -20,7 +20,7 @@ class EnginePool:
     def __init__(self, make=None):
         self.idle: dict = {}
         self.parking = False
-        self.make = make      # options -> a new engine (the Loader's; swap's default)
+        self.make = make      # options -> a new engine (the Loader's)
         self._running = None  # the key of the engine swap() last handed out
 
     def parked(self, options):
@@ -29,9 +29,9 @@ class EnginePool:
         turn would be measured as that turn's cost."""
         return self.idle.get(engine_key(options))
 
-    def swap(self, engine, options, make=None):
+    def swap(self, engine, options):
         """The engine for concrete LoaderOptions ``options``: a parked one of the same key,
-        or ``make(options)`` (default: ``self.make``). ``engine`` (the running one, or None) is parked while
+        or ``self.make(options)``. ``engine`` (the running one, or None) is parked while
         ``parking``, closed otherwise (and then every parked engine is closed too)."""
         if engine is not None:
             if self.parking and self._running not in self.idle:
@@ -43,7 +43,7 @@ class EnginePool:
         if not self.parking:
             self.close()
         self._running = key
-        return found if found is not None else (make or self.make)(options)
+        return found if found is not None else self.make(options)
 
     def close(self) -> None:
         """Close every parked engine (the running one belongs to the Loader)."""

@@ -209,20 +209,21 @@ class FakeEngine:
 
 
 def test_the_pool_parks_engines_during_the_trials_and_closes_them_after():
-    pool, made = EnginePool(), []
+    made = []
 
     def make(o):
         made.append(FakeEngine(o.num_workers))
         return made[-1]
 
+    pool = EnginePool(make)
     one, two = LoaderOptions(num_workers=1), LoaderOptions(num_workers=2)
     pool.parking = True
-    e1 = pool.swap(None, one, make)
-    e2 = pool.swap(e1, two, make)
-    assert pool.swap(e2, one, make) is e1 and not e1.closed  # parked, not restarted
-    assert pool.swap(e1, two, make) is e2 and len(made) == 2
+    e1 = pool.swap(None, one)
+    e2 = pool.swap(e1, two)
+    assert pool.swap(e2, one) is e1 and not e1.closed  # parked, not restarted
+    assert pool.swap(e1, two) is e2 and len(made) == 2
     pool.parking = False  # settled: the running one is swapped out and closed, with the rest
-    e4 = pool.swap(e2, LoaderOptions(num_workers=4), make)
+    e4 = pool.swap(e2, LoaderOptions(num_workers=4))
     assert (e1.closed, e2.closed, e4.closed) == (True, True, False) and pool.idle == {}
 
 
