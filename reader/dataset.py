@@ -109,6 +109,7 @@ class Dataset(ImageFolderAttributes):
             return len(self._records)
         return self.manifest["num_samples"]
 
+    @property
     def shard_sizes(self) -> list:
         """Samples per shard in sample order, for block shuffles: each shard's record
         count, less its records that show in an older record's place (a replaced sample

@@ -205,7 +205,7 @@ class Mixture:
     @property
     def shard_sizes(self) -> list[list[int]]:
         """Per set, the sample counts of its shards (the block shuffle's blocks)."""
-        return [ds.shard_sizes() for ds in self.datasets]
+        return [ds.shard_sizes for ds in self.datasets]
 
     def split(self, virtual) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(set numbers, indices within their set, repetition numbers) of virtual indices

@@ -83,7 +83,7 @@ def order_report(path, *, seed: int = 0, epoch: int = 0, world_size: int = 1, ra
 
     ds = Dataset(path)
     n = len(ds)
-    sizes = ds.shard_sizes()
+    sizes = ds.shard_sizes
     shard_of, local, entries = ds.lookup(np.arange(n))
     label_of = entries["label"].astype(np.int64)
     kw = dict(seed=seed, epoch=epoch, rank=rank, world_size=world_size, batch_size=batch_size,

@@ -57,7 +57,7 @@ def epoch_positions(dataset, subset, o, epoch: int) -> np.ndarray:
                                       dataset.total, shuffle=o.shuffle, seed=o.seed,
                                       epoch=epoch, shard_sizes=dataset.shard_sizes,
                                       block_size=o.block_size, window=o.block_window)
-    sizes = dataset.shard_sizes() if subset is None else None
+    sizes = dataset.shard_sizes if subset is None else None
     positions = order_mod.epoch_order(epoch_items(dataset, subset), o.shuffle, o.seed, epoch,
                                       sizes, o.block_size, o.block_window)
     return positions if subset is None else subset[positions]

@@ -82,7 +82,7 @@ def test_replace_changed_retires_the_old_record_and_keeps_the_index(tmp_path, da
     assert ds.labels[slot] == 0 and ds.sample(slot)["label"] == 0
     assert sorted(p for p, _ in ds.samples) == sorted(
         os.path.join(str(src), p) for p in a_paths(src))
-    assert sum(ds.shard_sizes()) == 36
+    assert sum(ds.shard_sizes) == 36
     assert verify(dst, progress=False).ok
     again = convert(src, dst, append=True, replace_changed=True, **OPTS)
     assert again["nothing_new"] and again["append"]["duplicates"] == 36

@@ -86,11 +86,11 @@ def test_the_replaced_sample_keeps_its_index(replaced):
     shard_ids, local, entries = ds.lookup(np.arange(12))
     assert (shard_ids[old], local[old]) == (len(ds.shards) - 1, 0)
     assert np.array_equal(ds.labels, entries["label"]) and len(ds.labels) == 12
-    assert sum(ds.shard_sizes()) == 12 and ds.shard_sizes()[-1] == 0
+    assert sum(ds.shard_sizes) == 12 and ds.shard_sizes[-1] == 0
     with pytest.raises(IndexError, match="sample 12 out of range for a data set of 12"):
         ds.lookup([12])
     mix = Mixture([ds, Dataset(replaced)])  # a Mixture reads its sets through lookup
-    assert len(mix) == 24 and mix.shard_sizes == [ds.shard_sizes()] * 2
+    assert len(mix) == 24 and mix.shard_sizes == [ds.shard_sizes] * 2
     k, j, e = mix.lookup(np.arange(len(mix)))
     assert sorted(e["crc"].tolist()) == sorted(entries["crc"].tolist() * 2)
     assert len(np.unique(e["crc"])) == 12  # none retired: the old record's crc is not there
