@@ -280,3 +280,26 @@ def upload_folder(folder, url: str, env: dict) -> None:
     finally:
         os.environ.clear()
         os.environ.update(saved)
+
+
+def pack_and_upload(root, url: str, env: dict, *, count: int, classes: int, seed: int,
+                    size) -> str:
+    """Photo-like JPEGs under ``root/src`` packed into ``root/local`` (30 KB shards, so a
+    small set spans several) and uploaded under ``url``; returns the local copy's path."""
+    from dlpack_io.packer import convert
+    from dlpack_io.tools.synth import make_image_folder
+
+    make_image_folder(root / "src", count, classes, seed=seed, size=size)
+    convert(root / "src", root / "local", shard_size="30KB", workers=1, progress=False)
+    upload_folder(root / "local", url, env)
+    return str(root / "local")
+
+
+def batches_equal(a, b) -> None:
+    """Two epochs of (indices, images, labels) batches are the same, batch for batch."""
+    import numpy as np
+    import torch
+
+    assert len(a) == len(b) > 0
+    for (ia, xa, la), (ib, xb, lb) in zip(a, b):
+        assert np.array_equal(ia, ib) and torch.equal(la, lb) and torch.equal(xa, xb)

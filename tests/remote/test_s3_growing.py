@@ -12,26 +12,19 @@ import sys
 
 import numpy as np
 import pytest
-import torch
 
 from dlpack_io.reader import Loader, RandomHorizontalFlip, RandomResizedCrop
 from dlpack_io.reader.dataset import Dataset
-from dlpack_io.tools.synth import make_image_folder
 
-from helpers import upload_folder
+from helpers import batches_equal, pack_and_upload
 
 URL = "s3://dlpack-test/growing/base"
 
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory, s3_server):
-    from dlpack_io.packer import convert
-
-    root = tmp_path_factory.mktemp("growing")
-    make_image_folder(root / "src", 40, 3, seed=5, size=(48, 64))
-    convert(root / "src", root / "local", shard_size="30KB", workers=1, progress=False)
-    upload_folder(root / "local", URL, s3_server.env())
-    return str(root / "local")
+    return pack_and_upload(tmp_path_factory.mktemp("growing"), URL, s3_server.env(), count=40,
+                           classes=3, seed=5, size=(48, 64))
 
 
 def _epoch(ds, epoch=0, **kw):
@@ -42,12 +35,6 @@ def _epoch(ds, epoch=0, **kw):
     out = [(idx.copy(), images.clone(), labels.clone()) for images, labels, idx in loader]
     loader.close()
     return out
-
-
-def _equal(a, b):
-    assert len(a) == len(b) > 0
-    for (ia, xa, la), (ib, xb, lb) in zip(a, b):
-        assert np.array_equal(ia, ib) and torch.equal(la, lb) and torch.equal(xa, xb)
 
 
 def _layout(ds) -> list[str]:
@@ -67,7 +54,7 @@ def _ledger(ds) -> int:
 @pytest.mark.parametrize("kind", ["thread", "process"])
 def test_epoch_0_lands_in_place_equals_local_and_writes_no_record_file(s3_env, packed, kind):
     local, remote = Dataset(packed), Dataset(URL)
-    _equal(_epoch(local, worker_kind=kind), _epoch(remote, worker_kind=kind))
+    batches_equal(_epoch(local, worker_kind=kind), _epoch(remote, worker_kind=kind))
     assert _layout(remote) == _assembled(remote)  # no .grow, no folder of record files left
     assert remote._remote.whole.assembled == len(remote.shards)
     assert _ledger(remote) == sum(int(s["bytes"]) for s in remote._remote.manifest["shards"])
@@ -75,7 +62,7 @@ def test_epoch_0_lands_in_place_equals_local_and_writes_no_record_file(s3_env, p
     assert not any(files for _, _, files in os.walk(sessions) if
                    any(f.isdigit() for f in files))  # nothing published record by record
     fetched = remote._remote.bytes_fetched
-    _equal(_epoch(local, 1, worker_kind=kind), _epoch(remote, 1, worker_kind=kind))
+    batches_equal(_epoch(local, 1, worker_kind=kind), _epoch(remote, 1, worker_kind=kind))
     assert remote._remote.bytes_fetched == fetched  # epoch 1 from the assembled shards
 
 
@@ -92,7 +79,7 @@ def test_a_tampered_byte_in_a_fetched_range_is_caught_and_refetched(s3_env, pack
         return memoryview(bytes(data))
     store.aget_range = tampered
     with caplog.at_level(logging.WARNING):
-        _equal(_epoch(Dataset(packed)), _epoch(remote))
+        batches_equal(_epoch(Dataset(packed)), _epoch(remote))
     assert "checksum mismatch in the downloaded bytes" in caplog.text
     assert "fetching bytes" in caplog.text
     assert calls.count(calls[0]) == 2  # the same range, fetched once more
@@ -123,7 +110,7 @@ def test_a_run_killed_mid_epoch_leaves_a_cache_the_next_run_repairs(s3_env, pack
         f.write(bytes([byte[0] ^ 0xFF]))
     again = Dataset(URL, cache_dir=cache)
     with caplog.at_level(logging.WARNING):
-        _equal(_epoch(Dataset(packed)), _epoch(again))
+        batches_equal(_epoch(Dataset(packed)), _epoch(again))
     assert f"record {j} of shard {k} fails its checksum" in caplog.text
     assert _layout(again) == _assembled(again)
     assert _ledger(again) == sum(int(s["bytes"]) for s in again._remote.manifest["shards"])
@@ -217,9 +204,9 @@ def test_finished_shards_close_their_files(s3_env, packed, monkeypatch):
 
     monkeypatch.setattr(growing, "_CLOSE_AFTER_S", -1.0)  # at once, not 10 s later
     local, remote = Dataset(packed), Dataset(URL)
-    _equal(_epoch(local), _epoch(remote))
+    batches_equal(_epoch(local), _epoch(remote))
     assert remote._remote.growing._spent == [] and remote._remote.growing._files == {}
-    _equal(_epoch(local, 1), _epoch(remote, 1))
+    batches_equal(_epoch(local, 1), _epoch(remote, 1))
 
 
 def test_a_link_planted_where_a_shard_grows_is_not_followed(s3_env, packed, tmp_path, caplog):
@@ -228,7 +215,7 @@ def test_a_link_planted_where_a_shard_grows_is_not_followed(s3_env, packed, tmp_
     target.write_bytes(b"keep me")
     os.symlink(target, remote._remote.growing.path(0))
     with caplog.at_level(logging.WARNING):
-        _equal(_epoch(Dataset(packed)), _epoch(remote))
+        batches_equal(_epoch(Dataset(packed)), _epoch(remote))
     assert target.read_bytes() == b"keep me"  # never written through
     assert "not a regular file of ours" in caplog.text
     assert os.path.exists(remote._remote.whole.path(0))  # kept record by record, assembled

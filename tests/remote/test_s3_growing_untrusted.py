@@ -12,26 +12,19 @@ import sys
 
 import numpy as np
 import pytest
-import torch
 
 from dlpack_io.reader import Loader, RandomResizedCrop
 from dlpack_io.reader.dataset import Dataset
-from dlpack_io.tools.synth import make_image_folder
 
-from helpers import upload_folder
+from helpers import batches_equal, pack_and_upload
 
 URL = "s3://dlpack-test/growing/untrusted"
 
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory, s3_server):
-    from dlpack_io.packer import convert
-
-    root = tmp_path_factory.mktemp("untrusted")
-    make_image_folder(root / "src", 20, 2, seed=7, size=(40, 48))
-    convert(root / "src", root / "local", shard_size="30KB", workers=1, progress=False)
-    upload_folder(root / "local", URL, s3_server.env())
-    return str(root / "local")
+    return pack_and_upload(tmp_path_factory.mktemp("untrusted"), URL, s3_server.env(),
+                           count=20, classes=2, seed=7, size=(40, 48))
 
 
 def _remote(cache):
@@ -45,12 +38,6 @@ def _epoch(ds, kind="thread"):
     out = [(idx.copy(), images.clone(), labels.clone()) for images, labels, idx in loader]
     loader.close()
     return out
-
-
-def _equal(a, b):
-    assert len(a) == len(b) > 0
-    for (ia, xa, la), (ib, xb, lb) in zip(a, b):
-        assert np.array_equal(ia, ib) and torch.equal(la, lb) and torch.equal(xa, xb)
 
 
 def _first_batch(ds, k=0):
@@ -80,10 +67,10 @@ def test_a_growing_file_replaced_before_it_is_published_is_not_stamped(s3_env, p
         return real(k, *args)
     whole.adopt = swapped
     local = Dataset(packed)
-    _equal(_epoch(local), _epoch(remote))
+    batches_equal(_epoch(local), _epoch(remote))
     assert not os.path.exists(whole.path(0))  # ours lost its name: nothing to publish
     again = _remote(tmp_path / "cache")
-    _equal(_epoch(local), _epoch(again))
+    batches_equal(_epoch(local), _epoch(again))
     with open(os.path.join(again._remote.keeper.dir, ".ledger"), "rb") as f:
         assert int(f.read()) == sum(s.size for s in again.shards)  # each counted once
 
@@ -103,7 +90,7 @@ def test_hard_links_to_files_outside_are_never_written(s3_env, packed, tmp_path)
     victims[grow.path(1) + ".map"].write_bytes(b"keep me")
     for name, victim in victims.items():
         os.link(victim, name)
-    _equal(_epoch(Dataset(packed)), _epoch(remote))
+    batches_equal(_epoch(Dataset(packed)), _epoch(remote))
     assert victims[grow.path(0)].read_bytes() == b"v" * remote.shards[0].size
     assert victims[grow.path(1) + ".map"].read_bytes() == b"keep me"
     assert os.path.isdir(folder)
@@ -121,7 +108,7 @@ def test_a_map_of_the_wrong_length_is_repaired_for_every_process(s3_env, packed,
     n = len(first.shards[0].index)
     with open(path, "r+b") as f:
         f.truncate(n + extra)
-    _equal(_epoch(Dataset(packed), "process"), _epoch(remote, "process"))
+    batches_equal(_epoch(Dataset(packed), "process"), _epoch(remote, "process"))
 
 
 def _in_child(fn) -> bytes:
@@ -176,7 +163,7 @@ def test_a_writer_killed_mid_record_never_serves_half_a_record(s3_env, packed, t
     assert done.returncode == -signal.SIGKILL, done.stderr
     remote = _remote(tmp_path / "cache")
     assert os.path.exists(remote._remote.growing.path(0))  # left half full
-    _equal(_epoch(Dataset(packed)), _epoch(remote))
+    batches_equal(_epoch(Dataset(packed)), _epoch(remote))
     folder = remote._remote.keeper.dir
     assert sorted(n for n in os.listdir(folder) if n.endswith((".shard", ".grow", ".map"))) \
         == ["0.shard", "1.shard"]
@@ -207,7 +194,7 @@ def test_an_assembled_shard_cut_while_it_is_checked_is_discarded(s3_env, packed,
     """Its stamp gone, assembled shard 0 is checked record by record before it is used; cut
     to one page meanwhile, it is discarded (and fetched again later), never a SIGBUS."""
     remote = _remote(tmp_path / "cache")
-    _equal(_epoch(Dataset(packed)), _epoch(remote))
+    batches_equal(_epoch(Dataset(packed)), _epoch(remote))
     os.unlink(remote._remote.whole.path(0) + ".ok")
     done = _child(tmp_path / "cache", "cutshard")
     assert (done.returncode, done.stdout) == (0, "discarded\n"), done.stderr
@@ -262,7 +249,7 @@ def test_a_map_that_is_not_a_regular_file_is_never_waited_on_or_followed(s3_env,
     target = tmp_path / "victim"
     target.write_bytes(b"keep me")
     os.mkfifo(path) if kind == "fifo" else os.symlink(target, path)
-    _equal(_epoch(Dataset(packed)), _epoch(remote))
+    batches_equal(_epoch(Dataset(packed)), _epoch(remote))
     assert target.read_bytes() == b"keep me"
     assert os.path.exists(remote._remote.whole.path(0))  # kept record by record, assembled
     assert not os.path.exists(remote._remote.growing.path(0))  # no file of ours left behind

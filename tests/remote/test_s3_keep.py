@@ -11,25 +11,18 @@ import sys
 
 import numpy as np
 import pytest
-import torch
 
 from dlpack_io.reader import Loader, RandomHorizontalFlip, RandomResizedCrop
 from dlpack_io.reader.dataset import Dataset
 from dlpack_io.reader.remote import keep
-from dlpack_io.tools.synth import make_image_folder
 
-from helpers import upload_folder
+from helpers import batches_equal, pack_and_upload
 
 URL = "s3://dlpack-test/keep/base"
 
 
 def _pack(root, url, env, seed):
-    from dlpack_io.packer import convert
-
-    make_image_folder(root / "src", 40, 3, seed=seed, size=(48, 64))
-    convert(root / "src", root / "local", shard_size="30KB", workers=1, progress=False)
-    upload_folder(root / "local", url, env)
-    return str(root / "local")
+    return pack_and_upload(root, url, env, count=40, classes=3, seed=seed, size=(48, 64))
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +38,6 @@ def _epoch(ds, epoch, batch_size=8, **kw):
     out = [(idx.copy(), images.clone(), labels.clone()) for images, labels, idx in loader]
     loader.close()
     return out
-
-
-def _equal(a, b):
-    assert len(a) == len(b) > 0
-    for (ia, xa, la), (ib, xb, lb) in zip(a, b):
-        assert np.array_equal(ia, ib) and torch.equal(la, lb) and torch.equal(xa, xb)
 
 
 def _shard_bytes(ds) -> int:
@@ -70,14 +57,14 @@ def test_later_epochs_fetch_nothing_and_equal_local(s3_env, packed, kind):
     local, remote = Dataset(packed), Dataset(URL)
     total = int(remote._remote.lengths.sum())
     kw = dict(num_workers=2, worker_kind=kind)
-    _equal(_epoch(local, 0, **kw), _epoch(remote, 0, **kw))
+    batches_equal(_epoch(local, 0, **kw), _epoch(remote, 0, **kw))
     first = remote._remote.bytes_fetched
     assert total <= first < 1.15 * total  # coalesced ranges may span small gaps
     whole = _shard_bytes(remote)  # every shard kept whole: assembled into one file each
     assert _kept_bytes(remote) == (whole, whole)
     assert _layout(remote) == sorted(f"{k}.shard" for k in range(len(remote.shards)))
     for epoch in (1, 2):
-        _equal(_epoch(local, epoch, **kw), _epoch(remote, epoch, **kw))
+        batches_equal(_epoch(local, epoch, **kw), _epoch(remote, epoch, **kw))
     assert remote._remote.bytes_fetched == first  # epochs 1 and 2: not one byte
     for k, shard in enumerate(remote.shards):  # read through the mapped file, as local
         assert bytes(shard.file_view()) == open(local.shards[k].path, "rb").read()
@@ -133,11 +120,11 @@ def test_a_changed_data_set_is_never_served_stale(s3_env, tmp_path):
     url = "s3://dlpack-test/keep/changing"
     old = _pack(tmp_path / "old", url, s3_env.env(), seed=1)
     ds = Dataset(url)
-    _equal(_epoch(Dataset(old), 0), _epoch(ds, 0))
+    batches_equal(_epoch(Dataset(old), 0), _epoch(ds, 0))
     new = _pack(tmp_path / "new", url, s3_env.env(), seed=2)  # same URL, other photos
     again = Dataset(url)
     assert again._remote.key != ds._remote.key
-    _equal(_epoch(Dataset(new), 0), _epoch(again, 0))
+    batches_equal(_epoch(Dataset(new), 0), _epoch(again, 0))
     assert again._remote.bytes_fetched >= int(again._remote.lengths.sum())
 
 
@@ -157,7 +144,7 @@ def test_a_tampered_assembled_shard_is_detected_and_rebuilt(s3_env, packed, capl
         remote = Dataset(URL)
     before = remote._remote.bytes_fetched
     with caplog.at_level("WARNING"):
-        _equal(_epoch(local, 1), _epoch(remote, 1))
+        batches_equal(_epoch(local, 1), _epoch(remote, 1))
     why = "record 2 fails its checksum" if how == "bytes" else " bytes, the shard has "
     assert why in caplog.text and path in caplog.text
     records = int(remote.shards[1].index["length"].sum())  # that shard's, and only them
