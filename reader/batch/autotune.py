@@ -26,17 +26,16 @@ this process and its worker processes. The best setting is the one with the shor
 candidate wins (the candidates are listed cheapest first: threads before processes, fewer
 before more). A loop that is not data-bound therefore keeps the cheapest setting.
 
-The candidates, for ``cores`` = CPU cores this process may use / ``LOCAL_WORLD_SIZE`` (the
-ranks of one node share its cores): ``cores / 2`` threads (enough when the training loop
-itself needs a core, or the machine is shared), ``cores`` threads (decode, resize and
-copies release the GIL), ``2 x cores`` threads (covers reads that wait on a disk or the
-network), and ``cores`` processes (Python that holds the GIL -- a ``sample_transform``,
-and at raw-record rates the per-sample Python glue itself -- runs in parallel only in
-processes; docs/benchmarks.md, "num_workers=auto", round 2). ``prefetch="auto"``:
-``2 x workers`` batches in flight (one being built and one ready per worker), raised up to
-``4 x workers`` only when the trial saw an irregularity of JITTER_RAISE or more (the slowest
-window of ``workers`` deliveries over the mean one): a deeper queue only absorbs jitter, the
-steady rate is the workers', and a new depth costs an engine restart.
+The candidates: trials.candidates. Once settled, the chosen setting meets the runner-up
+once more, later in the run (confirm.py: equal pieces in turns, the runner-up takes over
+only when clearly faster), so that one unlucky moment of a shared machine does not decide
+the whole run.
+
+``prefetch="auto"``: ``2 x workers`` batches in flight (one being built and one ready per
+worker), raised up to ``4 x workers`` only when the trial saw an irregularity of
+JITTER_RAISE or more (the slowest window of ``workers`` deliveries over the mean one): a
+deeper queue only absorbs jitter, the steady rate is the workers', and a new depth costs an
+engine restart.
 
 Nothing here can change a batch: its samples are a pure function of (seed, epoch, rank,
 world size, batch size, drop_last, indices) and its augmentations of (seed, epoch, sample
@@ -47,43 +46,22 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from dataclasses import replace
 
 from dlpack_io.reader.batch import stagetimes
-from dlpack_io.reader.batch.engine import deliver, prime
-from dlpack_io.reader.batch.enginepool import EnginePool
+from dlpack_io.reader.batch.confirm import Check, runner_up
+from dlpack_io.reader.batch.engine import Run, Shifted, deliver, prime
+from dlpack_io.reader.batch.enginepool import EnginePool, engine_key
 from dlpack_io.reader.batch.stats import tree_cpu
-from dlpack_io.reader.batch.trials import (ROUNDS, Trial, choose, converged, describe,
-                                           drop_losers, name, skip)
+from dlpack_io.reader.batch.trials import (ROUNDS, Trial, candidates, choose, converged,
+                                           describe, drop_losers, name, skip, usable_cores)
 
 __all__ = ["AUTO", "Shifted", "Trial", "Tuner", "candidates", "choose", "converged",
            "drop_losers", "usable_cores"]
 log = logging.getLogger(__name__)
 AUTO = "auto"
 JITTER_RAISE = 1.5    # prefetch="auto" goes deeper than 2 x workers only from this jitter on
-
-
-def usable_cores() -> int:
-    """CPU cores for this rank's workers: those this process may run on, shared by the
-    ``LOCAL_WORLD_SIZE`` ranks of the node (torchrun sets it)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux: every core the OS reports
-        cores = os.cpu_count() or 1
-    local = os.environ.get("LOCAL_WORLD_SIZE", "1")
-    ranks = int(local) if local.strip().isdigit() and int(local) > 0 else 1
-    return max(1, cores // ranks)
-
-
-def candidates(cores: int, max_workers: int, processes: bool = True) -> list[tuple[str, int]]:
-    """(worker kind, count) to try on ``cores`` cores, cheapest first (``processes``: with
-    a process setting)."""
-    c = max(1, min(cores, max_workers))
-    out = [("thread", max(1, c // 2)), ("thread", c), ("thread", min(2 * c, max_workers))]
-    out += [("process", c)] if processes else []
-    return list(dict.fromkeys(out))  # no setting twice (max_workers may fold them)
 
 
 class Tuner:
@@ -116,6 +94,8 @@ class Tuner:
         self.engines = EnginePool()  # the candidates' engines, parked between their turns
         self.engines.parking = not self.settled
         self._primed = None  # (engine, first batch, count): the next turn's batches submitted
+        self.check = None    # confirm.Check: the choice against the runner-up, later
+        self._why = ""       # what the choice rests on, in words (the log line's parentheses)
         self._use(self._concrete(self.fallback, None))
 
     def one_round(self) -> int:
@@ -145,56 +125,101 @@ class Tuner:
         return trial is not first, maybe, self.trials.index(trial)
 
     def deliver(self, engine, swap, batches, start, ticket0, prefetch, epoch, on_batch):
-        """engine.deliver's batches, in order, with the trials in between; ``swap(options)``
-        closes the running engine and returns one built for ``options``."""
-        k = start
+        """engine.deliver's batches, in order, with the trials (and later the check of the
+        choice: confirm.py) in between; ``swap(options)`` closes or parks the running engine
+        and returns one built for ``options``."""
+        run = Run(batches, start, ticket0, prefetch, epoch, on_batch)
+        k, trials_now = start, not self.settled
         if not self.settled and len(batches) - start < self.one_round():
             engine = self.settle(engine, swap, short=len(batches) - start)
-        while not self.settled and k < len(batches):
+        if not self.settled:
+            engine, k = yield from self._trials(engine, swap, run, k)
+        if self.check is not None and k < len(batches):
+            engine, k = yield from self._confirm(engine, swap, run, k, trials_now)
+        if k < len(batches):
+            yield from deliver(engine, batches, k, ticket0, run.shifted(k), epoch,
+                               self.options.in_flight, on_batch, self._take(engine, k))
+
+    def _trials(self, engine, swap, run, k: int):
+        """The candidates' turns from batch ``k`` until settled (at the latest when the
+        epoch ends); returns (engine, next batch)."""
+        while not self.settled and k < len(run.batches):
             trial = self.next_turn()
             if trial is None:
-                engine = self.settle(engine, swap)
                 break
-            if (trial.kind, trial.workers) != (self.options.worker_kind, self.options.num_workers):
-                self._use(self._concrete(trial, None))
-                engine = swap(self.options)
-            end = min(len(batches), k + trial.piece() + 1)
-            yield from self._measured(trial, engine, batches, k, end, ticket0,
-                                      Shifted(prefetch, k - start), epoch, on_batch)
+            engine, k = yield from self._turn(trial, self._concrete(trial, None), engine,
+                                              swap, run, k)
             if trial is self.fallback and len(trial.pieces) == 1:
                 skip(self.trials, trial, self.cores)
             drop_losers(self.trials)
-            k = end
-            if converged(self.trials) and k < len(batches):
-                engine = self.settle(engine, swap)
-        if not self.settled:  # the first epoch ends: settled on what it measured
-            engine = self.settle(engine, swap)
-        if k < len(batches):
-            yield from deliver(engine, batches, k, ticket0, Shifted(prefetch, k - start),
-                               epoch, self.options.in_flight, on_batch, self._take(engine, k))
+            if converged(self.trials) and k < len(run.batches):
+                break
+        return self.settle(engine, swap), k
+
+    def _confirm(self, engine, swap, run, k: int, trials_now: bool):
+        """The check of the choice against the runner-up (confirm.py), once: ``gap``
+        batches after trials of this epoch, or from ``k`` in a later epoch, when the epoch
+        still holds the whole check; returns (engine, next batch)."""
+        begin = min(len(run.batches), k + self.check.gap) if trials_now else k
+        if len(run.batches) - begin < self.check.length():
+            return engine, k  # the next epoch's start
+        if begin > k:
+            yield from deliver(engine, run.batches[:begin], k, run.ticket0, run.shifted(k),
+                               run.epoch, self.options.in_flight, run.on_batch,
+                               self._take(engine, k))
+        check, k = self.check.fresh(), begin
+        self.check, self.engines.parking = check, True
+        while (trial := check.next_turn()) is not None:
+            engine, k = yield from self._turn(trial, check.options(trial), engine, swap, run, k)
+        won, self.check = check.winner(), None
+        self._why = f"{self._why[:-1]}; checked later: {check.describe()})"
+        engine = self._keep(check.options(won), engine, swap)
+        log.info("Loader auto setting, checked later: %s", self.reason)
+        return engine, k
+
+    def _turn(self, trial: Trial, options, engine, swap, run, k: int):
+        """One turn of ``trial`` (run with concrete ``options``) from batch ``k``: its
+        piece of intervals, plus the first delivery (fill); returns (engine, next batch)."""
+        if engine_key(options) != engine_key(self.options):
+            self._use(options)
+            engine = swap(options)
+        end = min(len(run.batches), k + trial.piece() + 1)
+        yield from self._measured(trial, engine, run, k, end)
+        return engine, end
 
     def _take(self, engine, k: int) -> int:
         """Batches from ``k`` already submitted to ``engine`` by a priming (0: none)."""
         primed, self._primed = self._primed, None
         return primed[2] if primed and primed[0] is engine and primed[1] == k else 0
 
-    def _prime(self, trial: Trial, batches, end: int, ticket0: int, epoch: int) -> None:
+    def _after(self, trial: Trial):
+        """(the turn after ``trial``'s, its concrete options), or None: the check's turns
+        while it runs, else the trials'."""
+        if self.check is not None and self.settled:
+            after = self.check.next_turn(extra=trial)
+            return None if after is None else (after, self.check.options(after))
+        after = self.next_turn(extra=trial)
+        return None if after is None else (after, self._concrete(after, None))
+
+    def _prime(self, trial: Trial, run, end: int) -> None:
         """Overlap the turns: the next candidate's parked engine takes the first batch of
         its turn while ``trial`` builds its last, so no turn after the first round starts
         empty. Local data only (a remote batch waits on the prefetcher, in deliver's order).
         Primed before the turn's figures are in: a candidate dropped (or not chosen) right
         after keeps that one batch unread until its engine is closed at settle."""
-        after = self.next_turn(extra=trial)
-        engine = None if after is None or after is trial or end >= len(batches) else \
-            self.engines.parked(self._concrete(after, None))
+        after = self._after(trial)
+        engine = None if after is None or after[0] is trial or end >= len(run.batches) else \
+            self.engines.parked(after[1])
         if engine is not None:
-            self._primed = (engine, end, prime(engine, batches, end, ticket0, epoch, 1))
+            self._primed = (engine, end, prime(engine, run.batches, end, run.ticket0,
+                                               run.epoch, 1))
 
-    def _measured(self, trial, engine, batches, k, end, ticket0, prefetch, epoch, on_batch):
+    def _measured(self, trial, engine, run, k, end):
         last = cpu0 = None
         piece, step = [], 0.0
-        for item in deliver(engine, batches[:end], k, ticket0, prefetch, epoch,
-                            self.options.in_flight, on_batch, self._take(engine, k)):
+        for item in deliver(engine, run.batches[:end], k, run.ticket0, run.shifted(k),
+                            run.epoch, self.options.in_flight, run.on_batch,
+                            self._take(engine, k)):
             now, cpu = time.perf_counter(), tree_cpu(engine.runner.pids)
             if last is not None:  # the first delivery of a piece pays start-up and fill
                 piece.append(now - last)
@@ -203,8 +228,8 @@ class Tuner:
                 if stages is not None:
                     trial.user_s += float(stages[stagetimes.USER])
                     trial.stage_s += float(stages.sum())
-            if item[0] == end - 2 and prefetch is None:
-                self._prime(trial, batches, end, ticket0, epoch)
+            if item[0] == end - 2 and run.prefetch is None:
+                self._prime(trial, run, end)
             last, cpu0, handed = now, cpu, time.perf_counter()
             yield item  # the step runs here: the next interval spans it, as the loop sees it
             step += time.perf_counter() - handed if len(piece) < trial.piece() else 0.0
@@ -213,25 +238,43 @@ class Tuner:
             trial.pieces.append(sum(piece) / len(piece))
             trial.wall_s, trial.step_s = trial.wall_s + sum(piece), trial.step_s + step
 
+    def _depth(self, trial: Trial):
+        """``prefetch="auto"``'s depth for ``trial``'s setting (None: the one asked for):
+        deeper than 2 x workers only for a real irregularity, since it costs a restart."""
+        if not self.auto_prefetch:
+            return None
+        jitter = trial.jitter()
+        depth = math.ceil(2 * trial.workers * jitter) if jitter >= JITTER_RAISE else 0
+        return min(self._max_prefetch, 4 * trial.workers, max(2, 2 * trial.workers, depth))
+
     def settle(self, engine, swap, short: int = 0):
         """Keep the best trial's setting (``prefetch="auto"``: its depth too), log why;
         returns the engine to go on with (``swap``'s when the setting changes; the parked
         candidates' engines are closed). ``short``: the epoch has only this many batches,
-        too few for one round of trials: the fallback setting, unmeasured."""
+        too few for one round of trials: the fallback setting, unmeasured. The runner-up,
+        if any, is checked against it later (confirm.py)."""
         best = self.fallback if short else choose(self.trials)
-        prefetch, jitter = None, best.jitter()
-        if self.auto_prefetch:  # deeper only for a real irregularity: it costs a restart
-            depth = math.ceil(2 * best.workers * jitter) if jitter >= JITTER_RAISE else 0
-            prefetch = min(self._max_prefetch, 4 * best.workers, max(2, 2 * best.workers, depth))
-        chosen = self._concrete(best, prefetch)
-        self.settled, self.engines.parking = True, False
+        chosen = self._concrete(best, self._depth(best))
+        second = None if short or len(self.trials) < 2 else runner_up(self.trials, best)
+        if second is not None:
+            self.check = Check.of(best, second, chosen, self._concrete(second,
+                                                                       self._depth(second)),
+                                  gap=self.one_round())
+        self.settled = True
         why = f"not measured: an epoch of {short} batches is too short for the trials" \
             if short else "measured: " + "; ".join(describe(t) for t in self.trials)
-        self.reason = (f"num_workers={chosen.num_workers} worker_kind={chosen.worker_kind!r} "
-                       f"prefetch={chosen.in_flight} ({why})")
+        self._why = f"({why})"
+        engine = self._keep(chosen, engine, swap)
         log.info("Loader auto setting: %s", self.reason)
-        same = (chosen.worker_kind, chosen.num_workers, chosen.in_flight) == \
-            (self.options.worker_kind, self.options.num_workers, self.options.in_flight)
+        return engine
+
+    def _keep(self, chosen, engine, swap):
+        """Go on with concrete ``chosen`` (parking off, the parked engines closed); returns
+        the engine: the running one when it is ``chosen``'s, else ``swap``'s."""
+        same = engine_key(chosen) == engine_key(self.options)
+        self.engines.parking = False
+        self.reason = (f"num_workers={chosen.num_workers} worker_kind={chosen.worker_kind!r} "
+                       f"prefetch={chosen.in_flight} {self._why}")
         self._use(chosen)
         if same:
             self.engines.close()
@@ -240,27 +283,3 @@ class Tuner:
     def _use(self, options) -> None:
         self.options = options
         self._tell(options.num_workers, options.worker_kind, self.reason)
-
-
-class Shifted:
-    """A remote prefetch handle seen from batch ``offset`` of its batches (None: no remote)."""
-
-    def __new__(cls, prefetch, offset: int):
-        if prefetch is None or offset == 0:
-            return prefetch
-        return super().__new__(cls)
-
-    def __init__(self, prefetch, offset: int):
-        self.inner, self.offset = prefetch, offset
-
-    def wait(self, k: int, timeout: float | None = None) -> None:
-        """The inner handle's wait for batch ``k + offset``."""
-        self.inner.wait(k + self.offset, timeout)
-
-    def ready(self, k: int) -> bool:
-        """The inner handle's ready for batch ``k + offset``."""
-        return self.inner.ready(k + self.offset)
-
-    def release(self, k: int) -> None:
-        """The inner handle's release of batch ``k + offset``."""
-        self.inner.release(k + self.offset)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from dlpack_io.reader.batch.buffers import BufferPool
 from dlpack_io.reader.batch.build import BuildContext
@@ -153,3 +154,43 @@ def deliver(engine: Engine, batches, start: int, ticket0: int, prefetch, epoch: 
         yield k, hb, images, labels
         if prefetch is not None:  # after the consumer read the batch's fields from the cache
             prefetch.release(k - start)
+
+
+class Shifted:
+    """A remote prefetch handle seen from batch ``offset`` of its batches (None: no remote)."""
+
+    def __new__(cls, prefetch, offset: int):
+        if prefetch is None or offset == 0:
+            return prefetch
+        return super().__new__(cls)
+
+    def __init__(self, prefetch, offset: int):
+        self.inner, self.offset = prefetch, offset
+
+    def wait(self, k: int, timeout: float | None = None) -> None:
+        """The inner handle's wait for batch ``k + offset``."""
+        self.inner.wait(k + self.offset, timeout)
+
+    def ready(self, k: int) -> bool:
+        """The inner handle's ready for batch ``k + offset``."""
+        return self.inner.ready(k + self.offset)
+
+    def release(self, k: int) -> None:
+        """The inner handle's release of batch ``k + offset``."""
+        self.inner.release(k + self.offset)
+
+
+class Run(NamedTuple):
+    """One epoch's delivery as the tuner (autotune.py) cuts it into turns: the arguments of
+    ``deliver`` that stay the same from one turn to the next."""
+
+    batches: list
+    start: int
+    ticket0: int
+    prefetch: object
+    epoch: int
+    on_batch: object
+
+    def shifted(self, k: int):
+        """The remote prefetch handle as seen from batch ``k`` (None: a local data set)."""
+        return Shifted(self.prefetch, k - self.start)

@@ -19,6 +19,7 @@ two facts of the host before the other candidates pay a turn:
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from dataclasses import dataclass, field
 
@@ -141,3 +142,32 @@ def skip(trials: list[Trial], first: Trial, cores: int) -> None:
             t.skipped = (f"{name(first)} kept {cpu:.0%} of {cores} cores busy, "
                          f"sample_transform {gil:.0%} of the stage time")
         t.dropped = t.dropped or bool(t.skipped)
+
+
+def usable_cores() -> int:
+    """CPU cores for this rank's workers: those this process may run on, shared by the
+    ``LOCAL_WORLD_SIZE`` ranks of the node (torchrun sets it)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux: every core the OS reports
+        cores = os.cpu_count() or 1
+    local = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    ranks = int(local) if local.strip().isdigit() and int(local) > 0 else 1
+    return max(1, cores // ranks)
+
+
+def candidates(cores: int, max_workers: int, processes: bool = True) -> list[tuple[str, int]]:
+    """(worker kind, count) to try on ``cores`` cores, cheapest first (``processes``: with
+    a process setting).
+
+    For ``cores`` = CPU cores this process may use / ``LOCAL_WORLD_SIZE`` (usable_cores):
+    ``cores / 2`` threads (enough when the training loop itself needs a core, or the machine
+    is shared), ``cores`` threads (decode, resize and copies release the GIL), ``2 x cores``
+    threads (covers reads that wait on a disk or the network), and ``cores`` processes
+    (Python that holds the GIL -- a ``sample_transform``, and at raw-record rates the
+    per-sample Python glue itself -- runs in parallel only in processes; docs/benchmarks.md,
+    "num_workers=auto", round 2)."""
+    c = max(1, min(cores, max_workers))
+    out = [("thread", max(1, c // 2)), ("thread", c), ("thread", min(2 * c, max_workers))]
+    out += [("process", c)] if processes else []
+    return list(dict.fromkeys(out))  # no setting twice (max_workers may fold them)

@@ -4,11 +4,12 @@ yields the batches of a fixed setting on local disk; loader.stats() counts the b
 fetched and the seconds the loop waited for them."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
 from dlpack_io.reader import Loader, RandomHorizontalFlip, RandomResizedCrop
-from dlpack_io.reader.batch import autotune
 from dlpack_io.reader.dataset import Dataset
 from dlpack_io.tools.synth import make_image_folder
 
@@ -47,7 +48,7 @@ def _epochs(ds, epochs: int, **kw):
 
 
 def test_auto_over_s3_reads_what_a_fixed_setting_reads_on_disk(s3_env, packed, monkeypatch):
-    monkeypatch.setattr(autotune.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     local, _, _, _ = _epochs(Dataset(packed), 3, num_workers=2, sample_transform=darken)
     remote = Dataset(URL, cache_limit=10_000_000)
@@ -65,3 +66,51 @@ def test_auto_over_s3_reads_what_a_fixed_setting_reads_on_disk(s3_env, packed, m
     records = sum(int(shard.index["length"].sum()) for shard in Dataset(packed).shards)
     assert fetched[0] >= records > 0 and min(fetched) >= 0
     assert all(w >= 0 for w in waited) and stats.run.fetch_wait_s == pytest.approx(sum(waited))
+
+
+class Clock:
+    """autotune's ``time``: perf_counter reads ``now``, which only the test's loop advances
+    (tests/batch/test_confirm.py: exact intervals, no waiting for time)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def test_the_later_check_switches_to_processes_over_s3_and_reads_the_same(s3_env, packed,
+                                                                          monkeypatch):
+    from dlpack_io.reader.batch import autotune
+
+    clock = Clock()
+    monkeypatch.setattr(autotune, "time", clock)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    # seconds per step by the setting that delivered the batch: 2 threads win the trials
+    # of epoch 0 (20 batches), 2 processes are the runner-up; in epoch 1 the threads slow
+    # down, and the check (2 threads, 2 processes, twice, 3 batches a turn) hands the rest
+    # of the run to the processes, which read only records the prefetcher has cached
+    cost = {("thread", 1): 14.0, ("thread", 2): 10.0, ("thread", 4): 13.0,
+            ("process", 2): 12.0}
+    local, _, _, _ = _epochs(Dataset(packed), 2, num_workers=2)
+    loader = Loader(Dataset(URL, cache_limit=10_000_000), batch_size=2, seed=3,
+                    return_index=True, num_workers="auto",
+                    transforms=[RandomResizedCrop(24), RandomHorizontalFlip()])
+    got, used = [], []
+    for epoch in range(2):
+        for x, _, i in loader:
+            got.append((i.copy(), x.numpy().copy()))
+            s = loader.stats()
+            used.append((s.worker_kind, s.num_workers))
+            clock.now += cost[used[-1]] * (2 if epoch and used[-1] == ("thread", 2) else 1)
+    tuned = loader.stats().tuned
+    loader.close()
+    assert len(got) == len(local) == 40
+    for (ia, xa), (ib, xb) in zip(local, got):
+        np.testing.assert_array_equal(ia, ib)
+        np.testing.assert_array_equal(xa, xb)
+    turns = [("thread", 2)] * 3 + [("process", 2)] * 3
+    assert used[20:] == turns * 2 + [("process", 2)] * 8
+    assert "checked later: switched to 2 processes: 2 threads 20000.0 ms/batch, 2 " \
+        "processes 12000.0 ms/batch" in tuned
