@@ -165,3 +165,42 @@ def test_the_check_takes_turns_and_decides_on_medians():
     again = check.fresh()
     assert again.kept.pieces == [] and again.options(again.other) == "t"
     assert (again.kept.kind, again.kept.workers, again.kept.span) == ("process", 2, 2)
+
+
+def test_a_check_cut_short_starts_over_and_a_state_saved_in_it_resumes(packed, monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(autotune, "time", clock)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    options = dict(batch_size=2, seed=5, transforms=list(RECIPE), return_index=True)
+    loader = Loader(Dataset(packed["raw"]), num_workers="auto", **options)
+    got, used = [], []
+
+    def take(x, y, i, epoch):
+        got.append((np.array(i), x.numpy().copy(), y.numpy().copy()))
+        s = loader.stats()
+        used.append((epoch, s.worker_kind, s.num_workers))
+        slow = {("process", 2): 20.0} if epoch else {}
+        clock.now += {**TRIALS, **slow}[(s.worker_kind, s.num_workers)]
+
+    for x, y, i in loader:  # epoch 0: the trials settle on 2 processes
+        take(x, y, i, 0)
+    for x, y, i in loader:  # epoch 1: the check, cut short in the runner-up's first turn
+        take(x, y, i, 1)
+        if len(got) == 36 + 5:
+            break
+    state = loader.state_dict()
+    assert "checked later" not in loader.stats().tuned
+    for x, y, i in loader:  # epoch 2: the check starts over, whole, and switches
+        take(x, y, i, 2)
+    loader.close()
+    turns = [("process", 2)] * 3 + [("thread", 2)] * 3
+    assert [u[1:] for u in used if u[0] == 2] == turns * 2 + [("thread", 2)] * 24
+    assert loader.stats().tuned.count("checked later") == 1
+    fixed = _fixed(packed["raw"])
+    _same(got, fixed[:41] + fixed[72:])
+    again = Loader(Dataset(packed["raw"]), num_workers="auto", **options)
+    again.load_state_dict(state)  # the rest of epoch 1, 31 batches: trials of its own
+    rest = [(np.array(i), x.numpy().copy(), y.numpy().copy()) for x, y, i in again]
+    again.close()
+    _same(got[:41] + rest, fixed[:72])
