@@ -16,7 +16,8 @@ import time
 import timeit
 
 from dlpack_io.reader.batch import stagetimes
-from dlpack_io.reader.batch.stats import LogSchedule, StatsClock
+from dlpack_io.reader.batch.stats import LogSchedule
+from dlpack_io.reader.batch.statsclock import StatsClock
 
 
 def _device(cuda: bool):

@@ -35,7 +35,8 @@ from dlpack_io.reader.batch.options import (OPTION_DOCS, LoaderOptions, resolve_
 from dlpack_io.reader.batch.plan import compile_spec
 from dlpack_io.reader.batch.recipes import BatchFinish, place_transforms
 from dlpack_io.reader.batch.skips import SkipAccount
-from dlpack_io.reader.batch.stats import LogSchedule, StatsClock
+from dlpack_io.reader.batch.stats import LogSchedule
+from dlpack_io.reader.batch.statsclock import StatsClock
 
 log = logging.getLogger(__name__)
 
