@@ -33,14 +33,18 @@ class StatsClock:
         self.run = LoaderStats(**self.kind)       # epochs that have ended
         self.epoch = LoaderStats(**self.kind)     # the current (or last) epoch
         self.open, self._start, self._cpu0, self._thread0, self._depths = False, 0.0, 0.0, 0.0, 0
+        self._mark, self._inside = 0.0, False     # the last cut at next(); in it since then?
 
-    def start_epoch(self, epoch: int, pids) -> None:
-        """Epoch ``epoch`` starts now (its first next() is being served)."""
+    def start_epoch(self, epoch: int, pids, asked: float | None = None) -> None:
+        """Epoch ``epoch`` starts: its first next() was called at ``asked`` (perf_counter;
+        None: now), so planning and start-up count as waiting."""
+        now = time.perf_counter() if asked is None else asked
         self.epoch = LoaderStats(epoch=epoch, **self.kind)
-        self.open, self._start, self._depths = True, time.perf_counter(), 0
+        self.open, self._start, self._depths, self._mark, self._inside = True, now, 0, now, True
         self._cpu0 = tree_cpu(pids)
         self._thread0 = time.thread_time()
         self.gpu.restart()
+        self.gpu.mark("step")  # the GPU's first wait is measured from here
 
     def setting(self, num_workers: int, worker_kind: str, tuned: str = "") -> None:
         """The workers now building the batches (``tuned``: why, when chosen by "auto")."""
@@ -49,15 +53,29 @@ class StatsClock:
             for name, value in self.kind.items():
                 setattr(stats, name, value)
 
-    def waited(self, seconds: float) -> None:
-        """The loop waited ``seconds`` inside next()."""
-        self.epoch.wait_s += seconds
+    def handed(self) -> None:
+        """A batch is handed to the loop now (right before the ``yield``): the time since
+        it asked was waiting."""
+        now = time.perf_counter()
+        self.epoch.wait_s += now - self._mark
+        self._mark, self._inside = now, False
         self.gpu.mark("wait")
 
-    def stepped(self, seconds: float) -> None:
-        """The loop spent ``seconds`` outside next() (its training step)."""
-        self.epoch.step_s += seconds
+    def asked(self) -> None:
+        """The loop asks for the next batch now (right after the ``yield``): the time
+        since the hand-over was its training step."""
+        now = time.perf_counter()
+        self.epoch.step_s += now - self._mark
+        self._mark, self._inside = now, True
         self.gpu.mark("step")
+
+    def _pending(self, stats: LoaderStats, now: float) -> None:
+        """Add the time since the last cut to ``stats``: waiting if the loop is inside
+        next() (or the epoch ended there), else its step."""
+        if self._inside:
+            stats.wait_s += now - self._mark
+        else:
+            stats.step_s += now - self._mark
 
     def delivered(self, images: int, finish_s: float, depth: int, stages=None,
                   fetch_wait_s: float = 0.0) -> None:
@@ -84,6 +102,7 @@ class StatsClock:
         if self.open:
             self.gpu.resolve(block=True)
             self._measure(pids, consumer_thread=True)
+            self._pending(self.epoch, self._start + self.epoch.wall_s)
             self.epoch.fetched_bytes = fetched_bytes(getattr(prefetch, "stats", None))
             self.open = False
             for name in SUMMED:
@@ -95,7 +114,7 @@ class StatsClock:
 
     def _measure(self, pids, consumer_thread: bool) -> None:
         e = self.epoch
-        e.wall_s = time.perf_counter() - self._start
+        e.wall_s = time.perf_counter() - self._start  # _pending(e, _start + wall_s) may follow
         e.cpu_s = tree_cpu(pids) - self._cpu0
         if consumer_thread:
             e.consumer_cpu_s = time.thread_time() - self._thread0
@@ -108,12 +127,16 @@ class StatsClock:
         time is then read now; from another thread the last reading is kept)."""
         if self.open:
             self._measure(pids, consumer_thread)
+        epoch = LoaderStats(**vars(self.epoch))
+        if self.open:
+            self._pending(epoch, self._start + epoch.wall_s)  # the interval under way
         run = LoaderStats(**{k: v for k, v in vars(self.run).items() if k != "run"})
         if self.open:
             for name in SUMMED:
-                setattr(run, name, getattr(run, name) + getattr(self.epoch, name))
-            if self.epoch.images_per_set is not None:
-                run.images_per_set = _add(run.images_per_set, self.epoch.images_per_set)
-        run.epoch = self.epoch.epoch
-        run.queue_depth = self.epoch.queue_depth
-        return LoaderStats(**{**vars(self.epoch), "run": run})
+                setattr(run, name, getattr(run, name) + getattr(epoch, name))
+            if epoch.images_per_set is not None:
+                run.images_per_set = _add(run.images_per_set, epoch.images_per_set)
+        run.epoch = epoch.epoch
+        run.queue_depth = epoch.queue_depth
+        epoch.run = run
+        return epoch

@@ -1,0 +1,82 @@
+"""The stats clock cuts the loop's time at next() exactly where the loop does: every piece of
+the Loader's own work inside next() (the epoch's start, what is done to a batch after it is
+built, the end of the epoch) is waiting, the step of a batch the loop broke out after is a
+step, and the CPU the Loader spends in the loop's own thread is the Loader's CPU. Known
+pauses are put inside next() by the test; the figures are compared with the test's own
+measurement around next()."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from dlpack_io.reader import Dataset, Loader
+from dlpack_io.reader.batch import sources
+
+from helpers import pack_jpeg_and_raw
+
+PAUSE = 0.04  # seconds of the Loader's work inside next() the test adds at each point
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    return pack_jpeg_and_raw(tmp_path_factory.mktemp("clock"), 48, 3, seed=5, shard_size="60KB")
+
+
+def _loop(loader, step: float, stop_after: int | None = None):
+    """Iterate (``stop_after`` batches, then break); return the seconds inside next(), the
+    seconds outside it, the wall time and the loop thread's CPU seconds inside next()."""
+    inside = outside = cpu = 0.0
+    it, done, start = iter(loader), 0, time.perf_counter()
+    while stop_after is None or done < stop_after:
+        t0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            next(it)
+        except StopIteration:
+            inside, cpu = inside + time.perf_counter() - t0, cpu + time.thread_time() - c0
+            break
+        t1 = time.perf_counter()
+        inside, cpu, done = inside + t1 - t0, cpu + time.thread_time() - c0, done + 1
+        time.sleep(step)
+        outside += time.perf_counter() - t1
+    del it  # a loop left early: the generator is closed here, as a for loop's is
+    return inside, outside, time.perf_counter() - start, cpu
+
+
+def _slowed(loader, monkeypatch):
+    """Add PAUSE inside next() at the epoch's start, after each batch is built, and at the
+    epoch's end (the next() that raises StopIteration)."""
+    def slow(fn):
+        def wrapped(*args, **kwargs):
+            time.sleep(PAUSE)
+            return fn(*args, **kwargs)
+        return wrapped
+    monkeypatch.setattr(loader.dataset, "start_prefetch", slow(loader.dataset.start_prefetch))
+    monkeypatch.setattr(sources, "set_counts", slow(sources.set_counts))
+    monkeypatch.setattr(loader.skipped, "report", slow(loader.skipped.report))
+
+
+@pytest.mark.parametrize("step", [0.0, 0.03], ids=["no-step", "sleep-step"])
+def test_the_loaders_work_inside_next_is_waiting(packed, monkeypatch, step):
+    loader = Loader(Dataset(packed["raw"]), batch_size=8, num_workers=1)
+    _slowed(loader, monkeypatch)
+    inside, outside, wall, _ = _loop(loader, step)
+    stats = loader.stats()
+    assert stats.batches == 6 and inside >= 8 * PAUSE
+    assert stats.wait_s == pytest.approx(inside, abs=0.02)
+    assert stats.step_s == pytest.approx(outside, abs=0.02)
+    assert stats.wait_fraction == pytest.approx(inside / (inside + outside), abs=0.05)
+    assert stats.wall_s == pytest.approx(wall, abs=0.02)
+    assert stats.wait_s + stats.step_s <= stats.wall_s + 1e-6
+    loader.close()
+
+
+def test_an_epoch_left_early_counts_the_last_step(packed):
+    loader = Loader(Dataset(packed["raw"]), batch_size=8, num_workers=1)
+    inside, outside, _, _ = _loop(loader, 0.05, stop_after=3)
+    stats = loader.stats()
+    assert stats.batches == 3 and stats.step_s >= 3 * 0.05
+    assert stats.step_s == pytest.approx(outside, abs=0.02)
+    assert stats.wait_s == pytest.approx(inside, abs=0.02)
+    assert stats.run.step_s == stats.step_s  # the epoch ended when its iterator was dropped
+    loader.close()
