@@ -13,6 +13,19 @@ from dlpack_io.reader.batch.stats import LoaderStats
 from helpers import pack_jpeg_and_raw
 
 
+SAMPLE_PAUSE = 0.005  # seconds of work per image (a sample_transform that sleeps)
+
+
+def slow_sample(image):
+    """A sample_transform of known cost (module level: worker processes run it too). It
+    makes the no-step epoch wait ~0.1 s in all, so that a scheduler or GIL hiccup of a
+    millisecond in the microseconds between the Loader's clock read at its yield and the
+    test's own around next() cannot move wait_fraction by 0.05: with 48 bare 48x64 images
+    the whole epoch waited ~5 ms, and a 0.8 ms hiccup under load moved it by 0.13."""
+    time.sleep(SAMPLE_PAUSE)
+    return image
+
+
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
     return pack_jpeg_and_raw(tmp_path_factory.mktemp("stats"), 48, 3, seed=7, shard_size="60KB")
@@ -43,8 +56,10 @@ def _measured_epoch(loader, step_seconds: float):
 @pytest.mark.parametrize("step", [0.0, 0.03], ids=["no-step", "sleep-step"])
 def test_wait_fraction_matches_the_wait_measured_around_next(packed, kind, step):
     loader = Loader(Dataset(packed["jpeg"]), batch_size=8, num_workers=2, worker_kind=kind,
-                    transforms=[RandomResizedCrop(32)], seed=1)
+                    transforms=[RandomResizedCrop(32)], seed=1, sample_transform=slow_sample)
     inside, outside, batches, images = _measured_epoch(loader, step)
+    if not step:
+        assert inside >= 0.1  # long enough for the 0.05 bound to mean something
     stats = loader.stats()
     assert (stats.batches, stats.images) == (batches, images) == (6, 48)
     assert stats.wait_fraction == pytest.approx(inside / (inside + outside), abs=0.05)
