@@ -62,6 +62,7 @@ class LoaderStats:
     finish_s: float = 0.0      # copy to the device + kernels (or host hand-over), consumer
     cpu_s: float = 0.0         # this process (all threads) + worker processes
     consumer_cpu_s: float = 0.0  # the training loop's own thread
+    loop_cpu_s: float = 0.0    # of which inside next(): the Loader's work in that thread
     queue_depth: float = 0.0   # mean built batches waiting when the loop asked
     num_workers: int = 0
     worker_kind: str = "thread"
@@ -93,9 +94,10 @@ class LoaderStats:
 
     @property
     def cpu_ms_per_image(self) -> float:
-        """CPU milliseconds per image delivered (the training loop's own thread left out)."""
-        return 1000 * max(0.0, self.cpu_s - self.consumer_cpu_s) / self.images \
-            if self.images else 0.0
+        """CPU milliseconds per image delivered: every thread and worker process, the
+        training loop's own thread only inside next() (the Loader's work there)."""
+        loader = self.cpu_s - self.consumer_cpu_s + self.loop_cpu_s
+        return 1000 * max(0.0, loader) / self.images if self.images else 0.0
 
     @property
     def workers_busy(self) -> float:

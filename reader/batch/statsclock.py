@@ -20,7 +20,7 @@ def _add(total, counts) -> list:
 
 
 SUMMED = ("batches", "images", "wall_s", "wait_s", "step_s", "finish_s", "cpu_s",
-          "consumer_cpu_s") + tuple(f"{s}_s" for s in STAGES) + (
+          "consumer_cpu_s", "loop_cpu_s") + tuple(f"{s}_s" for s in STAGES) + (
           "fetch_wait_s", "fetched_bytes", "gpu_wait_s", "gpu_step_s")
 
 
@@ -34,6 +34,7 @@ class StatsClock:
         self.epoch = LoaderStats(**self.kind)     # the current (or last) epoch
         self.open, self._start, self._cpu0, self._thread0, self._depths = False, 0.0, 0.0, 0.0, 0
         self._mark, self._inside = 0.0, False     # the last cut at next(); in it since then?
+        self._tmark = self._tnow = 0.0            # the loop thread's CPU clock: at that cut, now
 
     def start_epoch(self, epoch: int, pids, asked: float | None = None) -> None:
         """Epoch ``epoch`` starts: its first next() was called at ``asked`` (perf_counter;
@@ -42,7 +43,7 @@ class StatsClock:
         self.epoch = LoaderStats(epoch=epoch, **self.kind)
         self.open, self._start, self._depths, self._mark, self._inside = True, now, 0, now, True
         self._cpu0 = tree_cpu(pids)
-        self._thread0 = time.thread_time()
+        self._thread0 = self._tmark = time.thread_time()
         self.gpu.restart()
         self.gpu.mark("step")  # the GPU's first wait is measured from here
 
@@ -58,6 +59,7 @@ class StatsClock:
         it asked was waiting."""
         now = time.perf_counter()
         self.epoch.wait_s += now - self._mark
+        self.epoch.loop_cpu_s += time.thread_time() - self._tmark
         self._mark, self._inside = now, False
         self.gpu.mark("wait")
 
@@ -66,14 +68,17 @@ class StatsClock:
         since the hand-over was its training step."""
         now = time.perf_counter()
         self.epoch.step_s += now - self._mark
-        self._mark, self._inside = now, True
+        self._mark, self._inside, self._tmark = now, True, time.thread_time()
         self.gpu.mark("step")
 
-    def _pending(self, stats: LoaderStats, now: float) -> None:
+    def _pending(self, stats: LoaderStats, now: float, consumer_thread: bool = True) -> None:
         """Add the time since the last cut to ``stats``: waiting if the loop is inside
-        next() (or the epoch ended there), else its step."""
+        next() (or the epoch ended there; with the loop thread's CPU, read from that
+        thread), else its step."""
         if self._inside:
             stats.wait_s += now - self._mark
+            if consumer_thread:  # the loop thread's CPU clock as _measure read it
+                stats.loop_cpu_s += self._tnow - self._tmark
         else:
             stats.step_s += now - self._mark
 
@@ -115,9 +120,10 @@ class StatsClock:
     def _measure(self, pids, consumer_thread: bool) -> None:
         e = self.epoch
         e.wall_s = time.perf_counter() - self._start  # _pending(e, _start + wall_s) may follow
+        if consumer_thread:  # read first: the process's CPU, read after it, holds it all
+            self._tnow = time.thread_time()
+            e.consumer_cpu_s = self._tnow - self._thread0
         e.cpu_s = tree_cpu(pids) - self._cpu0
-        if consumer_thread:
-            e.consumer_cpu_s = time.thread_time() - self._thread0
         e.queue_depth = self._depths / e.batches if e.batches else 0.0
         e.gpu_wait_s, e.gpu_step_s = self.gpu.wait_s, self.gpu.step_s
 
@@ -129,7 +135,7 @@ class StatsClock:
             self._measure(pids, consumer_thread)
         epoch = LoaderStats(**vars(self.epoch))
         if self.open:
-            self._pending(epoch, self._start + epoch.wall_s)  # the interval under way
+            self._pending(epoch, self._start + epoch.wall_s, consumer_thread)  # under way
         run = LoaderStats(**{k: v for k, v in vars(self.run).items() if k != "run"})
         if self.open:
             for name in SUMMED:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from dlpack_io.reader import Dataset, Loader
+from dlpack_io.reader import Dataset, Loader, RandomResizedCrop
 from dlpack_io.reader.batch import sources
 
 from helpers import pack_jpeg_and_raw
@@ -79,4 +79,20 @@ def test_an_epoch_left_early_counts_the_last_step(packed):
     assert stats.step_s == pytest.approx(outside, abs=0.02)
     assert stats.wait_s == pytest.approx(inside, abs=0.02)
     assert stats.run.step_s == stats.step_s  # the epoch ended when its iterator was dropped
+    loader.close()
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_the_loaders_cpu_in_the_loops_thread_is_the_loaders(packed, workers):
+    """num_workers=0 builds every batch inside next(), in the loop's thread: that CPU is
+    the Loader's (CPU-ms per image read 0.00); the loop's own step is not."""
+    loader = Loader(Dataset(packed["jpeg"]), batch_size=8, num_workers=workers,
+                    transforms=[RandomResizedCrop(32)])
+    _, _, _, inside_cpu = _loop(loader, 0.0)
+    stats = loader.stats()
+    loader_cpu = stats.cpu_ms_per_image * stats.images / 1000
+    assert stats.loop_cpu_s == pytest.approx(inside_cpu, rel=0.25, abs=0.003)
+    assert loader_cpu >= stats.loop_cpu_s > 0
+    if workers == 0:
+        assert loader_cpu == pytest.approx(inside_cpu, rel=0.25, abs=0.003)
     loader.close()
