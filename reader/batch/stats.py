@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 
 from dlpack_io.reader.batch.stagetimes import STAGES
 
+_NETWORK = "% of the wait was for records from object storage"
 DATA_BOUND = 0.10   # waiting this share of the loop's time or more: data-bound
 BUSY = 0.90         # workers this busy are the limit: more workers will not help
 
@@ -66,6 +67,7 @@ class LoaderStats:
     queue_depth: float = 0.0   # mean built batches waiting when the loop asked
     num_workers: int = 0
     worker_kind: str = "thread"
+    cores: int = 0             # CPU cores this process may run on (0: unknown)
     images_per_set: list | None = None  # a Mixture's images of each set; None: one data set
     tuned: str = ""            # num_workers/prefetch="auto": what was chosen and why
     plan_s: float = 0.0        # worker seconds per stage (stagetimes.py): lookups, draws
@@ -123,21 +125,35 @@ class LoaderStats:
 
     def verdict(self) -> str:
         """One line: is the loop data-bound, and what would help."""
+        if not self.batches:
+            return "no batches delivered yet: nothing to judge"
         waiting = f"{100 * self.wait_fraction:.1f}%"
         if self.wait_fraction < DATA_BOUND:
             return f"not data-bound: {waiting} of step time spent waiting for data"
         busy = self.workers_busy
-        if busy >= BUSY:
-            advice = "more cores, device transforms or a cheaper recipe would help"
-        else:
-            advice = (f"workers idle part of the time: more workers (num_workers > "
-                      f"{self.num_workers}) or a deeper prefetch would help")
+        advice = self._advice(busy)
         where = self.stage_shares()
-        if where:
+        if where and _NETWORK not in advice:
             advice += "; worker time: " + ", ".join(f"{name} {100 * share:.0f}%"
                                                      for name, share in where.items())
         return (f"data-bound: {waiting} of step time spent waiting for data; workers busy "
                 f"{100 * busy:.0f}%: {advice}")
+
+    def _advice(self, busy: float) -> str:
+        """What would help a data-bound loop: the network when most of the wait was for
+        object storage, else more workers while cores are spare, else less work per image."""
+        if self.wait_s > 0 and self.fetch_wait_s >= 0.5 * self.wait_s:
+            return (f"{100 * min(1.0, self.fetch_wait_s / self.wait_s):.0f}{_NETWORK}: a "
+                    "cache_limit that keeps the data set lets later epochs read locally "
+                    "(docs/remote.md)")
+        if busy < BUSY:
+            return (f"workers idle part of the time: more workers (num_workers > "
+                    f"{self.num_workers}) or a deeper prefetch would help")
+        if self.num_workers == 0 or self.num_workers < self.cores:
+            of = f" of {self.cores} cores" if self.cores else ""
+            return (f"more workers (num_workers > {self.num_workers}{of}), device "
+                    "transforms or a cheaper recipe would help")
+        return "more cores, device transforms or a cheaper recipe would help"
 
     def stage_shares(self) -> dict:
         """Each stage's share of the workers' seconds (STAGES order; empty when unmeasured)."""
@@ -147,7 +163,8 @@ class LoaderStats:
 
     def postfix(self) -> dict:
         """Short figures for a progress bar: ``tqdm(...).set_postfix(loader.stats().postfix())``."""
-        return {"wait": f"{100 * self.wait_fraction:.0f}%", "img/s": f"{self.images_per_s:.0f}"}
+        wait = f"{100 * self.wait_fraction:.0f}%" if self.batches else "-"
+        return {"wait": wait, "img/s": f"{self.images_per_s:.0f}"}
 
     def __str__(self) -> str:
         return (f"epoch {self.epoch}: {self.batches} batches, {self.images_per_s:,.0f} images/s, "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 
+from dlpack_io.reader.batch.autotune import usable_cores
 from dlpack_io.reader.batch.gputime import GpuTimeline
 from dlpack_io.reader.batch.stagetimes import STAGES
 from dlpack_io.reader.batch.stats import LoaderStats, fetched_bytes, tree_cpu
@@ -28,7 +29,7 @@ class StatsClock:
     """Accumulates a Loader's figures; the Loader's generator calls it around each yield."""
 
     def __init__(self, num_workers: int, worker_kind: str, device=None):
-        self.kind = dict(num_workers=num_workers, worker_kind=worker_kind)
+        self.kind = dict(num_workers=num_workers, worker_kind=worker_kind, cores=usable_cores())
         self.gpu = GpuTimeline(device)
         self.run = LoaderStats(**self.kind)       # epochs that have ended
         self.epoch = LoaderStats(**self.kind)     # the current (or last) epoch
@@ -49,7 +50,7 @@ class StatsClock:
 
     def setting(self, num_workers: int, worker_kind: str, tuned: str = "") -> None:
         """The workers now building the batches (``tuned``: why, when chosen by "auto")."""
-        self.kind = dict(num_workers=num_workers, worker_kind=worker_kind, tuned=tuned)
+        self.kind = dict(self.kind, num_workers=num_workers, worker_kind=worker_kind, tuned=tuned)
         for stats in (self.run, self.epoch):
             for name, value in self.kind.items():
                 setattr(stats, name, value)

@@ -101,14 +101,54 @@ def test_log_every_refuses_what_is_not_a_count_or_seconds(packed, bad):
 
 def test_the_verdict_names_the_remedy():
     bound = LoaderStats(wall_s=10, wait_s=3.4, step_s=6.6, cpu_s=19.6, consumer_cpu_s=0,
-                        num_workers=2, images=1000)
+                        num_workers=2, images=1000, batches=4)
     assert bound.verdict() == ("data-bound: 34.0% of step time spent waiting for data; "
                                "workers busy 98%: more cores, device transforms or a cheaper "
                                "recipe would help")
-    idle = LoaderStats(wall_s=10, wait_s=5, step_s=5, cpu_s=4, num_workers=4, images=1000)
+    idle = LoaderStats(wall_s=10, wait_s=5, step_s=5, cpu_s=4, num_workers=4, images=1000,
+                       batches=4)
     assert idle.verdict().endswith("workers busy 10%: workers idle part of the time: more "
                                    "workers (num_workers > 4) or a deeper prefetch would help")
-    fed = LoaderStats(wall_s=10, wait_s=0.04, step_s=9.96, num_workers=2, images=1000)
+    fed = LoaderStats(wall_s=10, wait_s=0.04, step_s=9.96, num_workers=2, images=1000,
+                      batches=4)
     assert fed.verdict() == "not data-bound: 0.4% of step time spent waiting for data"
     assert bound.cpu_ms_per_image == pytest.approx(19.6) and bound.images_per_s == 100
     assert fed.postfix() == {"wait": "0%", "img/s": "100"}
+
+
+def test_no_batches_is_no_verdict(packed):
+    """An epoch that yields nothing (drop_last with fewer samples than a batch), or stats
+    asked before the first batch: no verdict, no NaN, no ZeroDivisionError."""
+    fresh = Loader(Dataset(packed["raw"]), batch_size=100, drop_last=True, num_workers=1)
+    assert fresh.stats().verdict() == "no batches delivered yet: nothing to judge"
+    assert list(fresh) == []
+    stats = fresh.stats()
+    assert stats.verdict() == "no batches delivered yet: nothing to judge"
+    assert str(stats).startswith("epoch 0: 0 batches, 0 images/s, 0.00 CPU-ms/image; no batches")
+    assert "nan" not in str(stats).lower() and "nan" not in str(stats.as_dict()).lower()
+    assert stats.postfix() == {"wait": "-", "img/s": "0"}
+    fresh.close()
+
+
+def test_saturated_workers_with_cores_to_spare_ask_for_more_workers():
+    """Workers busy 98% on 2 of 16 cores: more workers help, not more cores."""
+    spare = LoaderStats(wall_s=10, wait_s=3.4, step_s=6.6, cpu_s=19.6, num_workers=2,
+                        images=1000, batches=4, cores=16)
+    assert spare.verdict() == ("data-bound: 34.0% of step time spent waiting for data; "
+                               "workers busy 98%: more workers (num_workers > 2 of 16 "
+                               "cores), device transforms or a cheaper recipe would help")
+    full = LoaderStats(**{**vars(spare), "cores": 2})
+    assert full.verdict().endswith("workers busy 98%: more cores, device transforms or a "
+                                   "cheaper recipe would help")
+    alone = LoaderStats(wall_s=10, wait_s=9.5, step_s=0.5, num_workers=0, images=1000,
+                        batches=4, cores=2)
+    assert "more workers (num_workers > 0 of 2 cores)" in alone.verdict()
+
+
+def test_a_wait_for_object_storage_names_the_network():
+    remote = LoaderStats(wall_s=10, wait_s=4, step_s=6, cpu_s=2, num_workers=2, images=1000,
+                         batches=4, cores=2, fetch_wait_s=3)
+    assert remote.verdict() == ("data-bound: 40.0% of step time spent waiting for data; "
+                                "workers busy 10%: 75% of the wait was for records from "
+                                "object storage: a cache_limit that keeps the data set lets "
+                                "later epochs read locally (docs/remote.md)")
