@@ -11,6 +11,9 @@ CPU seconds: this process's (every thread) plus the worker processes' (from /pro
 """
 from __future__ import annotations
 
+import datetime
+import math
+import numbers
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -174,35 +177,53 @@ class LoaderStats:
 
 
 def parse_log_every(value):
-    """``log_every``: None, a number of batches (int), or seconds as ``"30s"``; returns
-    ("batches" | "seconds" | None, amount)."""
+    """``log_every``: None, a number of batches (an integer, numpy's too), or seconds as a
+    string ``"30s"`` or a ``datetime.timedelta``; returns ("batches" | "seconds" | None,
+    amount). Anything else, zero, negative or not finite, is refused naming the forms."""
     if value is None:
         return None, 0
-    if isinstance(value, str) and value.strip().endswith("s"):
-        try:
-            seconds = float(value.strip()[:-1])
-        except ValueError:
-            seconds = 0.0
-        if seconds > 0:
-            return "seconds", seconds
-    elif isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return "batches", value
+    seconds = _seconds(value)
+    if seconds is not None and math.isfinite(seconds) and seconds > 0:
+        return "seconds", seconds
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value > 0:
+        return "batches", int(value)
+    hint = (f" (for {value} seconds write log_every='{value}s')"
+            if isinstance(value, float) and math.isfinite(value) and value > 0 else "")
     raise ValueError(f"log_every {value!r}: expected a number of batches (an int > 0), "
-                     f"seconds as a string such as '30s', or None")
+                     f"seconds as a string such as '30s' (or a datetime.timedelta), or "
+                     f"None{hint}")
+
+
+def _seconds(value) -> float | None:
+    """The seconds of ``"30s"`` / ``"2.5 S"`` or a timedelta; None for another form."""
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, str) and value.strip().lower().endswith("s"):
+        try:
+            return float(value.strip()[:-1])
+        except ValueError:
+            return None
+    return None
 
 
 class LogSchedule:
-    """When to write the stats line through ``logging`` (Loader's ``log_every``)."""
+    """When to write the stats line through ``logging`` (Loader's ``log_every``); seconds
+    count from the first batch the Loader delivers, not from its construction."""
 
     def __init__(self, value):
         self.unit, self.every = parse_log_every(value)
-        self._last = time.perf_counter()
+        self._last = None
 
     def due(self, batches: int) -> bool:
         """True when the line is due after the epoch's ``batches``-th batch."""
         if self.unit == "batches":
             return batches % self.every == 0
-        if self.unit == "seconds" and time.perf_counter() - self._last >= self.every:
-            self._last = time.perf_counter()
+        if self.unit != "seconds":
+            return False
+        now = time.perf_counter()
+        if self._last is None:
+            self._last = now
+        elif now - self._last >= self.every:
+            self._last = now
             return True
         return False

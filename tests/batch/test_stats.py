@@ -2,13 +2,15 @@
 the test itself measures around next()), and the counts are exact."""
 from __future__ import annotations
 
+import datetime
 import logging
 import time
 
+import numpy as np
 import pytest
 
 from dlpack_io.reader import Dataset, Loader, RandomResizedCrop
-from dlpack_io.reader.batch.stats import LoaderStats
+from dlpack_io.reader.batch.stats import LoaderStats, LogSchedule, parse_log_every
 
 from helpers import pack_jpeg_and_raw
 
@@ -152,3 +154,37 @@ def test_a_wait_for_object_storage_names_the_network():
                                 "workers busy 10%: 75% of the wait was for records from "
                                 "object storage: a cache_limit that keeps the data set lets "
                                 "later epochs read locally (docs/remote.md)")
+
+
+@pytest.mark.parametrize("bad", ["infs", "inf s", "nans", "-1s", "1m", "5", float("inf")])
+def test_log_every_refuses_seconds_that_never_come(packed, bad):
+    with pytest.raises(ValueError, match="log_every .*expected a number of batches"):
+        Loader(Dataset(packed["raw"]), log_every=bad)
+
+
+def test_log_every_float_names_the_seconds_form(packed):
+    with pytest.raises(ValueError, match=r"for 2.5 seconds write log_every='2.5s'"):
+        Loader(Dataset(packed["raw"]), log_every=2.5)
+
+
+@pytest.mark.parametrize("value, parsed", [
+    ("30s", ("seconds", 30.0)), (" 0.5 S", ("seconds", 0.5)), ("30S", ("seconds", 30.0)),
+    (datetime.timedelta(minutes=2), ("seconds", 120.0)), (np.int64(5), ("batches", 5)),
+    (7, ("batches", 7)), (None, (None, 0))])
+def test_log_every_forms(value, parsed):
+    assert parse_log_every(value) == parsed
+
+
+def test_log_every_seconds_count_from_the_first_batch(monkeypatch):
+    """A Loader built long before it iterates does not log at its first batch."""
+    now = [100.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
+    schedule = LogSchedule("30s")
+    now[0] = 1000.0
+    assert not schedule.due(1)
+    now[0] = 1029.0
+    assert not schedule.due(2)
+    now[0] = 1030.0
+    assert schedule.due(3)
+    now[0] = 1031.0
+    assert not schedule.due(4)
