@@ -3,6 +3,7 @@ fastest training step it can feed (figures consistent with each other, not timin
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from click.testing import CliRunner
@@ -51,3 +52,27 @@ def test_candidates_cover_threads_and_processes_up_to_the_cores():
     assert candidates(8) == [(1, "thread"), (2, "thread"), (4, "thread"), (8, "thread"),
                              (2, "process"), (4, "process"), (8, "process")]
     assert candidates(1) == [(1, "thread")]
+
+
+def _damaged_copy(packed, tmp_path, how: str) -> str:
+    """A copy of ``packed`` with its first shard truncated, or a record's bytes zeroed."""
+    dst = tmp_path / "damaged"
+    shutil.copytree(packed, dst)
+    shard = sorted(dst.glob("shard-*"))[0]
+    data = bytearray(shard.read_bytes())
+    if how == "truncated":
+        data = data[:1000]
+    else:  # the data section's bytes: records that decode to nothing
+        data[4096:len(data) // 2] = bytes(len(data) // 2 - 4096)
+    shard.write_bytes(bytes(data))
+    return str(dst)
+
+
+@pytest.mark.parametrize("how, names", [("truncated", "truncated"), ("zeroed", "record")])
+def test_doctor_on_a_damaged_data_set_says_where_and_exits_1(packed, tmp_path, how, names):
+    dst = _damaged_copy(packed, tmp_path, how)
+    done = CliRunner().invoke(main, ["doctor", dst, "--seconds", "0.2", "--batch-size", "4",
+                                     "--crop", "32", "--workers", "1,2p"])
+    assert done.exit_code == 1 and isinstance(done.exception, SystemExit), done.output
+    assert "dlpack: error:" in done.output and "shard-00000" in done.output
+    assert names in done.output and "dlpack verify" in done.output
