@@ -4,6 +4,7 @@ A short measured run with the user's transforms, on this machine:
 
 * the decode-only rate: records decoded whole, one thread, no transforms (what one core
   gives when nothing else is done);
+* an untimed warm-up first, so that every setting reads the same warm data;
 * the Loader's rate for each candidate setting (worker count x thread/process workers),
   each run long enough to pass its start-up, with its ``loader.stats()`` (CPU per image,
   how busy the workers were);
@@ -29,6 +30,7 @@ class Trial:
     cpu_ms_per_image: float
     workers_busy: float
     batches: int
+    fetched_bytes: int = 0  # from object storage while it ran (0: read locally)
 
 
 def decode_rate(dataset, seconds: float) -> float:
@@ -65,7 +67,8 @@ def measure(dataset, transforms, batch_size: int, num_workers: int, worker_kind:
         stats = loader.stats().run
         elapsed = time.perf_counter() - start
         return Trial(num_workers, worker_kind, images / max(elapsed, 1e-9),
-                     stats.cpu_ms_per_image, stats.workers_busy, stats.batches)
+                     stats.cpu_ms_per_image, stats.workers_busy, stats.batches,
+                     stats.fetched_bytes)
     finally:
         loader.close()
 
@@ -88,9 +91,14 @@ def diagnose(dataset, transforms, *, batch_size: int, seconds: float, settings=N
     training step it can feed. Returns a dict (JSON-friendly)."""
     cores = len(os.sched_getaffinity(0))
     settings = settings or candidates(cores)
+    # Every trial reads the same first batches (epoch 0, one seed): an untimed warm-up with
+    # the most workers reads them first, so the first setting measured does not pay alone
+    # for a cold page cache or a cold object-storage cache.
+    warmup = measure(dataset, transforms, batch_size, *max(settings), seconds)
     trials = [measure(dataset, transforms, batch_size, w, kind, seconds) for w, kind in settings]
     best = max(trials, key=lambda t: t.images_per_s)
     return {"cores": cores, "batch_size": batch_size, "images": len(dataset),
+            "warmup": asdict(warmup),
             "decode_only_images_per_s": decode_rate(dataset, seconds),
             "trials": [asdict(t) for t in trials], "best": asdict(best),
             "fastest_step_ms": 1000 * batch_size / best.images_per_s
@@ -100,7 +108,10 @@ def diagnose(dataset, transforms, *, batch_size: int, seconds: float, settings=N
 def report_text(report: dict) -> str:
     """The diagnosis as a table and two lines of advice."""
     best = report["best"]
+    warm = report["warmup"]
     lines = [f"{report['images']} images, batch {report['batch_size']}, {report['cores']} cores",
+             f"warm-up (not counted): {warm['batches']} batches with {warm['num_workers']} "
+             f"{warm['worker_kind']}s, {warm['fetched_bytes']:,} bytes fetched",
              f"decode only (1 thread, no transforms): {report['decode_only_images_per_s']:,.0f} "
              "images/s",
              "", "| workers | kind | images/s | CPU-ms/image | workers busy |", "|---|---|---|---|---|"]

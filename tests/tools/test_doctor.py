@@ -10,7 +10,10 @@ from click.testing import CliRunner
 
 from dlpack_io.packer import convert
 from dlpack_io.tools.cli import main
-from dlpack_io.tools.doctor import candidates
+from dlpack_io.reader import CenterCrop, Dataset
+from dlpack_io.tools.doctor import candidates, diagnose
+
+from helpers import pack_and_upload
 
 
 @pytest.fixture(scope="module")
@@ -76,3 +79,14 @@ def test_doctor_on_a_damaged_data_set_says_where_and_exits_1(packed, tmp_path, h
     assert done.exit_code == 1 and isinstance(done.exception, SystemExit), done.output
     assert "dlpack: error:" in done.output and "shard-00000" in done.output
     assert names in done.output and "dlpack verify" in done.output
+
+
+def test_doctor_warms_up_so_no_setting_reads_cold_data(s3_env, tmp_path):
+    """On s3:// with an empty cache the first setting measured fetched the data set alone
+    (and looked slow); an untimed warm-up fetches it, and every setting reads warm data."""
+    pack_and_upload(tmp_path, "s3://dlpack-test/doctor", s3_env.env(), count=24, classes=3,
+                    seed=2, size=(48, 64))
+    report = diagnose(Dataset("s3://dlpack-test/doctor"), [CenterCrop(32)], batch_size=4,
+                      seconds=0.2, settings=[(1, "thread"), (2, "thread")])
+    assert report["warmup"]["fetched_bytes"] > 0
+    assert [t["fetched_bytes"] for t in report["trials"]] == [0, 0]
