@@ -111,7 +111,7 @@ def report_text(report: dict) -> str:
     warm = report["warmup"]
     lines = [f"{report['images']} images, batch {report['batch_size']}, {report['cores']} cores",
              f"warm-up (not counted): {warm['batches']} batches with {warm['num_workers']} "
-             f"{warm['worker_kind']}s, {warm['fetched_bytes']:,} bytes fetched",
+             f"{warm['worker_kind']} workers, {warm['fetched_bytes']:,} bytes fetched",
              f"decode only (1 thread, no transforms): {report['decode_only_images_per_s']:,.0f} "
              "images/s",
              "", "| workers | kind | images/s | CPU-ms/image | workers busy |", "|---|---|---|---|---|"]

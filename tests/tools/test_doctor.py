@@ -42,6 +42,8 @@ def test_doctor_text_names_the_recommended_setting(packed):
     assert done.exit_code == 0, done.output
     assert "recommended: Loader(..., num_workers=1, worker_kind='thread')" in done.output
     assert "| 1 | thread |" in done.output and "without waiting" in done.output
+    assert "warm-up (not counted): " in done.output and "with 1 thread workers, 0 bytes" \
+        in done.output
 
 
 @pytest.mark.parametrize("bad", ["0", "x", "2q", "1000"])
