@@ -96,3 +96,47 @@ def test_the_loaders_cpu_in_the_loops_thread_is_the_loaders(packed, workers):
     if workers == 0:
         assert loader_cpu == pytest.approx(inside_cpu, rel=0.25, abs=0.003)
     loader.close()
+
+
+class _FakeEvent:
+    """A CUDA event on a pretend GPU timeline: it is 'reached' at the fake clock's time."""
+    clock = [0.0]
+
+    def __init__(self, enable_timing=False):
+        self.at = None
+
+    def record(self, stream=None):
+        self.at = _FakeEvent.clock[0]
+
+    def query(self):
+        return True
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, later):
+        return 1000.0 * (later.at - self.at)
+
+
+def test_the_gpu_timeline_counts_the_wait_for_the_first_batch(monkeypatch):
+    """device="cuda": the GPU's wait for an epoch's first batch is measured from the first
+    next() (an event at the epoch's start), as the host's is; no GPU needed (fake events)."""
+    import torch
+
+    from dlpack_io.reader.batch.statsclock import StatsClock
+
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    clock, at = StatsClock(1, "thread", torch.device("cuda")), _FakeEvent.clock
+    at[0] = 0.0
+    clock.start_epoch(0, [])
+    for handed, asked in ((1.0, 3.0), (3.5, 4.0)):
+        at[0] = handed
+        clock.delivered(8, 0.0, 0)
+        clock.handed()
+        at[0] = asked
+        clock.asked()
+    clock.end_epoch([])
+    stats = clock.snapshot([], True)
+    assert (stats.gpu_wait_s, stats.gpu_step_s) == (1.5, 2.5)
+    assert stats.wait_fraction == 1.5 / 4.0
