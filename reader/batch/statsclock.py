@@ -36,6 +36,7 @@ class StatsClock:
         self.open, self._start, self._cpu0, self._thread0, self._depths = False, 0.0, 0.0, 0.0, 0
         self._mark, self._inside = 0.0, False     # the last cut at next(); in it since then?
         self._tmark = self._tnow = 0.0            # the loop thread's CPU clock: at that cut, now
+        self._run_depths = 0                      # queue depths summed over the ended epochs
 
     def start_epoch(self, epoch: int, pids, asked: float | None = None) -> None:
         """Epoch ``epoch`` starts: its first next() was called at ``asked`` (perf_counter;
@@ -110,7 +111,7 @@ class StatsClock:
             self._measure(pids, consumer_thread=True)
             self._pending(self.epoch, self._start + self.epoch.wall_s)
             self.epoch.fetched_bytes = fetched_bytes(getattr(prefetch, "stats", None))
-            self.open = False
+            self.open, self._run_depths = False, self._run_depths + self._depths
             for name in SUMMED:
                 setattr(self.run, name, getattr(self.run, name) + getattr(self.epoch, name))
             self.run.epoch = self.epoch.epoch
@@ -144,6 +145,7 @@ class StatsClock:
             if epoch.images_per_set is not None:
                 run.images_per_set = _add(run.images_per_set, epoch.images_per_set)
         run.epoch = epoch.epoch
-        run.queue_depth = epoch.queue_depth
+        depths = self._run_depths + (self._depths if self.open else 0)
+        run.queue_depth = depths / run.batches if run.batches else 0.0
         epoch.run = run
         return epoch

@@ -140,3 +140,18 @@ def test_the_gpu_timeline_counts_the_wait_for_the_first_batch(monkeypatch):
     stats = clock.snapshot([], True)
     assert (stats.gpu_wait_s, stats.gpu_step_s) == (1.5, 2.5)
     assert stats.wait_fraction == 1.5 / 4.0
+
+
+def test_the_runs_queue_depth_is_the_mean_over_all_its_batches():
+    from dlpack_io.reader.batch.statsclock import StatsClock
+
+    clock = StatsClock(2, "thread")
+    for epoch, depth in ((0, 2), (1, 0)):
+        clock.start_epoch(epoch, [])
+        for _ in range(2):
+            clock.delivered(8, 0.0, depth)
+            clock.handed()
+            clock.asked()
+        clock.end_epoch([])
+    stats = clock.snapshot([], True)
+    assert (stats.queue_depth, stats.run.queue_depth) == (0.0, 1.0)
