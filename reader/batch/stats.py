@@ -57,7 +57,10 @@ def tree_cpu(pids) -> float:
 class LoaderStats:
     """The Loader's figures for one span (an epoch, or the whole run in ``run``)."""
 
-    epoch: int = 0
+    epoch: int = 0             # the epoch (a run's: its last one)
+    scope: str = "epoch"       # "epoch": one epoch's figures; "run": the sum of epochs
+    epochs: int = 1            # epochs these figures add up (a run's: every one so far)
+    first_epoch: int = 0       # the first of them
     batches: int = 0
     images: int = 0
     wall_s: float = 0.0        # from the span's first next() to now (or to its end)
@@ -169,8 +172,17 @@ class LoaderStats:
         wait = f"{100 * self.wait_fraction:.0f}%" if self.batches else "-"
         return {"wait": wait, "img/s": f"{self.images_per_s:.0f}"}
 
+    def _span(self) -> str:
+        """What the figures cover, for the line: "epoch 4" or "run of 2 epochs (3 to 4)"."""
+        if self.scope != "run":
+            return f"epoch {self.epoch}"
+        if self.epochs <= 1:
+            return f"run of {self.epochs} epoch{'' if self.epochs else 's'}" + (
+                f" ({self.epoch})" if self.epochs else "")
+        return f"run of {self.epochs} epochs ({self.first_epoch} to {self.epoch})"
+
     def __str__(self) -> str:
-        return (f"epoch {self.epoch}: {self.batches} batches, {self.images_per_s:,.0f} images/s, "
+        return (f"{self._span()}: {self.batches} batches, {self.images_per_s:,.0f} images/s, "
                 f"{self.cpu_ms_per_image:.2f} CPU-ms/image; {self.verdict()}"
                 + ("" if self.images_per_set is None else
                    f"; images per set {', '.join(map(str, self.images_per_set))}"))

@@ -20,6 +20,12 @@ def _add(total, counts) -> list:
     return counts if total is None else [a + b for a, b in zip(total, counts)]
 
 
+def _count_epoch(run: LoaderStats, epoch: int) -> None:
+    """The run's figures now also cover ``epoch``."""
+    run.first_epoch = epoch if run.epochs == 0 else run.first_epoch
+    run.epochs, run.epoch = run.epochs + 1, epoch
+
+
 SUMMED = ("batches", "images", "wall_s", "wait_s", "step_s", "finish_s", "cpu_s",
           "consumer_cpu_s", "loop_cpu_s") + tuple(f"{s}_s" for s in STAGES) + (
           "fetch_wait_s", "fetched_bytes", "gpu_wait_s", "gpu_step_s")
@@ -31,7 +37,7 @@ class StatsClock:
     def __init__(self, num_workers: int, worker_kind: str, device=None):
         self.kind = dict(num_workers=num_workers, worker_kind=worker_kind, cores=usable_cores())
         self.gpu = GpuTimeline(device)
-        self.run = LoaderStats(**self.kind)       # epochs that have ended
+        self.run = LoaderStats(scope="run", epochs=0, **self.kind)  # epochs that have ended
         self.epoch = LoaderStats(**self.kind)     # the current (or last) epoch
         self.open, self._start, self._cpu0, self._thread0, self._depths = False, 0.0, 0.0, 0.0, 0
         self._mark, self._inside = 0.0, False     # the last cut at next(); in it since then?
@@ -42,7 +48,7 @@ class StatsClock:
         """Epoch ``epoch`` starts: its first next() was called at ``asked`` (perf_counter;
         None: now), so planning and start-up count as waiting."""
         now = time.perf_counter() if asked is None else asked
-        self.epoch = LoaderStats(epoch=epoch, **self.kind)
+        self.epoch = LoaderStats(epoch=epoch, first_epoch=epoch, **self.kind)
         self.open, self._start, self._depths, self._mark, self._inside = True, now, 0, now, True
         self._cpu0 = tree_cpu(pids)
         self._thread0 = self._tmark = time.thread_time()
@@ -114,7 +120,7 @@ class StatsClock:
             self.open, self._run_depths = False, self._run_depths + self._depths
             for name in SUMMED:
                 setattr(self.run, name, getattr(self.run, name) + getattr(self.epoch, name))
-            self.run.epoch = self.epoch.epoch
+            _count_epoch(self.run, self.epoch.epoch)
             if self.epoch.images_per_set is not None:
                 self.run.images_per_set = _add(self.run.images_per_set,
                                                self.epoch.images_per_set)
@@ -144,7 +150,8 @@ class StatsClock:
                 setattr(run, name, getattr(run, name) + getattr(epoch, name))
             if epoch.images_per_set is not None:
                 run.images_per_set = _add(run.images_per_set, epoch.images_per_set)
-        run.epoch = epoch.epoch
+        if self.open:
+            _count_epoch(run, epoch.epoch)
         depths = self._run_depths + (self._depths if self.open else 0)
         run.queue_depth = depths / run.batches if run.batches else 0.0
         epoch.run = run

@@ -188,3 +188,22 @@ def test_log_every_seconds_count_from_the_first_batch(monkeypatch):
     assert schedule.due(3)
     now[0] = 1031.0
     assert not schedule.due(4)
+
+
+def test_the_runs_line_says_it_is_the_run(packed):
+    """print(loader.stats().run) after two epochs read 'epoch 1: 10 batches', as if epoch 1
+    alone had had them."""
+    loader = Loader(Dataset(packed["raw"]), batch_size=10, num_workers=1)
+    loader.set_epoch(3)
+    list(loader)
+    list(loader)
+    stats = loader.stats()
+    assert str(stats).startswith("epoch 4: 5 batches, ")
+    assert str(stats.run).startswith("run of 2 epochs (3 to 4): 10 batches, ")
+    assert (stats.run.epochs, stats.epochs) == (2, 1)
+    assert stats.as_dict()["run"]["epochs"] == 2
+    it = iter(loader)
+    next(it)  # epoch 5 under way: the run counts it
+    assert str(loader.stats().run).startswith("run of 3 epochs (3 to 5): 11 batches, ")
+    del it
+    loader.close()
