@@ -265,6 +265,7 @@ class Loader(DataLoaderAttributes):
     def _close_engine(self) -> None:
         engine, self._engine = self._engine, None
         if engine is not None:
+            self._stats.retire(engine.runner.pids)  # their CPU, before they are gone
             engine.close()
         self._tune.engines.close()  # the candidates' engines parked between their turns
 

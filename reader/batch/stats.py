@@ -25,7 +25,7 @@ DATA_BOUND = 0.10   # waiting this share of the loop's time or more: data-bound
 BUSY = 0.90         # workers this busy are the limit: more workers will not help
 
 
-def _proc_cpu(pids) -> float:
+def proc_cpu(pids) -> float:
     """CPU seconds (user + system) used so far by the processes ``pids`` (0 for gone ones)."""
     total, tick = 0.0, os.sysconf("SC_CLK_TCK")
     for pid in pids:
@@ -50,7 +50,7 @@ def fetched_bytes(stats) -> int:
 
 def tree_cpu(pids) -> float:
     """CPU seconds used so far by this process (every thread) and the processes ``pids``."""
-    return time.process_time() + _proc_cpu(pids)
+    return time.process_time() + proc_cpu(pids)
 
 
 @dataclass

@@ -12,7 +12,7 @@ import time
 from dlpack_io.reader.batch.autotune import usable_cores
 from dlpack_io.reader.batch.gputime import GpuTimeline
 from dlpack_io.reader.batch.stagetimes import STAGES
-from dlpack_io.reader.batch.stats import LoaderStats, fetched_bytes, tree_cpu
+from dlpack_io.reader.batch.stats import LoaderStats, fetched_bytes, proc_cpu, tree_cpu
 
 def _add(total, counts) -> list:
     """Per-set image counts ``total`` (or None) plus ``counts``, as a new list."""
@@ -43,6 +43,7 @@ class StatsClock:
         self._mark, self._inside = 0.0, False     # the last cut at next(); in it since then?
         self._tmark = self._tnow = 0.0            # the loop thread's CPU clock: at that cut, now
         self._run_depths = 0                      # queue depths summed over the ended epochs
+        self._retired = 0.0                       # CPU of worker processes stopped this epoch
 
     def start_epoch(self, epoch: int, pids, asked: float | None = None) -> None:
         """Epoch ``epoch`` starts: its first next() was called at ``asked`` (perf_counter;
@@ -50,7 +51,7 @@ class StatsClock:
         now = time.perf_counter() if asked is None else asked
         self.epoch = LoaderStats(epoch=epoch, first_epoch=epoch, **self.kind)
         self.open, self._start, self._depths, self._mark, self._inside = True, now, 0, now, True
-        self._cpu0 = tree_cpu(pids)
+        self._cpu0, self._retired = tree_cpu(pids), 0.0
         self._thread0 = self._tmark = time.thread_time()
         self.gpu.restart()
         self.gpu.mark("step")  # the GPU's first wait is measured from here
@@ -89,6 +90,12 @@ class StatsClock:
                 stats.loop_cpu_s += self._tnow - self._tmark
         else:
             stats.step_s += now - self._mark
+
+    def retire(self, pids) -> None:
+        """Worker processes ``pids`` are about to stop (an engine closed mid-run): their
+        CPU seconds so far are kept, read while /proc still has them."""
+        if self.open and pids:
+            self._retired += proc_cpu(pids)
 
     def delivered(self, images: int, finish_s: float, depth: int, stages=None,
                   fetch_wait_s: float = 0.0) -> None:
@@ -131,7 +138,7 @@ class StatsClock:
         if consumer_thread:  # read first: the process's CPU, read after it, holds it all
             self._tnow = time.thread_time()
             e.consumer_cpu_s = self._tnow - self._thread0
-        e.cpu_s = tree_cpu(pids) - self._cpu0
+        e.cpu_s = tree_cpu(pids) + self._retired - self._cpu0
         e.queue_depth = self._depths / e.batches if e.batches else 0.0
         e.gpu_wait_s, e.gpu_step_s = self.gpu.wait_s, self.gpu.step_s
 

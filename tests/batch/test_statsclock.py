@@ -6,6 +6,7 @@ pauses are put inside next() by the test; the figures are compared with the test
 measurement around next()."""
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -155,3 +156,30 @@ def test_the_runs_queue_depth_is_the_mean_over_all_its_batches():
         clock.end_epoch([])
     stats = clock.snapshot([], True)
     assert (stats.queue_depth, stats.run.queue_depth) == (0.0, 1.0)
+
+
+def burn(image):
+    """A sample_transform that spends 3 ms of CPU (module level: worker processes run it):
+    /proc counts CPU in 10 ms ticks, so the workers need some to count."""
+    start = time.thread_time()
+    while time.thread_time() - start < 0.003:
+        pass
+    return image
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_workers_stopped_at_the_epochs_end_keep_their_cpu(packed, persistent):
+    """persistent_workers=False stops the worker processes inside the last next(): their
+    CPU seconds were read after they had gone (lost, and their start-up's subtracted)."""
+    loader = Loader(Dataset(packed["raw"]), batch_size=8, num_workers=2, worker_kind="process",
+                    persistent_workers=persistent, sample_transform=burn)
+    it = iter(loader)
+    next(it)
+    pids = loader.worker_pids()
+    for _ in it:
+        pass
+    stats = loader.stats()
+    assert [os.path.exists(f"/proc/{pid}") for pid in pids] == [persistent] * 2
+    workers = stats.cpu_s - stats.consumer_cpu_s
+    assert workers >= 48 * 0.003 - 0.03  # the 48 burns, less a tick per process and slack
+    loader.close()
