@@ -213,6 +213,7 @@ class Loader(DataLoaderAttributes):
         self._consumer = threading.get_ident()
         self._stats.start_epoch(epoch, self.worker_pids(), asked)
         prefetch = self.dataset.start_prefetch(batches[start:])
+        self._stats.fetching(prefetch)
         clean = False
         try:
             yield from self._deliver(batches, start, prefetch, epoch)

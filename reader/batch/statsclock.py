@@ -44,6 +44,7 @@ class StatsClock:
         self._tmark = self._tnow = 0.0            # the loop thread's CPU clock: at that cut, now
         self._run_depths = 0                      # queue depths summed over the ended epochs
         self._retired = 0.0                       # CPU of worker processes stopped this epoch
+        self._prefetch = None                     # a remote data set's handle (bytes fetched)
 
     def start_epoch(self, epoch: int, pids, asked: float | None = None) -> None:
         """Epoch ``epoch`` starts: its first next() was called at ``asked`` (perf_counter;
@@ -51,7 +52,7 @@ class StatsClock:
         now = time.perf_counter() if asked is None else asked
         self.epoch = LoaderStats(epoch=epoch, first_epoch=epoch, **self.kind)
         self.open, self._start, self._depths, self._mark, self._inside = True, now, 0, now, True
-        self._cpu0, self._retired = tree_cpu(pids), 0.0
+        self._cpu0, self._retired, self._prefetch = tree_cpu(pids), 0.0, None
         self._thread0 = self._tmark = time.thread_time()
         self.gpu.restart()
         self.gpu.mark("step")  # the GPU's first wait is measured from here
@@ -91,6 +92,11 @@ class StatsClock:
         else:
             stats.step_s += now - self._mark
 
+    def fetching(self, prefetch) -> None:
+        """The epoch's records come through ``prefetch`` (None: a data set on disk); its
+        bytes fetched are read at each snapshot, not only at the epoch's end."""
+        self._prefetch = prefetch
+
     def retire(self, pids) -> None:
         """Worker processes ``pids`` are about to stop (an engine closed mid-run): their
         CPU seconds so far are kept, read while /proc still has them."""
@@ -121,9 +127,10 @@ class StatsClock:
         (``prefetch``: the remote data set's handle, for the bytes it fetched)."""
         if self.open:
             self.gpu.resolve(block=True)
+            self._prefetch = prefetch if prefetch is not None else self._prefetch
             self._measure(pids, consumer_thread=True)
             self._pending(self.epoch, self._start + self.epoch.wall_s)
-            self.epoch.fetched_bytes = fetched_bytes(getattr(prefetch, "stats", None))
+            self._prefetch = None  # closed after this: its figures are the epoch's now
             self.open, self._run_depths = False, self._run_depths + self._depths
             for name in SUMMED:
                 setattr(self.run, name, getattr(self.run, name) + getattr(self.epoch, name))
@@ -141,6 +148,7 @@ class StatsClock:
         e.cpu_s = tree_cpu(pids) + self._retired - self._cpu0
         e.queue_depth = self._depths / e.batches if e.batches else 0.0
         e.gpu_wait_s, e.gpu_step_s = self.gpu.wait_s, self.gpu.step_s
+        e.fetched_bytes = fetched_bytes(getattr(self._prefetch, "stats", None))
 
     def snapshot(self, pids, consumer_thread: bool) -> LoaderStats:
         """The current epoch's figures so far, with the whole run's in ``.run``.

@@ -183,3 +183,22 @@ def test_workers_stopped_at_the_epochs_end_keep_their_cpu(packed, persistent):
     workers = stats.cpu_s - stats.consumer_cpu_s
     assert workers >= 48 * 0.003 - 0.03  # the 48 burns, less a tick per process and slack
     loader.close()
+
+
+def test_bytes_fetched_from_object_storage_show_while_the_epoch_runs(s3_env, tmp_path):
+    """A cold s3:// epoch 0 is when the fetch matters, and stats() read 0 bytes until the
+    epoch had ended."""
+    from helpers import pack_and_upload
+
+    pack_and_upload(tmp_path, "s3://dlpack-test/clock", s3_env.env(), count=24, classes=3,
+                    seed=4, size=(48, 64))
+    loader = Loader(Dataset("s3://dlpack-test/clock"), batch_size=4, num_workers=1,
+                    transforms=[RandomResizedCrop(32)])
+    it = iter(loader)
+    next(it)
+    during = loader.stats().fetched_bytes
+    assert during > 0 and loader.stats().run.fetched_bytes == during
+    for _ in it:
+        pass
+    assert loader.stats().fetched_bytes >= during
+    loader.close()
