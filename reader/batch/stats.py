@@ -118,12 +118,23 @@ class LoaderStats:
         work = max(0.0, self.cpu_s - self.consumer_cpu_s)
         return min(1.0, work / (self.wall_s * self.num_workers))
 
+    @property
+    def workers_occupied(self) -> float:
+        """Share of the workers' time spent on batches, on a CPU or not (their stage
+        seconds over wall x count; 0 when unmeasured or num_workers=0): occupied but not
+        busy is a worker held up, by reads or (threads) by the GIL."""
+        if self.wall_s <= 0 or self.num_workers == 0:
+            return 0.0
+        work = sum(getattr(self, f"{name}_s") for name in STAGES)
+        return min(1.0, work / (self.wall_s * self.num_workers))
+
     def as_dict(self) -> dict:
         """Every figure, derived ones included (``run`` nested the same way)."""
         out = {k: v for k, v in asdict(self).items()
                if k != "run" and not (k == "images_per_set" and v is None)}
         out.update(wait_fraction=self.wait_fraction, images_per_s=self.images_per_s,
                    cpu_ms_per_image=self.cpu_ms_per_image, workers_busy=self.workers_busy,
+                   workers_occupied=self.workers_occupied,
                    stage_shares=self.stage_shares(), verdict=self.verdict())
         if self.run is not None:
             out["run"] = self.run.as_dict()
@@ -152,6 +163,14 @@ class LoaderStats:
             return (f"{100 * min(1.0, self.fetch_wait_s / self.wait_s):.0f}{_NETWORK}: a "
                     "cache_limit that keeps the data set lets later epochs read locally "
                     "(docs/remote.md)")
+        if busy < BUSY and self.workers_occupied >= BUSY:
+            held = (f"workers on batches {100 * self.workers_occupied:.0f}% of the time but "
+                    f"on a CPU {100 * busy:.0f}%: ")
+            if self.worker_kind == "thread":
+                return held + ("thread workers held up by the GIL (Python in a "
+                               "sample_transform?) or by reads: worker_kind='process' or "
+                               "num_workers='auto' would help")
+            return held + "held up by reads: more workers or a deeper prefetch would help"
         if busy < BUSY:
             return (f"workers idle part of the time: more workers (num_workers > "
                     f"{self.num_workers}) or a deeper prefetch would help")

@@ -207,3 +207,18 @@ def test_the_runs_line_says_it_is_the_run(packed):
     assert str(loader.stats().run).startswith("run of 3 epochs (3 to 5): 11 batches, ")
     del it
     loader.close()
+
+
+@pytest.mark.parametrize("kind, remedy", [
+    ("thread", "thread workers held up by the GIL (Python in a sample_transform?) or by "
+               "reads: worker_kind='process' or num_workers='auto' would help"),
+    ("process", "held up by reads: more workers or a deeper prefetch would help")])
+def test_workers_on_batches_all_the_time_are_not_called_idle(kind, remedy):
+    """Two workers on batches 97.5% of the wall time but on a CPU 25% (a sample_transform
+    holding the GIL, or slow reads) are not 'idle part of the time'."""
+    held = LoaderStats(wall_s=10, wait_s=5, step_s=5, cpu_s=5, num_workers=2, images=1000,
+                       batches=4, cores=2, worker_kind=kind, decode_s=1.5, user_s=18)
+    assert held.workers_occupied == 0.975
+    assert held.verdict() == ("data-bound: 50.0% of step time spent waiting for data; workers "
+                              "busy 25%: workers on batches 98% of the time but on a CPU 25%: "
+                              + remedy + "; worker time: decode 8%, user 92%")
