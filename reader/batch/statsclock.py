@@ -14,6 +14,7 @@ from dlpack_io.reader.batch.gputime import GpuTimeline
 from dlpack_io.reader.batch.stagetimes import STAGES
 from dlpack_io.reader.batch.stats import LoaderStats, fetched_bytes, proc_cpu, tree_cpu
 
+
 def _add(total, counts) -> list:
     """Per-set image counts ``total`` (or None) plus ``counts``, as a new list."""
     counts = [int(c) for c in counts]
