@@ -148,6 +148,7 @@ class StatsClock:
             e.consumer_cpu_s = self._tnow - self._thread0
         e.cpu_s = tree_cpu(pids) + self._retired - self._cpu0
         e.queue_depth = self._depths / e.batches if e.batches else 0.0
+        self.gpu.resolve()  # the events the GPU has reached (no wait; all at an epoch's end)
         e.gpu_wait_s, e.gpu_step_s = self.gpu.wait_s, self.gpu.step_s
         e.fetched_bytes = fetched_bytes(getattr(self._prefetch, "stats", None))
 

@@ -202,3 +202,31 @@ def test_bytes_fetched_from_object_storage_show_while_the_epoch_runs(s3_env, tmp
         pass
     assert loader.stats().fetched_bytes >= during
     loader.close()
+
+
+def test_a_snapshot_reads_the_gpu_events_reached_since_the_last_batch(monkeypatch):
+    """stats() in the middle of an epoch takes the GPU intervals the GPU has finished since
+    the last delivery (they were read only when the next batch was delivered)."""
+    import torch
+
+    from dlpack_io.reader.batch.statsclock import StatsClock
+
+    class Lagging(_FakeEvent):
+        reached = [False]
+
+        def query(self):
+            return Lagging.reached[0]
+
+    monkeypatch.setattr(torch.cuda, "Event", Lagging)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    clock, at = StatsClock(1, "thread", torch.device("cuda")), _FakeEvent.clock
+    at[0] = 0.0
+    clock.start_epoch(0, [])
+    at[0] = 1.0
+    clock.delivered(8, 0.0, 0)  # the GPU is still busy: nothing read
+    clock.handed()
+    at[0] = 4.0
+    clock.asked()
+    Lagging.reached[0] = True  # the GPU has caught up; no batch delivered since
+    stats = clock.snapshot([], True)
+    assert (stats.gpu_wait_s, stats.gpu_step_s) == (1.0, 3.0)
