@@ -92,3 +92,22 @@ def test_doctor_warms_up_so_no_setting_reads_cold_data(s3_env, tmp_path):
                       seconds=0.2, settings=[(1, "thread"), (2, "thread")])
     assert report["warmup"]["fetched_bytes"] > 0
     assert [t["fetched_bytes"] for t in report["trials"]] == [0, 0]
+
+
+def test_doctor_runs_the_users_sample_transform(packed, tmp_path, monkeypatch):
+    (tmp_path / "my_aug.py").write_text("def darker(image):\n    return image // 2\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    done = CliRunner().invoke(main, ["doctor", packed, "--json", "--seconds", "0.2",
+                                     "--batch-size", "4", "--crop", "32", "--workers", "1",
+                                     "--sample-transform", "my_aug:darker"])
+    assert done.exit_code == 0, done.output
+    trial = json.loads(done.output)["trials"][0]
+    assert trial["stage_shares"]["user"] > 0
+
+
+@pytest.mark.parametrize("spec", ["my_aug", "no_such_module:f", "json:nothing", "json:__doc__"])
+def test_doctor_refuses_a_sample_transform_it_cannot_import(packed, spec):
+    done = CliRunner().invoke(main, ["doctor", packed, "--sample-transform", spec])
+    assert done.exit_code == 2, done.output
+    assert "MODULE:FUNCTION" in done.output or "not a function" in done.output
