@@ -84,8 +84,9 @@ def doctor(dst, batch_size, crop, resize_crop, flip, normalize, seconds, workers
     """Measure how fast this machine feeds training from DST, and with which settings.
 
     Runs the Loader with your transforms (and --sample-transform) for a few seconds per
-    setting and prints, side by side: the decode-only rate of one core, the Loader's rate for each worker setting (with
-    CPU-ms per image and how busy the workers were), the recommended setting, and the
+    setting, after an untimed warm-up, and prints, side by side: the decode-only rate of
+    one core, the Loader's rate for each worker setting (with CPU-ms per image, how busy
+    the workers were and where their time went), the recommended setting, and the
     fastest training step it can feed without the step waiting for data. A damaged shard
     or record stops it with exit code 1, naming the file and record ('dlpack verify DST'
     checks them all).
