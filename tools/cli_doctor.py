@@ -61,7 +61,8 @@ def _sample_transform(spec: str | None):
 
 @click.command()
 @click.argument("dst", type=DATASET)
-@click.option("--batch-size", type=click.IntRange(1), default=256, show_default=True)
+@click.option("--batch-size", type=click.IntRange(1), default=256, show_default=True,
+              help="Images per batch, as in your Loader.")
 @click.option("--crop", type=click.IntRange(1), default=224, show_default=True,
               help="Output size of the crop.")
 @click.option("--resize-crop/--center-crop", default=True, show_default=True,

@@ -111,3 +111,12 @@ def test_doctor_refuses_a_sample_transform_it_cannot_import(packed, spec):
     done = CliRunner().invoke(main, ["doctor", packed, "--sample-transform", spec])
     assert done.exit_code == 2, done.output
     assert "MODULE:FUNCTION" in done.output or "not a function" in done.output
+
+
+def test_every_doctor_option_says_what_it_does():
+    import click
+
+    from dlpack_io.tools.cli_doctor import doctor
+
+    bare = [p.name for p in doctor.params if isinstance(p, click.Option) and not p.help]
+    assert bare == []
