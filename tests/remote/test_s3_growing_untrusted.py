@@ -15,6 +15,7 @@ import pytest
 
 from dlpack_io.reader import Loader, RandomResizedCrop
 from dlpack_io.reader.dataset import Dataset
+from dlpack_io.reader.safeio import ShardChangedError
 
 from helpers import batches_equal, pack_and_upload
 
@@ -210,7 +211,7 @@ def test_a_growing_file_cut_under_its_writer_is_an_error_naming_it(s3_env, packe
     first = remote._remote.first_sample(0)
     prefetch.close()
     prefetch = remote.start_prefetch([np.arange(first + 3, first + 6)], mode="records")
-    with pytest.raises(Exception) as caught:  # ShardChangedError, rewrapped by the planner
+    with pytest.raises(ShardChangedError) as caught:  # rewrapped by the planner: same class
         prefetch.wait(0)
     prefetch.close()
     path = remote._remote.growing.path(0)
