@@ -256,3 +256,36 @@ def test_a_map_that_is_not_a_regular_file_is_never_waited_on_or_followed(s3_env,
     assert not os.path.exists(remote._remote.growing.path(0))  # no file of ours left behind
     with open(os.path.join(remote._remote.keeper.dir, ".ledger"), "rb") as f:
         assert int(f.read()) == sum(s.size for s in remote.shards)  # each counted once
+
+
+def _ledger(remote) -> int:
+    with open(os.path.join(remote._remote.keeper.dir, ".ledger"), "rb") as f:
+        return int(f.read())
+
+
+def test_a_growing_file_that_cannot_be_mapped_leaks_nothing(s3_env, packed, tmp_path,
+                                                            monkeypatch):
+    """mmap() itself fails (no address space): both descriptors are closed, the file and
+    map this process had just made are removed and off the ledger, and records are kept
+    one file each."""
+    import mmap as mmap_mod
+
+    from dlpack_io.reader.remote import cachefs
+
+    remote = _remote(tmp_path / "cache")
+    grow = remote._remote.growing
+
+    class NoMap:
+        PROT_READ = mmap_mod.PROT_READ
+
+        def mmap(self, *args, **kwargs):
+            raise OSError(errno.ENOMEM, os.strerror(errno.ENOMEM))
+    monkeypatch.setattr(cachefs, "mmap", NoMap())
+    before = sorted(os.listdir("/proc/self/fd"))
+    assert not grow.start(0, 1 << 30) and not grow.start(1, 1 << 30)
+    assert sorted(os.listdir("/proc/self/fd")) == before
+    assert not os.path.lexists(grow.path(0)) and not os.path.lexists(grow.path(0) + ".map")
+    assert _ledger(remote) == 0
+    monkeypatch.undo()
+    batches_equal(_epoch(Dataset(packed)), _epoch(remote))  # record by record, assembled
+    assert _ledger(remote) == sum(s.size for s in remote.shards)
