@@ -273,6 +273,15 @@ class KeptRecords:
         self._broken = True
         return None
 
+    def reconcile(self) -> None:
+        """Raise the ledger to the bytes found on disk when it counts fewer: files put in
+        the records folder without going on the ledger (a planted or copied ``.grow``,
+        ``.shard`` or record file, joined and served once verified) are counted before this
+        process keeps more, so ``cache_limit`` holds. Never lowered here: bytes admitted by a
+        process still writing them are on the ledger before they are on disk."""
+        if self.owner and not self._broken and os.path.isdir(self.dir):
+            self._update(lambda total: max(total, self.recount()))
+
     def recount(self) -> int:
         """Bytes of the kept files, counted on disk (a missing or damaged ledger)."""
         return usage(self.dir)[0]

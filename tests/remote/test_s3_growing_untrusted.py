@@ -263,6 +263,27 @@ def _ledger(remote) -> int:
         return int(f.read())
 
 
+@pytest.mark.parametrize("planted", ["grow", "record"])
+def test_files_planted_in_advance_go_on_the_ledger(s3_env, packed, tmp_path, planted):
+    """A <0>.grow of the right size (zeros) or a kept record file with the right bytes,
+    put in the records folder while the ledger says 0: joined or used once verified, and
+    counted, so cache_limit holds (each shard once on the ledger in the end)."""
+    remote = _remote(tmp_path / "cache")
+    folder = _records_dir(remote)
+    with open(os.path.join(folder, ".ledger"), "wb") as f:
+        f.write(b"0" * 20)
+    if planted == "grow":
+        with open(remote._remote.growing.path(0), "wb") as f:
+            f.truncate(remote.shards[0].size)
+    else:
+        local = Dataset(packed)
+        os.makedirs(os.path.join(folder, "1"), mode=0o700)
+        with open(remote._remote.keeper.path(1, 0), "wb") as f:
+            f.write(bytes(local.shards[1].payload(0)) + bytes(local.shards[1].fields_block(0)))
+    batches_equal(_epoch(Dataset(packed)), _epoch(remote))
+    assert _ledger(remote) == sum(s.size for s in remote.shards)
+
+
 def test_a_growing_file_that_cannot_be_mapped_leaks_nothing(s3_env, packed, tmp_path,
                                                             monkeypatch):
     """mmap() itself fails (no address space): both descriptors are closed, the file and
