@@ -26,7 +26,7 @@ from dlpack_io.reader.remote.bounded import aread_body, read_body
 from dlpack_io.reader.remote.failures import (BucketNotFoundError, CredentialsError,  # noqa: F401
                                               EndpointUnreachableError, ObjectChangedError,
                                               StorageError, classify, first_line, what_failed)
-from dlpack_io.reader.remote.urls import parse_url, scheme_of
+from dlpack_io.reader.remote.urls import canonical, parse_url, scheme_of
 
 def run_sync(coro):
     """Run ``coro`` to completion from synchronous code, even where an event loop is already
@@ -61,7 +61,7 @@ class Store:
     """One bucket + prefix; requests only from the process that created the client."""
 
     def __init__(self, url: str, *, storage_options: dict | None = None, policy: Policy | None = None):
-        self.url = url.rstrip("/")
+        self.url = canonical(url)
         self.bucket, self.prefix = parse_url(url)
         self.scheme = scheme_of(url)  # "s3", "gs" or "az": see clouds.py
         self.backend = clouds.backend(self.scheme)

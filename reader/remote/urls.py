@@ -17,13 +17,24 @@ _NAMES = {"s3": (re.compile(r"^[A-Za-z0-9.-]{3,}$"), "S3 bucket",
                  "3-63 characters: lowercase letters, digits, single '-' between them")}
 
 
+_MISTYPED_RE = re.compile(r"^(s3|gs|az):/*(?!/)", re.IGNORECASE)  # S3://, s3:/b, gs:b...
+
+
 def unsupported_scheme(path) -> str | None:
-    """The refusal for a URL whose scheme we do not read (``gcs://``, ``https://``...), or
-    None for a supported URL or a local path."""
-    if not isinstance(path, str):
+    """The refusal for a URL whose scheme we do not read (``gcs://``, ``https://``...) or
+    one of ours mistyped (``S3://``, ``s3:/bucket``), or None for a supported URL or a
+    local path."""
+    if not isinstance(path, str) or path.startswith(SCHEMES):
         return None
+    mistyped = _MISTYPED_RE.match(path)
+    if mistyped is not None:
+        scheme = mistyped.group(1).lower()
+        meant = f"{scheme}://{path[mistyped.end():]}"
+        return (f"{path}: not a valid URL (a scheme is written lower case and followed by "
+                f"'://'): did you mean {meant}? Supported: "
+                f"{', '.join(s + '...' for s in SCHEMES)}")
     match = _URL_RE.match(path)
-    if match is None or path.startswith(SCHEMES):
+    if match is None:
         return None
     return (f"{path}: the scheme {match.group(1)}:// is not supported; data sets in object "
             f"storage are read and written at {', '.join(s + '...' for s in SCHEMES)} (S3 "
@@ -54,9 +65,20 @@ def parse_url(url: str) -> tuple[str, str]:
     rest = url[len(scheme) + 3:]
     bucket, _, prefix = rest.partition("/")
     pattern, what, rule = _NAMES[scheme]
+    if not bucket:
+        raise ValueError(f"{url}: no {what} name; write {scheme}://{what.split()[-1]}/prefix "
+                         f"(the prefix is the folder of the data set in it)")
     if not pattern.match(bucket):
         raise ValueError(f"{url}: {what} name {bucket!r} is not valid ({rule})")
     prefix = prefix.strip("/")
     if any(part in ("", ".", "..") for part in prefix.split("/")) and prefix:
         raise ValueError(f"{url}: prefix {prefix!r} has empty, '.' or '..' parts")
     return bucket, prefix + "/" if prefix else ""
+
+
+def canonical(url: str) -> str:
+    """``url`` checked (scheme, bucket name, prefix) and written without a trailing "/"
+    (``s3://bucket/prefix``): checked first, so ``gs://`` is "no bucket name", never a
+    mangled ``gs:``."""
+    bucket, prefix = parse_url(url)
+    return f"{scheme_of(url)}://{bucket}/{prefix}".rstrip("/")
