@@ -165,6 +165,21 @@ def map_readonly(fd: int, size: int, path: str):
         return None
 
 
+def stamp_of(st) -> tuple:
+    """What a stamp of a verified file holds: inode, size, mtime and ctime (ns). ctime too:
+    a file edited in place whose mtime was set back (touch -r) has a new ctime, which no
+    user can set; a link or unlink changes it as well (then the file is checked again)."""
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def path_stamp(path: str):
+    """``stamp_of`` the entry at ``path`` (not followed), or None when there is none."""
+    try:
+        return stamp_of(os.lstat(path))
+    except FileNotFoundError:
+        return None
+
+
 def unlink_if_same(path: str, fd: int) -> None:
     """Remove ``path`` if it still names the file open as ``fd``."""
     try:

@@ -164,6 +164,8 @@ class GrowingShards:
             self.keeper.discard_bytes(self.source.shards[k].size)
         for path, held in ((self.path(k), fd), (self.path(k) + ".map", map_fd)):
             cachefs.unlink_if_same(path, held)  # never a file swapped in under our names
+        if adopted:  # its ctime changed with its names: the stamp follows
+            self.source.whole.restamp(k, fd)
         return bool(adopted)
 
     # ---- any reader ------------------------------------------------------------------------

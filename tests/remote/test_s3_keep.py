@@ -128,30 +128,50 @@ def test_a_changed_data_set_is_never_served_stale(s3_env, tmp_path):
     assert again._remote.bytes_fetched >= int(again._remote.lengths.sum())
 
 
-@pytest.mark.parametrize("reopen, how", [(False, "bytes"), (True, "bytes"), (False, "short")])
+@pytest.mark.parametrize("reopen, how", [(False, "bytes"), (True, "bytes"), (False, "short"),
+                                         (True, "mtime set back"), (False, "mtime set back")])
 def test_a_tampered_assembled_shard_is_detected_and_rebuilt(s3_env, packed, caplog, reopen,
                                                            how):
     local, remote = Dataset(packed), Dataset(URL)
     _epoch(remote, 0)
     path = remote._remote.whole.path(1)
     entry = remote.shards[1].index[2]
+    st = os.stat(path)
     with open(path, "r+b") as f:  # same size, other bytes: only the checksum can tell
         f.seek(int(entry["offset"]))
         f.write(bytes(int(entry["length"])))
         if how == "short":  # or cut short by one byte (of its metadata, not of a record)
             f.truncate(os.path.getsize(path) - 1)
+    if how == "mtime set back":  # inode, size and mtime as stamped: only the ctime tells
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     if reopen:
         remote = Dataset(URL)
     before = remote._remote.bytes_fetched
     with caplog.at_level("WARNING"):
         batches_equal(_epoch(local, 1), _epoch(remote, 1))
-    why = "record 2 fails its checksum" if how == "bytes" else " bytes, the shard has "
+    why = " bytes, the shard has " if how == "short" else "record 2 fails its checksum"
     assert why in caplog.text and path in caplog.text
     records = int(remote.shards[1].index["length"].sum())  # that shard's, and only them
     assert records <= remote._remote.bytes_fetched - before < 1.15 * records
     whole = _shard_bytes(remote)
     assert _kept_bytes(remote) == (whole, whole)  # assembled again, counted once
     assert open(path, "rb").read() == open(local.shards[1].path, "rb").read()
+
+
+def test_a_later_run_maps_the_assembled_shards_unread(s3_env, packed, monkeypatch):
+    """The stamps written when epoch 0 assembled the shards match the files (their ctime
+    after the last link or unlink): a later run maps them without reading them again."""
+    from dlpack_io.reader.remote import assembled
+
+    local = Dataset(packed)
+    _epoch(Dataset(URL), 0)
+    checked = []
+    real = assembled._first_bad
+    monkeypatch.setattr(assembled, "_first_bad", lambda fd, shard: checked.append(1) or
+                        real(fd, shard))
+    remote = Dataset(URL)
+    batches_equal(_epoch(local, 1), _epoch(remote, 1))
+    assert checked == [] and remote._remote.bytes_fetched == 0
 
 
 def test_a_limit_below_the_data_set_keeps_what_fits(s3_env, packed):
