@@ -86,6 +86,9 @@ def test_clear_leaves_a_data_set_that_a_running_process_has_open(s3_env, packed,
         assert _cli("clear", "--cache-dir", str(cache)) == (
             0, f"left {key}: in use by a running process (close it, then clear again)\n"
                f"freed 0 bytes in {cache}\n")
+        assert _cli("clear", "--cache-dir", str(cache), key) == (  # asked by name: exit 1
+            1, f"left {key}: in use by a running process (close it, then clear again)\n"
+               f"freed 0 bytes in {cache}\ndlpack: error: not removed, in use: {key}\n")
         assert _bytes(cache / key) >= size  # every kept record is still there
         assert "in use" in _cli("ls", "--cache-dir", str(cache))[1]
     finally:
