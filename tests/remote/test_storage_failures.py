@@ -82,8 +82,10 @@ def test_each_failure_is_named_as_what_it_is(scheme, failure, request, cloud_env
     report = verify(url, progress=False)
     assert report.exit_code == 4 and all(p["kind"] == "storage" for p in report.problems)
     assert first in report.problems[0]["problem"]
-    with pytest.raises(ConversionError, match=first):
+    with pytest.raises(ConversionError, match=first) as caught:
         convert(three_images, url, workers=1, progress=False, storage_options={"retries": 1})
+    assert str(caught.value).endswith("nothing was uploaded: fix that and run the same "
+                                      "command again")  # --resume would not help
 
 
 def test_the_cli_says_it_and_verify_exits_4(s3_server, cloud_env):
