@@ -7,7 +7,7 @@ process, and later runs or other ranks and jobs sharing ``cache_dir``, read it f
 
 Which records stay: when the data set fits ``cache_limit`` all of them. When it does not,
 the first ones fetched, up to ``cache_limit`` minus room for the batches in flight
-(``ROOM_BATCHES`` of the largest batch), and then no others: with a shuffled order every
+(``ROOM_BATCHES`` of the largest batch, at most half the limit), and then no others: with a shuffled order every
 record is equally likely to be needed next, so a fixed subset serves the same share of each
 epoch as any eviction policy would, without deleting and fetching again all the time (LRU
 under a random order would churn the whole budget every epoch for the same hit rate).
@@ -47,10 +47,13 @@ _LEDGER_WIDTH = 20
 
 def keep_budget(total: int, limit: int, max_batch: int) -> int:
     """Bytes of records that may stay: all when the data set (``total`` record bytes) fits
-    ``limit``, else ``limit`` less room for ROOM_BATCHES batches of ``max_batch`` bytes."""
+    ``limit``, else ``limit`` less room for the batches in flight: ROOM_BATCHES batches of
+    ``max_batch`` bytes, but no more than half the limit (at least two batches), so a limit
+    that is small next to the batches still keeps about half of itself, not nothing."""
     if total <= limit:
         return limit
-    return max(0, limit - ROOM_BATCHES * max_batch)
+    room = min(ROOM_BATCHES * max_batch, max(limit // 2, 2 * max_batch))
+    return max(0, limit - room)
 
 
 def split_limit(total: int, limit: int, max_batch: int, mode: str) -> tuple[int, int]:

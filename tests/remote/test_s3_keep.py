@@ -184,7 +184,7 @@ def test_a_limit_below_the_data_set_keeps_what_fits(s3_env, packed):
     _epoch(remote, 0, batch_size=1)
     on_disk, counted = _kept_bytes(remote)
     budget = keep.keep_budget(total, limit, int(lengths.max()))
-    assert budget == total // 3
+    assert budget == (total // 3 if room <= limit // 2 else limit - limit // 2)
     assert on_disk == counted and budget - int(lengths.max()) < counted <= budget
     before = remote._remote.bytes_fetched
     _epoch(remote, 1, batch_size=1)
@@ -193,6 +193,24 @@ def test_a_limit_below_the_data_set_keeps_what_fits(s3_env, packed):
     assert _kept_bytes(remote) == (on_disk, counted)  # kept files stay, none churned
     session = remote._remote.session.dir  # the rest was evicted after use
     assert [f for _, _, fs in os.walk(session) for f in fs if f != ".lock"] == []
+
+
+def test_a_limit_of_half_the_data_set_keeps_half_of_it(s3_env, packed):
+    """Batches of 2: room for ROOM_BATCHES of them is more than the whole data set, so the
+    rule "limit less 16 batches" kept nothing; half the limit stays instead, and epoch 1
+    fetches exactly the records that did not stay."""
+    lengths = Dataset(URL)._remote.lengths
+    total, batch = int(lengths.sum()), int(np.sort(lengths)[-2:].sum())
+    limit = total // 2
+    assert keep.ROOM_BATCHES * batch > limit and limit // 2 > 2 * batch  # old rule: 0 kept
+    remote = Dataset(URL, cache_limit=limit, fetch_mode="records")
+    _epoch(remote, 0, batch_size=2)
+    on_disk, counted = _kept_bytes(remote)
+    budget = limit - limit // 2
+    assert on_disk == counted and budget - int(lengths.max()) < counted <= budget
+    before = remote._remote.bytes_fetched
+    _epoch(remote, 1, batch_size=2)
+    assert remote._remote.bytes_fetched - before == total - counted
 
 
 def test_read_ahead_takes_the_following_eligible_records_within_the_bytes():
