@@ -36,7 +36,7 @@ class RemoteSource:
         self.url = canonical(url)
         self.max_pixels = int(max_pixels)
         self.cache_dir = os.fspath(cache_dir) if cache_dir else cache_mod.default_cache_dir()
-        os.makedirs(self.cache_dir, mode=0o700, exist_ok=True)  # everything below: cachefs
+        cache_mod.make_cache_dir(self.cache_dir)  # everything below: cachefs
         self.store = Store(self.url, storage_options=storage_options, policy=policy)
         self.policy = self.store.policy
         raw = self._manifest_bytes(attach)
