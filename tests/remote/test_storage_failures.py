@@ -118,3 +118,51 @@ def test_settings_the_client_refuses_are_named_at_once_without_retries(cloud_env
     assert "attempts" not in str(caught.value)
     report = verify("az://dlpack-test/x", progress=False)
     assert report.exit_code == 4 and "cannot set up" in report.problems[0]["problem"]
+
+
+@pytest.fixture(scope="module")
+def web_server(tmp_path_factory):
+    """A plain web server (Python's http.server: HTML pages, 404 for everything we ask):
+    what a wrong port or host answers with."""
+    import http.server
+    import threading
+
+    root = tmp_path_factory.mktemp("www")
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(root), **kwargs)
+
+        def log_message(self, *args):
+            pass
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    thread.join()
+
+
+@pytest.mark.parametrize("scheme", ["s3", "gs", "az"])
+def test_an_endpoint_that_is_a_web_server_is_named_as_that(scheme, web_server, cloud_env,
+                                                           three_images):
+    """A web page where the service answers: not "bucket does not exist", not damage."""
+    from dlpack_io.reader.remote.storage import WrongEndpointError
+
+    env = {"s3": {"AWS_ENDPOINT_URL": web_server, "AWS_ACCESS_KEY_ID": "k",
+                  "AWS_SECRET_ACCESS_KEY": "s", "AWS_REGION": "us-east-1"},
+           "gs": {"STORAGE_EMULATOR_HOST": web_server},
+           "az": {"AZURE_STORAGE_CONNECTION_STRING":
+                  f"AccountName={AZURITE_ACCOUNT};AccountKey={WRONG_KEY};"
+                  f"BlobEndpoint={web_server}/{AZURITE_ACCOUNT};"}}[scheme]
+    cloud_env(env)
+    url = f"{scheme}://dlpack-test/some/prefix"
+    with pytest.raises(WrongEndpointError) as caught:
+        Dataset(url, storage_options={"retries": 1})
+    message = str(caught.value)
+    assert "the endpoint is not object storage" in message and "answered with a web page" in message
+    assert "does not exist" not in message and web_server in message
+    report = verify(url, progress=False)
+    assert report.exit_code == 4 and "web page" in report.problems[0]["problem"]
+    with pytest.raises(ConversionError, match="the endpoint is not object storage"):
+        convert(three_images, url, workers=1, progress=False, storage_options={"retries": 1})
