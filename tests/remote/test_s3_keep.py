@@ -198,7 +198,7 @@ def test_a_limit_below_the_data_set_keeps_what_fits(s3_env, packed):
 def test_a_limit_of_half_the_data_set_keeps_half_of_it(s3_env, packed):
     """Batches of 2: room for ROOM_BATCHES of them is more than the whole data set, so the
     rule "limit less 16 batches" kept nothing; half the limit stays instead, and epoch 1
-    fetches exactly the records that did not stay."""
+    fetches the records that did not stay (and the padding between neighbours)."""
     lengths = Dataset(URL)._remote.lengths
     total, batch = int(lengths.sum()), int(np.sort(lengths)[-2:].sum())
     limit = total // 2
@@ -210,7 +210,8 @@ def test_a_limit_of_half_the_data_set_keeps_half_of_it(s3_env, packed):
     assert on_disk == counted and budget - int(lengths.max()) < counted <= budget
     before = remote._remote.bytes_fetched
     _epoch(remote, 1, batch_size=2)
-    assert remote._remote.bytes_fetched - before == total - counted
+    again = remote._remote.bytes_fetched - before  # the rest; neighbours of a batch come
+    assert total - counted <= again < 1.02 * (total - counted)  # in one range (+ padding)
 
 
 def test_read_ahead_takes_the_following_eligible_records_within_the_bytes():
