@@ -36,6 +36,8 @@ def rewrap(exc: BaseException, k: int) -> BaseException:
     catches ``ShardChangedError``, ``StorageError`` or ``OSError`` still catches it), its
     attributes (``errno``, ``path``...) and its message, plus which batch was waited for."""
     note = f"(while prefetching batch {k} and earlier)"
+    if not isinstance(exc, Exception):  # a cancelled task, an interrupt: never re-raised
+        return RuntimeError(f"prefetch failed before batch {k}: {exc!r}")  # as such here
     new = _same_kind(exc)
     if new is None:  # cannot be copied: the very exception, with a note for tracebacks
         if hasattr(exc, "add_note"):

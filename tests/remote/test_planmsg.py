@@ -46,3 +46,13 @@ def test_every_class_is_kept(exc):
     assert type(new) is type(exc)
     assert "(while prefetching batch 5 and earlier)" in str(new)
     assert vars(new) == vars(exc)
+
+
+def test_a_cancelled_task_is_not_raised_as_such_in_the_waiting_thread():
+    """CancelledError and KeyboardInterrupt are not Exceptions: re-raised in a consumer they
+    would escape its ``except Exception``; they stay a RuntimeError saying what happened."""
+    import asyncio
+
+    for exc in (asyncio.CancelledError(), KeyboardInterrupt()):
+        new = rewrap(exc, 2)
+        assert type(new) is RuntimeError and str(new).startswith("prefetch failed before batch 2")
