@@ -4,6 +4,7 @@ client, so ``import dlpack_io.reader`` and the packer stay light. A URL of any o
 is refused naming the ones we support, never taken for a local folder."""
 from __future__ import annotations
 
+import os
 import re
 
 SCHEMES = ("s3://", "gs://", "az://")
@@ -24,15 +25,15 @@ def unsupported_scheme(path) -> str | None:
     """The refusal for a URL whose scheme we do not read (``gcs://``, ``https://``...) or
     one of ours mistyped (``S3://``, ``s3:/bucket``), or None for a supported URL or a
     local path."""
+    if isinstance(path, os.PathLike):  # pathlib.Path("s3://b/p") is "s3:/b/p": a str is
+        text = os.fspath(path)  # needed, said when the path looks like one of our URLs
+        if isinstance(text, str) and _MISTYPED_RE.match(text):
+            return f"{_mistyped(text)} (a pathlib.Path merges '//': pass the URL as a str)"
+        return None
     if not isinstance(path, str) or path.startswith(SCHEMES):
         return None
-    mistyped = _MISTYPED_RE.match(path)
-    if mistyped is not None:
-        scheme = mistyped.group(1).lower()
-        meant = f"{scheme}://{path[mistyped.end():]}"
-        return (f"{path}: not a valid URL (a scheme is written lower case and followed by "
-                f"'://'): did you mean {meant}? Supported: "
-                f"{', '.join(s + '...' for s in SCHEMES)}")
+    if _MISTYPED_RE.match(path):
+        return _mistyped(path)
     match = _URL_RE.match(path)
     if match is None:
         return None
@@ -40,6 +41,14 @@ def unsupported_scheme(path) -> str | None:
             f"storage are read and written at {', '.join(s + '...' for s in SCHEMES)} (S3 "
             f"and S3-compatible stores, Google Cloud Storage, Azure Blob Storage; see "
             f"docs/remote.md), local ones at a folder path")
+
+
+def _mistyped(path: str) -> str:
+    """The refusal of ``path``, one of our URLs mistyped (``S3://b``, ``s3:/b``, ``s3:b``)."""
+    mistyped = _MISTYPED_RE.match(path)
+    meant = f"{mistyped.group(1).lower()}://{path[mistyped.end():]}"
+    return (f"{path}: not a valid URL (a scheme is written lower case and followed by "
+            f"'://'): did you mean {meant}? Supported: {', '.join(s + '...' for s in SCHEMES)}")
 
 
 def is_remote(path) -> bool:

@@ -50,3 +50,13 @@ def test_canonical():
     assert canonical("s3://bucket/a/b/") == "s3://bucket/a/b"
     assert canonical("gs://bucket") == canonical("gs://bucket/") == "gs://bucket"
     assert not is_remote("./S3:/x") and not is_remote("/data/s3:/x")
+
+
+def test_a_url_passed_as_a_path_says_to_pass_a_str(tmp_path):
+    """pathlib.Path("s3://b/p") is the folder "s3:/b/p": refused naming the URL meant."""
+    from pathlib import Path
+
+    with pytest.raises(ValueError, match=r"did you mean s3://bucket/data\? .*pass the URL as "
+                                         r"a str"):
+        Dataset(Path("s3://bucket/data"), cache_dir=tmp_path / "cache")
+    assert not is_remote(Path("/data/s3:/x")) and not is_remote(tmp_path)
