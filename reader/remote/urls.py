@@ -71,6 +71,8 @@ def parse_url(url: str) -> tuple[str, str]:
     """(bucket, prefix) of ``s3://bucket[/prefix]`` (or gs://, az://container); the prefix
     ends with "/" unless empty."""
     scheme = scheme_of(url)
+    if url != url.strip():  # pasted with a newline or a space: never a prefix of that name
+        raise ValueError(f"{url!r}: white space around the URL; pass {url.strip()!r}")
     rest = url[len(scheme) + 3:]
     bucket, _, prefix = rest.partition("/")
     pattern, what, rule = _NAMES[scheme]

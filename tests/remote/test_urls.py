@@ -60,3 +60,9 @@ def test_a_url_passed_as_a_path_says_to_pass_a_str(tmp_path):
                                          r"a str"):
         Dataset(Path("s3://bucket/data"), cache_dir=tmp_path / "cache")
     assert not is_remote(Path("/data/s3:/x")) and not is_remote(tmp_path)
+
+
+@pytest.mark.parametrize("url", ["s3://bucket/data ", "s3://bucket/data\n", "gs://b\tx/y "])
+def test_white_space_around_a_url_is_named(url, tmp_path):
+    with pytest.raises(ValueError, match="white space around the URL; pass"):
+        Dataset(url, cache_dir=tmp_path / "cache")
