@@ -68,6 +68,7 @@ class Store:
         self.backend = clouds.backend(self.scheme)
         s3client.import_obstore()  # the install hint, before anything else can fail
         self.options = self.backend.resolve(storage_options)
+        clouds.check_endpoint(self.url, self.options, self.backend)  # before the client
         self._given = dict(storage_options or {})
         tuned = {k: float(v) if k != "retries" else int(v)
                  for k, v in (storage_options or {}).items() if k in s3client.POLICY_KEYS}

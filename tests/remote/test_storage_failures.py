@@ -166,3 +166,28 @@ def test_an_endpoint_that_is_a_web_server_is_named_as_that(scheme, web_server, c
     assert report.exit_code == 4 and "web page" in report.problems[0]["problem"]
     with pytest.raises(ConversionError, match="the endpoint is not object storage"):
         convert(three_images, url, workers=1, progress=False, storage_options={"retries": 1})
+
+
+@pytest.mark.parametrize("scheme, env", [
+    ("s3", {"AWS_ENDPOINT_URL": "127.0.0.1:9", "AWS_ACCESS_KEY_ID": "k",
+            "AWS_SECRET_ACCESS_KEY": "s", "AWS_REGION": "us-east-1"}),
+    ("s3", {"AWS_ENDPOINT_URL": "http://127.0.0.1:99999", "AWS_ACCESS_KEY_ID": "k",
+            "AWS_SECRET_ACCESS_KEY": "s", "AWS_REGION": "us-east-1"}),
+    ("gs", {"GOOGLE_BASE_URL": "localhost:9", "GOOGLE_SERVICE_ACCOUNT_KEY": ""}),
+    ("az", {"AZURE_STORAGE_ACCOUNT_NAME": AZURITE_ACCOUNT, "AZURE_STORAGE_ACCOUNT_KEY": WRONG_KEY,
+            "AZURE_STORAGE_ENDPOINT": "127.0.0.1:9/devstoreaccount1"})])
+def test_an_endpoint_that_is_not_a_url_is_named_before_any_request(scheme, env, cloud_env,
+                                                                  three_images):
+    """"minio:9000" without http:// made obstore panic (a PanicException, not an Exception:
+    a traceback past every handler); now a StorageError naming it and how to write it."""
+    from dlpack_io.reader.remote.storage import StorageError
+
+    cloud_env(env)
+    url = f"{scheme}://dlpack-test/some/prefix"
+    with pytest.raises(StorageError, match=r"endpoint '[^']+' is not an http\(s\) URL with a "
+                                           r"host: write it as http://") as caught:
+        Dataset(url)
+    assert "attempts" not in str(caught.value)  # refused at once, no request made
+    assert verify(url, progress=False).exit_code == 4
+    with pytest.raises(ConversionError, match="is not an http"):
+        convert(three_images, url, workers=1, progress=False)
