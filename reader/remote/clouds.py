@@ -81,6 +81,9 @@ def check_endpoint(url: str, settings: dict, backend) -> None:
             (parts.port is None or parts.port > 0)
     except ValueError:  # a port out of range, brackets that do not close
         valid = False
+    if valid and parts.scheme == "http" and settings.get("allow_http") is False:
+        raise StorageError(f"{url}: endpoint {endpoint!r} is http:// but allow_http is False: "
+                           f"use https://, or allow_http=True for a server without TLS")
     if not valid:
         hint = f"http://{endpoint}" if "://" not in str(endpoint) else "http://host:port"
         raise StorageError(f"{url}: endpoint {str(endpoint)!r} is not an http(s) URL with a "

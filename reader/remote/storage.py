@@ -70,9 +70,8 @@ class Store:
         self.options = self.backend.resolve(storage_options)
         clouds.check_endpoint(self.url, self.options, self.backend)  # before the client
         self._given = dict(storage_options or {})
-        tuned = {k: float(v) if k != "retries" else int(v)
-                 for k, v in (storage_options or {}).items() if k in s3client.POLICY_KEYS}
-        self.policy = dataclasses.replace(policy or Policy(), **tuned)
+        self.policy = dataclasses.replace(policy or Policy(),
+                                          **s3client.policy_values(storage_options))
         self._store, self._pid = None, None
         self._bucket_seen = False  # head() proved the bucket exists (see there)
 

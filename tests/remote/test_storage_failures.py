@@ -191,3 +191,19 @@ def test_an_endpoint_that_is_not_a_url_is_named_before_any_request(scheme, env, 
     assert verify(url, progress=False).exit_code == 4
     with pytest.raises(ConversionError, match="is not an http"):
         convert(three_images, url, workers=1, progress=False)
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"retries": "x"}, r"storage_options\['retries'\] 'x': expected a whole number"),
+    ({"retries": 1.5}, r"storage_options\['retries'\] 1.5: expected a whole number"),
+    ({"deadline": -1}, r"storage_options\['deadline'\] -1: expected a number of seconds > 0"),
+    ({"request_timeout": 0}, r"storage_options\['request_timeout'\] 0: expected a number"),
+    ({"endpoint": "http://127.0.0.1:9", "allow_http": False},
+     r"is http:// but allow_http is False: use https://, or allow_http=True")])
+def test_patience_and_http_settings_are_checked_before_any_request(options, words, cloud_env):
+    """A bare int() error, a 'not ready after -1.0 s', every request timing out at once, or
+    'builder error ... the server failed' after six attempts: each is now named at once."""
+    cloud_env({"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s",
+               "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": "http://127.0.0.1:9"})
+    with pytest.raises((ValueError, OSError), match=words):
+        Dataset("s3://dlpack-test/some/prefix", storage_options=options)
