@@ -155,11 +155,11 @@ class WholeShards:
             self.assembled += 1
         finally:
             try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            self.restamp(k, fd)  # the links changed its ctime (if it is the file at path)
-            os.close(fd)
+                if os.path.lexists(tmp):
+                    os.unlink(tmp)
+                self.restamp(k, fd)  # the links changed its ctime (if it is the file at path)
+            finally:
+                os.close(fd)
         self._drop_records(k, first, index)
 
     def _copy_records(self, fd: int, k: int, first: int, index) -> bool:
