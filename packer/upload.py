@@ -169,20 +169,23 @@ def convert_remote(src, url: str, *, list_file=None, resume: bool = False,
     ``engine``/``ray_address`` as there: with "ray" the cluster's tasks upload the shards."""
     opts, inputs = packing.prepare_inputs(src, list_file, options, labels)
     engine_ = engine_context(engine, ray_address, opts)
+    started = False  # nothing written to the bucket before this
     try:
         store = Store(url, storage_options=storage_options)
         if prepare_remote(store, resume=resume, overwrite=overwrite) == "complete":
             log.info("%s is already complete; nothing to resume", url)
             return {"dst": url, "already_complete": True}
+        started = True
         stage = tempfile.mkdtemp(prefix="dlpack-upload-", dir=staging)
         try:
             with engine_ as pack:
                 return _convert_staged(store, stage, inputs, opts, provenance, pack, engine)
         finally:
             shutil.rmtree(stage, ignore_errors=True)
-    except StorageError as exc:
-        raise ConversionError(f"{exc}; shards uploaded so far are kept: run again with "
-                              f"--resume") from exc
+    except StorageError as exc:  # before the first write: nothing to resume from
+        advice = ("shards uploaded so far are kept: run again with --resume" if started else
+                  "nothing was uploaded: fix that and run the same command again")
+        raise ConversionError(f"{exc}; {advice}") from exc
 
 
 def _convert_staged(store: Store, stage: str, inputs, opts, provenance: bool, pack,

@@ -53,8 +53,13 @@ def folder_bytes(path: str) -> int:
 
 
 def _url(root: str) -> str:
+    """The URL in ``root``'s source file, as one printable line: the file is untrusted (a
+    newline or a terminal escape in it must not forge or hide lines of ``ls``)."""
     raw = cache_mod.read_file(os.path.join(root, cache_mod.SOURCE_NAME), 4096)
-    return raw.decode("utf-8", "replace") if raw else "(unknown URL)"
+    if not raw:
+        return "(unknown URL)"
+    text = raw.decode("utf-8", "replace")
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 def _pooled(root: str) -> int:

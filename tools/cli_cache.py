@@ -65,7 +65,8 @@ def du(cache_dir):
 @click.argument("keys", nargs=-1)
 def clear(cache_dir, keys):
     """Remove cached data sets (KEYS as `dlpack cache ls` shows them; all when none is
-    given). A data set that a running process has open is left alone, and said so."""
+    given). A data set that a running process has open is left alone, and said so; exit 1
+    when a KEY given is not cached, or was left because it is in use."""
     from dlpack_io.tools.cachectl import clear as do_clear
 
     removed, busy, unknown = do_clear(_dir(cache_dir), keys or None)
@@ -76,3 +77,5 @@ def clear(cache_dir, keys):
     click.echo(f"freed {sum(e.bytes for e in removed):,} bytes in {_dir(cache_dir)}")
     if unknown:
         fail(f"not cached in {_dir(cache_dir)}: {', '.join(unknown)} (see 'dlpack cache ls')")
+    if keys and busy:  # asked for by name and still there: a script must not think it gone
+        fail(f"not removed, in use: {', '.join(e.key for e in busy)}")

@@ -35,7 +35,8 @@ from dlpack_io.reader.batch.options import (OPTION_DOCS, LoaderOptions, resolve_
 from dlpack_io.reader.batch.plan import compile_spec
 from dlpack_io.reader.batch.recipes import BatchFinish, place_transforms
 from dlpack_io.reader.batch.skips import SkipAccount
-from dlpack_io.reader.batch.stats import LogSchedule, StatsClock
+from dlpack_io.reader.batch.stats import LogSchedule
+from dlpack_io.reader.batch.statsclock import StatsClock
 
 log = logging.getLogger(__name__)
 
@@ -210,9 +211,9 @@ class Loader(DataLoaderAttributes):
         if self._engine is None:
             self._swap(self._tune.options)
         self._consumer = threading.get_ident()
-        self._stats.start_epoch(epoch, self.worker_pids())
-        self._stats.waited(time.perf_counter() - asked)
+        self._stats.start_epoch(epoch, self.worker_pids(), asked)
         prefetch = self.dataset.start_prefetch(batches[start:])
+        self._stats.fetching(prefetch)
         clean = False
         try:
             yield from self._deliver(batches, start, prefetch, epoch)
@@ -231,12 +232,9 @@ class Loader(DataLoaderAttributes):
 
     def _deliver(self, batches, start, prefetch, epoch):
         ticket0, self._tickets = self._tickets, self._tickets + len(batches)
-        clock, since = self._stats, time.perf_counter()
+        clock = self._stats  # cuts the loop's time at next(): handed() ... asked()
         for k, hb, images, labels in self._tune.deliver(self._engine, self._swap, batches, start,
                                                         ticket0, prefetch, epoch, clock.delivered):
-            now = time.perf_counter()
-            clock.waited(now - since)  # inside next(): the loop waited for this batch
-            since = now
             self.skipped.add(hb.skipped)
             clock.delivered_sets(sources.set_counts(self.dataset, hb.indices))
             self._cursor = self._cursor[:3] + (k + 1, len(batches))
@@ -246,9 +244,10 @@ class Loader(DataLoaderAttributes):
                 images, labels = self._finish(images, labels, hb.indices, epoch,
                                               int(batches[k][0]))
             batch = self._batch(images, labels, hb.indices, epoch)  # targets.py
-            yield pinned(batch) if self._pin else batch
-            since = time.perf_counter()
-            clock.stepped(since - now)  # outside next(): the training step
+            batch = pinned(batch) if self._pin else batch
+            clock.handed()  # all of the above was inside next(): the loop waited for it
+            yield batch
+            clock.asked()  # outside next() since the hand-over: the training step
             if self._log.due(clock.epoch.batches):
                 log.info("Loader: %s", self.stats())
 
@@ -267,6 +266,7 @@ class Loader(DataLoaderAttributes):
     def _close_engine(self) -> None:
         engine, self._engine = self._engine, None
         if engine is not None:
+            self._stats.retire(engine.runner.pids)  # their CPU, before they are gone
             engine.close()
         self._tune.engines.close()  # the candidates' engines parked between their turns
 

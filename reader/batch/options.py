@@ -60,7 +60,7 @@ OPTION_DOCS = """
         "mask" field's padding (255, the usual ignore index). Boxes ("boxes", a list of
         (n, 4) tensors), their per-box fields and "mask" follow every crop, resize and flip.
     log_every: write ``str(loader.stats())`` through logging every N batches (an int) or
-        every so many seconds ("30s"); None: never.
+        every so many seconds ("30s" or a timedelta, from the first batch); None: never.
     options: a LoaderOptions holding all of the above instead (not both).
 """
 

@@ -11,18 +11,21 @@ CPU seconds: this process's (every thread) plus the worker processes' (from /pro
 """
 from __future__ import annotations
 
+import datetime
+import math
+import numbers
 import os
 import time
 from dataclasses import asdict, dataclass, field
 
-from dlpack_io.reader.batch.gputime import GpuTimeline
 from dlpack_io.reader.batch.stagetimes import STAGES
 
+_NETWORK = "% of the wait was for records from object storage"
 DATA_BOUND = 0.10   # waiting this share of the loop's time or more: data-bound
 BUSY = 0.90         # workers this busy are the limit: more workers will not help
 
 
-def _proc_cpu(pids) -> float:
+def proc_cpu(pids) -> float:
     """CPU seconds (user + system) used so far by the processes ``pids`` (0 for gone ones)."""
     total, tick = 0.0, os.sysconf("SC_CLK_TCK")
     for pid in pids:
@@ -47,14 +50,17 @@ def fetched_bytes(stats) -> int:
 
 def tree_cpu(pids) -> float:
     """CPU seconds used so far by this process (every thread) and the processes ``pids``."""
-    return time.process_time() + _proc_cpu(pids)
+    return time.process_time() + proc_cpu(pids)
 
 
 @dataclass
 class LoaderStats:
     """The Loader's figures for one span (an epoch, or the whole run in ``run``)."""
 
-    epoch: int = 0
+    epoch: int = 0             # the epoch (a run's: its last one)
+    scope: str = "epoch"       # "epoch": one epoch's figures; "run": the sum of epochs
+    epochs: int = 1            # epochs these figures add up (a run's: every one so far)
+    first_epoch: int = 0       # the first of them
     batches: int = 0
     images: int = 0
     wall_s: float = 0.0        # from the span's first next() to now (or to its end)
@@ -63,9 +69,11 @@ class LoaderStats:
     finish_s: float = 0.0      # copy to the device + kernels (or host hand-over), consumer
     cpu_s: float = 0.0         # this process (all threads) + worker processes
     consumer_cpu_s: float = 0.0  # the training loop's own thread
+    loop_cpu_s: float = 0.0    # of which inside next(): the Loader's work in that thread
     queue_depth: float = 0.0   # mean built batches waiting when the loop asked
     num_workers: int = 0
     worker_kind: str = "thread"
+    cores: int = 0             # CPU cores this process may run on (0: unknown)
     images_per_set: list | None = None  # a Mixture's images of each set; None: one data set
     tuned: str = ""            # num_workers/prefetch="auto": what was chosen and why
     plan_s: float = 0.0        # worker seconds per stage (stagetimes.py): lookups, draws
@@ -94,9 +102,10 @@ class LoaderStats:
 
     @property
     def cpu_ms_per_image(self) -> float:
-        """CPU milliseconds per image delivered (the training loop's own thread left out)."""
-        return 1000 * max(0.0, self.cpu_s - self.consumer_cpu_s) / self.images \
-            if self.images else 0.0
+        """CPU milliseconds per image delivered: every thread and worker process, the
+        training loop's own thread only inside next() (the Loader's work there)."""
+        loader = self.cpu_s - self.consumer_cpu_s + self.loop_cpu_s
+        return 1000 * max(0.0, loader) / self.images if self.images else 0.0
 
     @property
     def workers_busy(self) -> float:
@@ -109,12 +118,23 @@ class LoaderStats:
         work = max(0.0, self.cpu_s - self.consumer_cpu_s)
         return min(1.0, work / (self.wall_s * self.num_workers))
 
+    @property
+    def workers_occupied(self) -> float:
+        """Share of the workers' time spent on batches, on a CPU or not (their stage
+        seconds over wall x count; 0 when unmeasured or num_workers=0): occupied but not
+        busy is a worker held up, by reads or (threads) by the GIL."""
+        if self.wall_s <= 0 or self.num_workers == 0:
+            return 0.0
+        work = sum(getattr(self, f"{name}_s") for name in STAGES)
+        return min(1.0, work / (self.wall_s * self.num_workers))
+
     def as_dict(self) -> dict:
         """Every figure, derived ones included (``run`` nested the same way)."""
         out = {k: v for k, v in asdict(self).items()
                if k != "run" and not (k == "images_per_set" and v is None)}
         out.update(wait_fraction=self.wait_fraction, images_per_s=self.images_per_s,
                    cpu_ms_per_image=self.cpu_ms_per_image, workers_busy=self.workers_busy,
+                   workers_occupied=self.workers_occupied,
                    stage_shares=self.stage_shares(), verdict=self.verdict())
         if self.run is not None:
             out["run"] = self.run.as_dict()
@@ -122,21 +142,43 @@ class LoaderStats:
 
     def verdict(self) -> str:
         """One line: is the loop data-bound, and what would help."""
+        if not self.batches:
+            return "no batches delivered yet: nothing to judge"
         waiting = f"{100 * self.wait_fraction:.1f}%"
         if self.wait_fraction < DATA_BOUND:
             return f"not data-bound: {waiting} of step time spent waiting for data"
         busy = self.workers_busy
-        if busy >= BUSY:
-            advice = "more cores, device transforms or a cheaper recipe would help"
-        else:
-            advice = (f"workers idle part of the time: more workers (num_workers > "
-                      f"{self.num_workers}) or a deeper prefetch would help")
+        advice = self._advice(busy)
         where = self.stage_shares()
-        if where:
+        if where and _NETWORK not in advice:
             advice += "; worker time: " + ", ".join(f"{name} {100 * share:.0f}%"
                                                      for name, share in where.items())
         return (f"data-bound: {waiting} of step time spent waiting for data; workers busy "
                 f"{100 * busy:.0f}%: {advice}")
+
+    def _advice(self, busy: float) -> str:
+        """What would help a data-bound loop: the network when most of the wait was for
+        object storage, else more workers while cores are spare, else less work per image."""
+        if self.wait_s > 0 and self.fetch_wait_s >= 0.5 * self.wait_s:
+            return (f"{100 * min(1.0, self.fetch_wait_s / self.wait_s):.0f}{_NETWORK}: a "
+                    "cache_limit that keeps the data set lets later epochs read locally "
+                    "(docs/remote.md)")
+        if busy < BUSY and self.workers_occupied >= BUSY:
+            held = (f"workers on batches {100 * self.workers_occupied:.0f}% of the time but "
+                    f"on a CPU {100 * busy:.0f}%: ")
+            if self.worker_kind == "thread":
+                return held + ("thread workers held up by the GIL (Python in a "
+                               "sample_transform?) or by reads: worker_kind='process' or "
+                               "num_workers='auto' would help")
+            return held + "held up by reads: more workers or a deeper prefetch would help"
+        if busy < BUSY:
+            return (f"workers idle part of the time: more workers (num_workers > "
+                    f"{self.num_workers}) or a deeper prefetch would help")
+        if self.num_workers == 0 or self.num_workers < self.cores:
+            of = f" of {self.cores} cores" if self.cores else ""
+            return (f"more workers (num_workers > {self.num_workers}{of}), device "
+                    "transforms or a cheaper recipe would help")
+        return "more cores, device transforms or a cheaper recipe would help"
 
     def stage_shares(self) -> dict:
         """Each stage's share of the workers' seconds (STAGES order; empty when unmeasured)."""
@@ -146,151 +188,73 @@ class LoaderStats:
 
     def postfix(self) -> dict:
         """Short figures for a progress bar: ``tqdm(...).set_postfix(loader.stats().postfix())``."""
-        return {"wait": f"{100 * self.wait_fraction:.0f}%", "img/s": f"{self.images_per_s:.0f}"}
+        wait = f"{100 * self.wait_fraction:.0f}%" if self.batches else "-"
+        return {"wait": wait, "img/s": f"{self.images_per_s:.0f}"}
+
+    def _span(self) -> str:
+        """What the figures cover, for the line: "epoch 4" or "run of 2 epochs (3 to 4)"."""
+        if self.scope != "run":
+            return f"epoch {self.epoch}"
+        if self.epochs <= 1:
+            return f"run of {self.epochs} epoch{'' if self.epochs else 's'}" + (
+                f" ({self.epoch})" if self.epochs else "")
+        return f"run of {self.epochs} epochs ({self.first_epoch} to {self.epoch})"
 
     def __str__(self) -> str:
-        return (f"epoch {self.epoch}: {self.batches} batches, {self.images_per_s:,.0f} images/s, "
+        return (f"{self._span()}: {self.batches} batches, {self.images_per_s:,.0f} images/s, "
                 f"{self.cpu_ms_per_image:.2f} CPU-ms/image; {self.verdict()}"
                 + ("" if self.images_per_set is None else
                    f"; images per set {', '.join(map(str, self.images_per_set))}"))
 
 
-def _add(total, counts) -> list:
-    """Per-set image counts ``total`` (or None) plus ``counts``, as a new list."""
-    counts = [int(c) for c in counts]
-    return counts if total is None else [a + b for a, b in zip(total, counts)]
-
-
-SUMMED = ("batches", "images", "wall_s", "wait_s", "step_s", "finish_s", "cpu_s",
-          "consumer_cpu_s") + tuple(f"{s}_s" for s in STAGES) + (
-          "fetch_wait_s", "fetched_bytes", "gpu_wait_s", "gpu_step_s")
-
-
-class StatsClock:
-    """Accumulates a Loader's figures; the Loader's generator calls it around each yield."""
-
-    def __init__(self, num_workers: int, worker_kind: str, device=None):
-        self.kind = dict(num_workers=num_workers, worker_kind=worker_kind)
-        self.gpu = GpuTimeline(device)
-        self.run = LoaderStats(**self.kind)       # epochs that have ended
-        self.epoch = LoaderStats(**self.kind)     # the current (or last) epoch
-        self.open, self._start, self._cpu0, self._thread0, self._depths = False, 0.0, 0.0, 0.0, 0
-
-    def start_epoch(self, epoch: int, pids) -> None:
-        """Epoch ``epoch`` starts now (its first next() is being served)."""
-        self.epoch = LoaderStats(epoch=epoch, **self.kind)
-        self.open, self._start, self._depths = True, time.perf_counter(), 0
-        self._cpu0 = tree_cpu(pids)
-        self._thread0 = time.thread_time()
-        self.gpu.restart()
-
-    def setting(self, num_workers: int, worker_kind: str, tuned: str = "") -> None:
-        """The workers now building the batches (``tuned``: why, when chosen by "auto")."""
-        self.kind = dict(num_workers=num_workers, worker_kind=worker_kind, tuned=tuned)
-        for stats in (self.run, self.epoch):
-            for name, value in self.kind.items():
-                setattr(stats, name, value)
-
-    def waited(self, seconds: float) -> None:
-        """The loop waited ``seconds`` inside next()."""
-        self.epoch.wait_s += seconds
-        self.gpu.mark("wait")
-
-    def stepped(self, seconds: float) -> None:
-        """The loop spent ``seconds`` outside next() (its training step)."""
-        self.epoch.step_s += seconds
-        self.gpu.mark("step")
-
-    def delivered(self, images: int, finish_s: float, depth: int, stages=None,
-                  fetch_wait_s: float = 0.0) -> None:
-        """One batch of ``images`` left the loader after ``finish_s`` of finishing, with
-        ``depth`` more built batches waiting, its workers' ``stages`` seconds (STAGES
-        order, or None) and ``fetch_wait_s`` spent waiting for remote records."""
-        e = self.epoch
-        e.batches, e.images, e.finish_s = e.batches + 1, e.images + images, e.finish_s + finish_s
-        e.fetch_wait_s += fetch_wait_s
-        self._depths += depth
-        if stages is not None:
-            for name, seconds in zip(STAGES, stages.tolist()):
-                setattr(e, f"{name}_s", getattr(e, f"{name}_s") + seconds)
-        self.gpu.resolve()
-
-    def delivered_sets(self, counts) -> None:
-        """A Mixture's batch held ``counts[s]`` images of set s (None: not a Mixture)."""
-        if counts is not None:
-            self.epoch.images_per_set = _add(self.epoch.images_per_set, counts)
-
-    def end_epoch(self, pids, prefetch=None) -> None:
-        """The epoch ended (or was abandoned): fix its figures and add them to the run's
-        (``prefetch``: the remote data set's handle, for the bytes it fetched)."""
-        if self.open:
-            self.gpu.resolve(block=True)
-            self._measure(pids, consumer_thread=True)
-            self.epoch.fetched_bytes = fetched_bytes(getattr(prefetch, "stats", None))
-            self.open = False
-            for name in SUMMED:
-                setattr(self.run, name, getattr(self.run, name) + getattr(self.epoch, name))
-            self.run.epoch = self.epoch.epoch
-            if self.epoch.images_per_set is not None:
-                self.run.images_per_set = _add(self.run.images_per_set,
-                                               self.epoch.images_per_set)
-
-    def _measure(self, pids, consumer_thread: bool) -> None:
-        e = self.epoch
-        e.wall_s = time.perf_counter() - self._start
-        e.cpu_s = tree_cpu(pids) - self._cpu0
-        if consumer_thread:
-            e.consumer_cpu_s = time.thread_time() - self._thread0
-        e.queue_depth = self._depths / e.batches if e.batches else 0.0
-        e.gpu_wait_s, e.gpu_step_s = self.gpu.wait_s, self.gpu.step_s
-
-    def snapshot(self, pids, consumer_thread: bool) -> LoaderStats:
-        """The current epoch's figures so far, with the whole run's in ``.run``.
-        ``consumer_thread``: asked from the thread that iterates the loader (its own CPU
-        time is then read now; from another thread the last reading is kept)."""
-        if self.open:
-            self._measure(pids, consumer_thread)
-        run = LoaderStats(**{k: v for k, v in vars(self.run).items() if k != "run"})
-        if self.open:
-            for name in SUMMED:
-                setattr(run, name, getattr(run, name) + getattr(self.epoch, name))
-            if self.epoch.images_per_set is not None:
-                run.images_per_set = _add(run.images_per_set, self.epoch.images_per_set)
-        run.epoch = self.epoch.epoch
-        run.queue_depth = self.epoch.queue_depth
-        return LoaderStats(**{**vars(self.epoch), "run": run})
-
-
 def parse_log_every(value):
-    """``log_every``: None, a number of batches (int), or seconds as ``"30s"``; returns
-    ("batches" | "seconds" | None, amount)."""
+    """``log_every``: None, a number of batches (an integer, numpy's too), or seconds as a
+    string ``"30s"`` or a ``datetime.timedelta``; returns ("batches" | "seconds" | None,
+    amount). Anything else, zero, negative or not finite, is refused naming the forms."""
     if value is None:
         return None, 0
-    if isinstance(value, str) and value.strip().endswith("s"):
-        try:
-            seconds = float(value.strip()[:-1])
-        except ValueError:
-            seconds = 0.0
-        if seconds > 0:
-            return "seconds", seconds
-    elif isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return "batches", value
+    seconds = _seconds(value)
+    if seconds is not None and math.isfinite(seconds) and seconds > 0:
+        return "seconds", seconds
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value > 0:
+        return "batches", int(value)
+    hint = (f" (for {value} seconds write log_every='{value}s')"
+            if isinstance(value, float) and math.isfinite(value) and value > 0 else "")
     raise ValueError(f"log_every {value!r}: expected a number of batches (an int > 0), "
-                     f"seconds as a string such as '30s', or None")
+                     f"seconds as a string such as '30s' (or a datetime.timedelta), or "
+                     f"None{hint}")
+
+
+def _seconds(value) -> float | None:
+    """The seconds of ``"30s"`` / ``"2.5 S"`` or a timedelta; None for another form."""
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, str) and value.strip().lower().endswith("s"):
+        try:
+            return float(value.strip()[:-1])
+        except ValueError:
+            return None
+    return None
 
 
 class LogSchedule:
-    """When to write the stats line through ``logging`` (Loader's ``log_every``)."""
+    """When to write the stats line through ``logging`` (Loader's ``log_every``); seconds
+    count from the first batch the Loader delivers, not from its construction."""
 
     def __init__(self, value):
         self.unit, self.every = parse_log_every(value)
-        self._last = time.perf_counter()
+        self._last = None
 
     def due(self, batches: int) -> bool:
         """True when the line is due after the epoch's ``batches``-th batch."""
         if self.unit == "batches":
             return batches % self.every == 0
-        if self.unit == "seconds" and time.perf_counter() - self._last >= self.every:
-            self._last = time.perf_counter()
+        if self.unit != "seconds":
+            return False
+        now = time.perf_counter()
+        if self._last is None:
+            self._last = now
+        elif now - self._last >= self.every:
+            self._last = now
             return True
         return False

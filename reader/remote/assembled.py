@@ -2,20 +2,16 @@
 the same memory-mapped, zero-copy path as a local one.
 
 When every record of shard ``k`` is kept (keep.py), the process that opened the data set
-writes ``records/<k>.shard``: a file laid out like the shard in the bucket (its header page,
-each record at its index offset, index and metadata at the end; gaps zero), so the index
-the worker already holds addresses it directly. Each record's CRC is checked while it is
-copied in, the file is published atomically (temporary name, then an exclusive link; a
-second process's copy loses and is dropped), and only then are the per-record files
-removed. The ledger counts the assembled file once (its extra bytes are admitted within
-the keep budget first, the removed records' bytes are taken off), so ``cache_limit`` holds.
+writes ``records/<k>.shard``, laid out like the shard in the bucket (header page, records at
+their index offsets, index and metadata at the end; gaps zero), each record's CRC checked
+as it is copied in; published by an exclusive link, then the per-record files are removed.
+The ledger counts it once (its extra bytes are admitted within the keep budget first).
 
-Trust: ``<k>.shard.ok`` records the signature (inode, size, mtime_ns) of the file as the
-process that verified it saw it; a process whose ``fstat`` of the opened file (opened
-without following a link, ours, regular) matches it maps the file without reading it; any
-other one checks every record's CRC first (once per process) and rewrites the stamp. A file
-that fails is discarded, taken off the ledger, and its records are fetched (and kept, and
-assembled) again.
+Trust: ``<k>.shard.ok`` records the signature (inode, size, mtime, ctime) of the file as the
+process that verified it saw it; a process whose ``fstat`` of the opened file (no link
+followed, ours, regular) matches it maps the file unread; any other checks every record's
+CRC first (once per process) and rewrites the stamp. A file that fails is discarded, taken
+off the ledger, and its records are fetched (and kept, and assembled) again.
 """
 from __future__ import annotations
 
@@ -56,14 +52,14 @@ class WholeShards:
         mapped is verified again before its bytes are used), unless ``recheck`` is False."""
         held = self._maps.get(k)
         if held is not None and held[0] == os.getpid():
-            if not recheck or _signature(self.path(k)) == held[1]:
+            if not recheck or cachefs.path_stamp(self.path(k)) == held[1]:
                 return held[3]
         if self._lock[0] != os.getpid():  # forked: the parent's lock may be held for good
             self._lock = (os.getpid(), threading.Lock())
         with self._lock[1]:  # one thread maps (and verifies) a file; the others wait for it
             held = self._maps.get(k)
             if held is not None and held[0] == os.getpid() and \
-                    (not recheck or _signature(self.path(k)) == held[1]):
+                    (not recheck or cachefs.path_stamp(self.path(k)) == held[1]):
                 return held[3]
             self._maps.pop(k, None)
             return self._map(k)
@@ -75,7 +71,7 @@ class WholeShards:
             return None
         fd, st = opened
         try:
-            sig = (st.st_ino, st.st_size, st.st_mtime_ns)
+            sig = cachefs.stamp_of(st)
             if st.st_uid != os.geteuid():  # not ours: never used, never removed
                 log.warning("%s: belongs to user id %d, not to this user; ignored (its "
                             "records are fetched)", self.path(k), st.st_uid)
@@ -150,8 +146,7 @@ class WholeShards:
             if not self._copy_records(fd, k, first, index):
                 self.keeper.discard_bytes(extra)
                 return
-            st = os.fstat(fd)
-            self._write_stamp(k, (st.st_ino, st.st_size, st.st_mtime_ns))
+            self._write_stamp(k, cachefs.stamp_of(os.fstat(fd)))
             try:
                 os.link(tmp, path)  # exclusive: another process's copy may be there already
             except FileExistsError:
@@ -159,11 +154,12 @@ class WholeShards:
                 return
             self.assembled += 1
         finally:
-            os.close(fd)
             try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
+                if os.path.lexists(tmp):
+                    os.unlink(tmp)
+                self.restamp(k, fd)  # the links changed its ctime (if it is the file at path)
+            finally:
+                os.close(fd)
         self._drop_records(k, first, index)
 
     def _copy_records(self, fd: int, k: int, first: int, index) -> bool:
@@ -213,7 +209,7 @@ class WholeShards:
         name (whatever ``grown`` names now stays on the ledger in its place); None: another
         file is the assembled shard."""
         st = os.fstat(fd)
-        self._write_stamp(k, (st.st_ino, st.st_size, st.st_mtime_ns))
+        self._write_stamp(k, cachefs.stamp_of(st))
         try:
             cachefs.link_open_file(fd, st, grown, self.path(k))
         except FileExistsError:
@@ -227,6 +223,13 @@ class WholeShards:
         return True
 
     # ---- stamps and discards ---------------------------------------------------------------
+    def restamp(self, k: int, fd: int) -> None:
+        """Stamp assembled shard ``k`` again after its names changed (a link or unlink sets
+        its ctime), if ``path(k)`` names the verified file open as ``fd``."""
+        st = os.fstat(fd)
+        if cachefs.path_stamp(self.path(k)) == cachefs.stamp_of(st):
+            self._write_stamp(k, cachefs.stamp_of(st))
+
     def _stamp(self, k: int):
         raw = cache_mod.read_file(self.path(k) + ".ok", 80)
         try:
@@ -264,14 +267,6 @@ def cached(source, grow, todo: np.ndarray, budget: int) -> np.ndarray:
     if rest.any():
         found[rest] = source.whole.present(todo[rest], tuple(p[rest] for p in lookup), budget)
     return found
-
-
-def _signature(path: str):
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def _first_bad(fd: int, shard) -> int | None:

@@ -47,6 +47,19 @@ def default_cache_dir() -> str:
     return os.path.join(base, "dlpack")
 
 
+def make_cache_dir(cache_dir: str) -> None:
+    """Create ``cache_dir`` (0700) if needed; an OSError naming it as the cache folder and
+    the fix when it cannot be (a file there, a read-only or missing parent)."""
+    try:
+        os.makedirs(cache_dir, mode=0o700, exist_ok=True)
+        if not os.path.isdir(cache_dir):
+            raise FileExistsError(errno.EEXIST, "not a folder")
+    except OSError as exc:
+        raise type(exc)(exc.errno, f"cache_dir {cache_dir}: cannot be used as the cache "
+                                   f"folder ({exc.strerror}); pass cache_dir= (or set "
+                                   f"DLPACK_CACHE_DIR) to a folder you can write") from exc
+
+
 def default_limit(cache_dir: str) -> int:
     """DEFAULT_LIMIT_CAP or half the free space of the cache's file system, if smaller."""
     st = os.statvfs(cache_dir)

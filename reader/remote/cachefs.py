@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import mmap
 import os
 import stat
 
@@ -151,6 +152,32 @@ def link_open_file(fd: int, st, path: str, target: str) -> None:
     if not os.path.samestat(os.lstat(path), st):  # elsewhere: the name, if it is still ours
         raise FileNotFoundError(f"{path}: replaced by another file")
     os.link(path, target, follow_symlinks=False)
+
+
+def map_readonly(fd: int, size: int, path: str):
+    """A read-only ``mmap`` of ``size`` bytes of the file open as ``fd`` (at ``path``), or
+    None with a warning naming it when mmap itself fails (no address space left, a file
+    system that cannot map): the caller falls back and closes what it opened."""
+    try:
+        return mmap.mmap(fd, size, prot=mmap.PROT_READ)
+    except (OSError, ValueError) as exc:
+        log.warning("%s: cannot be mapped (%s); it is not used", path, exc)
+        return None
+
+
+def stamp_of(st) -> tuple:
+    """What a stamp of a verified file holds: inode, size, mtime and ctime (ns). ctime too:
+    a file edited in place whose mtime was set back (touch -r) has a new ctime, which no
+    user can set; a link or unlink changes it as well (then the file is checked again)."""
+    return st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def path_stamp(path: str):
+    """``stamp_of`` the entry at ``path`` (not followed), or None when there is none."""
+    try:
+        return stamp_of(os.lstat(path))
+    except FileNotFoundError:
+        return None
 
 
 def unlink_if_same(path: str, fd: int) -> None:

@@ -65,6 +65,32 @@ def _client_options(settings: dict, request_timeout: float, connect_timeout: flo
     return client, retry  # retries are ours (storage.Store), never obstore's as well
 
 
+def check_endpoint(url: str, settings: dict, backend) -> None:
+    """StorageError naming the endpoint unless it is an http(s) URL with a host and a valid
+    port (``minio:9000`` without ``http://`` made the client panic inside obstore)."""
+    from urllib.parse import urlsplit
+
+    from dlpack_io.reader.remote.failures import StorageError
+
+    endpoint = settings.get("endpoint")
+    if not endpoint:
+        return
+    try:
+        parts = urlsplit(str(endpoint))
+        valid = parts.scheme in ("http", "https") and bool(parts.hostname) and \
+            (parts.port is None or parts.port > 0)
+    except ValueError:  # a port out of range, brackets that do not close
+        valid = False
+    if valid and parts.scheme == "http" and settings.get("allow_http") is False:
+        raise StorageError(f"{url}: endpoint {endpoint!r} is http:// but allow_http is False: "
+                           f"use https://, or allow_http=True for a server without TLS")
+    if not valid:
+        hint = f"http://{endpoint}" if "://" not in str(endpoint) else "http://host:port"
+        raise StorageError(f"{url}: endpoint {str(endpoint)!r} is not an http(s) URL with a "
+                           f"host: write it as {hint} (or https://...) in "
+                           f"{backend.hints['endpoint']} or storage_options['endpoint']")
+
+
 def _check_keys(given: dict, allowed: tuple, scheme: str) -> dict:
     given = {k: v for k, v in (given or {}).items() if k not in s3client.POLICY_KEYS}
     unknown = sorted(set(given) - set(allowed))

@@ -36,6 +36,11 @@ class BucketNotFoundError(StorageError):
     """The bucket (S3, GCS) or container (Azure) of the URL does not exist."""
 
 
+class WrongEndpointError(StorageError):
+    """Something answered at the endpoint, but not object storage (a web page): the wrong
+    host or port, never a missing bucket or damage."""
+
+
 # An HTTP 403 or the error codes of refused credentials, as words: a bare "403" also occurs
 # in a duration ("in 371.403µs"), which once made a refused connection look like refused
 # credentials (no retries, the wrong advice).
@@ -47,6 +52,9 @@ _REFUSED_RE = re.compile(r"\b40[13] (?:Forbidden|Unauthorized)\b|\bstatus(?: cod
 _NO_BUCKET_RE = re.compile(r"\bNoSuchBucket\b|\bContainerNotFound\b|"
                            r"\bspecified (?:bucket|container) does not exist\b|"
                            r"\bno bucket named\b")  # the last: fake-gcs-server's words
+# an answer from a web server that is not object storage (a wrong port or host): an HTML
+# page where the service answers with XML or JSON; never a missing bucket or damage
+_WEB_PAGE_RE = re.compile(r"status code: \d{3}[^:\n]*: *<(?:!DOCTYPE +html|html)\b", re.I)
 # the connection itself failed: nobody answered at that address (or not in time)
 _UNREACHABLE_RE = re.compile(r"error sending request|[Cc]onnection refused|dns error|"
                              r"failed to lookup address|[Tt]imed? ?out|connection reset|"
@@ -68,6 +76,10 @@ def classify(exc: BaseException, op: str, hints: dict) -> tuple[bool, type, str]
     text = str(exc)
     if isinstance(exc, ObjectChangedError):
         return False, ObjectChangedError, "The object was replaced while it was read"
+    if _WEB_PAGE_RE.search(text):
+        return False, WrongEndpointError, (f"Check the endpoint ({hints['endpoint']}): it "
+                                           f"answered with a web page, not as "
+                                           f"{hints['service']} does (the wrong host or port?)")
     if _NO_BUCKET_RE.search(text) or (
             op in ("LIST", "PUT") and isinstance(exc, (ox.NotFoundError, FileNotFoundError))) or (
             op == "LIST" and re.search(r"\b404 Not Found\b", text)):
@@ -95,7 +107,8 @@ def what_failed(cls: type) -> str:
     """The failure in a few words, for the first line of a message."""
     return {EndpointUnreachableError: "endpoint unreachable",
             CredentialsError: "credentials refused (or none found)",
-            BucketNotFoundError: "bucket or container does not exist"}.get(cls, "failed")
+            BucketNotFoundError: "bucket or container does not exist",
+            WrongEndpointError: "the endpoint is not object storage"}.get(cls, "failed")
 
 
 def first_line(exc: BaseException) -> str:

@@ -2,23 +2,19 @@
 set fits ``cache_limit``), the planner writes each verified record straight into
 ``records/<k>.grow``, a sparse file laid out like the shard in the bucket (header page,
 records at their index offsets, index and metadata at the end), and readers take its
-records from one ``mmap`` of it, like a local shard: no file per record, no read-back,
-one CRC per record (when it lands). Once every record is in, the file becomes the
-assembled shard ``records/<k>.shard`` (assembled.py) by an exclusive link: epoch 1 is
-unchanged.
+records from one ``mmap`` of it, like a local shard (one CRC per record, when it lands).
+Once every record is in, the file becomes the assembled shard ``records/<k>.shard``
+(assembled.py) by an exclusive link: epoch 1 is unchanged.
 
 Sharing: ``<k>.grow.map`` holds one byte per record, 1 once its verified bytes are in the
-file (written after them, so a reader that sees the 1 sees the bytes). Any process with
-the same ``cache_dir`` may join a growing file; bytes it did not write itself it checks
-against their CRC once before using them (a killed writer, another job, a local edit: a
-record that fails is marked absent by a planner and fetched again). The file is created under a
-temporary name and linked in exclusively; its ``shard.size`` bytes are put on the keep
-ledger (keep.py) by the process that created it, and stay there as the assembled shard.
+file (written after them). Any process with the same ``cache_dir`` may join a growing file
+and checks bytes it did not write against their CRC once (a record that fails is marked
+absent by a planner and fetched again). The file is linked in exclusively; its size goes on
+the keep ledger (keep.py) by the process that created it and stays as the assembled shard.
 """
 from __future__ import annotations
 
 import logging
-import mmap
 import os
 import stat
 import threading
@@ -168,6 +164,8 @@ class GrowingShards:
             self.keeper.discard_bytes(self.source.shards[k].size)
         for path, held in ((self.path(k), fd), (self.path(k) + ".map", map_fd)):
             cachefs.unlink_if_same(path, held)  # never a file swapped in under our names
+        if adopted:  # its ctime changed with its names: the stamp follows
+            self.source.whole.restamp(k, fd)
         return bool(adopted)
 
     # ---- any reader ------------------------------------------------------------------------
@@ -231,13 +229,16 @@ class GrowingShards:
                         "shard %d are kept one file each", self.path(k), shard.size, k)
             return False
         map_fd = self._open_map(k, create)
-        if map_fd is None:  # a planted map: a file we linked just now is not left behind
+        mm = None if map_fd is None else cachefs.map_readonly(fd, shard.size, self.path(k))
+        if mm is None:  # a planted map, no mmap: files we made just now are not left behind
+            for path, held in ((self.path(k), fd), (self.path(k) + ".map", map_fd)):
+                if held is not None:
+                    if self._made == k:
+                        cachefs.unlink_if_same(path, held)
+                    os.close(held)
             if self._made == k:
-                cachefs.unlink_if_same(self.path(k), fd)
                 self.keeper.discard_bytes(shard.size)
-            os.close(fd)
             return False
-        mm = mmap.mmap(fd, shard.size, prot=mmap.PROT_READ)
         self._files[k] = (fd, map_fd, mm, memoryview(mm))
         return True
 

@@ -7,7 +7,7 @@ process, and later runs or other ranks and jobs sharing ``cache_dir``, read it f
 
 Which records stay: when the data set fits ``cache_limit`` all of them. When it does not,
 the first ones fetched, up to ``cache_limit`` minus room for the batches in flight
-(``ROOM_BATCHES`` of the largest batch), and then no others: with a shuffled order every
+(``ROOM_BATCHES`` of the largest batch, at most half the limit), and then no others: with a shuffled order every
 record is equally likely to be needed next, so a fixed subset serves the same share of each
 epoch as any eviction policy would, without deleting and fetching again all the time (LRU
 under a random order would churn the whole budget every epoch for the same hit rate).
@@ -47,10 +47,13 @@ _LEDGER_WIDTH = 20
 
 def keep_budget(total: int, limit: int, max_batch: int) -> int:
     """Bytes of records that may stay: all when the data set (``total`` record bytes) fits
-    ``limit``, else ``limit`` less room for ROOM_BATCHES batches of ``max_batch`` bytes."""
+    ``limit``, else ``limit`` less room for the batches in flight: ROOM_BATCHES batches of
+    ``max_batch`` bytes, but no more than half the limit (at least two batches), so a limit
+    that is small next to the batches still keeps about half of itself, not nothing."""
     if total <= limit:
         return limit
-    return max(0, limit - ROOM_BATCHES * max_batch)
+    room = min(ROOM_BATCHES * max_batch, max(limit // 2, 2 * max_batch))
+    return max(0, limit - room)
 
 
 def split_limit(total: int, limit: int, max_batch: int, mode: str) -> tuple[int, int]:
@@ -123,7 +126,7 @@ class KeptRecords:
         self.sig = np.zeros((n_samples, 3), dtype=np.int64)  # (inode, size, mtime_ns)
         self.looked = np.zeros(n_samples, dtype=bool)  # absent when last looked for
         self._dirs: set[str] = set()
-        self._broken = False
+        self._broken = self._reconciled = False
 
     def path(self, shard: int, record: int) -> str:
         """Where record ``record`` of shard number ``shard`` is kept."""
@@ -272,6 +275,16 @@ class KeptRecords:
                         "it, or use another cache_dir)", self.ledger, why)
         self._broken = True
         return None
+
+    def reconcile(self) -> None:
+        """Raise the ledger to the bytes found on disk when it counts fewer: files put in
+        the records folder without going on the ledger (a planted or copied ``.grow``,
+        ``.shard`` or record file, joined and served once verified) are counted before this
+        process keeps more, so ``cache_limit`` holds. Never lowered here: bytes admitted by a
+        process still writing them are on the ledger before they are on disk. Once per
+        process (its first prefetch): a recount lists every kept file (0.3 s per 100,000)."""
+        if self.owner and not self._broken and not self._reconciled and os.path.isdir(self.dir):
+            self._reconciled = self._update(lambda total: max(total, self.recount())) is not None
 
     def recount(self) -> int:
         """Bytes of the kept files, counted on disk (a missing or damaged ledger)."""

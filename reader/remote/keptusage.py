@@ -23,16 +23,21 @@ def usage(records_dir: str) -> tuple[int, int]:
 
 def usage_of(records_dir: str, names) -> tuple[int, int]:
     """(bytes, files) of the entries ``names`` listed in ``records_dir``. Another process
-    may have removed any of them since (``dlpack cache clear``): those count nothing."""
+    may have removed any of them since (``dlpack cache clear``): those count nothing. A
+    shard assembled as ``<k>.shard`` counts once, as the ledger does: its ``<k>.grow`` (a
+    second name of the same file) and ``<k>/`` (record files about to be removed) are not
+    counted again."""
     total = files = 0
-    for shard in names:
+    assembled = set()  # its .grow (the same file) and record files (being removed) count 0
+    for shard in sorted(names, key=lambda name: not name.endswith(".shard")):
         folder = os.path.join(records_dir, shard)
         st = _lstat(folder)
-        if st is None:
+        if st is None or shard.removesuffix(".grow") in assembled:
             continue
         if shard.endswith(".shard") and shard[:-6].isdigit():  # assembled (assembled.py)
             if _regular_ours(st):
                 total, files = total + st.st_size, files + _records_in(folder, st.st_size)
+                assembled.add(shard[:-6])
             continue
         if shard.endswith(".grow") and shard[:-5].isdigit():  # filling (growing.py): bytes
             total += st.st_size if _regular_ours(st) else 0  # on the ledger, records not yet

@@ -2,10 +2,9 @@
 waiting thread (kept apart from planner.py so the planner stays one screenful per job)."""
 from __future__ import annotations
 
+import copy
 import logging
 
-from dlpack_io.reader import format as fmt
-from dlpack_io.reader.remote.storage import StorageError
 
 log = logging.getLogger("dlpack_io.reader.remote.planner")
 
@@ -33,12 +32,39 @@ def timeout_message(self, k: int, waited: float, missing: int) -> str:
 
 
 def rewrap(exc: BaseException, k: int) -> BaseException:
-    """The planner's error, raised again in the waiting thread (same type and message)."""
-    if isinstance(exc, (StorageError, fmt.FormatError, ValueError, OSError)):
-        try:
-            new = type(exc)(f"{exc} (while prefetching batch {k} and earlier)")
-            new.__cause__ = exc
+    """The planner's error, raised again in the waiting thread: the same type (a caller that
+    catches ``ShardChangedError``, ``StorageError`` or ``OSError`` still catches it), its
+    attributes (``errno``, ``path``...) and its message, plus which batch was waited for."""
+    note = f"(while prefetching batch {k} and earlier)"
+    if not isinstance(exc, Exception):  # a cancelled task, an interrupt: never re-raised
+        return RuntimeError(f"prefetch failed before batch {k}: {exc!r}")  # as such here
+    new = _same_kind(exc)
+    if new is None:  # cannot be copied: the very exception, with a note for tracebacks
+        if hasattr(exc, "add_note"):
+            exc.add_note(note)
+        return exc
+    if isinstance(new, OSError) and new.errno is not None and new.strerror:
+        new.strerror = f"{new.strerror} {note}"  # str(): [Errno n] strerror (errno kept)
+    else:
+        new.args = (f"{exc} {note}",)
+    new.__cause__ = exc
+    return new
+
+
+def _same_kind(exc: BaseException):
+    """A fresh copy of ``exc`` (same type, args and attributes), or None."""
+    try:
+        new = copy.copy(exc)  # __reduce__: keeps what the constructor needs
+        if type(new) is type(exc):
             return new
-        except TypeError:
-            pass
-    return RuntimeError(f"prefetch failed before batch {k}: {exc!r}")
+    except Exception:  # a constructor whose arguments are not its args
+        pass
+    try:
+        cls = type(exc)
+        new = cls.__new__(cls, *exc.args)  # no __init__: the args as they are
+        if isinstance(exc, OSError):
+            new.errno, new.strerror, new.filename = exc.errno, exc.strerror, exc.filename
+        new.__dict__.update(getattr(exc, "__dict__", {}))
+        return new
+    except Exception:
+        return None

@@ -192,7 +192,8 @@ class Planner(ConsumerSide):
                 self.error = self.error or exc
                 self.cond.notify_all()
             self._main.cancel()
-            raise
+            if not isinstance(exc, Exception):  # cancelled: the task ends as cancelled
+                raise  # (an error is every wait()'s now, not left for asyncio to log)
         finally:
             for sem in sems:
                 sem.release()

@@ -39,6 +39,8 @@ def start(source, batches, *, mode=None) -> "Prefetch":
                                                             source.cache_limit)
     plan = fetchplan.make_plan(mode, batches, source.shard_of, source.lengths, sizes)
     fetchplan.check_limit(plan, source.cache_limit, source.url)
+    if mode == "records":  # files found in the records folder are counted before keeping
+        source.keeper.reconcile()
     handle = Prefetch(Planner(source, plan, source.shards, **source.fetch_options))
     source.set_active_prefetch(handle)
     return handle

@@ -36,6 +36,27 @@ POLICY_KEYS = ("request_timeout", "connect_timeout", "retries", "deadline")
 _SECRET_KEYS = ("secret_access_key", "session_token")
 
 
+def policy_values(storage_options) -> dict:
+    """The patience settings of ``storage_options`` as numbers: ``retries`` a whole number
+    >= 0, the others seconds > 0; ValueError naming the key and the value otherwise."""
+    out = {}
+    for key in POLICY_KEYS:
+        if key not in (storage_options or {}):
+            continue
+        value = storage_options[key]
+        try:
+            number = int(value) if key == "retries" else float(value)
+            ok = (number >= 0 and number == float(value)) if key == "retries" else number > 0
+        except (TypeError, ValueError):
+            ok = False
+        if not ok or isinstance(value, bool):
+            raise ValueError(f"storage_options[{key!r}] {value!r}: expected "
+                             + ("a whole number of retries >= 0" if key == "retries" else
+                                "a number of seconds > 0"))
+        out[key] = number
+    return out
+
+
 def import_obstore():
     """The obstore module, or ImportError with the one-line install hint."""
     try:

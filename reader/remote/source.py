@@ -22,6 +22,7 @@ from dlpack_io.reader.remote.growing import GrowingShards
 from dlpack_io.reader.remote.keep import BRIDGE_GAP, FILL_BYTES, FILL_INFLIGHT, KeptRecords
 from dlpack_io.reader.remote.remote_shard import RemoteShard
 from dlpack_io.reader.remote.storage import Policy, Store, run_sync
+from dlpack_io.reader.remote.urls import canonical
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +33,10 @@ class RemoteSource:
     def __init__(self, url: str, *, cache_dir=None, cache_limit=None, storage_options=None,
                  policy: Policy | None = None, attach: dict | None = None,
                  max_pixels: int = fmt.DEFAULT_MAX_PIXELS):
-        self.url = url.rstrip("/")
+        self.url = canonical(url)
         self.max_pixels = int(max_pixels)
         self.cache_dir = os.fspath(cache_dir) if cache_dir else cache_mod.default_cache_dir()
-        os.makedirs(self.cache_dir, mode=0o700, exist_ok=True)  # everything below: cachefs
+        cache_mod.make_cache_dir(self.cache_dir)  # everything below: cachefs
         self.store = Store(self.url, storage_options=storage_options, policy=policy)
         self.policy = self.store.policy
         raw = self._manifest_bytes(attach)

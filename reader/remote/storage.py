@@ -25,8 +25,9 @@ from dlpack_io.reader.remote.bounded import aread_body, read_body
 # the failure classes live in failures.py; importing them from here keeps working
 from dlpack_io.reader.remote.failures import (BucketNotFoundError, CredentialsError,  # noqa: F401
                                               EndpointUnreachableError, ObjectChangedError,
-                                              StorageError, classify, first_line, what_failed)
-from dlpack_io.reader.remote.urls import parse_url, scheme_of
+                                              StorageError, WrongEndpointError, classify,
+                                              first_line, what_failed)
+from dlpack_io.reader.remote.urls import canonical, parse_url, scheme_of
 
 def run_sync(coro):
     """Run ``coro`` to completion from synchronous code, even where an event loop is already
@@ -61,16 +62,16 @@ class Store:
     """One bucket + prefix; requests only from the process that created the client."""
 
     def __init__(self, url: str, *, storage_options: dict | None = None, policy: Policy | None = None):
-        self.url = url.rstrip("/")
+        self.url = canonical(url)
         self.bucket, self.prefix = parse_url(url)
         self.scheme = scheme_of(url)  # "s3", "gs" or "az": see clouds.py
         self.backend = clouds.backend(self.scheme)
         s3client.import_obstore()  # the install hint, before anything else can fail
         self.options = self.backend.resolve(storage_options)
+        clouds.check_endpoint(self.url, self.options, self.backend)  # before the client
         self._given = dict(storage_options or {})
-        tuned = {k: float(v) if k != "retries" else int(v)
-                 for k, v in (storage_options or {}).items() if k in s3client.POLICY_KEYS}
-        self.policy = dataclasses.replace(policy or Policy(), **tuned)
+        self.policy = dataclasses.replace(policy or Policy(),
+                                          **s3client.policy_values(storage_options))
         self._store, self._pid = None, None
         self._bucket_seen = False  # head() proved the bucket exists (see there)
 

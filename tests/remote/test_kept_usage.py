@@ -32,3 +32,11 @@ def test_a_growing_shard_counts_its_size_and_no_records(tmp_path):
     _kept(tmp_path, {"0/0": 10, "2.grow": 300, "2.grow.map": 4, "x.grow": 50})
     os.symlink(tmp_path / "2.grow", tmp_path / "3.grow")  # a link: not counted
     assert usage(str(tmp_path)) == (10 + 300, 1)
+
+
+def test_an_assembled_shard_counts_once(tmp_path):
+    """<4>.shard beside its <4>.grow (the same file, a second name for a moment) and its
+    record files (being removed): counted once, as the ledger counts it."""
+    _kept(tmp_path, {"4.shard": 60, "4/0": 10, "4/1": 20, "5/0": 7})
+    os.link(tmp_path / "4.shard", tmp_path / "4.grow")
+    assert usage(str(tmp_path))[0] == 60 + 7

@@ -98,18 +98,20 @@ def _same_batch(a, b) -> None:
 
 @pytest.mark.parametrize("kind,workers", [("thread", 0), ("thread", 2), ("process", 2)])
 def test_loader_fields_over_s3_equal_local_and_add_no_requests(s3_env, fielded, kind, workers,
-                                                               monkeypatch):
+                                                               monkeypatch, tmp_path):
     calls = _spy(monkeypatch)
     kw = dict(num_workers=workers, worker_kind=kind)
     local, _ = _epoch(Dataset(fielded), NAMES, **kw)
-    remote, stats = _epoch(Dataset(URL, cache_limit=6_000), NAMES, **kw)
+    remote, stats = _epoch(Dataset(URL, cache_limit=6_000, cache_dir=tmp_path / "a"), NAMES,
+                           **kw)  # both runs cold: what the first keeps is not the second's
     assert len(local) == len(remote) == 8
     for a, b in zip(local, remote):
         _same_batch(a, b)
         out = dict(zip(NAMES + ("index",), b))
         assert out["image"][:, 0, 0, 0].tolist() == out["index"].tolist()
         assert out["caption"][0].startswith(f"caption {int(out['index'][0])} ")
-    plain, plain_stats = _epoch(Dataset(URL, cache_limit=6_000), ("image", "label"), **kw)
+    plain, plain_stats = _epoch(Dataset(URL, cache_limit=6_000, cache_dir=tmp_path / "b"),
+                                ("image", "label"), **kw)
     assert stats["requests"] == plain_stats["requests"] > 0
     assert calls == []  # nothing fetched on demand: fields came with the planned requests
     assert [torch.equal(p[0], r[0]) for p, r in zip(plain, remote)] == [True] * 8

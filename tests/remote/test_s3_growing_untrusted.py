@@ -15,6 +15,7 @@ import pytest
 
 from dlpack_io.reader import Loader, RandomResizedCrop
 from dlpack_io.reader.dataset import Dataset
+from dlpack_io.reader.safeio import ShardChangedError
 
 from helpers import batches_equal, pack_and_upload
 
@@ -210,7 +211,7 @@ def test_a_growing_file_cut_under_its_writer_is_an_error_naming_it(s3_env, packe
     first = remote._remote.first_sample(0)
     prefetch.close()
     prefetch = remote.start_prefetch([np.arange(first + 3, first + 6)], mode="records")
-    with pytest.raises(Exception) as caught:  # ShardChangedError, rewrapped by the planner
+    with pytest.raises(ShardChangedError) as caught:  # rewrapped by the planner: same class
         prefetch.wait(0)
     prefetch.close()
     path = remote._remote.growing.path(0)
@@ -255,3 +256,57 @@ def test_a_map_that_is_not_a_regular_file_is_never_waited_on_or_followed(s3_env,
     assert not os.path.exists(remote._remote.growing.path(0))  # no file of ours left behind
     with open(os.path.join(remote._remote.keeper.dir, ".ledger"), "rb") as f:
         assert int(f.read()) == sum(s.size for s in remote.shards)  # each counted once
+
+
+def _ledger(remote) -> int:
+    with open(os.path.join(remote._remote.keeper.dir, ".ledger"), "rb") as f:
+        return int(f.read())
+
+
+@pytest.mark.parametrize("planted", ["grow", "record"])
+def test_files_planted_in_advance_go_on_the_ledger(s3_env, packed, tmp_path, planted):
+    """A <0>.grow of the right size (zeros) or a kept record file with the right bytes,
+    put in the records folder while the ledger says 0: joined or used once verified, and
+    counted, so cache_limit holds (each shard once on the ledger in the end)."""
+    remote = _remote(tmp_path / "cache")
+    folder = _records_dir(remote)
+    with open(os.path.join(folder, ".ledger"), "wb") as f:
+        f.write(b"0" * 20)
+    if planted == "grow":
+        with open(remote._remote.growing.path(0), "wb") as f:
+            f.truncate(remote.shards[0].size)
+    else:
+        local = Dataset(packed)
+        os.makedirs(os.path.join(folder, "1"), mode=0o700)
+        with open(remote._remote.keeper.path(1, 0), "wb") as f:
+            f.write(bytes(local.shards[1].payload(0)) + bytes(local.shards[1].fields_block(0)))
+    batches_equal(_epoch(Dataset(packed)), _epoch(remote))
+    assert _ledger(remote) == sum(s.size for s in remote.shards)
+
+
+def test_a_growing_file_that_cannot_be_mapped_leaks_nothing(s3_env, packed, tmp_path,
+                                                            monkeypatch):
+    """mmap() itself fails (no address space): both descriptors are closed, the file and
+    map this process had just made are removed and off the ledger, and records are kept
+    one file each."""
+    import mmap as mmap_mod
+
+    from dlpack_io.reader.remote import cachefs
+
+    remote = _remote(tmp_path / "cache")
+    grow = remote._remote.growing
+
+    class NoMap:
+        PROT_READ = mmap_mod.PROT_READ
+
+        def mmap(self, *args, **kwargs):
+            raise OSError(errno.ENOMEM, os.strerror(errno.ENOMEM))
+    monkeypatch.setattr(cachefs, "mmap", NoMap())
+    before = sorted(os.listdir("/proc/self/fd"))
+    assert not grow.start(0, 1 << 30) and not grow.start(1, 1 << 30)
+    assert sorted(os.listdir("/proc/self/fd")) == before
+    assert not os.path.lexists(grow.path(0)) and not os.path.lexists(grow.path(0) + ".map")
+    assert _ledger(remote) == 0
+    monkeypatch.undo()
+    batches_equal(_epoch(Dataset(packed)), _epoch(remote))  # record by record, assembled
+    assert _ledger(remote) == sum(s.size for s in remote.shards)

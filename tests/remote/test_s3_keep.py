@@ -128,30 +128,50 @@ def test_a_changed_data_set_is_never_served_stale(s3_env, tmp_path):
     assert again._remote.bytes_fetched >= int(again._remote.lengths.sum())
 
 
-@pytest.mark.parametrize("reopen, how", [(False, "bytes"), (True, "bytes"), (False, "short")])
+@pytest.mark.parametrize("reopen, how", [(False, "bytes"), (True, "bytes"), (False, "short"),
+                                         (True, "mtime set back"), (False, "mtime set back")])
 def test_a_tampered_assembled_shard_is_detected_and_rebuilt(s3_env, packed, caplog, reopen,
                                                            how):
     local, remote = Dataset(packed), Dataset(URL)
     _epoch(remote, 0)
     path = remote._remote.whole.path(1)
     entry = remote.shards[1].index[2]
+    st = os.stat(path)
     with open(path, "r+b") as f:  # same size, other bytes: only the checksum can tell
         f.seek(int(entry["offset"]))
         f.write(bytes(int(entry["length"])))
         if how == "short":  # or cut short by one byte (of its metadata, not of a record)
             f.truncate(os.path.getsize(path) - 1)
+    if how == "mtime set back":  # inode, size and mtime as stamped: only the ctime tells
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     if reopen:
         remote = Dataset(URL)
     before = remote._remote.bytes_fetched
     with caplog.at_level("WARNING"):
         batches_equal(_epoch(local, 1), _epoch(remote, 1))
-    why = "record 2 fails its checksum" if how == "bytes" else " bytes, the shard has "
+    why = " bytes, the shard has " if how == "short" else "record 2 fails its checksum"
     assert why in caplog.text and path in caplog.text
     records = int(remote.shards[1].index["length"].sum())  # that shard's, and only them
     assert records <= remote._remote.bytes_fetched - before < 1.15 * records
     whole = _shard_bytes(remote)
     assert _kept_bytes(remote) == (whole, whole)  # assembled again, counted once
     assert open(path, "rb").read() == open(local.shards[1].path, "rb").read()
+
+
+def test_a_later_run_maps_the_assembled_shards_unread(s3_env, packed, monkeypatch):
+    """The stamps written when epoch 0 assembled the shards match the files (their ctime
+    after the last link or unlink): a later run maps them without reading them again."""
+    from dlpack_io.reader.remote import assembled
+
+    local = Dataset(packed)
+    _epoch(Dataset(URL), 0)
+    checked = []
+    real = assembled._first_bad
+    monkeypatch.setattr(assembled, "_first_bad", lambda fd, shard: checked.append(1) or
+                        real(fd, shard))
+    remote = Dataset(URL)
+    batches_equal(_epoch(local, 1), _epoch(remote, 1))
+    assert checked == [] and remote._remote.bytes_fetched == 0
 
 
 def test_a_limit_below_the_data_set_keeps_what_fits(s3_env, packed):
@@ -164,7 +184,7 @@ def test_a_limit_below_the_data_set_keeps_what_fits(s3_env, packed):
     _epoch(remote, 0, batch_size=1)
     on_disk, counted = _kept_bytes(remote)
     budget = keep.keep_budget(total, limit, int(lengths.max()))
-    assert budget == total // 3
+    assert budget == (total // 3 if room <= limit // 2 else limit - limit // 2)
     assert on_disk == counted and budget - int(lengths.max()) < counted <= budget
     before = remote._remote.bytes_fetched
     _epoch(remote, 1, batch_size=1)
@@ -173,6 +193,25 @@ def test_a_limit_below_the_data_set_keeps_what_fits(s3_env, packed):
     assert _kept_bytes(remote) == (on_disk, counted)  # kept files stay, none churned
     session = remote._remote.session.dir  # the rest was evicted after use
     assert [f for _, _, fs in os.walk(session) for f in fs if f != ".lock"] == []
+
+
+def test_a_limit_of_half_the_data_set_keeps_half_of_it(s3_env, packed):
+    """Batches of 2: room for ROOM_BATCHES of them is more than the whole data set, so the
+    rule "limit less 16 batches" kept nothing; half the limit stays instead, and epoch 1
+    fetches the records that did not stay (and the padding between neighbours)."""
+    lengths = Dataset(URL)._remote.lengths
+    total, batch = int(lengths.sum()), int(np.sort(lengths)[-2:].sum())
+    limit = total // 2
+    assert keep.ROOM_BATCHES * batch > limit and limit // 2 > 2 * batch  # old rule: 0 kept
+    remote = Dataset(URL, cache_limit=limit, fetch_mode="records")
+    _epoch(remote, 0, batch_size=2)
+    on_disk, counted = _kept_bytes(remote)
+    budget = limit - limit // 2
+    assert on_disk == counted and budget - int(lengths.max()) < counted <= budget
+    before = remote._remote.bytes_fetched
+    _epoch(remote, 1, batch_size=2)
+    again = remote._remote.bytes_fetched - before  # the rest; neighbours of a batch come
+    assert total - counted <= again < 1.02 * (total - counted)  # in one range (+ padding)
 
 
 def test_read_ahead_takes_the_following_eligible_records_within_the_bytes():

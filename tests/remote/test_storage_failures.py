@@ -82,8 +82,10 @@ def test_each_failure_is_named_as_what_it_is(scheme, failure, request, cloud_env
     report = verify(url, progress=False)
     assert report.exit_code == 4 and all(p["kind"] == "storage" for p in report.problems)
     assert first in report.problems[0]["problem"]
-    with pytest.raises(ConversionError, match=first):
+    with pytest.raises(ConversionError, match=first) as caught:
         convert(three_images, url, workers=1, progress=False, storage_options={"retries": 1})
+    assert str(caught.value).endswith("nothing was uploaded: fix that and run the same "
+                                      "command again")  # --resume would not help
 
 
 def test_the_cli_says_it_and_verify_exits_4(s3_server, cloud_env):
@@ -116,3 +118,92 @@ def test_settings_the_client_refuses_are_named_at_once_without_retries(cloud_env
     assert "attempts" not in str(caught.value)
     report = verify("az://dlpack-test/x", progress=False)
     assert report.exit_code == 4 and "cannot set up" in report.problems[0]["problem"]
+
+
+@pytest.fixture(scope="module")
+def web_server(tmp_path_factory):
+    """A plain web server (Python's http.server: HTML pages, 404 for everything we ask):
+    what a wrong port or host answers with."""
+    import http.server
+    import threading
+
+    root = tmp_path_factory.mktemp("www")
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(root), **kwargs)
+
+        def log_message(self, *args):
+            pass
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    thread.join()
+
+
+@pytest.mark.parametrize("scheme", ["s3", "gs", "az"])
+def test_an_endpoint_that_is_a_web_server_is_named_as_that(scheme, web_server, cloud_env,
+                                                           three_images):
+    """A web page where the service answers: not "bucket does not exist", not damage."""
+    from dlpack_io.reader.remote.storage import WrongEndpointError
+
+    env = {"s3": {"AWS_ENDPOINT_URL": web_server, "AWS_ACCESS_KEY_ID": "k",
+                  "AWS_SECRET_ACCESS_KEY": "s", "AWS_REGION": "us-east-1"},
+           "gs": {"STORAGE_EMULATOR_HOST": web_server},
+           "az": {"AZURE_STORAGE_CONNECTION_STRING":
+                  f"AccountName={AZURITE_ACCOUNT};AccountKey={WRONG_KEY};"
+                  f"BlobEndpoint={web_server}/{AZURITE_ACCOUNT};"}}[scheme]
+    cloud_env(env)
+    url = f"{scheme}://dlpack-test/some/prefix"
+    with pytest.raises(WrongEndpointError) as caught:
+        Dataset(url, storage_options={"retries": 1})
+    message = str(caught.value)
+    assert "the endpoint is not object storage" in message and "answered with a web page" in message
+    assert "does not exist" not in message and web_server in message
+    report = verify(url, progress=False)
+    assert report.exit_code == 4 and "web page" in report.problems[0]["problem"]
+    with pytest.raises(ConversionError, match="the endpoint is not object storage"):
+        convert(three_images, url, workers=1, progress=False, storage_options={"retries": 1})
+
+
+@pytest.mark.parametrize("scheme, env", [
+    ("s3", {"AWS_ENDPOINT_URL": "127.0.0.1:9", "AWS_ACCESS_KEY_ID": "k",
+            "AWS_SECRET_ACCESS_KEY": "s", "AWS_REGION": "us-east-1"}),
+    ("s3", {"AWS_ENDPOINT_URL": "http://127.0.0.1:99999", "AWS_ACCESS_KEY_ID": "k",
+            "AWS_SECRET_ACCESS_KEY": "s", "AWS_REGION": "us-east-1"}),
+    ("gs", {"GOOGLE_BASE_URL": "localhost:9", "GOOGLE_SERVICE_ACCOUNT_KEY": ""}),
+    ("az", {"AZURE_STORAGE_ACCOUNT_NAME": AZURITE_ACCOUNT, "AZURE_STORAGE_ACCOUNT_KEY": WRONG_KEY,
+            "AZURE_STORAGE_ENDPOINT": "127.0.0.1:9/devstoreaccount1"})])
+def test_an_endpoint_that_is_not_a_url_is_named_before_any_request(scheme, env, cloud_env,
+                                                                  three_images):
+    """"minio:9000" without http:// made obstore panic (a PanicException, not an Exception:
+    a traceback past every handler); now a StorageError naming it and how to write it."""
+    from dlpack_io.reader.remote.storage import StorageError
+
+    cloud_env(env)
+    url = f"{scheme}://dlpack-test/some/prefix"
+    with pytest.raises(StorageError, match=r"endpoint '[^']+' is not an http\(s\) URL with a "
+                                           r"host: write it as http://") as caught:
+        Dataset(url)
+    assert "attempts" not in str(caught.value)  # refused at once, no request made
+    assert verify(url, progress=False).exit_code == 4
+    with pytest.raises(ConversionError, match="is not an http"):
+        convert(three_images, url, workers=1, progress=False)
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"retries": "x"}, r"storage_options\['retries'\] 'x': expected a whole number"),
+    ({"retries": 1.5}, r"storage_options\['retries'\] 1.5: expected a whole number"),
+    ({"deadline": -1}, r"storage_options\['deadline'\] -1: expected a number of seconds > 0"),
+    ({"request_timeout": 0}, r"storage_options\['request_timeout'\] 0: expected a number"),
+    ({"endpoint": "http://127.0.0.1:9", "allow_http": False},
+     r"is http:// but allow_http is False: use https://, or allow_http=True")])
+def test_patience_and_http_settings_are_checked_before_any_request(options, words, cloud_env):
+    """A bare int() error, a 'not ready after -1.0 s', every request timing out at once, or
+    'builder error ... the server failed' after six attempts: each is now named at once."""
+    cloud_env({"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s",
+               "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": "http://127.0.0.1:9"})
+    with pytest.raises((ValueError, OSError), match=words):
+        Dataset("s3://dlpack-test/some/prefix", storage_options=options)

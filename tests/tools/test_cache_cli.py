@@ -86,6 +86,9 @@ def test_clear_leaves_a_data_set_that_a_running_process_has_open(s3_env, packed,
         assert _cli("clear", "--cache-dir", str(cache)) == (
             0, f"left {key}: in use by a running process (close it, then clear again)\n"
                f"freed 0 bytes in {cache}\n")
+        assert _cli("clear", "--cache-dir", str(cache), key) == (  # asked by name: exit 1
+            1, f"left {key}: in use by a running process (close it, then clear again)\n"
+               f"freed 0 bytes in {cache}\ndlpack: error: not removed, in use: {key}\n")
         assert _bytes(cache / key) >= size  # every kept record is still there
         assert "in use" in _cli("ls", "--cache-dir", str(cache))[1]
     finally:
@@ -94,3 +97,16 @@ def test_clear_leaves_a_data_set_that_a_running_process_has_open(s3_env, packed,
     code, out = _cli("clear", "--cache-dir", str(cache))
     assert code == 0 and out.startswith(f"removed {key}  ")
     assert sorted(os.listdir(cache)) == ["planted"]
+
+
+def test_ls_prints_a_planted_url_as_one_printable_line(tmp_path):
+    """source.url is read from the untrusted cache folder: a newline or an escape sequence
+    in it is shown escaped, never forging a line of output or driving the terminal."""
+    key = "ds-00000000-0000000000000000"
+    os.makedirs(tmp_path / key, mode=0o700)
+    (tmp_path / key / "source.url").write_bytes(
+        b"s3://b/p\nds-11111111-1111111111111111  0 bytes  idle  s3://x\x1b[2J")
+    code, out = _cli("ls", "--cache-dir", str(tmp_path))
+    assert code == 0 and out.count("\n") == 1 and "\x1b" not in out
+    assert out.endswith("s3://b/p\\nds-11111111-1111111111111111  0 bytes  idle  "
+                        "s3://x\\x1b[2J\n")

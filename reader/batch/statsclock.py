@@ -1,0 +1,175 @@
+"""The stats clock: what the Loader's generator records around each ``yield`` (``loader.stats()``).
+
+The figures themselves, their verdict and their one-line form live in stats.py
+(``LoaderStats``); this module measures them: the wait inside ``next()``, the step outside
+it, what each delivered batch carried, the CPU seconds, and the GPU's own timeline
+(gputime.py) on a CUDA device.
+"""
+from __future__ import annotations
+
+import time
+
+from dlpack_io.reader.batch.autotune import usable_cores
+from dlpack_io.reader.batch.gputime import GpuTimeline
+from dlpack_io.reader.batch.stagetimes import STAGES
+from dlpack_io.reader.batch.stats import LoaderStats, fetched_bytes, proc_cpu, tree_cpu
+
+
+def _add(total, counts) -> list:
+    """Per-set image counts ``total`` (or None) plus ``counts``, as a new list."""
+    counts = [int(c) for c in counts]
+    return counts if total is None else [a + b for a, b in zip(total, counts)]
+
+
+def _count_epoch(run: LoaderStats, epoch: int) -> None:
+    """The run's figures now also cover ``epoch``."""
+    run.first_epoch = epoch if run.epochs == 0 else run.first_epoch
+    run.epochs, run.epoch = run.epochs + 1, epoch
+
+
+SUMMED = ("batches", "images", "wall_s", "wait_s", "step_s", "finish_s", "cpu_s",
+          "consumer_cpu_s", "loop_cpu_s") + tuple(f"{s}_s" for s in STAGES) + (
+          "fetch_wait_s", "fetched_bytes", "gpu_wait_s", "gpu_step_s")
+
+
+class StatsClock:
+    """Accumulates a Loader's figures; the Loader's generator calls it around each yield."""
+
+    def __init__(self, num_workers: int, worker_kind: str, device=None):
+        self.kind = dict(num_workers=num_workers, worker_kind=worker_kind, cores=usable_cores())
+        self.gpu = GpuTimeline(device)
+        self.run = LoaderStats(scope="run", epochs=0, **self.kind)  # epochs that have ended
+        self.epoch = LoaderStats(**self.kind)     # the current (or last) epoch
+        self.open, self._start, self._cpu0, self._thread0, self._depths = False, 0.0, 0.0, 0.0, 0
+        self._mark, self._inside = 0.0, False     # the last cut at next(); in it since then?
+        self._tmark = self._tnow = 0.0            # the loop thread's CPU clock: at that cut, now
+        self._run_depths = 0                      # queue depths summed over the ended epochs
+        self._retired = 0.0                       # CPU of worker processes stopped this epoch
+        self._prefetch = None                     # a remote data set's handle (bytes fetched)
+
+    def start_epoch(self, epoch: int, pids, asked: float | None = None) -> None:
+        """Epoch ``epoch`` starts: its first next() was called at ``asked`` (perf_counter;
+        None: now), so planning and start-up count as waiting."""
+        now = time.perf_counter() if asked is None else asked
+        self.epoch = LoaderStats(epoch=epoch, first_epoch=epoch, **self.kind)
+        self.open, self._start, self._depths, self._mark, self._inside = True, now, 0, now, True
+        self._cpu0, self._retired, self._prefetch = tree_cpu(pids), 0.0, None
+        self._thread0 = self._tmark = time.thread_time()
+        self.gpu.restart()
+        self.gpu.mark("step")  # the GPU's first wait is measured from here
+
+    def setting(self, num_workers: int, worker_kind: str, tuned: str = "") -> None:
+        """The workers now building the batches (``tuned``: why, when chosen by "auto")."""
+        self.kind = dict(self.kind, num_workers=num_workers, worker_kind=worker_kind, tuned=tuned)
+        for stats in (self.run, self.epoch):
+            for name, value in self.kind.items():
+                setattr(stats, name, value)
+
+    def handed(self) -> None:
+        """A batch is handed to the loop now (right before the ``yield``): the time since
+        it asked was waiting."""
+        now = time.perf_counter()
+        self.epoch.wait_s += now - self._mark
+        self.epoch.loop_cpu_s += time.thread_time() - self._tmark
+        self._mark, self._inside = now, False
+        self.gpu.mark("wait")
+
+    def asked(self) -> None:
+        """The loop asks for the next batch now (right after the ``yield``): the time
+        since the hand-over was its training step."""
+        now = time.perf_counter()
+        self.epoch.step_s += now - self._mark
+        self._mark, self._inside, self._tmark = now, True, time.thread_time()
+        self.gpu.mark("step")
+
+    def _pending(self, stats: LoaderStats, now: float, consumer_thread: bool = True) -> None:
+        """Add the time since the last cut to ``stats``: waiting if the loop is inside
+        next() (or the epoch ended there; with the loop thread's CPU, read from that
+        thread), else its step."""
+        if self._inside:
+            stats.wait_s += now - self._mark
+            if consumer_thread:  # the loop thread's CPU clock as _measure read it
+                stats.loop_cpu_s += self._tnow - self._tmark
+        else:
+            stats.step_s += now - self._mark
+
+    def fetching(self, prefetch) -> None:
+        """The epoch's records come through ``prefetch`` (None: a data set on disk); its
+        bytes fetched are read at each snapshot, not only at the epoch's end."""
+        self._prefetch = prefetch
+
+    def retire(self, pids) -> None:
+        """Worker processes ``pids`` are about to stop (an engine closed mid-run): their
+        CPU seconds so far are kept, read while /proc still has them."""
+        if self.open and pids:
+            self._retired += proc_cpu(pids)
+
+    def delivered(self, images: int, finish_s: float, depth: int, stages=None,
+                  fetch_wait_s: float = 0.0) -> None:
+        """One batch of ``images`` left the loader after ``finish_s`` of finishing, with
+        ``depth`` more built batches waiting, its workers' ``stages`` seconds (STAGES
+        order, or None) and ``fetch_wait_s`` spent waiting for remote records."""
+        e = self.epoch
+        e.batches, e.images, e.finish_s = e.batches + 1, e.images + images, e.finish_s + finish_s
+        e.fetch_wait_s += fetch_wait_s
+        self._depths += depth
+        if stages is not None:
+            for name, seconds in zip(STAGES, stages.tolist()):
+                setattr(e, f"{name}_s", getattr(e, f"{name}_s") + seconds)
+        self.gpu.resolve()
+
+    def delivered_sets(self, counts) -> None:
+        """A Mixture's batch held ``counts[s]`` images of set s (None: not a Mixture)."""
+        if counts is not None:
+            self.epoch.images_per_set = _add(self.epoch.images_per_set, counts)
+
+    def end_epoch(self, pids, prefetch=None) -> None:
+        """The epoch ended (or was abandoned): fix its figures and add them to the run's
+        (``prefetch``: the remote data set's handle, for the bytes it fetched)."""
+        if self.open:
+            self.gpu.resolve(block=True)
+            self._prefetch = prefetch if prefetch is not None else self._prefetch
+            self._measure(pids, consumer_thread=True)
+            self._pending(self.epoch, self._start + self.epoch.wall_s)
+            self._prefetch = None  # closed after this: its figures are the epoch's now
+            self.open, self._run_depths = False, self._run_depths + self._depths
+            for name in SUMMED:
+                setattr(self.run, name, getattr(self.run, name) + getattr(self.epoch, name))
+            _count_epoch(self.run, self.epoch.epoch)
+            if self.epoch.images_per_set is not None:
+                self.run.images_per_set = _add(self.run.images_per_set,
+                                               self.epoch.images_per_set)
+
+    def _measure(self, pids, consumer_thread: bool) -> None:
+        e = self.epoch
+        e.wall_s = time.perf_counter() - self._start  # _pending(e, _start + wall_s) may follow
+        if consumer_thread:  # read first: the process's CPU, read after it, holds it all
+            self._tnow = time.thread_time()
+            e.consumer_cpu_s = self._tnow - self._thread0
+        e.cpu_s = tree_cpu(pids) + self._retired - self._cpu0
+        e.queue_depth = self._depths / e.batches if e.batches else 0.0
+        self.gpu.resolve()  # the events the GPU has reached (no wait; all at an epoch's end)
+        e.gpu_wait_s, e.gpu_step_s = self.gpu.wait_s, self.gpu.step_s
+        e.fetched_bytes = fetched_bytes(getattr(self._prefetch, "stats", None))
+
+    def snapshot(self, pids, consumer_thread: bool) -> LoaderStats:
+        """The current epoch's figures so far, with the whole run's in ``.run``.
+        ``consumer_thread``: asked from the thread that iterates the loader (its own CPU
+        time is then read now; from another thread the last reading is kept)."""
+        if self.open:
+            self._measure(pids, consumer_thread)
+        epoch = LoaderStats(**vars(self.epoch))
+        if self.open:
+            self._pending(epoch, self._start + epoch.wall_s, consumer_thread)  # under way
+        run = LoaderStats(**{k: v for k, v in vars(self.run).items() if k != "run"})
+        if self.open:
+            for name in SUMMED:
+                setattr(run, name, getattr(run, name) + getattr(epoch, name))
+            if epoch.images_per_set is not None:
+                run.images_per_set = _add(run.images_per_set, epoch.images_per_set)
+        if self.open:
+            _count_epoch(run, epoch.epoch)
+        depths = self._run_depths + (self._depths if self.open else 0)
+        run.queue_depth = depths / run.batches if run.batches else 0.0
+        epoch.run = run
+        return epoch
