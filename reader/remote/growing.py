@@ -191,11 +191,11 @@ class GrowingShards:
         """Record ``j``'s span in the open growing file of shard ``k``: verified by this
         process already, or marked present and passing its CRC now; else None."""
         s = self.source.first_sample(k) + j
-        at, span = int(self.source.shards[k].index["offset"][j]), int(self.source.lengths[s])
+        entry = self.source.shards[k].entries(np.array([j]), self.source.record_dtype)[0]
+        at, span = int(entry["offset"]), int(self.source.lengths[s])
         view = held[3][at:at + span]
         if self.verified[s]:
             return view
-        entry = self.source.shards[k].entries(np.array([j]), self.source.record_dtype)[0]
         if os.pread(held[1], 1, j) != b"\x01":
             return None
         data = os.pread(held[0], span, at)  # checked as read (a mapped page of a cut file

@@ -195,11 +195,6 @@ class RemoteShard:
     def _mapped(self, j: int):
         """Record ``j``'s span (image, field block), verified, from the assembled shard or
         the shard growing in place (growing.py); None when it is in neither."""
-        grow = self.source.growing
-        if grow.verified[self.source.first_sample(self.number) + j]:  # checked here already:
-            span = grow.record(self.number, j)  # no look at the assembled file (an lstat)
-            if span is not None:
-                return span
         whole = self.source.whole.view(self.number)
         if whole is None:
             span = self.source.growing.record(self.number, j)
