@@ -215,3 +215,16 @@ def pwrite_all(fd: int, data, at: int) -> None:
     while len(view):
         done = os.pwrite(fd, view, at)
         view, at = view[done:], at + done
+
+
+def preallocate(fd: int, size: int) -> None:
+    """Reserve the blocks of the ``size`` bytes of a file about to be filled by many writes
+    (``posix_fallocate``: the file system allocates them once, not page by page as the
+    writes come; reads still give zeros until written). Best effort where a file system
+    cannot; a full disk (ENOSPC) raises."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise
+        log.debug("posix_fallocate: %s; the file fills page by page", exc.strerror)

@@ -1,10 +1,10 @@
 """Shards filled in place during a cold epoch 0: when everything fetched is kept (the data
 set fits ``cache_limit``), the planner writes each verified record straight into
-``records/<k>.grow``, a sparse file laid out like the shard in the bucket (header page,
-records at their index offsets, index and metadata at the end), and readers take its
-records from one ``mmap`` of it, like a local shard (one CRC per record, when it lands).
-Once every record is in, the file becomes the assembled shard ``records/<k>.shard``
-(assembled.py) by an exclusive link: epoch 1 is unchanged.
+``records/<k>.grow``, a file laid out like the shard in the bucket (header page, records at
+their index offsets, index and metadata at the end; its blocks reserved when it is made,
+cachefs.preallocate), and readers take its records from one ``mmap`` of it, like a local
+shard (one CRC per record, when it lands). Once every record is in, the file becomes the
+assembled shard ``records/<k>.shard`` (assembled.py) by an exclusive link: epoch 1 is unchanged.
 
 Sharing: ``<k>.grow.map`` holds one byte per record, 1 once its verified bytes are in the
 file (written after them). Any process with the same ``cache_dir`` may join a growing file
@@ -98,7 +98,7 @@ class GrowingShards:
                     a = i
             for j in local.tolist():  # after the bytes: a reader seeing the 1 sees them
                 os.pwrite(map_fd, b"\x01", j)
-        except OSError as exc:  # a full disk: the sparse file takes its blocks as it fills
+        except OSError as exc:  # a full disk (where blocks could not be reserved up front)
             raise OSError(exc.errno, f"{exc.strerror}: writing records of shard {k} into "
                           f"{self.path(k)}; free space there, or pass a smaller cache_limit "
                           f"or another cache_dir") from exc
@@ -266,8 +266,8 @@ class GrowingShards:
         return fd
 
     def _create(self, k: int, budget: int) -> bool:
-        """A sparse file of the shard's size with its header, index and metadata, linked in
-        exclusively; its size goes on the keep ledger (False: no header cached, no room)."""
+        """A file of the shard's size (blocks reserved) with its header, index and metadata,
+        linked in exclusively; its size goes on the keep ledger (False: no header, no room)."""
         shard, head = self.source.shards[k], self._head(k)
         if head is None or not self.keeper.admit([shard.size], budget)[0]:
             return False
@@ -276,6 +276,7 @@ class GrowingShards:
         try:
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             os.ftruncate(fd, shard.size)
+            cachefs.preallocate(fd, shard.size)  # a full disk fails here, not mid-epoch
             cachefs.pwrite_all(fd, head[:fmt.HEADER_SIZE], 0)
             cachefs.pwrite_all(fd, head[fmt.HEADER_SIZE:], shard.header.index_offset)
             os.link(tmp, self.path(k))

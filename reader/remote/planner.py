@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -55,11 +56,15 @@ class Planner(ConsumerSide):
         self.cond = threading.Condition()
         self.error, self.closed, self.waiting_budget = None, False, None
         self.demand, self._warned = -1, False  # the highest batch a consumer waits for
-        self._loop = self._budget = self._main = None
+        self._loop = self._budget = self._main = self._lander = None
         self.thread = threading.Thread(target=self._run, name="dlpack-prefetch", daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
+        # records growing in place land one range at a time, on one thread: concurrent
+        # writes into one file contend for its inode lock, and the kernel spins for it
+        self._lander = ThreadPoolExecutor(1, thread_name_prefix="dlpack-land") \
+            if self.grow is not None else None
         try:
             asyncio.run(self._plan_all())
         except asyncio.CancelledError:
@@ -68,6 +73,9 @@ class Planner(ConsumerSide):
             with self.cond:
                 self.error = exc
                 self.cond.notify_all()
+        finally:
+            if self._lander is not None:
+                self._lander.shutdown()
 
     async def _plan_all(self) -> None:
         self._loop, self._budget = asyncio.get_running_loop(), asyncio.Event()
@@ -201,8 +209,8 @@ class Planner(ConsumerSide):
     async def _fetch_range(self, k, start, end, samples, local, entries) -> None:
         data, pieces = await fetch_spans(self.store, self.shards[k], start, end, local, entries,
                                          self.source.url, self._count)
-        await self._loop.run_in_executor(None, self._land, k, data, start, samples, local,
-                                         entries, pieces)
+        await self._loop.run_in_executor(self._lander, self._land, k, data, start, samples,
+                                         local, entries, pieces)
 
     def _land(self, k, data, start, samples, local, entries, pieces) -> None:
         """(An executor thread) verified records of shard ``k`` into the cache: in place in its

@@ -191,6 +191,23 @@ def test_a_full_disk_while_records_land_is_an_error_naming_the_file(s3_env, pack
     assert re.search(r"records/[01]\.grow", message)
 
 
+def test_a_disk_too_full_to_reserve_a_growing_file_keeps_records_one_file_each(
+        s3_env, packed, tmp_path, monkeypatch, caplog):
+    """posix_fallocate's ENOSPC when a growing file is made: that shard's records are kept
+    one file each (a warning names the file; assembled from them once all are in), no
+    .grow, map or temporary file left, the epoch as the local one."""
+    def full(fd, at, size):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    remote = _remote(tmp_path / "cache")
+    batches_equal(_epoch(Dataset(packed)), _epoch(remote))
+    folder = remote._remote.keeper.dir
+    assert not [n for n in os.listdir(folder) if n.endswith((".grow", ".map"))
+                or n.startswith(".tmp-")]
+    assert re.search(r"records/0\.grow: .*No space left on device; records of shard 0 are "
+                     r"kept one file each", caplog.text)
+
+
 def test_an_assembled_shard_cut_while_it_is_checked_is_discarded(s3_env, packed, tmp_path):
     """Its stamp gone, assembled shard 0 is checked record by record before it is used; cut
     to one page meanwhile, it is discarded (and fetched again later), never a SIGBUS."""
