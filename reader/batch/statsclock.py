@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from dlpack_io.reader.batch.autotune import usable_cores
+from dlpack_io.reader.batch.trials import usable_cores
 from dlpack_io.reader.batch.gputime import GpuTimeline
 from dlpack_io.reader.batch.stagetimes import STAGES
 from dlpack_io.reader.batch.stats import LoaderStats, fetched_bytes, proc_cpu, tree_cpu
