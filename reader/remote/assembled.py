@@ -11,7 +11,10 @@ Trust: ``<k>.shard.ok`` records the signature (inode, size, mtime, ctime) of the
 process that verified it saw it; a process whose ``fstat`` of the opened file (no link
 followed, ours, regular) matches it maps the file unread; any other checks every record's
 CRC first (once per process) and rewrites the stamp. A file that fails is discarded, taken
-off the ledger, and its records are fetched (and kept, and assembled) again.
+off the ledger, and its records are fetched (and kept, and assembled) again. The mapped
+file's descriptor stays open: each read compares its ``fstat`` with the signature it was
+mapped with (an edit in place, even with the mtime set back, changes the ctime; a link or
+unlink of its name too), so a changed file is verified again before its bytes are used.
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ class WholeShards:
 
     def __init__(self, source):
         self.source, self.keeper = source, source.keeper
-        self._maps: dict = {}  # k -> (pid, signature, mmap, memoryview)
+        self._maps: dict = {}  # k -> (pid, signature, mmap, memoryview, descriptor)
         self._lock = (os.getpid(), threading.Lock())
         self._busy: set[int] = set()  # shards being assembled by a thread of this process
         self.assembled = 0  # shards this process assembled (for tests and benchmarks)
@@ -48,18 +51,19 @@ class WholeShards:
     def view(self, k: int, *, recheck: bool = True):
         """Zero-copy view of assembled shard ``k`` (verified), or None when it is not there
         (or failed its checks: then it is discarded). Mapped once per process; each call
-        compares the file's signature again (one ``lstat``: a file edited since it was
-        mapped is verified again before its bytes are used), unless ``recheck`` is False."""
+        compares the mapped file's signature again (one ``fstat`` of its open descriptor: a
+        file edited since it was mapped is verified again before its bytes are used),
+        unless ``recheck`` is False."""
         held = self._maps.get(k)
-        if held is not None and held[0] == os.getpid():
-            if not recheck or cachefs.path_stamp(self.path(k)) == held[1]:
-                return held[3]
+        if held is not None and held[0] == os.getpid() and \
+                (not recheck or cachefs.fd_stamp(held[4]) == held[1]):
+            return held[3]
         if self._lock[0] != os.getpid():  # forked: the parent's lock may be held for good
             self._lock = (os.getpid(), threading.Lock())
         with self._lock[1]:  # one thread maps (and verifies) a file; the others wait for it
             held = self._maps.get(k)
             if held is not None and held[0] == os.getpid() and \
-                    (not recheck or cachefs.path_stamp(self.path(k)) == held[1]):
+                    (not recheck or cachefs.fd_stamp(held[4]) == held[1]):
                 return held[3]
             self._maps.pop(k, None)
             return self._map(k)
@@ -70,6 +74,7 @@ class WholeShards:
         if opened is None:
             return None
         fd, st = opened
+        mm = None
         try:
             sig = cachefs.stamp_of(st)
             if st.st_uid != os.geteuid():  # not ours: never used, never removed
@@ -83,7 +88,8 @@ class WholeShards:
             bad = None if stamped else _first_bad(fd, shard)  # read, not mapped: see there
             mm = mmap.mmap(fd, st.st_size, prot=mmap.PROT_READ) if bad is None else None
         finally:
-            os.close(fd)
+            if mm is None:  # mapped: the descriptor stays open for the rechecks (view)
+                os.close(fd)
         if bad is not None:
             self._discard(k, shard.size, f"record {bad} fails its checksum (damaged or edited "
                                          f"locally)")
@@ -91,7 +97,7 @@ class WholeShards:
         if not stamped:
             self._write_stamp(k, sig)
         view = memoryview(mm)
-        self._maps[k] = (os.getpid(), sig, mm, view)
+        self._maps[k] = (os.getpid(), sig, mm, view, cachefs.OwnedFd(fd))
         return view
 
     def present(self, samples: np.ndarray, lookup, budget: int = 0) -> np.ndarray:

@@ -180,6 +180,26 @@ def path_stamp(path: str):
         return None
 
 
+def fd_stamp(fd: int):
+    """``stamp_of`` the file open as ``fd`` (the inode, whatever its name now names), or
+    None when ``fd`` cannot be read."""
+    try:
+        return stamp_of(os.fstat(fd))
+    except OSError:
+        return None
+
+
+class OwnedFd(int):
+    """A descriptor closed when nothing refers to it any more (a thread still comparing
+    its ``fd_stamp`` keeps it open: no other file can take its number meanwhile)."""
+
+    def __del__(self):
+        try:
+            os.close(self)
+        except (OSError, TypeError):  # closed already, or at interpreter exit
+            pass
+
+
 def unlink_if_same(path: str, fd: int) -> None:
     """Remove ``path`` if it still names the file open as ``fd``."""
     try:
