@@ -1,7 +1,8 @@
 """What one record read from an assembled shard costs a worker (issue 30, epoch >= 1): the
 per-call time of ``WholeShards.view(k)`` (with its signature recheck, and without), of
 ``RemoteShard.payload(j)`` (what the Loader's host path calls per JPEG record) and, for
-reference, of a local shard's ``payload(j)``. The data set is put on a SeaweedFS started
+reference, of a local shard's ``payload(j)``; the payloads also with two threads calling at
+once (wall time per call). The data set is put on a SeaweedFS started
 here, read once over s3:// with ``cache_dir`` (epoch 0 keeps and assembles every shard),
 then timed in this process; interleaved round by round, medians of the rounds.
 
@@ -24,6 +25,21 @@ def _per_call_us(fn, args: list, calls: int) -> float:
     t0 = time.perf_counter()
     for i in range(calls):
         fn(*args[i % n])
+    return 1e6 * (time.perf_counter() - t0) / calls
+
+
+def _two_threads_us(fn, args: list, calls: int) -> float:
+    """Wall microseconds per call of ``fn(*a)`` with two threads calling at once (as the
+    Loader's two thread workers do; a system call lets the other thread take the GIL)."""
+    import threading
+
+    threads = [threading.Thread(target=_per_call_us, args=(fn, args[i::2], calls // 2))
+               for i in range(2)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     return 1e6 * (time.perf_counter() - t0) / calls
 
 
@@ -77,11 +93,14 @@ def main() -> None:
                  "local_payload": (lambda sh, j: sh.payload(j), lrecs)}
         rows = []
         for _ in range(args.rounds):
-            row = {name: round(_per_call_us(fn, a, args.calls), 2) for name, (fn, a) in cases.items()}
+            row = {name: round(_per_call_us(fn, a, args.calls), 2)
+                   for name, (fn, a) in cases.items()}
+            for name in ("s3_payload", "local_payload"):
+                row[name + "_2threads"] = round(_two_threads_us(*cases[name], args.calls), 2)
             print(json.dumps(row), flush=True)
             rows.append(row)
         med = {f"{name} us (median)": round(statistics.median(r[name] for r in rows), 2)
-               for name in cases}
+               for name in rows[0]}
         med["loadavg"] = open("/proc/loadavg").read().split()[:3]
         print(json.dumps(med))
     finally:
