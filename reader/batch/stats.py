@@ -15,6 +15,7 @@ import datetime
 import math
 import numbers
 import os
+import resource
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -25,17 +26,30 @@ DATA_BOUND = 0.10   # waiting this share of the loop's time or more: data-bound
 BUSY = 0.90         # workers this busy are the limit: more workers will not help
 
 
-def proc_cpu(pids) -> float:
-    """CPU seconds (user + system) used so far by the processes ``pids`` (0 for gone ones)."""
-    total, tick = 0.0, os.sysconf("SC_CLK_TCK")
+def proc_cpus(pids) -> dict:
+    """{pid: CPU seconds (user + system) used so far} of the processes ``pids``, read from
+    /proc in clock ticks (``os.sysconf("SC_CLK_TCK")``); gone ones are left out."""
+    cpus, tick = {}, os.sysconf("SC_CLK_TCK")
     for pid in pids:
         try:
             with open(f"/proc/{pid}/stat", "rb") as f:
                 fields = f.read().rsplit(b")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime (fields 14, 15)
-    return total
+        cpus[pid] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime (fields 14, 15)
+    return cpus
+
+
+def proc_cpu(pids) -> float:
+    """CPU seconds (user + system) used so far by the processes ``pids`` (0 for gone ones)."""
+    return sum(proc_cpus(pids).values())
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's children that have ended and were reaped (all of each
+    one's, to its exit: the OS adds them once ``wait`` collects them)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def fetched_bytes(stats) -> int:

@@ -12,7 +12,7 @@ import time
 from dlpack_io.reader.batch.trials import usable_cores
 from dlpack_io.reader.batch.gputime import GpuTimeline
 from dlpack_io.reader.batch.stagetimes import STAGES
-from dlpack_io.reader.batch.stats import LoaderStats, fetched_bytes, proc_cpu, tree_cpu
+from dlpack_io.reader.batch.stats import LoaderStats, children_cpu, fetched_bytes, proc_cpus
 
 
 def _add(total, counts) -> list:
@@ -45,15 +45,18 @@ class StatsClock:
         self._tmark = self._tnow = 0.0            # the loop thread's CPU clock: at that cut, now
         self._run_depths = 0                      # queue depths summed over the ended epochs
         self._retired = 0.0                       # CPU of worker processes stopped this epoch
+        self._base: dict = {}                     # pid -> its CPU when the epoch started
         self._prefetch = None                     # a remote data set's handle (bytes fetched)
 
     def start_epoch(self, epoch: int, pids, asked: float | None = None) -> None:
         """Epoch ``epoch`` starts: its first next() was called at ``asked`` (perf_counter;
-        None: now), so planning and start-up count as waiting."""
+        None: now), so planning and start-up count as waiting. ``pids``: every live worker
+        process, the running engine's and those parked by ``num_workers="auto"``."""
         now = time.perf_counter() if asked is None else asked
         self.epoch = LoaderStats(epoch=epoch, first_epoch=epoch, **self.kind)
         self.open, self._start, self._depths, self._mark, self._inside = True, now, 0, now, True
-        self._cpu0, self._retired, self._prefetch = tree_cpu(pids), 0.0, None
+        self._cpu0, self._retired, self._prefetch = time.process_time(), 0.0, None
+        self._base = proc_cpus(pids)
         self._thread0 = self._tmark = time.thread_time()
         self.gpu.restart()
         self.gpu.mark("step")  # the GPU's first wait is measured from here
@@ -98,11 +101,24 @@ class StatsClock:
         bytes fetched are read at each snapshot, not only at the epoch's end."""
         self._prefetch = prefetch
 
-    def retire(self, pids) -> None:
-        """Worker processes ``pids`` are about to stop (an engine closed mid-run): their
-        CPU seconds so far are kept, read while /proc still has them."""
+    def retire(self, pids, stop) -> None:
+        """``stop()`` stops an engine whose worker processes are ``pids`` (none: threads,
+        whose CPU is this process's): in an epoch, their CPU seconds in it are kept. Read
+        twice: from /proc before the stop, and as the children's CPU the OS adds when the
+        stop reaps them (to their exit, work finished during the stop included); the
+        larger counts, less what they had at the epoch's start."""
+        before = proc_cpus(pids) if self.open else {}
+        reaped = children_cpu()
+        stop()
+        reaped = children_cpu() - reaped
+        base = sum(self._base.pop(pid, 0.0) for pid in pids)
         if self.open and pids:
-            self._retired += proc_cpu(pids)
+            self._retired += max(reaped, sum(before.values())) - base
+
+    def stop_engine(self, engine) -> None:
+        """Close ``engine`` (engine.Engine: its runner's ``pids``, none for threads), with
+        its worker processes' CPU kept for the epoch (``retire``)."""
+        self.retire(engine.runner.pids, engine.close)
 
     def delivered(self, images: int, finish_s: float, depth: int, stages=None,
                   fetch_wait_s: float = 0.0) -> None:
@@ -146,7 +162,9 @@ class StatsClock:
         if consumer_thread:  # read first: the process's CPU, read after it, holds it all
             self._tnow = time.thread_time()
             e.consumer_cpu_s = self._tnow - self._thread0
-        e.cpu_s = tree_cpu(pids) + self._retired - self._cpu0
+        # every live worker once, less its CPU at the start (one started since: all of it)
+        live = sum(cpu - self._base.get(pid, 0.0) for pid, cpu in proc_cpus(pids).items())
+        e.cpu_s = time.process_time() - self._cpu0 + live + self._retired
         e.queue_depth = self._depths / e.batches if e.batches else 0.0
         self.gpu.resolve()  # the events the GPU has reached (no wait; all at an epoch's end)
         e.gpu_wait_s, e.gpu_step_s = self.gpu.wait_s, self.gpu.step_s
