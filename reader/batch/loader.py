@@ -211,23 +211,23 @@ class Loader(DataLoaderAttributes):
         if self._engine is None:
             self._swap(self._tune.options)
         self._consumer = threading.get_ident()
-        self._stats.start_epoch(epoch, self._clock_pids(), asked)
-        prefetch = self.dataset.start_prefetch(batches[start:])
-        self._stats.fetching(prefetch)
-        clean = False
+        token = self._stats.start_epoch(epoch, self._clock_pids(), asked)
+        prefetch, clean = None, False
         try:
+            prefetch = self.dataset.start_prefetch(batches[start:])
+            self._stats.fetching(prefetch)
             yield from self._deliver(batches, start, prefetch, epoch)
             clean = True
             if self._advance and self.epoch == epoch:  # finished: loader.epoch is the next
                 self.epoch, self._advance = epoch + 1, False
             self.skipped.report()
-            if not self.options.persistent_workers:
+            if not self.options.persistent_workers and self._stats.live == 1:
                 self._close_engine()
-        finally:
-            self._stats.end_epoch(self._clock_pids(), prefetch)
+        finally:  # the workers stay while another iterator of this Loader is under way
+            alone = self._stats.end_epoch(self._clock_pids(), prefetch, token)
             if prefetch is not None:
                 prefetch.close()
-            if not clean:  # abandoned mid-epoch (break, exception): drop the workers
+            if not clean and alone:  # abandoned mid-epoch (break, exception): drop them
                 self._close_engine()
 
     def _deliver(self, batches, start, prefetch, epoch):

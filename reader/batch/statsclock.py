@@ -47,12 +47,19 @@ class StatsClock:
         self._retired = 0.0                       # CPU of worker processes stopped this epoch
         self._base: dict = {}                     # pid -> its CPU when the epoch started
         self._prefetch = None                     # a remote data set's handle (bytes fetched)
+        self.live, self._token = 0, 0             # iterations under way; the open epoch's id
 
-    def start_epoch(self, epoch: int, pids, asked: float | None = None) -> None:
+    def start_epoch(self, epoch: int, pids, asked: float | None = None) -> int:
         """Epoch ``epoch`` starts: its first next() was called at ``asked`` (perf_counter;
         None: now), so planning and start-up count as waiting. ``pids``: every live worker
-        process, the running engine's and those parked by ``num_workers="auto"``."""
+        process, the running engine's and those parked by ``num_workers="auto"``. Returns
+        the epoch's token for ``end_epoch``. An epoch still open (another iterator of the
+        Loader, alive) is closed first, at ``asked``: its figures join the run's, and what
+        its iterator delivers from now on counts in this epoch (one loop, one clock)."""
         now = time.perf_counter() if asked is None else asked
+        if self.open:
+            self._close(pids, until=now)
+        self.live, self._token = self.live + 1, self._token + 1
         self.epoch = LoaderStats(epoch=epoch, first_epoch=epoch, **self.kind)
         self.open, self._start, self._depths, self._mark, self._inside = True, now, 0, now, True
         self._cpu0, self._retired, self._prefetch = time.process_time(), 0.0, None
@@ -60,6 +67,7 @@ class StatsClock:
         self._thread0 = self._tmark = time.thread_time()
         self.gpu.restart()
         self.gpu.mark("step")  # the GPU's first wait is measured from here
+        return self._token
 
     def setting(self, num_workers: int, worker_kind: str, tuned: str = "") -> None:
         """The workers now building the batches (``tuned``: why, when chosen by "auto")."""
@@ -139,22 +147,32 @@ class StatsClock:
         if counts is not None:
             self.epoch.images_per_set = _add(self.epoch.images_per_set, counts)
 
-    def end_epoch(self, pids, prefetch=None) -> None:
-        """The epoch ended (or was abandoned): fix its figures and add them to the run's
-        (``prefetch``: the remote data set's handle, for the bytes it fetched)."""
-        if self.open:
-            self.gpu.resolve(block=True)
+    def end_epoch(self, pids, prefetch=None, token: int | None = None) -> bool:
+        """The epoch ``token`` (start_epoch's; None: the open one) ended or was abandoned:
+        fix its figures and add them to the run's (``prefetch``: the remote data set's
+        handle, for the bytes it fetched); nothing if a newer epoch had closed it. Returns
+        True when no other iteration is under way."""
+        self.live = max(0, self.live - 1)
+        if self.open and token in (None, self._token):
             self._prefetch = prefetch if prefetch is not None else self._prefetch
-            self._measure(pids, consumer_thread=True)
-            self._pending(self.epoch, self._start + self.epoch.wall_s)
-            self._prefetch = None  # closed after this: its figures are the epoch's now
-            self.open, self._run_depths = False, self._run_depths + self._depths
-            for name in SUMMED:
-                setattr(self.run, name, getattr(self.run, name) + getattr(self.epoch, name))
-            _count_epoch(self.run, self.epoch.epoch)
-            if self.epoch.images_per_set is not None:
-                self.run.images_per_set = _add(self.run.images_per_set,
-                                               self.epoch.images_per_set)
+            self._close(pids)
+        return self.live == 0
+
+    def _close(self, pids, until: float | None = None) -> None:
+        """Close the open epoch (at ``until``, perf_counter; None: now) into the run."""
+        self.gpu.resolve(block=True)
+        self._measure(pids, consumer_thread=True)
+        if until is not None:
+            self.epoch.wall_s = max(0.0, until - self._start)
+        self._pending(self.epoch, self._start + self.epoch.wall_s)
+        self._prefetch = None  # closed after this: its figures are the epoch's now
+        self.open, self._run_depths = False, self._run_depths + self._depths
+        for name in SUMMED:
+            setattr(self.run, name, getattr(self.run, name) + getattr(self.epoch, name))
+        _count_epoch(self.run, self.epoch.epoch)
+        if self.epoch.images_per_set is not None:
+            self.run.images_per_set = _add(self.run.images_per_set,
+                                           self.epoch.images_per_set)
 
     def _measure(self, pids, consumer_thread: bool) -> None:
         e = self.epoch
