@@ -5,6 +5,9 @@ turn ended is parked here, idle, rather than closed: its next turn goes on with 
 workers and buffers (no thread or process start, no fresh buffers to fault in, which on a
 fast data set cost more than the batches of a turn). Once the setting is settled, every
 parked engine is closed and an engine is closed, never parked, when it is swapped out.
+Every engine is closed through ``stop`` (the Loader's: the stats clock reads the CPU of
+its worker processes as they go), and ``pids`` lists the parked engines' worker processes
+(their CPU counts toward the epoch as the running engine's does: statsclock.py).
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ class EnginePool:
         self.idle: dict = {}
         self.parking = False
         self.make = make      # options -> a new engine (the Loader's)
+        self.stop = None      # engine -> None: closes it (None: engine.close())
         self._running = None  # the key of the engine swap() last handed out
 
     def parked(self, options):
@@ -37,7 +41,7 @@ class EnginePool:
             if self.parking and self._running not in self.idle:
                 self.idle[self._running] = engine
             else:
-                engine.close()
+                self._stop(engine)
         key = engine_key(options)
         found = self.idle.pop(key, None)
         if not self.parking:
@@ -49,4 +53,14 @@ class EnginePool:
         """Close every parked engine (the running one belongs to the Loader)."""
         idle, self.idle = self.idle, {}
         for engine in idle.values():
+            self._stop(engine)
+
+    def pids(self) -> list[int]:
+        """Process ids of the parked engines' worker processes (none for threads)."""
+        return [pid for engine in list(self.idle.values()) for pid in engine.runner.pids]
+
+    def _stop(self, engine) -> None:
+        if self.stop is None:
             engine.close()
+        else:
+            self.stop(engine)

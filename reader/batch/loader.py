@@ -97,11 +97,11 @@ class Loader(DataLoaderAttributes):
         self._tune = Tuner(opts, self._stats.setting)  # "auto": settled on the first batches
         self._tune.engines.make = lambda o, d=self.dataset, s=self.spec, dev=self.device, \
             t=self.device_transforms: make_engine(o, d, s, dev, t)  # no cycle through self
+        self._tune.engines.stop = self._stats.stop_engine  # their workers' CPU is counted
         self._log = LogSchedule(opts.log_every)
         self._consumer = threading.get_ident()  # the thread that iterates (updated per epoch)
         self._pin = pin_ok(opts.pin_memory, self.device)
-        self.epoch = 0
-        self._advance = False          # an iteration of self.epoch started: the next reads epoch+1
+        self.epoch, self._advance = 0, False  # True: self.epoch's iteration started (next: +1)
         self._restored = None          # (epoch, segments) from load_state_dict
         self._cursor = None            # (epoch, segments before this run, world, batch, total)
         self._engine = None            # engine.Engine (job, workers, finisher), kept across epochs
@@ -211,23 +211,23 @@ class Loader(DataLoaderAttributes):
         if self._engine is None:
             self._swap(self._tune.options)
         self._consumer = threading.get_ident()
-        self._stats.start_epoch(epoch, self.worker_pids(), asked)
-        prefetch = self.dataset.start_prefetch(batches[start:])
-        self._stats.fetching(prefetch)
-        clean = False
+        token = self._stats.start_epoch(epoch, self._clock_pids(), asked)
+        prefetch, clean = None, False
         try:
+            prefetch = self.dataset.start_prefetch(batches[start:])
+            self._stats.fetching(prefetch)
             yield from self._deliver(batches, start, prefetch, epoch)
             clean = True
             if self._advance and self.epoch == epoch:  # finished: loader.epoch is the next
                 self.epoch, self._advance = epoch + 1, False
             self.skipped.report()
-            if not self.options.persistent_workers:
+            if not self.options.persistent_workers and self._stats.live == 1:
                 self._close_engine()
-        finally:
-            self._stats.end_epoch(self.worker_pids(), prefetch)
+        finally:  # the workers stay while another iterator of this Loader is under way
+            alone = self._stats.end_epoch(self._clock_pids(), prefetch, token)
             if prefetch is not None:
                 prefetch.close()
-            if not clean:  # abandoned mid-epoch (break, exception): drop the workers
+            if not clean and alone:  # abandoned mid-epoch (break, exception): drop them
                 self._close_engine()
 
     def _deliver(self, batches, start, prefetch, epoch):
@@ -254,7 +254,7 @@ class Loader(DataLoaderAttributes):
     def stats(self):
         """Is training waiting for data? A ``LoaderStats`` of this (or the last) epoch so far,
         the run's in ``.run``; ``str()`` is one line with a verdict (docs/loader.md)."""
-        return self._stats.snapshot(self.worker_pids(),
+        return self._stats.snapshot(self._clock_pids(),
                                     threading.get_ident() == self._consumer)
 
     # ---- resources ---------------------------------------------------------------------
@@ -266,8 +266,7 @@ class Loader(DataLoaderAttributes):
     def _close_engine(self) -> None:
         engine, self._engine = self._engine, None
         if engine is not None:
-            self._stats.retire(engine.runner.pids)  # their CPU, before they are gone
-            engine.close()
+            self._stats.stop_engine(engine)  # closed, its worker processes' CPU counted
         self._tune.engines.close()  # the candidates' engines parked between their turns
 
     def close(self) -> None:
@@ -283,6 +282,10 @@ class Loader(DataLoaderAttributes):
     def worker_pids(self) -> list[int]:
         """Process ids of the running worker processes (empty for threads)."""
         return [] if self._engine is None else list(self._engine.runner.pids)
+
+    def _clock_pids(self) -> list[int]:
+        """Every live worker process: the running engine's and auto's parked ones'."""
+        return self.worker_pids() + self._tune.engines.pids()
 
     def __repr__(self) -> str:
         o = self.options

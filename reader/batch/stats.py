@@ -7,7 +7,8 @@ loader. Both are wall-clock seconds of the consumer thread, measured by the Load
 generator around each ``yield``, so they cost two clock reads per batch. Beside them: the
 seconds the consumer spent finishing batches (the copy to the device and the kernels, or the
 host hand-over), how many built batches were waiting when the loop asked (queue depth), and
-CPU seconds: this process's (every thread) plus the worker processes' (from /proc).
+CPU seconds: this process's (every thread) plus those of every worker process that ran in
+the span, once each (from /proc; for stopped ones, statsclock.py: ``StatsClock.retire``).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import datetime
 import math
 import numbers
 import os
+import resource
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -23,19 +25,33 @@ from dlpack_io.reader.batch.stagetimes import STAGES
 _NETWORK = "% of the wait was for records from object storage"
 DATA_BOUND = 0.10   # waiting this share of the loop's time or more: data-bound
 BUSY = 0.90         # workers this busy are the limit: more workers will not help
+_TICK = os.sysconf("SC_CLK_TCK")  # /proc's CPU times are in these ticks per second
 
 
-def proc_cpu(pids) -> float:
-    """CPU seconds (user + system) used so far by the processes ``pids`` (0 for gone ones)."""
-    total, tick = 0.0, os.sysconf("SC_CLK_TCK")
+def proc_cpus(pids) -> dict:
+    """{pid: CPU seconds (user + system) used so far} of the processes ``pids``, read from
+    /proc in clock ticks (``os.sysconf("SC_CLK_TCK")``); gone ones are left out."""
+    cpus, tick = {}, _TICK
     for pid in pids:
         try:
             with open(f"/proc/{pid}/stat", "rb") as f:
                 fields = f.read().rsplit(b")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime (fields 14, 15)
-    return total
+        cpus[pid] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime (fields 14, 15)
+    return cpus
+
+
+def proc_cpu(pids) -> float:
+    """CPU seconds (user + system) used so far by the processes ``pids`` (0 for gone ones)."""
+    return sum(proc_cpus(pids).values())
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's children that have ended and were reaped (all of each
+    one's, to its exit: the OS adds them once ``wait`` collects them)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def fetched_bytes(stats) -> int:

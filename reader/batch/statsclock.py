@@ -12,7 +12,7 @@ import time
 from dlpack_io.reader.batch.trials import usable_cores
 from dlpack_io.reader.batch.gputime import GpuTimeline
 from dlpack_io.reader.batch.stagetimes import STAGES
-from dlpack_io.reader.batch.stats import LoaderStats, fetched_bytes, proc_cpu, tree_cpu
+from dlpack_io.reader.batch.stats import LoaderStats, children_cpu, fetched_bytes, proc_cpus
 
 
 def _add(total, counts) -> list:
@@ -45,18 +45,29 @@ class StatsClock:
         self._tmark = self._tnow = 0.0            # the loop thread's CPU clock: at that cut, now
         self._run_depths = 0                      # queue depths summed over the ended epochs
         self._retired = 0.0                       # CPU of worker processes stopped this epoch
+        self._base: dict = {}                     # pid -> its CPU when the epoch started
         self._prefetch = None                     # a remote data set's handle (bytes fetched)
+        self.live, self._token = 0, 0             # iterations under way; the open epoch's id
 
-    def start_epoch(self, epoch: int, pids, asked: float | None = None) -> None:
+    def start_epoch(self, epoch: int, pids, asked: float | None = None) -> int:
         """Epoch ``epoch`` starts: its first next() was called at ``asked`` (perf_counter;
-        None: now), so planning and start-up count as waiting."""
+        None: now), so planning and start-up count as waiting. ``pids``: every live worker
+        process, the running engine's and those parked by ``num_workers="auto"``. Returns
+        the epoch's token for ``end_epoch``. An epoch still open (another iterator of the
+        Loader, alive) is closed first, at ``asked``: its figures join the run's, and what
+        its iterator delivers from now on counts in this epoch (one loop, one clock)."""
         now = time.perf_counter() if asked is None else asked
+        if self.open:
+            self._close(pids, until=now)
+        self.live, self._token = self.live + 1, self._token + 1
         self.epoch = LoaderStats(epoch=epoch, first_epoch=epoch, **self.kind)
         self.open, self._start, self._depths, self._mark, self._inside = True, now, 0, now, True
-        self._cpu0, self._retired, self._prefetch = tree_cpu(pids), 0.0, None
+        self._cpu0, self._retired, self._prefetch = time.process_time(), 0.0, None
+        self._base = proc_cpus(pids)
         self._thread0 = self._tmark = time.thread_time()
         self.gpu.restart()
         self.gpu.mark("step")  # the GPU's first wait is measured from here
+        return self._token
 
     def setting(self, num_workers: int, worker_kind: str, tuned: str = "") -> None:
         """The workers now building the batches (``tuned``: why, when chosen by "auto")."""
@@ -98,11 +109,24 @@ class StatsClock:
         bytes fetched are read at each snapshot, not only at the epoch's end."""
         self._prefetch = prefetch
 
-    def retire(self, pids) -> None:
-        """Worker processes ``pids`` are about to stop (an engine closed mid-run): their
-        CPU seconds so far are kept, read while /proc still has them."""
+    def retire(self, pids, stop) -> None:
+        """``stop()`` stops an engine whose worker processes are ``pids`` (none: threads,
+        whose CPU is this process's): in an epoch, their CPU seconds in it are kept. Read
+        twice: from /proc before the stop, and as the children's CPU the OS adds when the
+        stop reaps them (to their exit, work finished during the stop included); the
+        larger counts, less what they had at the epoch's start."""
+        before = proc_cpus(pids) if self.open else {}
+        reaped = children_cpu()
+        stop()
+        reaped = children_cpu() - reaped
+        base = sum(self._base.pop(pid, 0.0) for pid in pids)
         if self.open and pids:
-            self._retired += proc_cpu(pids)
+            self._retired += max(reaped, sum(before.values())) - base
+
+    def stop_engine(self, engine) -> None:
+        """Close ``engine`` (engine.Engine: its runner's ``pids``, none for threads), with
+        its worker processes' CPU kept for the epoch (``retire``)."""
+        self.retire(engine.runner.pids, engine.close)
 
     def delivered(self, images: int, finish_s: float, depth: int, stages=None,
                   fetch_wait_s: float = 0.0) -> None:
@@ -123,22 +147,32 @@ class StatsClock:
         if counts is not None:
             self.epoch.images_per_set = _add(self.epoch.images_per_set, counts)
 
-    def end_epoch(self, pids, prefetch=None) -> None:
-        """The epoch ended (or was abandoned): fix its figures and add them to the run's
-        (``prefetch``: the remote data set's handle, for the bytes it fetched)."""
-        if self.open:
-            self.gpu.resolve(block=True)
+    def end_epoch(self, pids, prefetch=None, token: int | None = None) -> bool:
+        """The epoch ``token`` (start_epoch's; None: the open one) ended or was abandoned:
+        fix its figures and add them to the run's (``prefetch``: the remote data set's
+        handle, for the bytes it fetched); nothing if a newer epoch had closed it. Returns
+        True when no other iteration is under way."""
+        self.live = max(0, self.live - 1)
+        if self.open and token in (None, self._token):
             self._prefetch = prefetch if prefetch is not None else self._prefetch
-            self._measure(pids, consumer_thread=True)
-            self._pending(self.epoch, self._start + self.epoch.wall_s)
-            self._prefetch = None  # closed after this: its figures are the epoch's now
-            self.open, self._run_depths = False, self._run_depths + self._depths
-            for name in SUMMED:
-                setattr(self.run, name, getattr(self.run, name) + getattr(self.epoch, name))
-            _count_epoch(self.run, self.epoch.epoch)
-            if self.epoch.images_per_set is not None:
-                self.run.images_per_set = _add(self.run.images_per_set,
-                                               self.epoch.images_per_set)
+            self._close(pids)
+        return self.live == 0
+
+    def _close(self, pids, until: float | None = None) -> None:
+        """Close the open epoch (at ``until``, perf_counter; None: now) into the run."""
+        self.gpu.resolve(block=True)
+        self._measure(pids, consumer_thread=True)
+        if until is not None:
+            self.epoch.wall_s = max(0.0, until - self._start)
+        self._pending(self.epoch, self._start + self.epoch.wall_s)
+        self._prefetch = None  # closed after this: its figures are the epoch's now
+        self.open, self._run_depths = False, self._run_depths + self._depths
+        for name in SUMMED:
+            setattr(self.run, name, getattr(self.run, name) + getattr(self.epoch, name))
+        _count_epoch(self.run, self.epoch.epoch)
+        if self.epoch.images_per_set is not None:
+            self.run.images_per_set = _add(self.run.images_per_set,
+                                           self.epoch.images_per_set)
 
     def _measure(self, pids, consumer_thread: bool) -> None:
         e = self.epoch
@@ -146,7 +180,9 @@ class StatsClock:
         if consumer_thread:  # read first: the process's CPU, read after it, holds it all
             self._tnow = time.thread_time()
             e.consumer_cpu_s = self._tnow - self._thread0
-        e.cpu_s = tree_cpu(pids) + self._retired - self._cpu0
+        # every live worker once, less its CPU at the start (one started since: all of it)
+        live = sum(cpu - self._base.get(pid, 0.0) for pid, cpu in proc_cpus(pids).items())
+        e.cpu_s = time.process_time() - self._cpu0 + live + self._retired
         e.queue_depth = self._depths / e.batches if e.batches else 0.0
         self.gpu.resolve()  # the events the GPU has reached (no wait; all at an epoch's end)
         e.gpu_wait_s, e.gpu_step_s = self.gpu.wait_s, self.gpu.step_s
