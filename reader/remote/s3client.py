@@ -24,6 +24,7 @@ from __future__ import annotations
 import configparser
 import logging
 import os
+import threading
 
 log = logging.getLogger(__name__)
 
@@ -34,11 +35,14 @@ OPTION_KEYS = ("endpoint", "region", "access_key_id", "secret_access_key", "sess
 # patience settings, also accepted in storage_options (see storage.Policy)
 POLICY_KEYS = ("request_timeout", "connect_timeout", "retries", "deadline")
 _SECRET_KEYS = ("secret_access_key", "session_token")
+MAX_SECONDS = float(threading.TIMEOUT_MAX)  # the longest wait a thread can make (~292 years)
 
 
 def policy_values(storage_options) -> dict:
     """The patience settings of ``storage_options`` as numbers: ``retries`` a whole number
-    >= 0, the others seconds > 0; ValueError naming the key and the value otherwise."""
+    >= 0, the others a finite number of seconds > 0 and at most MAX_SECONDS (infinity or
+    more made a thread's wait or the client's timeout overflow mid-epoch); ValueError naming
+    the key and the value otherwise."""
     out = {}
     for key in POLICY_KEYS:
         if key not in (storage_options or {}):
@@ -46,13 +50,14 @@ def policy_values(storage_options) -> dict:
         value = storage_options[key]
         try:
             number = int(value) if key == "retries" else float(value)
-            ok = (number >= 0 and number == float(value)) if key == "retries" else number > 0
+            ok = (number >= 0 and number == float(value)) if key == "retries" else \
+                0 < number <= MAX_SECONDS
         except (TypeError, ValueError):
             ok = False
         if not ok or isinstance(value, bool):
             raise ValueError(f"storage_options[{key!r}] {value!r}: expected "
                              + ("a whole number of retries >= 0" if key == "retries" else
-                                "a number of seconds > 0"))
+                                f"a finite number of seconds > 0 (at most {MAX_SECONDS:.0f})"))
         out[key] = number
     return out
 

@@ -196,8 +196,11 @@ def test_an_endpoint_that_is_not_a_url_is_named_before_any_request(scheme, env, 
 @pytest.mark.parametrize("options, words", [
     ({"retries": "x"}, r"storage_options\['retries'\] 'x': expected a whole number"),
     ({"retries": 1.5}, r"storage_options\['retries'\] 1.5: expected a whole number"),
-    ({"deadline": -1}, r"storage_options\['deadline'\] -1: expected a number of seconds > 0"),
-    ({"request_timeout": 0}, r"storage_options\['request_timeout'\] 0: expected a number"),
+    ({"deadline": -1}, r"storage_options\['deadline'\] -1: expected a finite number of seconds > 0"),
+    ({"request_timeout": 0}, r"storage_options\['request_timeout'\] 0: expected a finite number"),
+    ({"deadline": float("inf")}, r"storage_options\['deadline'\] inf: expected a finite"),
+    ({"request_timeout": "inf"}, r"storage_options\['request_timeout'\] 'inf': expected a "),
+    ({"connect_timeout": 1e10}, r"storage_options\['connect_timeout'\] 10000000000.0: "),
     ({"endpoint": "http://127.0.0.1:9", "allow_http": False},
      r"is http:// but allow_http is False: use https://, or allow_http=True")])
 def test_patience_and_http_settings_are_checked_before_any_request(options, words, cloud_env):
