@@ -53,6 +53,7 @@ from dlpack_io.reader.batch import stagetimes
 from dlpack_io.reader.batch.confirm import Check, runner_up
 from dlpack_io.reader.batch.engine import Run, Shifted, deliver, prime
 from dlpack_io.reader.batch.enginepool import EnginePool, engine_key
+from dlpack_io.reader.batch.errors import LoaderError
 from dlpack_io.reader.batch.stats import tree_cpu
 from dlpack_io.reader.batch.trials import (ROUNDS, Trial, candidates, choose, converged,
                                            describe, drop_losers, name, skip, usable_cores)
@@ -61,6 +62,10 @@ __all__ = ["AUTO", "Shifted", "Trial", "Tuner", "candidates", "choose", "converg
            "drop_losers", "usable_cores"]
 log = logging.getLogger(__name__)
 AUTO = "auto"
+TWO_ITERATORS = ("a newer iterator of this Loader started while num_workers='auto' was "
+                 "measuring, which swaps the workers under this one: two live iterators are "
+                 "not supported until loader.stats().tuned says 'checked later' (docs/"
+                 "loader.md); use one at a time until then, or pass num_workers=N")
 JITTER_RAISE = 1.5    # prefetch="auto" goes deeper than 2 x workers only from this jitter on
 
 
@@ -96,6 +101,7 @@ class Tuner:
         self._primed = None  # (engine, first batch, count): the next turn's batches submitted
         self.check = None    # confirm.Check: the choice against the runner-up, later
         self._why = ""       # what the choice rests on, in words (the log line's parentheses)
+        self._newest = 0     # deliveries started while measuring (the newest one's number)
         self._use(self._concrete(self.fallback, None))
 
     def one_round(self) -> int:
@@ -127,18 +133,27 @@ class Tuner:
     def deliver(self, engine, swap, batches, start, ticket0, prefetch, epoch, on_batch):
         """engine.deliver's batches, in order, with the trials (and later the check of the
         choice: confirm.py) in between; ``swap(options)`` closes or parks the running engine
-        and returns one built for ``options``."""
+        and returns one built for ``options`` (an iteration overtaken: TWO_ITERATORS)."""
         run = Run(batches, start, ticket0, prefetch, epoch, on_batch)
-        k, trials_now = start, not self.settled
-        if not self.settled and len(batches) - start < self.one_round():
-            engine = self.settle(engine, swap, short=len(batches) - start)
+        if self.settled and self.check is None:  # nothing swaps the workers any more
+            return (yield from self._batches(engine, swap, run))
+        self._newest = mine = self._newest + 1
+        for item in self._batches(engine, swap, run):
+            yield item
+            if mine != self._newest:
+                raise LoaderError(TWO_ITERATORS)
+
+    def _batches(self, engine, swap, run):
+        batches, k, trials_now = run.batches, run.start, not self.settled
+        if not self.settled and len(batches) - k < self.one_round():
+            engine = self.settle(engine, swap, short=len(batches) - k)
         if not self.settled:
             engine, k = yield from self._trials(engine, swap, run, k)
         if self.check is not None and k < len(batches):
             engine, k = yield from self._confirm(engine, swap, run, k, trials_now)
         if k < len(batches):
-            yield from deliver(engine, batches, k, ticket0, run.shifted(k), epoch,
-                               self.options.in_flight, on_batch, self._take(engine, k))
+            yield from deliver(engine, batches, k, run.ticket0, run.shifted(k), run.epoch,
+                               self.options.in_flight, run.on_batch, self._take(engine, k))
 
     def _trials(self, engine, swap, run, k: int):
         """The candidates' turns from batch ``k`` until settled (at the latest when the
