@@ -54,6 +54,10 @@ def _sample_transform(spec: str | None):
     except (ImportError, AttributeError) as exc:
         raise click.BadParameter(f"{spec!r}: {exc}; expected an importable MODULE:FUNCTION "
                                  f"(run from the folder that holds {module}.py)")
+    except Exception as exc:  # the module's own code failed (a syntax error, a raise)
+        raise click.BadParameter(f"{spec!r}: importing {module} failed: {type(exc).__name__}: "
+                                 f"{exc}; expected an importable MODULE:FUNCTION (python -c "
+                                 f"'import {module}' shows the traceback)")
     if not callable(fn):
         raise click.BadParameter(f"{spec!r} is a {type(fn).__name__}, not a function")
     return fn

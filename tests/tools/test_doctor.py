@@ -120,3 +120,21 @@ def test_every_doctor_option_says_what_it_does():
 
     bare = [p.name for p in doctor.params if isinstance(p, click.Option) and not p.help]
     assert bare == []
+
+
+@pytest.mark.parametrize("source, spec, words", [
+    ("def darker(image)\n    return image\n", "broken_aug:darker", "SyntaxError"),
+    ("raise RuntimeError('no GPU here')\n", "broken_aug:darker", "RuntimeError: no GPU here"),
+    (None, ".relative:darker", "relative import")])
+def test_doctor_refuses_a_sample_transform_whose_module_fails_to_import(packed, tmp_path,
+                                                                        monkeypatch, source,
+                                                                        spec, words):
+    """A module with a syntax error, one that raises as it is imported, or a relative name
+    gave a traceback (exit 1); each is a refusal naming MODULE:FUNCTION and why (exit 2)."""
+    if source is not None:
+        (tmp_path / "broken_aug.py").write_text(source)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    done = CliRunner().invoke(main, ["doctor", packed, "--sample-transform", spec])
+    assert done.exit_code == 2, done.output
+    assert spec in done.output and words in done.output and "MODULE:FUNCTION" in done.output
