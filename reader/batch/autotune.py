@@ -62,10 +62,8 @@ __all__ = ["AUTO", "Shifted", "Trial", "Tuner", "candidates", "choose", "converg
            "drop_losers", "usable_cores"]
 log = logging.getLogger(__name__)
 AUTO = "auto"
-TWO_ITERATORS = ("a newer iterator of this Loader started while num_workers='auto' was "
-                 "measuring, which swaps the workers under this one: two live iterators are "
-                 "not supported until loader.stats().tuned says 'checked later' (docs/"
-                 "loader.md); use one at a time until then, or pass num_workers=N")
+TWO_ITERATORS = ("a newer iterator of this Loader started while num_workers='auto' measures, "
+                 "swapping the workers: not supported before stats().tuned says 'checked later'")
 JITTER_RAISE = 1.5    # prefetch="auto" goes deeper than 2 x workers only from this jitter on
 
 
@@ -99,9 +97,8 @@ class Tuner:
         self.engines = EnginePool()  # the candidates' engines, parked between their turns
         self.engines.parking = not self.settled
         self._primed = None  # (engine, first batch, count): the next turn's batches submitted
-        self.check = None    # confirm.Check: the choice against the runner-up, later
+        self.check, self._newest = None, 0  # confirm.Check; deliveries started measuring
         self._why = ""       # what the choice rests on, in words (the log line's parentheses)
-        self._newest = 0     # deliveries started while measuring (the newest one's number)
         self._use(self._concrete(self.fallback, None))
 
     def one_round(self) -> int:
@@ -136,9 +133,12 @@ class Tuner:
         and returns one built for ``options`` (an iteration overtaken: TWO_ITERATORS)."""
         run = Run(batches, start, ticket0, prefetch, epoch, on_batch)
         if self.settled and self.check is None:  # nothing swaps the workers any more
-            return (yield from self._batches(engine, swap, run))
-        self._newest = mine = self._newest + 1
-        for item in self._batches(engine, swap, run):
+            return self._batches(engine, swap, run)
+        self._newest += 1
+        return self._guarded(self._newest, self._batches(engine, swap, run))
+
+    def _guarded(self, mine: int, items):
+        for item in items:
             yield item
             if mine != self._newest:
                 raise LoaderError(TWO_ITERATORS)

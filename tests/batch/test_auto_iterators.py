@@ -36,8 +36,8 @@ def test_zip_of_two_iterators_while_auto_measures_names_the_limitation(packed):
     next(older)  # epoch 0 (iter() reads the epoch at its first next()): the trials start
     got = [np.asarray(next(newer)[2]).tolist()]  # epoch 0 too: it takes over the trials
     with pytest.raises(LoaderError, match=r"a newer iterator of this Loader started while "
-                                          r"num_workers='auto' was measuring.*two live "
-                                          r"iterators are not supported"):
+                                          r"num_workers='auto' measures, swapping the "
+                                          r"workers: not supported before"):
         next(older)
     got += [np.asarray(b[2]).tolist() for b in newer]
     stats = loader.stats()
