@@ -54,9 +54,23 @@ class Backend:
     hints: dict              # words for failures.classify: bucket, credentials, endpoint
 
 
+def allow_http_of(settings: dict):
+    """``settings["allow_http"]`` as True, False or None (not given): a bool, or a string
+    as obstore's own config takes it ("true"/"false", "1"/"0", any case; "false" was once
+    ``bool("false")``, plain HTTP allowed); ValueError naming the value otherwise."""
+    value = settings.get("allow_http")
+    if value is None or isinstance(value, bool):
+        return value
+    word = str(value).strip().lower()
+    if word not in ("true", "false", "1", "0"):
+        raise ValueError(f"storage_options['allow_http'] {value!r}: expected True or False "
+                         f"(or the strings 'true' / 'false')")
+    return word in ("true", "1")
+
+
 def _client_options(settings: dict, request_timeout: float, connect_timeout: float):
     endpoint = settings.get("endpoint") or ""
-    allow_http = settings.get("allow_http")
+    allow_http = allow_http_of(settings)
     if allow_http is None:
         allow_http = endpoint.startswith("http://")
     client = {"allow_http": bool(allow_http), "timeout": f"{request_timeout}s",
@@ -72,7 +86,7 @@ def check_endpoint(url: str, settings: dict, backend) -> None:
 
     from dlpack_io.reader.remote.failures import StorageError
 
-    endpoint = settings.get("endpoint")
+    endpoint, allow_http = settings.get("endpoint"), allow_http_of(settings)
     if not endpoint:
         return
     try:
@@ -81,7 +95,7 @@ def check_endpoint(url: str, settings: dict, backend) -> None:
             (parts.port is None or parts.port > 0)
     except ValueError:  # a port out of range, brackets that do not close
         valid = False
-    if valid and parts.scheme == "http" and settings.get("allow_http") is False:
+    if valid and parts.scheme == "http" and allow_http is False:
         raise StorageError(f"{url}: endpoint {endpoint!r} is http:// but allow_http is False: "
                            f"use https://, or allow_http=True for a server without TLS")
     if not valid:

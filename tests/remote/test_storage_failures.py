@@ -202,7 +202,11 @@ def test_an_endpoint_that_is_not_a_url_is_named_before_any_request(scheme, env, 
     ({"request_timeout": "inf"}, r"storage_options\['request_timeout'\] 'inf': expected a "),
     ({"connect_timeout": 1e10}, r"storage_options\['connect_timeout'\] 10000000000.0: "),
     ({"endpoint": "http://127.0.0.1:9", "allow_http": False},
-     r"is http:// but allow_http is False: use https://, or allow_http=True")])
+     r"is http:// but allow_http is False: use https://, or allow_http=True"),
+    ({"endpoint": "http://127.0.0.1:9", "allow_http": "false"},  # obstore's string form
+     r"is http:// but allow_http is False: use https://, or allow_http=True"),
+    ({"allow_http": "maybe"}, r"storage_options\['allow_http'\] 'maybe': expected True or "
+                              r"False")])
 def test_patience_and_http_settings_are_checked_before_any_request(options, words, cloud_env):
     """A bare int() error, a 'not ready after -1.0 s', every request timing out at once, or
     'builder error ... the server failed' after six attempts: each is now named at once."""
@@ -210,3 +214,15 @@ def test_patience_and_http_settings_are_checked_before_any_request(options, word
                "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL": "http://127.0.0.1:9"})
     with pytest.raises((ValueError, OSError), match=words):
         Dataset("s3://dlpack-test/some/prefix", storage_options=options)
+
+
+@pytest.mark.parametrize("given, taken", [("false", False), ("FALSE", False), ("0", False),
+                                          ("true", True), ("1", True), (False, False),
+                                          (None, True)])
+def test_allow_http_as_a_string_is_read_as_obstore_reads_it(given, taken):
+    """allow_http='false' (obstore's own config form) was bool('false'): plain HTTP allowed."""
+    from dlpack_io.reader.remote.clouds import _client_options
+
+    settings = {"endpoint": "http://minio:9000"} | ({} if given is None else
+                                                    {"allow_http": given})
+    assert _client_options(settings, 30.0, 10.0)[0]["allow_http"] is taken
