@@ -87,19 +87,14 @@ class ThreadCPU:
         return groups
 
 
-def _proc_cpu(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (all its threads)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _epoch(ds, batch_size: int, server_pid: int, perf=None) -> dict:
     from dlpack_io.reader import Loader, RandomHorizontalFlip, RandomResizedCrop
+    from dlpack_io.reader.batch.stats import proc_cpu
 
     loader = Loader(ds, batch_size=batch_size, num_workers=2, seed=0, drop_last=False,
                     transforms=[RandomResizedCrop(224), RandomHorizontalFlip()])
-    threads, r0, s0 = ThreadCPU(), resource.getrusage(resource.RUSAGE_SELF), _proc_cpu(server_pid)
+    threads, r0 = ThreadCPU(), resource.getrusage(resource.RUSAGE_SELF)
+    s0 = proc_cpu([server_pid])
     threads.start()
     if perf is not None:
         perf.enable(True)
@@ -119,7 +114,7 @@ def _epoch(ds, batch_size: int, server_pid: int, perf=None) -> dict:
             "cpu_ms_per_image": round((user + system) * ms, 3),
             "user_ms": round(user * ms, 3), "sys_ms": round(system * ms, 3),
             "threads_ms": {k: round(v * ms, 3) for k, v in sorted(per_thread.items())},
-            "server_ms": round((_proc_cpu(server_pid) - s0) * ms, 3),
+            "server_ms": round((proc_cpu([server_pid]) - s0) * ms, 3),
             "minflt": r1.ru_minflt - r0.ru_minflt, "wait_s": round(st.wait_s, 3),
             "fetch_wait_s": round(st.fetch_wait_s, 3), "decode_s": round(st.decode_s, 3),
             "loadavg": open("/proc/loadavg").read().split()[0]}
