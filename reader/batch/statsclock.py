@@ -198,12 +198,11 @@ class StatsClock:
         if self.open:
             self._pending(epoch, self._start + epoch.wall_s, consumer_thread)  # under way
         run = LoaderStats(**{k: v for k, v in vars(self.run).items() if k != "run"})
-        if self.open:
+        if self.open:  # the epoch under way joins the run's figures so far
             for name in SUMMED:
                 setattr(run, name, getattr(run, name) + getattr(epoch, name))
             if epoch.images_per_set is not None:
                 run.images_per_set = _add(run.images_per_set, epoch.images_per_set)
-        if self.open:
             _count_epoch(run, epoch.epoch)
         depths = self._run_depths + (self._depths if self.open else 0)
         run.queue_depth = depths / run.batches if run.batches else 0.0

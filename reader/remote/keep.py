@@ -7,10 +7,11 @@ process, and later runs or other ranks and jobs sharing ``cache_dir``, read it f
 
 Which records stay: when the data set fits ``cache_limit`` all of them. When it does not,
 the first ones fetched, up to ``cache_limit`` minus room for the batches in flight
-(``ROOM_BATCHES`` of the largest batch, at most half the limit), and then no others: with a shuffled order every
-record is equally likely to be needed next, so a fixed subset serves the same share of each
-epoch as any eviction policy would, without deleting and fetching again all the time (LRU
-under a random order would churn the whole budget every epoch for the same hit rate).
+(``ROOM_BATCHES`` of the largest batch, at most half the limit), and then no others: with a
+shuffled order every record is equally likely to be needed next, so a fixed subset serves
+the same share of each epoch as any eviction policy would, without deleting and fetching
+again all the time (LRU under a random order would churn the whole budget every epoch for
+the same hit rate).
 
 How many bytes are kept is counted in ``records/.ledger`` (20 digits), updated under an
 exclusive ``flock`` by every process, so ranks and jobs sharing the folder stay within the
