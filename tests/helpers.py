@@ -54,6 +54,25 @@ def pack_jpeg_and_raw(root, count: int, classes: int, seed: int, shard_size: str
     return out
 
 
+def pack_with_one_replaced(root, opts: dict):
+    """12 records packed from ``root/src`` with ``opts``, then one changed input (another
+    image copied over it) appended with ``--replace-changed``: retired [[old, 12]]; returns
+    the data set's path."""
+    import shutil
+
+    from dlpack_io.packer import convert
+    from dlpack_io.tools.synth import make_image_folder
+
+    make_image_folder(root / "src", 12, 2, seed=4, size=(24, 32))
+    convert(root / "src", root / "ds", **opts)
+    name = sorted(os.listdir(root / "src" / "class_01"))[1]
+    make_image_folder(root / "other", 1, 1, seed=9, size=(24, 32))
+    (other,) = os.listdir(root / "other" / "class_00")
+    shutil.copy(root / "other" / "class_00" / other, root / "src" / "class_01" / name)
+    convert(root / "src", root / "ds", append=True, replace_changed=True, **opts)
+    return root / "ds"
+
+
 # A `dlpack convert` that stops itself (SIGSTOP) at a chosen point of its progress, so a
 # test can SIGKILL it exactly there: "startup" (nothing written yet), "record:K:R" (R
 # records added to shard K, not finished), "journal:N" (the N-th shard journaled),

@@ -5,17 +5,16 @@ sample order it gives: dense, every unretired sample at its old index, chains fo
 from __future__ import annotations
 
 import json
-import os
 import shutil
 
 import numpy as np
 import pytest
 
-from dlpack_io.packer import convert
 from dlpack_io.reader import Dataset, Mixture
 from dlpack_io.reader import format as fmt
-from dlpack_io.tools.synth import make_image_folder
 from dlpack_io.tools.verification import verify
+
+from helpers import pack_with_one_replaced
 
 OPTS = dict(shard_size="8KB", workers=1, progress=False, mode="raw", size=8)
 
@@ -25,14 +24,7 @@ def replaced(tmp_path_factory):
     """A data set of 12 records, then an append replacing one changed input (13 records,
     12 samples)."""
     root = tmp_path_factory.mktemp("retired")
-    make_image_folder(root / "src", 12, 2, seed=4, size=(24, 32))
-    convert(root / "src", root / "ds", **OPTS)
-    name = sorted(os.listdir(root / "src" / "class_01"))[1]
-    make_image_folder(root / "other", 1, 1, seed=9, size=(24, 32))
-    (other,) = os.listdir(root / "other" / "class_00")
-    shutil.copy(root / "other" / "class_00" / other, root / "src" / "class_01" / name)
-    convert(root / "src", root / "ds", append=True, replace_changed=True, **OPTS)
-    return root / "ds"
+    return pack_with_one_replaced(root, OPTS)
 
 
 def _write(tmp_path, packed, change) -> str:

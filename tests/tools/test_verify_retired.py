@@ -4,15 +4,14 @@ the changed input again), else the sample would silently show another input's im
 from __future__ import annotations
 
 import json
-import os
 import shutil
 
 import pytest
 
-from dlpack_io.packer import convert
 from dlpack_io.reader import format as fmt
-from dlpack_io.tools.synth import make_image_folder
 from dlpack_io.tools.verification import verify
+
+from helpers import pack_with_one_replaced
 
 OPTS = dict(shard_size="8KB", workers=1, progress=False, mode="raw", size=8)
 
@@ -21,14 +20,7 @@ OPTS = dict(shard_size="8KB", workers=1, progress=False, mode="raw", size=8)
 def replaced(tmp_path_factory):
     """12 records, then an append replacing one changed input: retired [[old, 12]]."""
     root = tmp_path_factory.mktemp("verify_retired")
-    make_image_folder(root / "src", 12, 2, seed=4, size=(24, 32))
-    convert(root / "src", root / "ds", **OPTS)
-    name = sorted(os.listdir(root / "src" / "class_01"))[1]
-    make_image_folder(root / "other", 1, 1, seed=9, size=(24, 32))
-    (other,) = os.listdir(root / "other" / "class_00")
-    shutil.copy(root / "other" / "class_00" / other, root / "src" / "class_01" / name)
-    convert(root / "src", root / "ds", append=True, replace_changed=True, **OPTS)
-    return root / "ds"
+    return pack_with_one_replaced(root, OPTS)
 
 
 def test_the_union_of_a_replacing_append_verifies(replaced):
