@@ -1,39 +1,39 @@
 """``num_workers="auto"`` and ``prefetch="auto"``: the Loader settles its own worker setting.
 
 The Loader delivers its first batches with a few candidate settings taking turns (up to
-ROUNDS short pieces each, at batch boundaries), measures each one as the training loop sees
-it, then keeps the best for the rest of the run and logs what it chose and why (one line;
-also ``loader.stats().tuned``). A candidate's engine (workers and buffers) is started at its
-first turn and parked between its turns (enginepool.py): a turn starts nothing, so it
-measures the setting and not its start-up; from the second round on, the next candidate's
-parked engine is handed the first batch of its turn while the running one builds its last
-(``prime``), so no turn starts with an empty pipeline. Every candidate's piece is the same
-number of batches (equal work), ``cores`` threads go first, and their first piece decides
-which candidates the host makes pointless (trials.skip: fewer threads when the loop waits
-for data, processes when the threads kept every core busy without a GIL-bound
-``sample_transform``). Taking turns means a change in a shared
-machine's load hits every candidate alike, and the median over a candidate's pieces drops a
-piece that met a burst. After each round a candidate more than DROP slower than the best is
-dropped (its turns would only cost), and once two rounds leave the candidates within TIE of
-each other the trials end early; the setting is settled by the end of the first epoch
-(on what was measured), and an epoch too short for one round keeps ``cores`` threads.
+ROUNDS turns each, at batch boundaries), measures each as the training loop sees it, keeps
+the best for the rest of the run and logs what it chose and why (also
+``loader.stats().tuned``). An untimed warm-up turn of ``cores`` threads comes first (the
+epoch's own start); a candidate's engine is started at its first turn, which is not timed
+either, and parked between its turns (enginepool.py), so a timed turn measures the setting,
+not a start-up. Every turn is the same number of batches (trials.equal_turn: a multiple of
+every candidate's worker count) and starts with an empty pipeline. ``cores`` threads go
+first; their first turn decides which candidates the host makes pointless (trials.skip).
+Turns taken in turn mean a change in a shared machine's load hits every candidate alike;
+the median over a candidate's turns drops one that met a burst. After each round a
+candidate more than DROP slower than the best is dropped, and once two rounds leave every
+candidate within TIE of the best or clearly behind it the trials end early; the setting is
+settled by the end of the first epoch, and an epoch too short for the warm-up and one round
+keeps ``cores`` threads.
 
-What a trial measures: the seconds between two deliveries, which is the slower of the
-loader and the training step (the step is in the loop, not in our hands), over batches
-after the trial's first (pipeline fill is not counted), and the CPU seconds per image of
-this process and its worker processes. The best setting is the one with the shortest
-(median) interval; settings within ``TIE`` of it are equal, and among equals the earlier
-candidate wins (the candidates are listed cheapest first: threads before processes, fewer
-before more). A loop that is not data-bound therefore keeps the cheapest setting.
+What a turn measures: its whole time, from the loop asking for its first batch to the loop
+asking for the one after its last, over its batches (the slower of the loader and the
+training step), and the CPU seconds per image of this process and its worker processes
+over the same span. ``w`` workers build a turn's batches ``w`` at a time, so timing only
+the deliveries after a turn's first (round 4) credited 4 threads on 2 cores with the
+batches they finish together with the first, and handing the next candidate its first
+batch early gave unequal head starts (docs/benchmarks.md, "num_workers=auto", rounds 4
+and 5). The best setting has the shortest (median) seconds per batch; settings within
+``TIE`` of it are equal, and among equals the earlier (cheaper: threads before processes,
+fewer before more) wins, so a loop that is not data-bound keeps the cheapest setting.
 
 The candidates: trials.candidates. Once settled, the chosen setting meets the runner-up
-once more, later in the run (confirm.py: equal pieces in turns, the runner-up takes over
-only when clearly faster), so that one unlucky moment of a shared machine does not decide
-the whole run.
+once more, later in the run (confirm.py), so that one unlucky moment of a shared machine
+does not decide the whole run.
 
 ``prefetch="auto"``: ``2 x workers`` batches in flight (one being built and one ready per
 worker), raised up to ``4 x workers`` only when the trial saw an irregularity of
-JITTER_RAISE or more (the slowest window of ``workers`` deliveries over the mean one): a
+JITTER_RAISE or more (the costliest window of ``workers`` batches over the mean one): a
 deeper queue only absorbs jitter, the steady rate is the workers', and a new depth costs an
 engine restart.
 
@@ -51,12 +51,13 @@ from dataclasses import replace
 
 from dlpack_io.reader.batch import stagetimes
 from dlpack_io.reader.batch.confirm import Check, runner_up
-from dlpack_io.reader.batch.engine import Run, Shifted, deliver, prime
+from dlpack_io.reader.batch.engine import Run, Shifted, deliver
 from dlpack_io.reader.batch.enginepool import EnginePool, engine_key
 from dlpack_io.reader.batch.errors import LoaderError
 from dlpack_io.reader.batch.stats import tree_cpu
 from dlpack_io.reader.batch.trials import (ROUNDS, Trial, candidates, choose, converged,
-                                           describe, drop_losers, name, skip, usable_cores)
+                                           describe, drop_losers, equal_turn, name, skip,
+                                           usable_cores)
 
 __all__ = ["AUTO", "Shifted", "Trial", "Tuner", "candidates", "choose", "converged",
            "drop_losers", "usable_cores"]
@@ -88,7 +89,7 @@ class Tuner:
         # too short an epoch to measure: cores threads (every heavy step releases the GIL)
         self.fallback = next((t for t in self.trials if t.kind == "thread" and auto_workers
                               and t.workers == min(self.cores, MAX_WORKERS)), self.trials[0])
-        span = self.fallback.piece()  # equal work: every candidate's piece as long
+        span = equal_turn([t.workers for t in self.trials])  # equal work, whole turns
         for t in self.trials if auto_workers else ():
             t.span = span
         self.settled = not (auto_workers or self.auto_prefetch) or not self.trials[0].workers
@@ -96,14 +97,15 @@ class Tuner:
             name(t) for t in self.trials)
         self.engines = EnginePool()  # the candidates' engines, parked between their turns
         self.engines.parking = not self.settled
-        self._primed = None  # (engine, first batch, count): the next turn's batches submitted
         self.check, self._newest = None, 0  # confirm.Check; deliveries started measuring
         self._why = ""       # what the choice rests on, in words (the log line's parentheses)
         self._use(self._concrete(self.fallback, None))
 
     def one_round(self) -> int:
-        """Batches that one round of the trials delivers (each candidate's piece + fill)."""
-        return sum(t.piece() + 1 for t in self.trials)
+        """Batches that the first round of the trials delivers: each candidate's turn, and
+        before it an untimed one for every candidate but ``cores`` threads (_turn: its
+        engine starts then)."""
+        return sum(t.piece() * (1 + (t is not self.fallback)) for t in self.trials)
 
     def _concrete(self, trial: Trial, prefetch) -> object:
         asked = self.asked
@@ -113,15 +115,15 @@ class Tuner:
                        prefetch=prefetch)
 
     def next_turn(self, extra: Trial | None = None) -> Trial | None:
-        """The next turn: the candidate with the fewest pieces, ``cores`` threads first,
-        then in order (``extra``: counted as if it had measured one more piece)."""
+        """The next turn: the candidate with the fewest turns, ``cores`` threads first,
+        then in order (``extra``: counted as if it had measured one more turn)."""
         def pieces(t):
             return len(t.pieces) + (t is extra)
         left = [t for t in self.trials if not t.dropped and pieces(t) < ROUNDS]
         return min(left, key=lambda t: (pieces(t), self._rank(t))) if left else None
 
     def _rank(self, trial: Trial) -> tuple:
-        """Turn order within a round: ``cores`` threads (its first piece decides what to
+        """Turn order within a round: ``cores`` threads (its first turn decides what to
         skip: trials.skip), then more threads, then those skip may rule out."""
         first = self.fallback
         maybe = trial.kind == "process" or trial.workers < first.workers
@@ -145,15 +147,27 @@ class Tuner:
 
     def _batches(self, engine, swap, run):
         batches, k, trials_now = run.batches, run.start, not self.settled
-        if not self.settled and len(batches) - k < self.one_round():
+        warm = self.trials[0].piece()  # a turn's length, delivered before anything is timed
+        if not self.settled and len(batches) - k < warm + self.one_round():
             engine = self.settle(engine, swap, short=len(batches) - k)
         if not self.settled:
+            k = yield from self._plain(engine, run, k, k + warm)
             engine, k = yield from self._trials(engine, swap, run, k)
         if self.check is not None and k < len(batches):
             engine, k = yield from self._confirm(engine, swap, run, k, trials_now)
-        if k < len(batches):
-            yield from deliver(engine, batches, k, run.ticket0, run.shifted(k), run.epoch,
-                               self.options.in_flight, run.on_batch, self._take(engine, k))
+        yield from self._plain(engine, run, k, len(batches))
+
+    def _plain(self, engine, run, k: int, end: int):
+        """Deliver batches ``k`` to ``end`` (at most the epoch's) with ``engine``, timing
+        nothing; returns the next batch. Before the trials (and a check at an epoch's
+        start), one turn's worth warms up what every setting would pay once in a fresh
+        epoch (the first reads, the first buffers, the pipeline's fill) so that no
+        candidate's first turn is charged for it."""
+        end = min(end, len(run.batches))
+        if k < end:
+            yield from deliver(engine, run.batches[:end], k, run.ticket0, run.shifted(k),
+                               run.epoch, self.options.in_flight, run.on_batch)
+        return max(k, end)
 
     def _trials(self, engine, swap, run, k: int):
         """The candidates' turns from batch ``k`` until settled (at the latest when the
@@ -173,20 +187,23 @@ class Tuner:
 
     def _confirm(self, engine, swap, run, k: int, trials_now: bool):
         """The check of the choice against the runner-up (confirm.py), once: ``gap``
-        batches after trials of this epoch, or from ``k`` in a later epoch, when the epoch
-        still holds the whole check; returns (engine, next batch)."""
-        begin = min(len(run.batches), k + self.check.gap) if trials_now else k
+        batches after trials of this epoch, or one turn's worth (a warm-up: _plain) into a
+        later epoch, when the epoch still holds the whole check; returns (engine, next
+        batch)."""
+        kept = self.check.options(self.check.kept)
+        if not trials_now and engine_key(kept) != engine_key(self.options):
+            self._use(kept)  # a check cut short left the runner-up's workers running
+            engine = swap(kept)
+        begin = min(len(run.batches), k + (self.check.gap if trials_now else
+                                           self.check.kept.piece()))
         if len(run.batches) - begin < self.check.length():
             return engine, k  # the next epoch's start
-        if begin > k:
-            yield from deliver(engine, run.batches[:begin], k, run.ticket0, run.shifted(k),
-                               run.epoch, self.options.in_flight, run.on_batch,
-                               self._take(engine, k))
+        yield from self._plain(engine, run, k, begin)
         check, k = self.check.fresh(), begin
         self.check, self.engines.parking = check, True
         while (trial := check.next_turn()) is not None:
             engine, k = yield from self._turn(trial, check.options(trial), engine, swap, run, k)
-        won, self.check = check.winner(), None
+        won, self.check, self.engines.spare = check.winner(), None, None
         self._why = f"{self._why[:-1]}; checked later: {check.describe()})"
         engine = self._keep(check.options(won), engine, swap)
         log.info("Loader auto setting, checked later: %s", self.reason)
@@ -194,64 +211,47 @@ class Tuner:
 
     def _turn(self, trial: Trial, options, engine, swap, run, k: int):
         """One turn of ``trial`` (run with concrete ``options``) from batch ``k``: its
-        piece of intervals, plus the first delivery (fill); returns (engine, next batch)."""
+        ``piece()`` batches, timed whole; returns (engine, next batch). The first turn of
+        an engine just started is not timed: its threads' or processes' first batches
+        (first buffers, first use of each worker) are a start-up that a fixed setting pays
+        once too, not its rate (a 4-thread engine's first turn measured 6x its steady
+        seconds per batch); the candidate then takes its timed turn."""
+        fresh = False
         if engine_key(options) != engine_key(self.options):
             self._use(options)
-            engine = swap(options)
-        end = min(len(run.batches), k + trial.piece() + 1)
+            engine, fresh = swap(options), self.engines.fresh
+        end = min(len(run.batches), k + trial.piece())
+        if fresh:
+            k = yield from self._plain(engine, run, k, end)
+            end = min(len(run.batches), k + trial.piece())
         yield from self._measured(trial, engine, run, k, end)
         return engine, end
 
-    def _take(self, engine, k: int) -> int:
-        """Batches from ``k`` already submitted to ``engine`` by a priming (0: none)."""
-        primed, self._primed = self._primed, None
-        return primed[2] if primed and primed[0] is engine and primed[1] == k else 0
-
-    def _after(self, trial: Trial):
-        """(the turn after ``trial``'s, its concrete options), or None: the check's turns
-        while it runs, else the trials'."""
-        if self.check is not None and self.settled:
-            after = self.check.next_turn(extra=trial)
-            return None if after is None else (after, self.check.options(after))
-        after = self.next_turn(extra=trial)
-        return None if after is None else (after, self._concrete(after, None))
-
-    def _prime(self, trial: Trial, run, end: int) -> None:
-        """Overlap the turns: the next candidate's parked engine takes the first batch of
-        its turn while ``trial`` builds its last, so no turn after the first round starts
-        empty. Local data only (a remote batch waits on the prefetcher, in deliver's order).
-        Primed before the turn's figures are in: a candidate dropped (or not chosen) right
-        after keeps that one batch unread until its engine is closed at settle."""
-        after = self._after(trial)
-        engine = None if after is None or after[0] is trial or end >= len(run.batches) else \
-            self.engines.parked(after[1])
-        if engine is not None:
-            self._primed = (engine, end, prime(engine, run.batches, end, run.ticket0,
-                                               run.epoch, 1))
-
     def _measured(self, trial, engine, run, k, end):
-        last = cpu0 = None
-        piece, step = [], 0.0
+        """Deliver batches ``k`` to ``end`` from ``engine`` (an empty pipeline: every turn
+        starts as every other does) and add the turn to ``trial``: its seconds per batch
+        from the loop asking for the first to the loop asking for the one after the last,
+        steps included, and the CPU, images and stage seconds over the same span. A turn
+        the epoch cut short is not a piece (its length would not be the others')."""
+        start, cpu0 = time.perf_counter(), tree_cpu(engine.runner.pids)
+        builds, step, images, user = [], 0.0, 0, 0.0
         for item in deliver(engine, run.batches[:end], k, run.ticket0, run.shifted(k),
-                            run.epoch, self.options.in_flight, run.on_batch,
-                            self._take(engine, k)):
-            now, cpu = time.perf_counter(), tree_cpu(engine.runner.pids)
-            if last is not None:  # the first delivery of a piece pays start-up and fill
-                piece.append(now - last)
-                trial.cpu_s, trial.images = trial.cpu_s + cpu - cpu0, trial.images + len(item[2])
-                stages = stagetimes.totals(item[1].stages)
-                if stages is not None:
-                    trial.user_s += float(stages[stagetimes.USER])
-                    trial.stage_s += float(stages.sum())
-            if item[0] == end - 2 and run.prefetch is None:
-                self._prime(trial, run, end)
-            last, cpu0, handed = now, cpu, time.perf_counter()
-            yield item  # the step runs here: the next interval spans it, as the loop sees it
-            step += time.perf_counter() - handed if len(piece) < trial.piece() else 0.0
-        if piece:
-            trial.intervals += piece
-            trial.pieces.append(sum(piece) / len(piece))
-            trial.wall_s, trial.step_s = trial.wall_s + sum(piece), trial.step_s + step
+                            run.epoch, self.options.in_flight, run.on_batch):
+            images += len(item[2])
+            stages = stagetimes.totals(item[1].stages)
+            if stages is not None:  # prefetch="auto"'s jitter: the batch's build seconds
+                user, builds = user + float(stages[stagetimes.USER]), builds + [stages.sum()]
+            handed = time.perf_counter()
+            yield item  # the step runs here: the turn's time spans it, as the loop sees it
+            step += time.perf_counter() - handed
+        wall, cpu = time.perf_counter() - start, tree_cpu(engine.runner.pids) - cpu0
+        trial.builds += [float(b) for b in builds]
+        stage = float(sum(builds))
+        if end - k == trial.piece() and wall > 0:
+            trial.pieces.append(wall / (end - k))
+            trial.wall_s, trial.step_s = trial.wall_s + wall, trial.step_s + step
+            trial.cpu_s, trial.images = trial.cpu_s + cpu, trial.images + images
+            trial.user_s, trial.stage_s = trial.user_s + user, trial.stage_s + stage
 
     def _depth(self, trial: Trial):
         """``prefetch="auto"``'s depth for ``trial``'s setting (None: the one asked for):
@@ -265,16 +265,16 @@ class Tuner:
     def settle(self, engine, swap, short: int = 0):
         """Keep the best trial's setting (``prefetch="auto"``: its depth too), log why;
         returns the engine to go on with (``swap``'s when the setting changes; the parked
-        candidates' engines are closed). ``short``: the epoch has only this many batches,
-        too few for one round of trials: the fallback setting, unmeasured. The runner-up,
-        if any, is checked against it later (confirm.py)."""
+        engines are closed but the runner-up's, if any, checked against it later:
+        confirm.py). ``short``: the epoch has only this many batches, too few for one round
+        of trials: the fallback setting, unmeasured."""
         best = self.fallback if short else choose(self.trials)
         chosen = self._concrete(best, self._depth(best))
         second = None if short or len(self.trials) < 2 else runner_up(self.trials, best)
         if second is not None:
-            self.check = Check.of(best, second, chosen, self._concrete(second,
-                                                                       self._depth(second)),
-                                  gap=self.one_round())
+            other = self._concrete(second, self._depth(second))
+            self.check = Check.of(best, second, chosen, other, gap=self.one_round())
+            self.engines.spare = engine_key(other)  # its parked workers wait for the check
         self.settled = True
         why = f"not measured: an epoch of {short} batches is too short for the trials" \
             if short else "measured: " + "; ".join(describe(t) for t in self.trials)
@@ -292,7 +292,7 @@ class Tuner:
                        f"prefetch={chosen.in_flight} {self._why}")
         self._use(chosen)
         if same:
-            self.engines.close()
+            self.engines.close(self.engines.spare)
         return engine if same else swap(chosen)
 
     def _use(self, options) -> None:

@@ -4,7 +4,8 @@ The trials (trials.py) settle on a few short pieces taken at one moment; on a sh
 machine whose capacity swings (docs/benchmarks.md, "num_workers=auto", round 3) that moment
 can favour a setting the rest of the run does not. So, once settled, the Tuner (autotune.py)
 gives the chosen setting and the runner-up (the fastest other candidate the trials kept)
-equal pieces again, in turns, later in the run: ``gap`` batches after the trials, or at the
+equal turns again (whole turns of the trials' length, timed as the trials time them), later
+in the run: ``gap`` batches after the trials, or at the
 start of the next epoch. Both run as they would be settled (worker kind, count and batches
 in flight). The runner-up takes over only when the median of its pieces is more than
 MARGIN faster than the chosen one's (a margin against flapping between equals); the check
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 
 from dlpack_io.reader.batch.trials import ROUNDS, Trial, name
 
-MARGIN = 0.05   # the runner-up must be this much faster (median interval) to take over
+MARGIN = 0.03   # the runner-up must be this much faster (median interval) to take over
 
 
 def runner_up(trials: list[Trial], best: Trial) -> Trial | None:
@@ -41,7 +42,7 @@ def certain(kept: list[float], other: list[float]) -> bool:
 @dataclass
 class Check:
     """The later check: ``kept`` (the chosen setting) and ``other`` (the runner-up), fresh
-    trials of ``span`` intervals per piece, with the concrete LoaderOptions of each."""
+    trials of ``span`` batches per turn, with the concrete LoaderOptions of each."""
 
     kept: Trial
     other: Trial
@@ -65,8 +66,9 @@ class Check:
         return self.settings[id(trial)]
 
     def length(self) -> int:
-        """Batches the whole check may deliver: ROUNDS turns each of ``span`` + 1 (fill)."""
-        return 2 * ROUNDS * (self.kept.piece() + 1)
+        """Batches the whole check may deliver: ROUNDS turns each of ``span`` batches, and
+        an untimed turn of the runner-up, whose engine starts at the check."""
+        return (2 * ROUNDS + 1) * self.kept.piece()
 
     def next_turn(self, extra: Trial | None = None) -> Trial | None:
         """The kept setting, then the runner-up, in turns; None once the verdict is certain
@@ -91,5 +93,5 @@ class Check:
         figures = ", ".join(f"{name(t)} {t.interval * 1000:.1f} ms/batch"
                             for t in (self.kept, self.other))
         return (f"{verb} {name(won)}: {figures} (medians of {len(self.kept.pieces)} and "
-                f"{len(self.other.pieces)} pieces of {self.kept.piece()} intervals, taken "
+                f"{len(self.other.pieces)} turns of {self.kept.piece()} batches, taken "
                 f"in turns; the runner-up takes over when {MARGIN:.0%} faster)")

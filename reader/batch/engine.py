@@ -94,33 +94,21 @@ def timed_wait(prefetch, k: int) -> float:
     return time.perf_counter() - t0
 
 
-def prime(engine: Engine, batches, start: int, ticket0: int, epoch: int, count: int) -> int:
-    """Submit up to ``count`` of ``batches[start:]`` to an idle ``engine`` ahead of its
-    ``deliver`` (pass it the number returned, as ``primed``): its workers start before
-    their turn. Local data only (deliver gates remote batches on their prefetch)."""
-    runner, n = engine.runner, 0
-    while n < min(count, len(batches) - start) and runner.can_submit():
-        runner.submit(ticket0 + start + n, batches[start + n], epoch)
-        n += 1
-    return n
-
-
 def deliver(engine: Engine, batches, start: int, ticket0: int, prefetch, epoch: int,
-            in_flight: int, on_batch=None, primed: int = 0):
+            in_flight: int, on_batch=None):
     """Run ``batches[start:]`` (runner tickets from ``ticket0 + start``) and yield
     ``(k, built batch, images, labels)`` in order; ``prefetch`` (or None) is the remote
     data set's prefetch of ``batches[start:]``. ``on_batch(images, finish_s, depth, stages,
     fetch_wait_s)`` hears of each batch: its size, the seconds its finish took, the built
     batches behind it, its workers' seconds per stage (stagetimes.py) and the seconds this
-    loop waited for its records to arrive from object storage. ``primed``: the first
-    batches already submitted by ``prime``."""
+    loop waited for its records to arrive from object storage."""
     runner, finisher, total = engine.runner, engine.finisher, len(batches)
     # Remote data: thread workers read records as the prefetcher lands them (they wait
     # per record in this process); worker processes only read the local cache, so a
     # batch goes to them once its records are all there (the next one due: waited for;
     # later ones: only when already complete, so the first batch is not held up).
     gated = prefetch is not None and isinstance(runner, ProcessRunner)
-    submitted, staged = start + primed, None
+    submitted, staged = start, None
     for k in range(start, total):
         finisher.reclaim()
         fetch_wait = 0.0  # seconds this batch waited for records from object storage

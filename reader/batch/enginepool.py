@@ -26,34 +26,35 @@ class EnginePool:
         self.make = make      # options -> a new engine (the Loader's)
         self.stop = None      # engine -> None: closes it (None: engine.close())
         self._running = None  # the key of the engine swap() last handed out
-
-    def parked(self, options):
-        """The parked engine for ``options``, or None: the next turn's engine, primed before
-        its turn (autotune.py). None is never started here: a start inside the running
-        turn would be measured as that turn's cost."""
-        return self.idle.get(engine_key(options))
+        self.fresh = False    # whether swap() last handed out a new engine (not a parked one)
+        self.spare = None     # the key of a parked engine kept past the trials (the runner-up's,
+        #                       until the later check: confirm.py), or None
 
     def swap(self, engine, options):
         """The engine for concrete LoaderOptions ``options``: a parked one of the same key,
         or ``self.make(options)``. ``engine`` (the running one, or None) is parked while
-        ``parking``, closed otherwise (and then every parked engine is closed too)."""
+        ``parking`` or when it is the ``spare``, closed otherwise (and then every parked
+        engine but the spare is closed too)."""
         if engine is not None:
-            if self.parking and self._running not in self.idle:
+            if (self.parking or self._running == self.spare) and self._running not in self.idle:
                 self.idle[self._running] = engine
             else:
                 self._stop(engine)
         key = engine_key(options)
         found = self.idle.pop(key, None)
         if not self.parking:
-            self.close()
-        self._running = key
+            self.close(self.spare)
+        self._running, self.fresh = key, found is None
         return found if found is not None else self.make(options)
 
-    def close(self) -> None:
-        """Close every parked engine (the running one belongs to the Loader)."""
-        idle, self.idle = self.idle, {}
-        for engine in idle.values():
-            self._stop(engine)
+    def close(self, spare=None) -> None:
+        """Close every parked engine (the running one belongs to the Loader) but the one of
+        key ``spare``."""
+        idle = self.idle
+        self.idle = {key: engine for key, engine in idle.items() if key == spare}
+        for key, engine in idle.items():
+            if key != spare:
+                self._stop(engine)
 
     def pids(self) -> list[int]:
         """Process ids of the parked engines' worker processes (none for threads)."""

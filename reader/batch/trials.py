@@ -1,11 +1,13 @@
-"""What ``num_workers="auto"`` measures and how it judges: a candidate's trial (pieces of
-consecutive deliveries), the choice, the drop and tie rules, and which candidates a first
-look at the host makes pointless (pure functions; the Tuner in autotune.py drives them).
+"""What ``num_workers="auto"`` measures and how it judges: a candidate's trial (its turns,
+each a piece of consecutive batches timed whole), the choice, the drop and tie rules, and
+which candidates a first look at the host makes pointless (pure functions; the Tuner in
+autotune.py drives them).
 
-Equal work: every candidate's piece is the same number of batches (``span``), so the
-candidates are judged on the throughput of equal work, not on more batches for more
-workers. The first piece is ``cores`` threads' (today's default); from it, ``skip`` reads
-two facts of the host before the other candidates pay a turn:
+Equal work: every candidate's turn is the same number of batches (``span``, equal_turn), a
+multiple of every candidate's worker count, so the candidates are judged on the throughput
+of equal work, and no turn ends with some workers idle while others finish. The first turn
+is ``cores`` threads' (today's default); from it, ``skip`` reads two facts of the host
+before the other candidates pay a turn:
 
 * the **step share**: the part of each interval the training loop spent outside
   ``next()``. Under STEP_SHARE the loop waits for data, so fewer threads than ``cores``
@@ -23,12 +25,14 @@ import os
 import statistics
 from dataclasses import dataclass, field
 
-TIE = 0.05            # intervals within 5% of the best are equal: the cheaper one wins
+TIE = 0.02            # within 2% of the best is equal: the cheaper one wins (a wider tie
+#                       kept 2 threads where 2 processes ran 6% faster: docs/benchmarks.md)
 ROUNDS = 3            # each candidate is measured in this many pieces, taken in turns
 DROP = 0.5            # after a round, a candidate this much slower than the best is dropped
 #                       (one short piece is noisy: at 0.25 a lucky piece dropped the rest)
 STEP_SHARE = 0.25     # a loop outside next() for less of an interval waits for data
-GIL_SHARE = 0.10      # a sample_transform share of the stage seconds that asks for processes
+GIL_SHARE = 0.02      # a sample_transform share of the stage seconds that asks for processes
+#                       (4-5% was enough for 2 processes to run 2-6% faster than threads)
 CPU_FULL = 0.85       # threads that kept this share of every core busy left none idle
 
 
@@ -38,26 +42,23 @@ class Trial:
 
     kind: str
     workers: int
-    intervals: list = field(default_factory=list)   # seconds between deliveries
-    pieces: list = field(default_factory=list)      # mean interval of each measured piece
+    builds: list = field(default_factory=list)      # workers' seconds per batch (jitter)
+    pieces: list = field(default_factory=list)      # seconds per batch of each whole turn
     cpu_s: float = 0.0
     images: int = 0
     dropped: bool = False
-    span: int = 0          # intervals per piece, the same for every candidate (0: own rule)
+    span: int = 0          # batches per turn, the same for every candidate (0: own rule)
     skipped: str = ""      # why a first look made this candidate pointless
-    wall_s: float = 0.0    # seconds of the measured intervals
+    wall_s: float = 0.0    # seconds of the measured turns
     step_s: float = 0.0    # of which the loop spent outside next()
     user_s: float = 0.0    # workers' seconds in the sample_transform (stagetimes USER)
     stage_s: float = 0.0   # workers' seconds in every stage
 
-    def needed(self) -> int:
-        """Intervals that make a trial: three rounds of the workers' batches (at least six:
-        one interval is one noisy sample of a shared machine)."""
-        return max(6, 3 * self.workers)
-
     def piece(self) -> int:
-        """Intervals measured per turn (the trial is ROUNDS turns): ``span`` when set."""
-        return self.span or math.ceil(self.needed() / ROUNDS)
+        """Batches per turn (the trial is ROUNDS turns): ``span`` when set, else (a trial
+        on its own: prefetch="auto" with a fixed count) twice the workers' batches, at
+        least 4."""
+        return self.span or max(4, 2 * self.workers)
 
     def done(self) -> bool:
         """Measured in every round, or dropped as clearly slower than another candidate."""
@@ -65,20 +66,24 @@ class Trial:
 
     @property
     def interval(self) -> float:
-        """Median over the pieces of their mean seconds between deliveries (the pieces are
-        taken in turns with the other candidates, so a change in the machine's load hits
-        them all; the median drops a piece that met a burst); inf when nothing measured."""
+        """Median over the turns of their seconds per batch (the turns are taken in turn
+        with the other candidates, so a change in the machine's load hits them all; the
+        median drops a turn that met a burst); inf when nothing measured."""
         return statistics.median(self.pieces) if self.pieces else math.inf
 
     @property
     def cpu_ms(self) -> float:
-        """CPU milliseconds per image over the measured intervals."""
+        """CPU milliseconds per image over the measured turns."""
         return 1000 * self.cpu_s / self.images if self.images else 0.0
 
     def jitter(self) -> float:
-        """The slowest window of ``workers`` deliveries over the mean window (>= 1)."""
+        """The costliest window of ``workers`` consecutive batches (workers' seconds to
+        build them) over the mean window (>= 1): how irregular the batches are, which a
+        deeper queue absorbs. Build seconds, not the seconds between deliveries: those
+        come in clumps of ``workers`` at every turn's start (its batches built side by
+        side), a pattern of the turns and not of the data."""
         w = max(1, self.workers)
-        windows = [sum(self.intervals[i:i + w]) for i in range(0, len(self.intervals) - w + 1, w)]
+        windows = [sum(self.builds[i:i + w]) for i in range(0, len(self.builds) - w + 1, w)]
         mean = sum(windows) / len(windows) if windows else 0.0
         return max(windows) / mean if mean > 0 else 1.0
 
@@ -115,13 +120,15 @@ def drop_losers(trials: list[Trial]) -> None:
 
 
 def converged(trials: list[Trial]) -> bool:
-    """Two rounds or more are over and every candidate still on trial is within TIE of the
-    best: the cheapest of equals wins, so another round would buy little for its turns."""
+    """Two rounds or more are over and another would buy little for its turns: every
+    candidate still on trial is either within TIE of the best (the cheapest of equals wins)
+    or clearly behind it (its fastest turn more than TIE slower than the best's slowest)."""
     live = [t for t in trials if not t.dropped]
     if len({len(t.pieces) for t in live}) != 1 or len(live[0].pieces) < 2:
         return False
-    best = min(t.interval for t in live)
-    return all(t.interval <= best * (1 + TIE) for t in live)
+    lead = min(live, key=lambda t: t.interval)
+    return all(t.interval <= lead.interval * (1 + TIE)
+               or min(t.pieces) > max(lead.pieces) * (1 + TIE) for t in live)
 
 
 def skip(trials: list[Trial], first: Trial, cores: int) -> None:
@@ -142,6 +149,17 @@ def skip(trials: list[Trial], first: Trial, cores: int) -> None:
             t.skipped = (f"{name(first)} kept {cpu:.0%} of {cores} cores busy, "
                          f"sample_transform {gil:.0%} of the stage time")
         t.dropped = t.dropped or bool(t.skipped)
+
+
+def equal_turn(workers: list[int]) -> int:
+    """Batches per turn for candidates of these worker counts: the least common multiple
+    (``w`` workers build a turn's batches ``w`` at a time, so a turn that is a multiple of
+    every count ends with no worker idle while others finish), at least 4; where that
+    multiple exceeds twice the largest count, twice the largest count (the counts that do
+    not divide it -- ``cores / 2`` threads on an odd core count -- keep a small edge)."""
+    counts = [max(1, w) for w in workers] or [1]
+    top, multiple = max(counts), math.lcm(*counts)
+    return max(4, multiple if multiple <= 2 * top else 2 * top)
 
 
 def usable_cores() -> int:

@@ -15,7 +15,7 @@ from helpers import pack_jpeg_and_raw
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
-    return pack_jpeg_and_raw(tmp_path_factory.mktemp("autoiters"), 48, 3, seed=5,
+    return pack_jpeg_and_raw(tmp_path_factory.mktemp("autoiters"), 72, 3, seed=5,
                              shard_size="60KB")
 
 
@@ -43,7 +43,7 @@ def test_zip_of_two_iterators_while_auto_measures_names_the_limitation(packed):
     stats = loader.stats()
     loader.close()
     assert got == _fixed(packed, 0)  # the newer iterator: every batch of its epoch
-    assert (stats.epoch, stats.batches, stats.run.epochs, stats.run.batches) == (0, 24, 2, 25)
+    assert (stats.epoch, stats.batches, stats.run.epochs, stats.run.batches) == (0, 36, 2, 37)
     assert "measured" in stats.tuned
 
 

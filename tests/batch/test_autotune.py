@@ -15,7 +15,6 @@ from dlpack_io.reader.batch import autotune
 from dlpack_io.reader.batch import loader as loader_mod
 from dlpack_io.reader.batch.autotune import (Shifted, Trial, Tuner, candidates, choose,
                                              converged, drop_losers)
-from dlpack_io.reader.batch.engine import prime
 from dlpack_io.reader.batch.enginepool import EnginePool
 from dlpack_io.reader.batch.processes import ProcessRunner
 from dlpack_io.reader.batch.runners import ThreadRunner
@@ -35,9 +34,9 @@ def darken(image):
     return image // 2
 
 
-def _epochs(path, epochs: int, **options):
+def _epochs(path, epochs: int, batch_size: int = 4, **options):
     """[(indices, images, labels)] of ``epochs`` epochs, and the Loader's last stats."""
-    loader = Loader(Dataset(path), batch_size=4, seed=5, transforms=list(RECIPE),
+    loader = Loader(Dataset(path), batch_size=batch_size, seed=5, transforms=list(RECIPE),
                     return_index=True, **options)
     out = [(np.array(i), x.numpy().copy(), y.numpy().copy())
            for _ in range(epochs) for x, y, i in loader]
@@ -61,18 +60,18 @@ def test_auto_yields_the_batches_of_every_fixed_setting(packed, fmt, persistent,
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})  # CI's 2 cores
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     with caplog.at_level(logging.INFO, logger=autotune.__name__):
-        auto, stats = _epochs(packed[fmt], 3, num_workers="auto", prefetch="auto",
+        auto, stats = _epochs(packed[fmt], 3, 2, num_workers="auto", prefetch="auto",
                               sample_transform=darken, persistent_workers=persistent)
-    threads, _ = _epochs(packed[fmt], 3, num_workers=2, sample_transform=darken)
-    processes, _ = _epochs(packed[fmt], 3, num_workers=2, worker_kind="process",
+    threads, _ = _epochs(packed[fmt], 3, 2, num_workers=2, sample_transform=darken)
+    processes, _ = _epochs(packed[fmt], 3, 2, num_workers=2, worker_kind="process",
                            sample_transform=darken)
     _same(auto, threads)
     _same(auto, processes)
-    assert len(auto) == 3 * 18  # 72 images, batches of 4, three epochs
-    # the trials (on 2 cores 2, 4 threads, then 1 thread and 2 processes unless skipped,
-    # in turns of 3 batches) run in the first epoch of 18 batches, which settles the
-    # setting: logged once, and visible in the stats (a skipped candidate with its reason);
-    # the check against the runner-up (epoch 1: its 18 batches hold it) logs once more
+    assert len(auto) == 3 * 36  # 72 images, batches of 2, three epochs
+    # the trials (on 2 cores a warm-up turn, then 2, 4 threads, 1 thread and 2 processes
+    # unless skipped, in turns of 4 batches) run in the first epoch of 36 batches, which
+    # settles the setting: logged once, and visible in the stats (a skipped candidate with
+    # its reason); the check against the runner-up (epoch 1 holds it) logs once more
     chosen = [r.getMessage() for r in caplog.records if "auto setting" in r.getMessage()]
     assert chosen[0].startswith("Loader auto setting: num_workers=")
     assert len(chosen) == 1 + ("checked later" in stats.tuned)
@@ -82,7 +81,7 @@ def test_auto_yields_the_batches_of_every_fixed_setting(packed, fmt, persistent,
         assert setting in stats.tuned
 
 
-@pytest.mark.parametrize("stop", [11, 17], ids=["in-round-one", "in-round-two"])
+@pytest.mark.parametrize("stop", [11, 34], ids=["in-round-one", "in-round-two"])
 def test_a_resume_in_the_middle_of_the_trials_reads_the_same_batches(packed, monkeypatch,
                                                                      stop):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
@@ -95,7 +94,8 @@ def test_a_resume_in_the_middle_of_the_trials_reads_the_same_batches(packed, mon
                          **options))
     made.clear()
     loader = Loader(Dataset(packed["jpeg"]), num_workers="auto", **options)
-    it = iter(loader)  # turns of 3 batches: 2 threads, 4, then 1 and 2 processes unless skipped
+    it = iter(loader)  # a warm-up of 4 batches, then turns of 4: 2 threads, 4, then 1 and
+    # 2 processes unless skipped (an untimed turn first for each); round two from 32
     head = [(np.array(i), x.numpy().copy(), y.numpy().copy())
             for x, y, i in (next(it) for _ in range(stop))]
     state = loader.state_dict()
@@ -133,7 +133,7 @@ def test_an_epoch_too_short_for_the_trials_keeps_cores_threads_unmeasured(packed
     with caplog.at_level(logging.INFO, logger=autotune.__name__):
         loader = Loader(Dataset(packed["raw"]), batch_size=8, seed=5, num_workers="auto",
                         prefetch="auto", transforms=list(RECIPE), return_index=True)
-        got = _read(loader)  # 9 batches: one round of trials is 4 turns of 3 batches
+        got = _read(loader)  # 9 batches: a warm-up turn and one round of 4 turns of 4
     assert len(got) == 9
     assert loader.stats().tuned == ("num_workers=2 worker_kind='thread' prefetch=4 (not "
                                     "measured: an epoch of 9 batches is too short for the "
@@ -148,22 +148,27 @@ def test_the_shortest_interval_wins_and_the_cheaper_setting_wins_a_tie():
     c = Trial("process", 2, pieces=[0.05, 0.50, 0.06])  # one piece met a burst: the median
     assert (a.interval, c.interval) == (0.10, 0.06)
     assert choose([a, b, c]) is c
-    c.pieces = [0.079] * 3  # within 5% of b's 0.08: b is listed first, so b wins
+    c.pieces = [0.079] * 3  # b's 0.08 within 2% of it: b is listed first, so b wins
+    assert choose([a, b, c]) is b
+    c.pieces = [0.078] * 3  # b 2.6% slower: no longer equal
+    assert choose([a, b, c]) is c
+    c.pieces = [0.079] * 3
     assert choose([a, b, c]) is b
     assert choose([Trial("thread", 2), Trial("process", 2)]).kind == "thread"  # nothing measured
 
 
-def test_the_jitter_measures_windows_of_the_workers_deliveries():
-    steady = Trial("process", 2, [0.0, 0.2] * 4)  # two workers finishing together: steady
+def test_the_jitter_measures_windows_of_the_workers_batches():
+    steady = Trial("process", 2, builds=[0.1, 0.3] * 4)  # every pair of batches costs 0.4
     assert steady.jitter() == pytest.approx(1.0)
-    spike = Trial("thread", 2, [0.1, 0.1, 0.1, 0.1, 0.4, 0.4])
+    spike = Trial("thread", 2, builds=[0.1, 0.1, 0.1, 0.1, 0.4, 0.4])
     assert spike.jitter() == pytest.approx(0.8 / (1.2 / 3))
+    assert Trial("thread", 2).jitter() == 1.0  # nothing measured: no raise
 
 
 def test_prefetch_auto_settles_on_twice_the_workers_scaled_by_a_large_jitter(packed):
     tuner = Tuner(LoaderOptions(num_workers=3, prefetch="auto"))
     assert [(t.kind, t.workers) for t in tuner.trials] == [("thread", 3)]
-    tuner.trials[0].intervals = [0.1, 0.1, 0.1, 0.1, 0.1, 1.0]  # windows 0.3 and 1.2
+    tuner.trials[0].builds = [0.1, 0.1, 0.1, 0.1, 0.1, 1.0]  # windows 0.3 and 1.2
     swapped = []
     engine = tuner.settle("engine", swapped.append)
     assert tuner.options.in_flight == math.ceil(2 * 3 * 1.2 / 0.75) == 10
@@ -173,7 +178,7 @@ def test_prefetch_auto_settles_on_twice_the_workers_scaled_by_a_large_jitter(pac
 
 def test_prefetch_auto_keeps_twice_the_workers_under_a_small_jitter(packed):
     tuner = Tuner(LoaderOptions(num_workers=3, prefetch="auto"))
-    tuner.trials[0].intervals = [0.1, 0.1, 0.1, 0.1, 0.1, 0.4]  # jitter 0.6 / 0.45 < 1.5
+    tuner.trials[0].builds = [0.1, 0.1, 0.1, 0.1, 0.1, 0.4]  # jitter 0.6 / 0.45 < 1.5
     swapped = []
     assert tuner.settle("engine", swapped.append) == "engine"  # no restart for nothing
     assert tuner.options.in_flight == 6 and swapped == []
@@ -191,16 +196,22 @@ def test_a_round_drops_the_candidates_clearly_slower_than_the_best():
     assert a.done() and not b.done()
 
 
-def test_two_rounds_of_equals_end_the_trials_early():
-    a, b = Trial("thread", 2, pieces=[0.100]), Trial("thread", 4, pieces=[0.104])
+def test_two_rounds_of_equals_or_of_a_clear_lead_end_the_trials_early():
+    a, b = Trial("thread", 2, pieces=[0.100]), Trial("thread", 4, pieces=[0.101])
     slow = Trial("thread", 1, pieces=[0.3], dropped=True)
     assert not converged([slow, a, b])  # one round: not yet
     a.pieces.append(0.100)
     assert not converged([slow, a, b])  # b is in the middle of its second round
-    b.pieces.append(0.104)
-    assert converged([slow, a, b])  # within 5% of each other; the dropped one is not asked
-    b.pieces = [0.11, 0.11]
-    assert not converged([slow, a, b])  # 10% apart: a third round decides
+    b.pieces.append(0.101)
+    assert converged([slow, a, b])  # within 2% of each other; the dropped one is not asked
+    b.pieces = [0.103, 0.103]
+    assert converged([slow, a, b])  # 3% behind in both rounds: a third cannot change that
+    b.pieces = [0.099, 0.110]
+    assert not converged([slow, a, b])  # b's turns straddle a's: a third round decides
+    b.pieces = [0.103, 0.110]
+    assert converged([slow, a, b])  # b's fastest turn is more than 2% behind a's slowest
+    a.pieces = [0.100, 0.102]
+    assert not converged([slow, a, b])  # 0.103 is within 2% of 0.102: not clear yet
 
 
 class FakeEngine:
@@ -284,46 +295,76 @@ def test_a_shifted_prefetch_handle_sees_the_epochs_batch_numbers():
     assert calls == [("wait", 4), ("ready", 5), ("release", 6)]
 
 
-def test_the_next_turn_is_primed_and_reads_the_same_batches(packed, monkeypatch):
+class Clock:
+    """autotune's ``time``: perf_counter reads ``now``, which only the test's loop advances."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def test_every_turn_is_whole_starts_empty_and_reads_the_same_batches(packed, monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    primed = []
-
-    def counted(engine, batches, start, ticket0, epoch, count):
-        primed.append((start, count))
-        return prime(engine, batches, start, ticket0, epoch, count)
-
-    monkeypatch.setattr(autotune, "prime", counted)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     for rule in ("skip", "drop_losers"):  # every candidate takes every turn: a fixed schedule
         monkeypatch.setattr(autotune, rule, lambda *args: None)
     monkeypatch.setattr(autotune, "converged", lambda trials: False)
-    tickets = []  # every batch is submitted once: deliver goes on after the primed ones
+    clock = Clock()
+    monkeypatch.setattr(autotune, "time", clock)
+    events = []  # ("submit", ticket, runner) from the loader, ("got", k) from the loop
     for runner in (ThreadRunner, ProcessRunner):
-        monkeypatch.setattr(runner, "submit", _recorded(tickets, runner.submit))
-    options = dict(batch_size=4, seed=5, transforms=list(RECIPE), return_index=True)
-    auto = _read(Loader(Dataset(packed["raw"]), num_workers="auto", **options))
-    assert sorted(t for _, t in tickets) == list(range(18))
-    fixed = _read(Loader(Dataset(packed["raw"]), num_workers=1, **options))
-    _same(auto, fixed)
-    # 18 batches: round one is 2, 4, 1 threads, 2 processes, 3 batches each (engines started
-    # at their turn, never for priming); round two's turns (2 threads at 12, 4 at 15) get
-    # their first batch while the turn before builds its last; the epoch ends at 18
-    assert primed == [(12, 1), (15, 1)]
+        monkeypatch.setattr(runner, "submit", _recorded(events, runner.submit))
+    cost = {("thread", 1): 14.0, ("thread", 2): 12.0, ("thread", 4): 13.0, ("process", 2): 10.0}
+    options = dict(batch_size=2, seed=5, transforms=list(RECIPE), return_index=True)
+    loader = Loader(Dataset(packed["raw"]), num_workers="auto", **options)
+    auto = []
+    for k, (x, y, i) in enumerate(loader):
+        auto.append((np.array(i), x.numpy().copy(), y.numpy().copy()))
+        events.append(("got", k))
+        s = loader.stats()
+        clock.now += cost[(s.worker_kind, s.num_workers)]  # the step, as the setting costs
+    tuned = loader.stats().tuned
+    loader.close()
+    submits = [e[1] for e in events if e[0] == "submit"]
+    _same(auto, _read(Loader(Dataset(packed["raw"]), num_workers=1, **options)))
+    assert sorted(submits) == list(range(36))  # every batch submitted once
+    # 36 batches: a warm-up of 4 (2 threads), then turns of 4 batches: 2 threads, 4, 1
+    # threads and 2 processes (each started engine's first turn untimed, before its timed
+    # one), and 2 threads again from 32; no turn's batch is submitted before the turn
+    # before it has delivered its last (an empty pipeline at every turn's start)
+    for first in range(4, 36, 4):
+        assert events.index(("got", first - 1)) < next(
+            n for n, e in enumerate(events) if e[:2] == ("submit", first))
+    # each turn is timed whole, steps included: its seconds per batch are the step's cost
+    assert tuned.startswith("num_workers=2 worker_kind='process' prefetch=4 (measured: "
+                            "1 thread 14000.0 ms/batch ")
+    assert "2 threads 12000.0 ms/batch" in tuned and "4 threads 13000.0 ms/batch" in tuned
+    assert "2 processes 10000.0 ms/batch" in tuned
 
 
-def _recorded(tickets, submit):
+def _recorded(events, submit):
     def recording(self, ticket, indices, epoch):
-        tickets.append((id(self), ticket))
+        events.append(("submit", ticket, id(self)))
         return submit(self, ticket, indices, epoch)
     return recording
 
 
-def test_the_pool_shows_a_parked_engine_and_never_starts_one_for_priming():
+def test_the_pool_keeps_the_runner_ups_engine_parked_for_the_check():
     made = []
     pool = EnginePool(make=lambda o: made.append(FakeEngine(o.num_workers)) or made[-1])
     pool.parking = True
-    one, two = LoaderOptions(num_workers=1), LoaderOptions(num_workers=2)
-    assert pool.parked(two) is None and made == []  # not started: its turn starts it
-    first = pool.swap(None, one)
-    second = pool.swap(first, two)
-    assert pool.parked(one) is first and pool.parked(two) is None  # two is running
-    assert pool.swap(second, one) is first and len(made) == 2 and not second.closed
+    one, two, four = (LoaderOptions(num_workers=n) for n in (1, 2, 4))
+    e1 = pool.swap(None, one)
+    e2 = pool.swap(e1, two)
+    e4 = pool.swap(e2, four)
+    pool.parking, pool.spare = False, ("thread", 2, two.in_flight)  # settled on 1 thread
+    assert pool.swap(e4, one) is e1 and not pool.fresh  # parked, not restarted
+    assert (e2.closed, e4.closed) == (False, True) and list(pool.idle) == [pool.spare]
+    pool.parking = True  # the check: the runner-up's parked workers take their turn
+    assert pool.swap(e1, two) is e2 and not pool.fresh and len(made) == 3
+    pool.parking = False  # the chosen one again: the spare, running, is parked, not closed
+    assert pool.swap(e2, one) is e1 and not e2.closed and list(pool.idle) == [pool.spare]
+    pool.close()  # the Loader's close: every parked engine, the spare's too
+    assert e2.closed and not e1.closed and pool.idle == {}  # e1 runs: the Loader's to close

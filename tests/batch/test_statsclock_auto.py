@@ -63,8 +63,10 @@ def _all_cpu() -> float:
 def test_auto_counts_the_cpu_of_the_process_candidates_it_parked_and_closed(
         packed, tmp_path, monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})  # 2, 4, 1 threads, 2 procs
-    # every candidate takes its turns (no skip, no drop, no early end) and threads are kept,
-    # so the process engine runs in two turns, parked between, and is closed at settle
+    # every candidate takes its turns (no skip, no drop, no early end) and threads are kept;
+    # batches of 1, 48 an epoch: a warm-up of 4, then turns of 4 (2, 4, 1 threads, 2
+    # processes; an engine's first turn, untimed, before its timed one), so the process
+    # engine runs batches 24-31 and 44-47, parked between, and is closed at settle
     monkeypatch.setattr(autotune, "skip", lambda *args: None)
     monkeypatch.setattr(autotune, "drop_losers", lambda trials: None)
     monkeypatch.setattr(autotune, "converged", lambda trials: False)
@@ -72,7 +74,7 @@ def test_auto_counts_the_cpu_of_the_process_candidates_it_parked_and_closed(
                         lambda trials: next(t for t in trials if t.kind == "thread"))
     log_path = tmp_path / "burns.txt"
     total0 = _all_cpu()
-    loader = Loader(Dataset(packed["raw"]), batch_size=2, num_workers="auto",
+    loader = Loader(Dataset(packed["raw"]), batch_size=1, num_workers="auto",
                     sample_transform=partial(burn, str(log_path)))
     it = iter(loader)
     next(it)  # built by 2 threads, the first candidate
@@ -84,8 +86,8 @@ def test_auto_counts_the_cpu_of_the_process_candidates_it_parked_and_closed(
     total = _all_cpu() - total0
     burns = _burns(log_path)
     workers = {pid: s for pid, s in burns.items() if pid != os.getpid()}
-    assert batches == stats.batches == 24 and "worker_kind='thread'" in stats.tuned
-    assert len(workers) == 2 and sum(workers.values()) >= 12 * BURN  # two turns of 3 batches
+    assert batches == stats.batches == 48 and "worker_kind='thread'" in stats.tuned
+    assert len(workers) == 2 and sum(workers.values()) >= 12 * BURN  # three turns of 4
     assert not any(os.path.exists(f"/proc/{pid}") for pid in workers)  # closed at settle
     # at least: this process's CPU after the first batch, and the workers' known work
     assert stats.cpu_s >= main + sum(workers.values()) - 0.01

@@ -23,7 +23,7 @@ def packed(tmp_path_factory, s3_server):
     from dlpack_io.packer import convert
 
     root = tmp_path_factory.mktemp("s3auto")
-    make_image_folder(root / "src", 40, 3, seed=5, size=(48, 64))
+    make_image_folder(root / "src", 72, 3, seed=5, size=(48, 64))
     convert(root / "src", root / "local", shard_size="30KB", workers=1, progress=False)
     upload_folder(root / "local", URL, s3_server.env())
     return str(root / "local")
@@ -54,12 +54,12 @@ def test_auto_over_s3_reads_what_a_fixed_setting_reads_on_disk(s3_env, packed, m
     remote = Dataset(URL, cache_limit=10_000_000)
     auto, fetched, waited, stats = _epochs(remote, 3, num_workers="auto",
                                            sample_transform=darken)
-    assert len(auto) == len(local) == 60
+    assert len(auto) == len(local) == 108
     for (ia, xa), (ib, xb) in zip(local, auto):
         np.testing.assert_array_equal(ia, ib)
         np.testing.assert_array_equal(xa, xb)
-    # 2 and 4 threads, then 1 thread and 2 processes unless skipped, had their turns (one
-    # round of 4 turns of 3 batches fits the first epoch of 20; settled at its end)
+    # 2 and 4 threads, then 1 thread and 2 processes unless skipped, had their turns (a
+    # warm-up and one round of turns of 4 batches fit the first epoch of 36)
     assert stats.tuned.startswith("num_workers=")
     assert "2 processes" in stats.tuned
     # every record of the data set came over the network in the first epoch, at least
@@ -88,9 +88,10 @@ def test_the_later_check_switches_to_processes_over_s3_and_reads_the_same(s3_env
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     # seconds per step by the setting that delivered the batch: 2 threads win the trials
-    # of epoch 0 (20 batches), 2 processes are the runner-up; in epoch 1 the threads slow
-    # down, and the check (2 threads, 2 processes, twice, 3 batches a turn) hands the rest
-    # of the run to the processes, which read only records the prefetcher has cached
+    # of epoch 0 (36 batches), 2 processes are the runner-up; in epoch 1 the threads slow
+    # down, and the check (after a warm-up turn: 2 threads, 2 processes -- parked since the
+    # trials -- twice, 4 batches a turn) hands the rest of the run to the processes, which
+    # read only records the prefetcher has cached
     cost = {("thread", 1): 14.0, ("thread", 2): 10.0, ("thread", 4): 13.0,
             ("process", 2): 12.0}
     local, _, _, _ = _epochs(Dataset(packed), 2, num_workers=2)
@@ -106,11 +107,11 @@ def test_the_later_check_switches_to_processes_over_s3_and_reads_the_same(s3_env
             clock.now += cost[used[-1]] * (2 if epoch and used[-1] == ("thread", 2) else 1)
     tuned = loader.stats().tuned
     loader.close()
-    assert len(got) == len(local) == 40
+    assert len(got) == len(local) == 72
     for (ia, xa), (ib, xb) in zip(local, got):
         np.testing.assert_array_equal(ia, ib)
         np.testing.assert_array_equal(xa, xb)
-    turns = [("thread", 2)] * 3 + [("process", 2)] * 3
-    assert used[20:] == turns * 2 + [("process", 2)] * 8
+    t, p = [("thread", 2)] * 4, [("process", 2)] * 4
+    assert used[36:] == t * 2 + p + t + p * 5
     assert "checked later: switched to 2 processes: 2 threads 20000.0 ms/batch, 2 " \
         "processes 12000.0 ms/batch" in tuned
