@@ -33,7 +33,9 @@ DROP = 0.5            # after a round, a candidate this much slower than the bes
 STEP_SHARE = 0.25     # a loop outside next() for less of an interval waits for data
 GIL_SHARE = 0.02      # a sample_transform share of the stage seconds that asks for processes
 #                       (4-5% was enough for 2 processes to run 2-6% faster than threads)
-CPU_FULL = 0.85       # threads that kept this share of every core busy left none idle
+CPU_FULL = 0.75       # threads that kept this share of every core busy left none idle (a
+#                       whole turn's edges -- its start, its last batches -- idle a core for
+#                       5-10% of it; below this the GIL may be what idles them)
 
 
 @dataclass
