@@ -33,7 +33,7 @@ does not decide the whole run.
 
 ``prefetch="auto"``: ``2 x workers`` batches in flight (one being built and one ready per
 worker), raised up to ``4 x workers`` only when the trial saw an irregularity of
-JITTER_RAISE or more (the costliest window of ``workers`` batches over the mean one): a
+JITTER_RAISE or more (the costliest window of ``2 x workers`` batches over the mean): a
 deeper queue only absorbs jitter, the steady rate is the workers', and a new depth costs an
 engine restart.
 
@@ -65,7 +65,7 @@ log = logging.getLogger(__name__)
 AUTO = "auto"
 TWO_ITERATORS = ("a newer iterator of this Loader started while num_workers='auto' measures, "
                  "swapping the workers: not supported before stats().tuned says 'checked later'")
-JITTER_RAISE = 1.5    # prefetch="auto" goes deeper than 2 x workers only from this jitter on
+JITTER_RAISE = 2.0    # prefetch="auto" goes deeper than 2 x workers only from this jitter on
 
 
 class Tuner:

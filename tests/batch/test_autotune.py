@@ -157,28 +157,29 @@ def test_the_shortest_interval_wins_and_the_cheaper_setting_wins_a_tie():
     assert choose([Trial("thread", 2), Trial("process", 2)]).kind == "thread"  # nothing measured
 
 
-def test_the_jitter_measures_windows_of_the_workers_batches():
-    steady = Trial("process", 2, builds=[0.1, 0.3] * 4)  # every pair of batches costs 0.4
+def test_the_jitter_measures_windows_of_two_rounds_of_the_workers_batches():
+    steady = Trial("process", 2, builds=[0.1, 0.3] * 4)  # every 4 batches cost 0.8
     assert steady.jitter() == pytest.approx(1.0)
-    spike = Trial("thread", 2, builds=[0.1, 0.1, 0.1, 0.1, 0.4, 0.4])
-    assert spike.jitter() == pytest.approx(0.8 / (1.2 / 3))
+    spike = Trial("thread", 2, builds=[0.1] * 8 + [0.4, 0.4, 0.4, 0.4])
+    assert spike.jitter() == pytest.approx(1.6 / (2.4 / 3))
+    assert Trial("thread", 2, builds=[0.1] * 5).jitter() == 1.0  # one window: no spread
     assert Trial("thread", 2).jitter() == 1.0  # nothing measured: no raise
 
 
 def test_prefetch_auto_settles_on_twice_the_workers_scaled_by_a_large_jitter(packed):
     tuner = Tuner(LoaderOptions(num_workers=3, prefetch="auto"))
     assert [(t.kind, t.workers) for t in tuner.trials] == [("thread", 3)]
-    tuner.trials[0].builds = [0.1, 0.1, 0.1, 0.1, 0.1, 1.0]  # windows 0.3 and 1.2
+    tuner.trials[0].builds = [0.1] * 23 + [2.5]  # windows of 6: 0.6, 0.6, 0.6 and 3.0
     swapped = []
     engine = tuner.settle("engine", swapped.append)
-    assert tuner.options.in_flight == math.ceil(2 * 3 * 1.2 / 0.75) == 10
+    assert tuner.options.in_flight == min(4 * 3, math.ceil(2 * 3 * 3.0 / 1.2)) == 12
     assert swapped == [tuner.options] and engine is None
-    assert tuner.settled and "prefetch=10" in tuner.reason
+    assert tuner.settled and "prefetch=12" in tuner.reason
 
 
 def test_prefetch_auto_keeps_twice_the_workers_under_a_small_jitter(packed):
     tuner = Tuner(LoaderOptions(num_workers=3, prefetch="auto"))
-    tuner.trials[0].builds = [0.1, 0.1, 0.1, 0.1, 0.1, 0.4]  # jitter 0.6 / 0.45 < 1.5
+    tuner.trials[0].builds = [0.1] * 11 + [1.0]  # jitter 1.5 / 1.05 < 2
     swapped = []
     assert tuner.settle("engine", swapped.append) == "engine"  # no restart for nothing
     assert tuner.options.in_flight == 6 and swapped == []
