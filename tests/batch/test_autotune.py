@@ -19,7 +19,7 @@ from dlpack_io.reader.batch.enginepool import EnginePool
 from dlpack_io.reader.batch.processes import ProcessRunner
 from dlpack_io.reader.batch.runners import ThreadRunner
 
-from helpers import pack_jpeg_and_raw
+from helpers import StepClock, batches_equal, pack_jpeg_and_raw
 
 RECIPE = (RandomResizedCrop(24), RandomHorizontalFlip())
 
@@ -45,13 +45,6 @@ def _epochs(path, epochs: int, batch_size: int = 4, **options):
     return out, stats
 
 
-def _same(a, b) -> None:
-    assert len(a) == len(b)
-    for (i1, x1, y1), (i2, x2, y2) in zip(a, b):
-        np.testing.assert_array_equal(i1, i2)
-        np.testing.assert_array_equal(x1, x2)
-        np.testing.assert_array_equal(y1, y2)
-
 
 @pytest.mark.parametrize("fmt", ["jpeg", "raw"])
 @pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "restarted"])
@@ -65,8 +58,8 @@ def test_auto_yields_the_batches_of_every_fixed_setting(packed, fmt, persistent,
     threads, _ = _epochs(packed[fmt], 3, 2, num_workers=2, sample_transform=darken)
     processes, _ = _epochs(packed[fmt], 3, 2, num_workers=2, worker_kind="process",
                            sample_transform=darken)
-    _same(auto, threads)
-    _same(auto, processes)
+    batches_equal(auto, threads)
+    batches_equal(auto, processes)
     assert len(auto) == 3 * 36  # 72 images, batches of 2, three epochs
     # the trials (on 2 cores a warm-up turn, then 2, 4 threads, 1 thread and 2 processes
     # unless skipped, in turns of 4 batches) run in the first epoch of 36 batches, which
@@ -109,7 +102,7 @@ def test_a_resume_in_the_middle_of_the_trials_reads_the_same_batches(packed, mon
     again.load_state_dict(state)  # 36 - stop batches left: trials again, then settled
     rest = _read(again)
     assert again.stats().tuned.startswith("num_workers=")
-    _same(head + rest, fixed)
+    batches_equal(head + rest, fixed)
     assert len(fixed) == 36
 
 
@@ -296,15 +289,6 @@ def test_a_shifted_prefetch_handle_sees_the_epochs_batch_numbers():
     assert calls == [("wait", 4), ("ready", 5), ("release", 6)]
 
 
-class Clock:
-    """autotune's ``time``: perf_counter reads ``now``, which only the test's loop advances."""
-
-    def __init__(self):
-        self.now = 0.0
-
-    def perf_counter(self) -> float:
-        return self.now
-
 
 def test_every_turn_is_whole_starts_empty_and_reads_the_same_batches(packed, monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
@@ -312,7 +296,7 @@ def test_every_turn_is_whole_starts_empty_and_reads_the_same_batches(packed, mon
     for rule in ("skip", "drop_losers"):  # every candidate takes every turn: a fixed schedule
         monkeypatch.setattr(autotune, rule, lambda *args: None)
     monkeypatch.setattr(autotune, "converged", lambda trials: False)
-    clock = Clock()
+    clock = StepClock()
     monkeypatch.setattr(autotune, "time", clock)
     events = []  # ("submit", ticket, runner) from the loader, ("got", k) from the loop
     for runner in (ThreadRunner, ProcessRunner):
@@ -329,7 +313,7 @@ def test_every_turn_is_whole_starts_empty_and_reads_the_same_batches(packed, mon
     tuned = loader.stats().tuned
     loader.close()
     submits = [e[1] for e in events if e[0] == "submit"]
-    _same(auto, _read(Loader(Dataset(packed["raw"]), num_workers=1, **options)))
+    batches_equal(auto, _read(Loader(Dataset(packed["raw"]), num_workers=1, **options)))
     assert sorted(submits) == list(range(36))  # every batch submitted once
     # 36 batches: a warm-up of 4 (2 threads), then turns of 4 batches: 2 threads, 4, 1
     # threads and 2 processes (each started engine's first turn untimed, before its timed

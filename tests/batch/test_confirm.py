@@ -19,7 +19,7 @@ from dlpack_io.reader.batch import autotune
 from dlpack_io.reader.batch.confirm import MARGIN, Check, certain, runner_up
 from dlpack_io.reader.batch.trials import Trial
 
-from helpers import pack_jpeg_and_raw
+from helpers import StepClock, batches_equal, pack_jpeg_and_raw
 
 RECIPE = (RandomResizedCrop(24), RandomHorizontalFlip())
 # seconds per batch as the loop sees it, per setting: in the trials (epoch 0) 2 processes
@@ -33,21 +33,12 @@ def packed(tmp_path_factory):
                              shard_size="60KB")
 
 
-class Clock:
-    """autotune's ``time``: perf_counter reads ``now``, which only the loop advances."""
-
-    def __init__(self):
-        self.now = 0.0
-
-    def perf_counter(self) -> float:
-        return self.now
-
 
 def _run(path, monkeypatch, later: dict, epochs: int = 3, **options):
     """[(indices, images, labels)] of ``epochs`` epochs of batch 2 (36 batches an epoch),
     each step costing TRIALS in epoch 0 and ``later`` (falling back on TRIALS) after it;
     also the setting that delivered each batch and the Loader's last stats."""
-    clock = Clock()
+    clock = StepClock()
     monkeypatch.setattr(autotune, "time", clock)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})  # CI's 2 cores
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
@@ -75,19 +66,12 @@ def _fixed(path, epochs: int = 3) -> list:
     return out
 
 
-def _same(a, b) -> None:
-    assert len(a) == len(b)
-    for (i1, x1, y1), (i2, x2, y2) in zip(a, b):
-        np.testing.assert_array_equal(i1, i2)
-        np.testing.assert_array_equal(x1, x2)
-        np.testing.assert_array_equal(y1, y2)
-
 
 def test_a_runner_up_clearly_faster_later_takes_over_and_the_batches_stay(packed, monkeypatch,
                                                                          caplog):
     with caplog.at_level(logging.INFO, logger=autotune.__name__):
         got, used, stats = _run(packed["raw"], monkeypatch, {("process", 2): 20.0})
-    _same(got, _fixed(packed["raw"]))
+    batches_equal(got, _fixed(packed["raw"]))
     # epoch 0: a warm-up turn, then the trials in turns of 4 batches (a candidate whose
     # workers start takes an untimed turn first) until the epoch ends in round two; they
     # settle on 2 processes; the runner-up's threads stay parked. epoch 1: a warm-up turn
@@ -113,7 +97,7 @@ def test_a_runner_up_clearly_faster_later_takes_over_and_the_batches_stay(packed
 def test_the_choice_stays_unless_the_runner_up_beats_it_by_the_margin(packed, monkeypatch,
                                                                       later):
     got, used, stats = _run(packed["jpeg"], monkeypatch, later, epochs=2)
-    _same(got, _fixed(packed["jpeg"], 2))
+    batches_equal(got, _fixed(packed["jpeg"], 2))
     # 9.8 s is 2% faster than 10 s: not enough (MARGIN 3%); after two rounds of steady
     # pieces a third could not change that, so the check ends there and 2 processes stay
     p, t = [("process", 2)] * 4, [("thread", 2)] * 4
@@ -171,7 +155,7 @@ def test_the_check_takes_turns_and_decides_on_medians():
 
 
 def test_a_check_cut_short_starts_over_and_a_state_saved_in_it_resumes(packed, monkeypatch):
-    clock = Clock()
+    clock = StepClock()
     monkeypatch.setattr(autotune, "time", clock)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
@@ -202,9 +186,9 @@ def test_a_check_cut_short_starts_over_and_a_state_saved_in_it_resumes(packed, m
     assert [u[1:] for u in used if u[0] == 2] == p * 2 + t + p + t * 5
     assert loader.stats().tuned.count("checked later") == 1
     fixed = _fixed(packed["raw"])
-    _same(got, fixed[:46] + fixed[72:])
+    batches_equal(got, fixed[:46] + fixed[72:])
     again = Loader(Dataset(packed["raw"]), num_workers="auto", **options)
     again.load_state_dict(state)  # the rest of epoch 1, 26 batches: too few for trials
     rest = [(np.array(i), x.numpy().copy(), y.numpy().copy()) for x, y, i in again]
     again.close()
-    _same(got[:46] + rest, fixed[:72])
+    batches_equal(got[:46] + rest, fixed[:72])

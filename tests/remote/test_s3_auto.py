@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import pytest
 
 from dlpack_io.reader import Loader, RandomHorizontalFlip, RandomResizedCrop
 from dlpack_io.reader.dataset import Dataset
 from dlpack_io.tools.synth import make_image_folder
 
-from helpers import upload_folder
+from helpers import StepClock, batches_equal, upload_folder
 
 URL = "s3://dlpack-test/auto/base"
 
@@ -55,9 +54,7 @@ def test_auto_over_s3_reads_what_a_fixed_setting_reads_on_disk(s3_env, packed, m
     auto, fetched, waited, stats = _epochs(remote, 3, num_workers="auto",
                                            sample_transform=darken)
     assert len(auto) == len(local) == 108
-    for (ia, xa), (ib, xb) in zip(local, auto):
-        np.testing.assert_array_equal(ia, ib)
-        np.testing.assert_array_equal(xa, xb)
+    batches_equal(local, auto)
     # 2 and 4 threads, then 1 thread and 2 processes unless skipped, had their turns (a
     # warm-up and one round of turns of 4 batches fit the first epoch of 36)
     assert stats.tuned.startswith("num_workers=")
@@ -68,22 +65,12 @@ def test_auto_over_s3_reads_what_a_fixed_setting_reads_on_disk(s3_env, packed, m
     assert all(w >= 0 for w in waited) and stats.run.fetch_wait_s == pytest.approx(sum(waited))
 
 
-class Clock:
-    """autotune's ``time``: perf_counter reads ``now``, which only the test's loop advances
-    (tests/batch/test_confirm.py: exact intervals, no waiting for time)."""
-
-    def __init__(self):
-        self.now = 0.0
-
-    def perf_counter(self) -> float:
-        return self.now
-
 
 def test_the_later_check_switches_to_processes_over_s3_and_reads_the_same(s3_env, packed,
                                                                           monkeypatch):
     from dlpack_io.reader.batch import autotune
 
-    clock = Clock()
+    clock = StepClock()
     monkeypatch.setattr(autotune, "time", clock)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
@@ -108,9 +95,7 @@ def test_the_later_check_switches_to_processes_over_s3_and_reads_the_same(s3_env
     tuned = loader.stats().tuned
     loader.close()
     assert len(got) == len(local) == 72
-    for (ia, xa), (ib, xb) in zip(local, got):
-        np.testing.assert_array_equal(ia, ib)
-        np.testing.assert_array_equal(xa, xb)
+    batches_equal(local, got)
     t, p = [("thread", 2)] * 4, [("process", 2)] * 4
     assert used[36:] == t * 2 + p + t + p * 5
     assert "checked later: switched to 2 processes: 2 threads 20000.0 ms/batch, 2 " \
