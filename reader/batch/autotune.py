@@ -211,11 +211,10 @@ class Tuner:
 
     def _turn(self, trial: Trial, options, engine, swap, run, k: int):
         """One turn of ``trial`` (run with concrete ``options``) from batch ``k``: its
-        ``piece()`` batches, timed whole; returns (engine, next batch). The first turn of
-        an engine just started is not timed: its threads' or processes' first batches
-        (first buffers, first use of each worker) are a start-up that a fixed setting pays
-        once too, not its rate (a 4-thread engine's first turn measured 6x its steady
-        seconds per batch); the candidate then takes its timed turn."""
+        ``piece()`` batches, timed whole; returns (engine, next batch). An engine just
+        started first takes an untimed turn: its first batches (first buffers, first use
+        of each worker) are a start-up a fixed setting pays once too, not its rate (a
+        4-thread engine's first turn measured 6x its steady seconds per batch)."""
         fresh = False
         if engine_key(options) != engine_key(self.options):
             self._use(options)
@@ -240,13 +239,14 @@ class Tuner:
             images += len(item[2])
             stages = stagetimes.totals(item[1].stages)
             if stages is not None:  # prefetch="auto"'s jitter: the batch's build seconds
-                user, builds = user + float(stages[stagetimes.USER]), builds + [stages.sum()]
+                user += float(stages[stagetimes.USER])
+                builds.append(float(stages.sum()))
             handed = time.perf_counter()
             yield item  # the step runs here: the turn's time spans it, as the loop sees it
             step += time.perf_counter() - handed
         wall, cpu = time.perf_counter() - start, tree_cpu(engine.runner.pids) - cpu0
-        trial.builds += [float(b) for b in builds]
-        stage = float(sum(builds))
+        trial.builds += builds
+        stage = sum(builds)
         if end - k == trial.piece() and wall > 0:
             trial.pieces.append(wall / (end - k))
             trial.wall_s, trial.step_s = trial.wall_s + wall, trial.step_s + step

@@ -5,9 +5,9 @@ machine whose capacity swings (docs/benchmarks.md, "num_workers=auto", round 3) 
 can favour a setting the rest of the run does not. So, once settled, the Tuner (autotune.py)
 gives the chosen setting and the runner-up (the fastest other candidate the trials kept)
 equal turns again (whole turns of the trials' length, timed as the trials time them), later
-in the run: ``gap`` batches after the trials, or at the
-start of the next epoch. Both run as they would be settled (worker kind, count and batches
-in flight). The runner-up takes over only when the median of its pieces is more than
+in the run: ``gap`` batches after the trials, or after a warm-up turn at the start of the
+next epoch. Both run as they would be settled (worker kind, count and batches in flight);
+the runner-up's engine stays parked from the trials (EnginePool.spare). The runner-up takes over only when the median of its pieces is more than
 MARGIN faster than the chosen one's (a margin against flapping between equals); the check
 ends after two rounds when the third could not change that verdict (module ``certain``),
 and it happens once per Loader.
