@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from dlpack_io.reader import Output
 
 CROP = 224
 
@@ -81,12 +82,13 @@ class V2Style:
         return len(self.paths)
 
     def _geometry(self, i, h, w):
-        from dlpack_io.reader.batch.geometry import RandomResizedCrop, Resize
+        from dlpack_io.reader.batch.plan import Draws
+        from dlpack_io.reader.transforms.geometry import RandomResizedCrop, Resize
 
         if self.sized:
             nh, nw = Resize(800, max_size=1333).resized_shape(np.array([h]), np.array([w]))
             return (0, 0, h, w), (int(nh[0]), int(nw[0]))
-        return RandomResizedCrop(CROP).boxes([h], [w], 0, 0, [i])[0], (CROP, CROP)
+        return RandomResizedCrop(CROP).boxes([h], [w], Draws(0, 0), [i])[0], (CROP, CROP)
 
     def __getitem__(self, i):
         import torch
@@ -148,7 +150,7 @@ def ours(root: Path, workers: int, fields=("image", "label"), sized: bool = Fals
 
     geometry = Resize(800, max_size=1333) if sized else RandomResizedCrop(CROP)
     loader = Loader(Dataset(str(root / "packed")), batch_size=8 if sized else 64, seed=0,
-                    num_workers=workers, fields=fields, pad=sized, pad_multiple=32,
+                    num_workers=workers, fields=fields, output=Output(pad=sized, pad_multiple=32),
                     transforms=[geometry, RandomHorizontalFlip()])
     return lambda: sum(len(b[0]) for b in loader)
 
@@ -182,7 +184,7 @@ def step_ms(root: Path, repeats: int = 30) -> dict:
     import torch
 
     from dlpack_io.reader import Dataset, Loader, RandomHorizontalFlip, RandomResizedCrop
-    from dlpack_io.reader.batch.targets import Assembler
+    from dlpack_io.reader.batch.fields import Assembler
 
     ds = Dataset(str(root / "packed"))
     images = torch.zeros((64, 3, CROP, CROP), dtype=torch.uint8)

@@ -75,7 +75,7 @@ def paired(path: str, pairs: int) -> dict:
     from dlpack_io.reader import Dataset, Loader, RandomHorizontalFlip, RandomResizedCrop
     import torch
 
-    from dlpack_io.reader.batch.targets import Assembler
+    from dlpack_io.reader.batch.fields import Assembler
 
     ds = Dataset(path)
     kw = dict(batch_size=256, num_workers=2, seed=0, drop_last=True,

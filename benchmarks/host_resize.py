@@ -46,9 +46,10 @@ def prepare(root: Path, images: int):
 
 
 def _box(h: int, w: int, i: int):
-    from dlpack_io.reader.batch.geometry import RandomResizedCrop
+    from dlpack_io.reader.batch.plan import Draws
+    from dlpack_io.reader.transforms.geometry import RandomResizedCrop
 
-    return RandomResizedCrop(SIZE).boxes([h], [w], 0, 0, [i])[0]
+    return RandomResizedCrop(SIZE).boxes([h], [w], Draws(0, 0), [i])[0]
 
 
 def work_ours(ds, count: int, out) -> None:

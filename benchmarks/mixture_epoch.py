@@ -10,7 +10,7 @@ round by round (medians of ``--repeats``): ``one`` read as a Dataset, and
 ``Mixture([a, b])`` with weights proportional to their sizes (``epoch="sum"``: the same
 number of samples, each once). Each epoch: RandomResizedCrop(224) + flip on the host, batch
 256, 2 thread workers, uint8, after one warm-up batch. Also the cost of the epoch order
-alone for 1.28 million samples (order.epoch_order vs mixorder.mixture_order of two halves).
+alone for 1.28 million samples (order.epoch_order vs sources.mixture_order of two halves).
 """
 from __future__ import annotations
 
@@ -61,13 +61,13 @@ def order_cost(n: int = 1_281_167, repeats: int = 5) -> dict:
     """Seconds to compute one epoch's order: one set of ``n`` vs two halves mixed."""
     import numpy as np
 
-    from dlpack_io.reader.batch import mixorder
+    from dlpack_io.reader.batch import sources
     from dlpack_io.reader.batch import order as order_mod
 
     half = n // 2
     sizes, offsets = [half, n - half], np.array([0, half])
     cases = {"one set: order.epoch_order": lambda e: order_mod.epoch_order(n, "global", 0, e),
-             "two sets: mixorder.mixture_order": lambda e: mixorder.mixture_order(
+             "two sets: sources.mixture_order": lambda e: sources.mixture_order(
                  sizes, sizes, offsets, n, shuffle="global", seed=0, epoch=e)}
     times = {k: [] for k in cases}
     for e in range(repeats):

@@ -89,22 +89,22 @@ class _PilFolder:
         import torch
         from PIL import Image
 
-        from dlpack_io.reader.batch.geometry import RandomResizedCrop
+        from dlpack_io.reader.batch.plan import Draws
+        from dlpack_io.reader.transforms.geometry import RandomResizedCrop
 
         img = Image.open(self.paths[i]).convert("RGB")
-        t, l, h, w = RandomResizedCrop(224).boxes([img.height], [img.width], 0, 0, [i])[0]
+        t, l, h, w = RandomResizedCrop(224).boxes([img.height], [img.width], Draws(0, 0), [i])[0]
         img = img.crop((int(l), int(t), int(l + w), int(t + h))).resize((224, 224),
                                                                         Image.BILINEAR)
         if self.rng.random() < 0.5:
             img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         if self.augment is not None:
-            arr = self.augment.apply(np.asarray(img), self.augment.draw(0, 0, [i], (224, 224))[0])
+            arr = self.augment.apply(np.asarray(img), self.augment.draw(Draws(0, 0), [i], (224, 224))[0])
             img = Image.fromarray(arr)
         x = torch.from_numpy(np.asarray(img).copy()).permute(2, 0, 1).float().div_(255)
         x = (x - torch.tensor(MEAN).view(3, 1, 1)) / torch.tensor(STD).view(3, 1, 1)
         if self.erase is not None:
-            from dlpack_io.reader.batch.erasing import erase_rows
-            erase_rows(self.erase, 0, 0, [i], x[None])
+            self.erase.apply(Draws(0, 0), [i], x[None])
         return x, i % 10
 
 

@@ -16,6 +16,7 @@ import argparse
 import statistics
 import time
 from pathlib import Path
+from dlpack_io.reader import Workers
 
 SETTINGS = (("thread", 0), ("thread", 1), ("thread", 2), ("process", 1), ("process", 2))
 
@@ -61,7 +62,7 @@ def measure(path: str, rounds: int) -> dict:
         for kind, workers in SETTINGS:
             for step in (0.0, 0.02):
                 loader = Loader(Dataset(path), batch_size=16, num_workers=workers,
-                                worker_kind=kind, seed=1,
+                                workers=Workers(kind=kind), seed=1,
                                 transforms=[RandomResizedCrop(64), RandomHorizontalFlip()])
                 for _ in range(2):
                     wf, rate = own_epoch(loader, step)

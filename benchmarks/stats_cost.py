@@ -17,7 +17,7 @@ import timeit
 
 from dlpack_io.reader.batch import stagetimes
 from dlpack_io.reader.batch.stats import LogSchedule
-from dlpack_io.reader.batch.statsclock import StatsClock
+from dlpack_io.reader.batch.pipeline import StatsClock
 
 
 def _device(cuda: bool):

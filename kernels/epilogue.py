@@ -4,10 +4,8 @@ The exact formulas are in docs/kernels.md (and in ``colour.py``: the torch maths
 Triton twin). This module validates the arguments once for both backends:
 :func:`make_epilogue` (normalisation, dtype, which jitter ops, contrast mean),
 :func:`jitter_tensors` (the per-sample factor / order tensors of the keyword form) and
-:func:`check_jitter_values` (their values, deferred to one device read); and it runs the
-torch epilogue over a batch (:func:`finish`). The batch is processed in chunks of whole
-samples (about ``CHUNK_ELEMENTS`` floats) that stay in the CPU caches, with samples grouped
-by their jitter order, so each chunk runs one op sequence in place.
+:func:`check_jitter_values` (their values, deferred to one device read). The torch
+epilogue over a batch (``reference.finish``) lives with the other torch references.
 """
 
 from __future__ import annotations
@@ -20,10 +18,9 @@ from typing import Optional, Sequence
 import torch
 
 from dlpack_io.kernels.checks import OUT_DTYPES, DeferredChecks, check_vector, fail
-from dlpack_io.kernels.colour import (
-    BRIGHTNESS, CONTRAST, HUE, SATURATION, SCRATCH_PLANES, apply_op)
+from dlpack_io.kernels.colour import BRIGHTNESS, CONTRAST, HUE, SATURATION
 from dlpack_io.kernels.records import (
-    IDENTITY_ORDER, JITTER_OPS, NEUTRAL_FACTORS, ORDER_SHIFTS, decode_order, valid_order)
+    IDENTITY_ORDER, JITTER_OPS, NEUTRAL_FACTORS, ORDER_SHIFTS, valid_order)
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 ORDER_DTYPES = (torch.int32, torch.int64, torch.uint8)
@@ -179,79 +176,3 @@ def check_jitter_values(checks: DeferredChecks, ops: int, factors: torch.Tensor,
     checks.add(lambda: ~valid_order(order),
                lambda i: f"order[{i}] = {int(order[i])} is not an order code: expected "
                          f"sum(perm[k] << 2k) for a permutation perm of 0..3 (encode_order)")
-
-
-def finish(v: torch.Tensor, *, out_dtype: torch.dtype, scale: torch.Tensor, bias: torch.Tensor,
-           ops: int = 0, factors: Optional[torch.Tensor] = None,
-           order: Optional[torch.Tensor] = None, contrast_mean: Optional[torch.Tensor] = None,
-           out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Epilogue of an ``(N, C, H, W)`` batch ``v`` (uint8, or float32 in 0..255 units).
-
-    ``factors``: ``(N, 4)`` float32 brightness, contrast, saturation, hue (only the
-    columns of the ops in ``ops`` are read); ``order``: ``(N,)`` order codes;
-    ``contrast_mean``: ``(N,)`` float32 to use instead of the computed mean. Writes into
-    ``out`` when given (same shape, ``out_dtype``), else into a new tensor.
-    """
-    n, c, h, w = v.shape
-    if out is None:
-        out = torch.empty((n, c, h, w), dtype=out_dtype, device=v.device)
-    if n == 0:
-        return out
-    if not ops and v.dtype == torch.uint8 and out_dtype == torch.uint8:
-        return out.copy_(v)
-    per = min(n, max(1, CHUNK_ELEMENTS // (c * h * w)))
-    buf = torch.empty((per, c, h, w), dtype=torch.float32, device=v.device)
-    planes = torch.empty((SCRATCH_PLANES if ops else 0, per, h, w), dtype=torch.float32,
-                         device=v.device)
-    scale4, bias4 = scale.view(1, -1, 1, 1), bias.view(1, -1, 1, 1)
-    for idx, steps in _chunks(n, per, ops, order):
-        k = _length(idx)
-        x = buf[:k]
-        x.copy_(v[idx] if isinstance(idx, slice) else torch.index_select(v, 0, idx))
-        if ops:
-            sc = [p[:k] for p in planes]
-            means = None if contrast_mean is None else contrast_mean[idx]
-            x.mul_(INV255)
-            for op in steps:
-                apply_op(op, x, factors[idx], means, sc)
-            x.mul_(255.0)
-        if out_dtype == torch.uint8:
-            x.add_(0.5).floor_().clamp_(0.0, 255.0)
-        else:
-            x.mul_(scale4).add_(bias4)
-        _put(out, idx, x)
-    return out
-
-
-def _length(idx) -> int:
-    return idx.stop - idx.start if isinstance(idx, slice) else idx.numel()
-
-
-def _put(out: torch.Tensor, idx, x: torch.Tensor) -> None:
-    if isinstance(idx, slice):
-        out[idx].copy_(x)
-    else:
-        out.index_copy_(0, idx, x.to(out.dtype))
-
-
-def _chunks(n: int, per: int, ops: int, order: Optional[torch.Tensor]):
-    """Yield ``(index, op sequence)``: slices of ``per`` samples when every sample has the
-    same order, else runs of equal order codes (samples sorted by code), split by ``per``."""
-    def enabled(code: int) -> list[int]:
-        fields = decode_order(torch.tensor([code]))[0].tolist()
-        return [1 << op for op in fields if ops & (1 << op)]
-
-    codes = order.to(torch.int64).cpu() if (ops and order is not None) else None
-    if codes is None or bool((codes == codes[0]).all()):
-        steps = enabled(int(codes[0])) if codes is not None else enabled(IDENTITY_ORDER)
-        for start in range(0, n, per):
-            yield slice(start, min(start + per, n)), steps
-        return
-    sorted_codes, perm = torch.sort(codes, stable=True)
-    values, counts = torch.unique_consecutive(sorted_codes, return_counts=True)
-    start = 0
-    for code, count in zip(values.tolist(), counts.tolist()):
-        steps = enabled(code)
-        for s in range(start, start + count, per):
-            yield perm[s:min(s + per, start + count)].to(order.device), steps
-        start += count

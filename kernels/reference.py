@@ -18,8 +18,10 @@ import torch.nn.functional as F
 from dlpack_io.kernels.args import (
     Batch, check_crop, check_crop_packed, check_resize, check_resize_packed)
 from dlpack_io.kernels.checks import INT32_MAX, DeferredChecks, check_tensor, fail
-from dlpack_io.kernels.epilogue import check_jitter_values, finish, jitter_tensors, make_epilogue
-from dlpack_io.kernels.records import FLIP_H, FLIP_V
+from dlpack_io.kernels.colour import SCRATCH_PLANES, apply_op
+from dlpack_io.kernels.epilogue import (CHUNK_ELEMENTS, INV255, check_jitter_values,
+                                        jitter_tensors, make_epilogue)
+from dlpack_io.kernels.records import FLIP_H, FLIP_V, IDENTITY_ORDER, decode_order
 
 
 def epilogue(images: torch.Tensor, *, mean=None, std=None,
@@ -198,3 +200,87 @@ def mask_gather(src: torch.Tensor, offsets: torch.Tensor, shapes: torch.Tensor,
         if len(ry) and len(cx):
             out[i, ry[:, None], cx[None, :]] = mask[r[ry][:, None], c[cx][None, :]]
     return out.to(src.dtype)
+
+
+# ---- the epilogue's torch maths (the host path's, and the fallback's) -------------------
+# The batch is processed in chunks of whole samples (about CHUNK_ELEMENTS floats) that stay
+# in the CPU caches, with samples grouped by their jitter order, so each chunk runs one op
+# sequence in place.
+def finish(v: torch.Tensor, *, out_dtype: torch.dtype, scale: torch.Tensor, bias: torch.Tensor,
+           ops: int = 0, factors: Optional[torch.Tensor] = None,
+           order: Optional[torch.Tensor] = None, contrast_mean: Optional[torch.Tensor] = None,
+           out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Epilogue of an ``(N, C, H, W)`` batch ``v`` (uint8, or float32 in 0..255 units).
+
+    ``factors``: ``(N, 4)`` float32 brightness, contrast, saturation, hue (only the
+    columns of the ops in ``ops`` are read); ``order``: ``(N,)`` order codes;
+    ``contrast_mean``: ``(N,)`` float32 to use instead of the computed mean. Writes into
+    ``out`` when given (same shape, ``out_dtype``), else into a new tensor.
+    """
+    n, c, h, w = v.shape
+    if out is None:
+        out = torch.empty((n, c, h, w), dtype=out_dtype, device=v.device)
+    if n == 0:
+        return out
+    if not ops and v.dtype == torch.uint8 and out_dtype == torch.uint8:
+        return out.copy_(v)
+    per = min(n, max(1, CHUNK_ELEMENTS // (c * h * w)))
+    buf = torch.empty((per, c, h, w), dtype=torch.float32, device=v.device)
+    planes = torch.empty((SCRATCH_PLANES if ops else 0, per, h, w), dtype=torch.float32,
+                         device=v.device)
+    scale4, bias4 = scale.view(1, -1, 1, 1), bias.view(1, -1, 1, 1)
+    for idx, steps in _chunks(n, per, ops, order):
+        k = _length(idx)
+        x = buf[:k]
+        x.copy_(v[idx] if isinstance(idx, slice) else torch.index_select(v, 0, idx))
+        if ops:
+            sc = [p[:k] for p in planes]
+            means = None if contrast_mean is None else contrast_mean[idx]
+            x.mul_(INV255)
+            for op in steps:
+                apply_op(op, x, factors[idx], means, sc)
+            x.mul_(255.0)
+        if out_dtype == torch.uint8:
+            x.add_(0.5).floor_().clamp_(0.0, 255.0)
+        else:
+            x.mul_(scale4).add_(bias4)
+        _put(out, idx, x)
+    return out
+
+
+def _length(idx) -> int:
+    return idx.stop - idx.start if isinstance(idx, slice) else idx.numel()
+
+
+def _put(out: torch.Tensor, idx, x: torch.Tensor) -> None:
+    if isinstance(idx, slice):
+        out[idx].copy_(x)
+    else:
+        out.index_copy_(0, idx, x.to(out.dtype))
+
+
+def _chunks(n: int, per: int, ops: int, order: Optional[torch.Tensor]):
+    """Yield ``(index, op sequence)``: slices of ``per`` samples when every sample has the
+    same order, else runs of equal order codes (samples sorted by code), split by ``per``."""
+    def enabled(code: int) -> list[int]:
+        fields = decode_order(torch.tensor([code]))[0].tolist()
+        return [1 << op for op in fields if ops & (1 << op)]
+
+    if not ops:  # normalise and cast only: whole slices, no op sequence to look up
+        for start in range(0, n, per):
+            yield slice(start, min(start + per, n)), []
+        return
+    codes = order.to(torch.int64).cpu() if order is not None else None
+    if codes is None or bool((codes == codes[0]).all()):
+        steps = enabled(int(codes[0])) if codes is not None else enabled(IDENTITY_ORDER)
+        for start in range(0, n, per):
+            yield slice(start, min(start + per, n)), steps
+        return
+    sorted_codes, perm = torch.sort(codes, stable=True)
+    values, counts = torch.unique_consecutive(sorted_codes, return_counts=True)
+    start = 0
+    for code, count in zip(values.tolist(), counts.tolist()):
+        steps = enabled(code)
+        for s in range(start, start + count, per):
+            yield perm[s:min(s + per, start + count)].to(order.device), steps
+        start += count

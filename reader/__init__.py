@@ -1,32 +1,34 @@
 """dlpack_io.reader: read packed data sets.
 
-    from dlpack_io.reader import (Dataset, Mixture, Loader, RandomResizedCrop, RandomCrop,
-                                  CenterCrop,
-                                  Resize, RandomHorizontalFlip, RandomVerticalFlip,
-                                  ColorJitter, Normalize)
+    from dlpack_io.reader import (Dataset, Mixture, Loader, Order, Workers, Output,
+                                  RandomResizedCrop, RandomCrop, CenterCrop, Resize,
+                                  RandomHorizontalFlip, RandomVerticalFlip, ColorJitter,
+                                  Normalize)
 
 Cheap to import: every public name is imported on first use, so a process that needs only
 the byte spec (the packer's workers, the ``dlpack`` command's option lists: they import
 ``dlpack_io.reader.format``) does not pay for the Dataset, the Loader or torch.
 """
-__all__ = ["Dataset", "Loader", "LoaderOptions", "LoaderStats", "FormatError", "LoaderError",
+__all__ = ["Dataset", "Loader", "Order", "Workers", "Output", "LoaderOptions", "LoaderStats",
+           "FormatError", "LoaderError",
            "LoaderTimeout", "SampleError", "WorkerError", "Resize", "RandomResizedCrop",
            "RandomCrop", "CenterCrop", "RandomHorizontalFlip", "RandomVerticalFlip",
            "ColorJitter", "Normalize", "RandomErasing", "MixUp", "CutMix", "SampleTransform",
            "AutoAugment", "RandAugment", "TrivialAugmentWide", "Mixture"]
 
-_TRANSFORMS = "dlpack_io.reader.batch.transforms"
+_TRANSFORMS = "dlpack_io.reader.transforms"
+_OPTIONS = "dlpack_io.reader.batch.options"
 _ERRORS = "dlpack_io.reader.batch.errors"
 _LAZY = {"Dataset": "dlpack_io.reader.dataset", "FormatError": "dlpack_io.reader.format",
          "Mixture": "dlpack_io.reader.mixture",
-         "Loader": "dlpack_io.reader.batch.loader", "LoaderOptions": "dlpack_io.reader.batch.options",
+         "Loader": "dlpack_io.reader.batch.loader",
+         **dict.fromkeys(("LoaderOptions", "Order", "Workers", "Output"), _OPTIONS),
          "LoaderStats": "dlpack_io.reader.batch.stats",
-         "SampleTransform": "dlpack_io.reader.batch.sampleio",
          **dict.fromkeys(("LoaderError", "LoaderTimeout", "SampleError", "WorkerError"), _ERRORS),
          **dict.fromkeys(("Resize", "RandomResizedCrop", "RandomCrop", "CenterCrop",
                           "RandomHorizontalFlip", "RandomVerticalFlip", "ColorJitter",
                           "Normalize", "RandomErasing", "MixUp", "CutMix", "AutoAugment",
-                          "RandAugment", "TrivialAugmentWide"), _TRANSFORMS)}
+                          "RandAugment", "TrivialAugmentWide", "SampleTransform"), _TRANSFORMS)}
 
 
 def __getattr__(name: str):

@@ -6,9 +6,9 @@
 
 What the Loader sees is the face of a Dataset: a virtual concatenation of the sets (their
 shards one list, ``lookup``, ``where``, ``check_unchanged``, ``start_prefetch``), indexed by
-*virtual indices* (reader/batch/mixorder.py: ``copy * total + offset[set] + index``), and an
-epoch order drawn by mixorder.py. Shares are fixed at construction (``counts``); docs/loader.md
-("Mixing data sets") has the rules.
+*virtual indices* (reader/batch/sources.py: ``copy * total + offset[set] + index``), and
+an epoch order drawn there (``mixture_order``). Shares are fixed at construction
+(``counts``); docs/loader.md ("Mixing data sets") has the rules.
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from dlpack_io.reader import Dataset, Loader, Normalize, RandomCrop
+from dlpack_io.reader import Dataset, Loader, Normalize, Output, RandomCrop
 
 
 def main() -> None:
@@ -34,7 +34,8 @@ def main() -> None:
     log = open(f"{args.out}.{os.environ['RANK']}.log", "w", buffering=1)
     faulthandler.enable(file=log, all_threads=True)
     loader = Loader(Dataset(args.dataset), batch_size=args.batch_size, num_workers=1,
-                    transforms=[RandomCrop(16), Normalize()], return_index=True, seed=5)
+                    transforms=[RandomCrop(16), Normalize()], output=Output(return_index=True),
+                    seed=5)
     log.write("loader built\n")
     dist.init_process_group("gloo")
     log.write("process group up\n")

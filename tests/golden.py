@@ -104,7 +104,8 @@ def twice(pixels: np.ndarray) -> np.ndarray:
 
 
 def cases() -> dict:
-    """name -> (data set name, Loader keyword options without workers or dataset)."""
+    """name -> (data set name, Loader keyword options without the worker setting); the
+    option groups as dicts (``options`` makes them Order / Workers / Output)."""
     import torch
 
     from dlpack_io.reader import (CenterCrop, ColorJitter, CutMix, MixUp, Normalize,
@@ -119,16 +120,16 @@ def cases() -> dict:
         "rrc-uint8-targets": ("photos", dict(
             transforms=[RandomResizedCrop((28, 36), scale=(0.3, 1.0)), RandomHorizontalFlip(),
                         RandomVerticalFlip(0.3)], batch_size=7, seed=5, fields=targets,
-            return_index=True)),
+            output={"return_index": True})),
         "resize-center-jitter-fp16": ("photos", dict(
             transforms=[Resize(40), CenterCrop(32), ColorJitter(0.4, 0.4, 0.4, 0.1),
                         Normalize()], dtype=torch.float16, batch_size=9, seed=1)),
         "resize-random-bicubic": ("photos", dict(
             transforms=[Resize(38, interpolation="bicubic"), RandomCrop((30, 34)),
-                        RandomHorizontalFlip()], batch_size=8, seed=2, reduced_decode=False)),
+                        RandomHorizontalFlip()], batch_size=8, seed=2, workers={"reduced_decode": False})),
         "pad-detection": ("photos", dict(
-            transforms=[Resize(30, max_size=50), RandomHorizontalFlip()], pad=True,
-            pad_multiple=8, batch_size=6, seed=4,
+            transforms=[Resize(30, max_size=50), RandomHorizontalFlip()],
+            output={"pad": True, "pad_multiple": 8}, batch_size=6, seed=4,
             fields=("image", "label", "boxes", "categories", "mask"))),
         "recipe-augment-erase-mix": ("photos", dict(
             transforms=[RandomResizedCrop(24), RandomHorizontalFlip(), TrivialAugmentWide(),
@@ -141,7 +142,8 @@ def cases() -> dict:
             transforms=[RandomResizedCrop(26), RandomHorizontalFlip()],
             sample_transform=twice, batch_size=8, seed=9)),
         "block-drop-last-rank1": ("photos", dict(
-            transforms=rrc, shuffle="block", block_size=4, block_window=2, drop_last=True,
+            transforms=rrc, shuffle="block", order={"block_size": 4, "block_window": 2},
+            drop_last=True,
             rank=1, world_size=2, batch_size=6, seed=10)),
         "ordered-rank0-of-3": ("photos", dict(
             transforms=[CenterCrop(32)], shuffle=False, rank=0, world_size=3, batch_size=5)),
@@ -153,19 +155,34 @@ def cases() -> dict:
         "lmdb-rrc": ("photos-lmdb", dict(transforms=rrc, batch_size=8, seed=3)),
         "device-transforms-rrc": ("photos", dict(
             transforms=[RandomResizedCrop(32), RandomHorizontalFlip(),
-                        ColorJitter(0.2, 0.2, 0.2), Normalize()], device_transforms=True,
-            batch_size=8, seed=14)),
+                        ColorJitter(0.2, 0.2, 0.2), Normalize()],
+            workers={"device_transforms": True}, batch_size=8, seed=14)),
         "device-transforms-raw": ("raw", dict(
             transforms=[RandomCrop(30), RandomHorizontalFlip(), Normalize()],
-            device_transforms=True, batch_size=8, seed=15)),
+            workers={"device_transforms": True}, batch_size=8, seed=15)),
         "subset-indices": ("photos", dict(
-            transforms=rrc, indices=list(range(3, 35, 2)), batch_size=4, seed=16)),
+            transforms=rrc, order={"indices": list(range(3, 35, 2))}, batch_size=4, seed=16)),
         "mixture": ("mixture", dict(transforms=rrc, batch_size=8, seed=17)),
     }
 
 
 WORKERS = {"serial": dict(num_workers=0), "threads": dict(num_workers=2),
-           "processes": dict(num_workers=2, worker_kind="process")}
+           "processes": dict(num_workers=2, workers={"kind": "process"})}
+
+
+def options(kwargs: dict, workers: str = "threads", **extra) -> dict:
+    """Loader keywords of a case read with ``WORKERS[workers]`` (and ``extra``): the group
+    dicts merged and made Order / Workers / Output."""
+    from dlpack_io.reader import Order, Output, Workers
+
+    out = dict(kwargs)
+    for more in (WORKERS[workers], extra):
+        for key, value in more.items():
+            out[key] = {**out.get(key, {}), **value} if isinstance(value, dict) else value
+    for key, cls in (("order", Order), ("workers", Workers), ("output", Output)):
+        if key in out:
+            out[key] = cls(**out[key])
+    return out
 
 
 def dataset(name: str, root=DATA):
@@ -214,7 +231,7 @@ def run_case(name: str, workers: str = "threads", root=DATA, **extra) -> list[li
     from dlpack_io.reader import Loader
 
     set_name, kwargs = cases()[name]
-    with Loader(dataset(set_name, root), **dict(kwargs, **WORKERS[workers], **extra)) as loader:
+    with Loader(dataset(set_name, root), **options(kwargs, workers, **extra)) as loader:
         return epochs(loader)
 
 
@@ -228,7 +245,7 @@ def resume_states() -> dict:
 
     set_name, kwargs = cases()[RESUME_CASE]
     out = {}
-    with Loader(dataset(set_name), **kwargs, num_workers=0) as loader:
+    with Loader(dataset(set_name), **options(kwargs, "serial")) as loader:
         for _ in loader:
             pass
         for k, _ in enumerate(loader):
@@ -236,7 +253,7 @@ def resume_states() -> dict:
                 out["one-rank"] = loader.state_dict()
                 break
     two = dict(kwargs, batch_size=4, rank=0, world_size=2)
-    with Loader(dataset(set_name), **two, num_workers=0) as loader:
+    with Loader(dataset(set_name), **options(two, "serial")) as loader:
         for k, _ in enumerate(loader):
             if k + 1 == 3:
                 out["two-ranks"] = loader.state_dict()
@@ -250,7 +267,7 @@ def resumed(state: dict, **change) -> list[str]:
     from dlpack_io.reader import Loader
 
     set_name, kwargs = cases()[RESUME_CASE]
-    with Loader(dataset(set_name), **dict(kwargs, **change), num_workers=2) as loader:
+    with Loader(dataset(set_name), **options(dict(kwargs, **change))) as loader:
         loader.load_state_dict(state)
         return [digest(b) for b in loader]
 

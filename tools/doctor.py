@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import asdict, dataclass
+from dlpack_io.reader import Workers
 
 
 @dataclass
@@ -52,7 +53,7 @@ def measure(dataset, transforms, batch_size: int, num_workers: int, worker_kind:
     from dlpack_io.reader import Loader
 
     loader = Loader(dataset, batch_size=batch_size, num_workers=num_workers,
-                    worker_kind=worker_kind, transforms=list(transforms), drop_last=False,
+                    workers=Workers(kind=worker_kind), transforms=list(transforms), drop_last=False,
                     sample_transform=sample_transform)
     try:
         images, start, epoch = 0, None, 0

@@ -2,7 +2,7 @@
 mix within batches (``dlpack inspect A --order --mix B --weights 0.7,0.3``).
 
 ``mixture_report(paths, weights=...)`` returns a plain dict (``format_mixture_report``
-renders it). The order is the Loader's (reader/batch/mixorder.py, cut across ranks by
+renders it). The order is the Loader's (reader/batch/sources.py: ``mixture_order``, cut across ranks by
 order.rank_part). Mixing quality, per set s of weight w and per batch of B samples: the
 mean absolute difference between the samples of s in the batch and ``w * B``, beside what
 independent random draws would give on average, ``E|Binomial(B, w) - B w|`` (exact sum). A
@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from dlpack_io.reader.batch import mixorder
+from dlpack_io.reader.batch import sources
 from dlpack_io.reader.batch import order as order_mod
 
 
@@ -73,7 +73,7 @@ def mixture_report(paths, *, weights=None, samples_per_epoch=None, epoch_rule=No
 
     mix = Mixture([Dataset(p) for p in paths], weights, samples_per_epoch=samples_per_epoch,
                   epoch=epoch_rule)
-    order = mixorder.mixture_order(mix.sizes, mix.counts, mix.offsets, mix.total,
+    order = sources.mixture_order(mix.sizes, mix.counts, mix.offsets, mix.total,
                                    shuffle=shuffle, seed=seed, epoch=epoch,
                                    shard_sizes=mix.shard_sizes, block_size=block_size,
                                    window=window)

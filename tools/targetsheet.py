@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+from dlpack_io.reader import Output
 
 MASK_ALPHA = 0.45
 IGNORE = 255
@@ -127,7 +128,7 @@ def augmented_sheet(path, out_png, *, count: int = 48, cell: int = 160, columns:
     ds = Dataset(path, **({"max_pixels": max_pixels} if max_pixels else {}))
     names = ("image", "label") + tuple(n for n in TARGET_FIELDS if n in ds.fields)
     loader = Loader(ds, batch_size=min(count, len(ds)), shuffle="global", seed=seed,
-                    num_workers=0, fields=names, return_index=True,
+                    num_workers=0, fields=names, output=Output(return_index=True),
                     transforms=[RandomResizedCrop(size), RandomHorizontalFlip()])
     batch = next(iter(loader))
     got = dict(zip(names, batch[:len(names)]))

@@ -14,10 +14,10 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 def no_staging():
     """Within this block Loaders deliver as before staging existed: batch k+1 is taken from
     the workers early, but its copy is issued only when it is due (patches the Loader's
-    ``stage_next`` step in reader/batch/engine.py: the reader has no option for
+    ``stage_next`` step in reader/batch/pipeline.py: the reader has no option for
     it, and the before/after comparison must run the shipped code otherwise unchanged;
     fails loudly if that step has gone)."""
-    from dlpack_io.reader.batch import engine
+    from dlpack_io.reader.batch import pipeline as engine
 
     real = engine.stage_next
 

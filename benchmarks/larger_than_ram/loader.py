@@ -2,6 +2,7 @@
 its shards mapped, optionally madvise'd."""
 from __future__ import annotations
 
+from dlpack_io.reader import Order, Output
 from dlpack_io.reader.batch.order import DEFAULT_BLOCK_SIZE, DEFAULT_WINDOW
 
 from benchmarks.larger_than_ram.cache import MADV_RANDOM, advise_mappings, shard_files
@@ -26,8 +27,9 @@ def ram_loader(path, mode: str, crop: int, batch_size: int, workers: int, *, shu
         raise ValueError(f"advice={advice!r}: expected one of {sorted(map(str, ADVICE))}")
     resize = (RandomResizedCrop if mode == "jpeg" else RandomCrop)(crop)
     loader = Loader(Dataset(path), batch_size=batch_size, shuffle=shuffle, seed=seed,
-                    block_size=block_size, block_window=block_window, num_workers=workers,
-                    transforms=[resize, RandomHorizontalFlip()], return_index=True)
+                    order=Order(block_size=block_size, block_window=block_window),
+                    output=Output(return_index=True), num_workers=workers,
+                    transforms=[resize, RandomHorizontalFlip()])
     loader.dataset.lookup(np.arange(len(loader.dataset)))  # maps every shard
     if ADVICE[advice]:
         advise_mappings(shard_files(path), ADVICE[advice])

@@ -5,7 +5,7 @@ ROUNDS turns each, at batch boundaries), measures each as the training loop sees
 the best for the rest of the run and logs what it chose and why (also
 ``loader.stats().tuned``). An untimed warm-up turn of ``cores`` threads comes first (the
 epoch's own start); a candidate's engine is started at its first turn, which is not timed
-either, and parked between its turns (enginepool.py), so a timed turn measures the setting,
+either, and parked between its turns (EnginePool, below), so a timed turn measures the setting,
 not a start-up. Every turn is the same number of batches (trials.equal_turn: a multiple of
 every candidate's worker count) and starts with an empty pipeline. ``cores`` threads go
 first; their first turn decides which candidates the host makes pointless (trials.skip).
@@ -28,8 +28,9 @@ and 5). The best setting has the shortest (median) seconds per batch; settings w
 fewer before more) wins, so a loop that is not data-bound keeps the cheapest setting.
 
 The candidates: trials.candidates. Once settled, the chosen setting meets the runner-up
-once more, later in the run (confirm.py), so that one unlucky moment of a shared machine
-does not decide the whole run.
+once more, later in the run (trials.Check), so that one unlucky moment of a shared machine
+does not decide the whole run. While the candidates take turns their engines are parked
+between turns (:class:`EnginePool`, at the end of this module), not restarted.
 
 ``prefetch="auto"``: ``2 x workers`` batches in flight (one being built and one ready per
 worker), raised up to ``4 x workers`` only when the trial saw an irregularity of
@@ -47,22 +48,19 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import replace
 
-from dlpack_io.reader.batch import stagetimes
-from dlpack_io.reader.batch.confirm import Check, runner_up
-from dlpack_io.reader.batch.engine import Run, Shifted, deliver
-from dlpack_io.reader.batch.enginepool import EnginePool, engine_key
 from dlpack_io.reader.batch.errors import LoaderError
-from dlpack_io.reader.batch.stats import tree_cpu
-from dlpack_io.reader.batch.trials import (ROUNDS, Trial, candidates, choose, converged,
-                                           describe, drop_losers, equal_turn, name, skip,
-                                           usable_cores)
+from dlpack_io.reader.batch.options import AUTO, MAX_PREFETCH, MAX_WORKERS
+from dlpack_io.reader.batch.pipeline import Run, Shifted, deliver
+from dlpack_io.reader.batch.stats import STAGES, tree_cpu, usable_cores
+from dlpack_io.reader.batch.trials import (ROUNDS, Check, Trial, candidates, choose, converged,
+                                           describe, drop_losers, equal_turn, name, runner_up,
+                                           skip)
 
 __all__ = ["AUTO", "Shifted", "Trial", "Tuner", "candidates", "choose", "converged",
            "drop_losers", "usable_cores"]
 log = logging.getLogger(__name__)
-AUTO = "auto"
+_USER, _STAGE_COUNT = STAGES.index("user"), len(STAGES)
 TWO_ITERATORS = ("a newer iterator of this Loader started while num_workers='auto' measures, "
                  "swapping the workers: not supported before stats().tuned says 'checked later'")
 JITTER_RAISE = 2.0    # prefetch="auto" goes deeper than 2 x workers only from this jitter on
@@ -74,17 +72,15 @@ class Tuner:
     def __init__(self, options, on_setting=None, cores: int | None = None):
         """``options``: the LoaderOptions asked for; ``on_setting(num_workers, worker_kind,
         reason)`` hears of every setting in use (the stats clock)."""
-        from dlpack_io.reader.batch.options import MAX_PREFETCH, MAX_WORKERS
-
         self.asked, self._max_prefetch = options, MAX_PREFETCH
         self._tell = on_setting or (lambda *args: None)
         auto_workers = options.num_workers == AUTO
-        self.auto_prefetch = options.prefetch == AUTO
+        self.auto_prefetch = options.workers.prefetch == AUTO
         self.cores = usable_cores() if cores is None else cores
         if auto_workers:
             kinds = candidates(self.cores, MAX_WORKERS)
         else:
-            kinds = [(options.worker_kind, int(options.num_workers))]
+            kinds = [(options.workers.kind, int(options.num_workers))]
         self.trials = [Trial(kind, n) for kind, n in kinds]
         # too short an epoch to measure: cores threads (every heavy step releases the GIL)
         self.fallback = next((t for t in self.trials if t.kind == "thread" and auto_workers
@@ -97,7 +93,7 @@ class Tuner:
             name(t) for t in self.trials)
         self.engines = EnginePool()  # the candidates' engines, parked between their turns
         self.engines.parking = not self.settled
-        self.check, self._newest = None, 0  # confirm.Check; deliveries started measuring
+        self.check, self._newest = None, 0  # trials.Check; deliveries started measuring
         self._why = ""       # what the choice rests on, in words (the log line's parentheses)
         self._use(self._concrete(self.fallback, None))
 
@@ -110,9 +106,8 @@ class Tuner:
     def _concrete(self, trial: Trial, prefetch) -> object:
         asked = self.asked
         if prefetch is None:
-            prefetch = None if asked.prefetch == AUTO else asked.prefetch
-        return replace(asked, num_workers=trial.workers, worker_kind=trial.kind,
-                       prefetch=prefetch)
+            prefetch = None if asked.workers.prefetch == AUTO else asked.workers.prefetch
+        return asked.with_setting(trial.workers, trial.kind, prefetch)
 
     def next_turn(self, extra: Trial | None = None) -> Trial | None:
         """The next turn: the candidate with the fewest turns, ``cores`` threads first,
@@ -131,7 +126,7 @@ class Tuner:
 
     def deliver(self, engine, swap, batches, start, ticket0, prefetch, epoch, on_batch):
         """engine.deliver's batches, in order, with the trials (and later the check of the
-        choice: confirm.py) in between; ``swap(options)`` closes or parks the running engine
+        choice: trials.Check) in between; ``swap(options)`` closes or parks the running engine
         and returns one built for ``options`` (an iteration overtaken: TWO_ITERATORS)."""
         run = Run(batches, start, ticket0, prefetch, epoch, on_batch)
         if self.settled and self.check is None:  # nothing swaps the workers any more
@@ -186,7 +181,7 @@ class Tuner:
         return self.settle(engine, swap), k
 
     def _confirm(self, engine, swap, run, k: int, trials_now: bool):
-        """The check of the choice against the runner-up (confirm.py), once: ``gap``
+        """The check of the choice against the runner-up (trials.Check), once: ``gap``
         batches after trials of this epoch, or one turn's worth (a warm-up: _plain) into a
         later epoch, when the epoch still holds the whole check; returns (engine, next
         batch)."""
@@ -237,9 +232,9 @@ class Tuner:
         for item in deliver(engine, run.batches[:end], k, run.ticket0, run.shifted(k),
                             run.epoch, self.options.in_flight, run.on_batch):
             images += len(item[2])
-            stages = stagetimes.totals(item[1].stages)
+            stages = item[1].stages
             if stages is not None:  # prefetch="auto"'s jitter: the batch's build seconds
-                user += float(stages[stagetimes.USER])
+                user += float(stages[_USER])
                 builds.append(float(stages.sum()))
             handed = time.perf_counter()
             yield item  # the step runs here: the turn's time spans it, as the loop sees it
@@ -266,7 +261,7 @@ class Tuner:
         """Keep the best trial's setting (``prefetch="auto"``: its depth too), log why;
         returns the engine to go on with (``swap``'s when the setting changes; the parked
         engines are closed but the runner-up's, if any, checked against it later:
-        confirm.py). ``short``: the epoch has only this many batches, too few for one round
+        trials.Check). ``short``: the epoch has only this many batches, too few for one round
         of trials: the fallback setting, unmeasured."""
         best = self.fallback if short else choose(self.trials)
         chosen = self._concrete(best, self._depth(best))
@@ -288,7 +283,7 @@ class Tuner:
         the engine: the running one when it is ``chosen``'s, else ``swap``'s."""
         same = engine_key(chosen) == engine_key(self.options)
         self.engines.parking = False
-        self.reason = (f"num_workers={chosen.num_workers} worker_kind={chosen.worker_kind!r} "
+        self.reason = (f"num_workers={chosen.num_workers} worker_kind={chosen.workers.kind!r} "
                        f"prefetch={chosen.in_flight} {self._why}")
         self._use(chosen)
         if same:
@@ -297,4 +292,70 @@ class Tuner:
 
     def _use(self, options) -> None:
         self.options = options
-        self._tell(options.num_workers, options.worker_kind, self.reason)
+        self._tell(options.num_workers, options.workers.kind, self.reason)
+
+
+# ---- engines parked between turns ------------------------------------------------------
+# The engines of ``num_workers="auto"``'s candidates, kept alive between their turns.
+#
+# While the tuner (autotune.py) tries its candidates in turns, the engine of a candidate whose
+# turn ended is parked here, idle, rather than closed: its next turn goes on with the same
+# workers and buffers (no thread or process start, no fresh buffers to fault in, which on a
+# fast data set cost more than the batches of a turn). Once the setting is settled, every
+# parked engine is closed and an engine is closed, never parked, when it is swapped out.
+# Every engine is closed through ``stop`` (the Loader's: the stats clock reads the CPU of
+# its worker processes as they go), and ``pids`` lists the parked engines' worker processes
+# (their CPU counts toward the epoch as the running engine's does: pipeline.StatsClock).
+def engine_key(options) -> tuple:
+    """What makes two engines interchangeable: worker kind, worker count, batches in flight."""
+    return options.workers.kind, int(options.num_workers), options.in_flight
+
+
+class EnginePool:
+    """Parked engines by ``engine_key``; ``parking`` is on while the candidates are on trial."""
+
+    def __init__(self, make=None):
+        self.idle: dict = {}
+        self.parking = False
+        self.make = make      # options -> a new engine (the Loader's)
+        self.stop = None      # engine -> None: closes it (None: engine.close())
+        self._running = None  # the key of the engine swap() last handed out
+        self.fresh = False    # whether swap() last handed out a new engine (not a parked one)
+        self.spare = None     # the key of a parked engine kept past the trials (the runner-up's,
+        #                       until the later check: trials.Check), or None
+
+    def swap(self, engine, options):
+        """The engine for concrete LoaderOptions ``options``: a parked one of the same key,
+        or ``self.make(options)``. ``engine`` (the running one, or None) is parked while
+        ``parking`` or when it is the ``spare``, closed otherwise (and then every parked
+        engine but the spare is closed too)."""
+        if engine is not None:
+            if (self.parking or self._running == self.spare) and self._running not in self.idle:
+                self.idle[self._running] = engine
+            else:
+                self._stop(engine)
+        key = engine_key(options)
+        found = self.idle.pop(key, None)
+        if not self.parking:
+            self.close(self.spare)
+        self._running, self.fresh = key, found is None
+        return found if found is not None else self.make(options)
+
+    def close(self, spare=None) -> None:
+        """Close every parked engine (the running one belongs to the Loader) but the one of
+        key ``spare``."""
+        idle = self.idle
+        self.idle = {key: engine for key, engine in idle.items() if key == spare}
+        for key, engine in idle.items():
+            if key != spare:
+                self._stop(engine)
+
+    def pids(self) -> list[int]:
+        """Process ids of the parked engines' worker processes (none for threads)."""
+        return [pid for engine in list(self.idle.values()) for pid in engine.runner.pids]
+
+    def _stop(self, engine) -> None:
+        if self.stop is None:
+            engine.close()
+        else:
+            self.stop(engine)

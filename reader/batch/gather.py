@@ -1,10 +1,14 @@
-"""The gathered layout of a batch, for the device path: the stored pixels each sample needs
-(a whole raw record, or the decoded region of a JPEG) back to back in one flat (pinned)
-buffer, then one 64-byte record per sample (box, flips, ragged geometry, jitter, label:
-``dlpack_io.kernels.records``), so one host->device copy and one kernel finish the batch
-(:mod:`device`)."""
+"""The build stage's gathered layout, for transforms on the device: the stored pixels each
+sample needs (a whole raw record, or the decoded region of a JPEG) back to back in one flat
+(pinned) buffer, then one 64-byte record per sample (box, flips, ragged geometry, jitter,
+label: ``dlpack_io.kernels.records``), so one host->device copy and one kernel finish the
+batch (finish.py). :class:`GatherJob` offers the job faces of build.py to the workers; its
+buffers are a :class:`SlotPool` of pinned slots."""
 from __future__ import annotations
 
+import functools
+import queue
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,8 +18,10 @@ from dlpack_io.kernels.records import (FLIP_H, FLIP_V, IDENTITY_ORDER, JITTER_OP
                                        RECORD_PLACEMENT, host_records)
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader import jpegdecode, nativecopy
-from dlpack_io.reader.batch.build import (BuildContext, Scratch, record_payload, skip_or_raise,
-                                          user_pixels)
+from dlpack_io.reader.batch.build import (DECODE, PLAN, BuildContext, HostBatch, Scratch,
+                                          largest_image, plan_checked, record_payload,
+                                          scratch_of, skip_or_raise, stage_table,
+                                          stage_totals, user_pixels)
 from dlpack_io.reader.batch.plan import BatchPlan
 
 
@@ -34,7 +40,7 @@ class GatherMeta:
     nbytes: int             # bytes of the buffer in use (pixels + records)
     indices: np.ndarray     # (N,) global indices of the samples in the buffer
     skipped: list           # Skipped entries of samples left out (on_error="skip")
-    stages: object = None   # worker seconds per stage (stagetimes.py)
+    stages: object = None   # worker seconds per stage (build.stage_totals)
 
 
 def is_dense(entries, ctx: BuildContext) -> bool:
@@ -161,3 +167,110 @@ def gather_batch(ctx: BuildContext, plan: BatchPlan, epoch: int, buf: np.ndarray
              int(plan.entries["width"][0]), 3) if dense else None
     return _meta(plan, geo, everyone, shape, offset, list(plan.skipped) + [e for _, e in failed],
                  buf)
+
+
+def _gather_stages(plan_s: float, gather_s: float):
+    """The stage seconds of a gathered batch (gathering counts as reading and decoding)."""
+    stages = stage_table()
+    stages[0, PLAN], stages[0, DECODE] = plan_s, gather_s
+    return stage_totals(stages)
+
+
+class GatherJob:
+    """Transforms on the device: each batch gathered whole by one worker into a slot."""
+
+    def __init__(self, ctx: BuildContext, num_slots: int, pin: bool):
+        self.ctx = ctx
+        self.slots = SlotPool(num_slots, pin=pin)
+
+    def _gather(self, indices, epoch, out: list, state: dict) -> None:
+        t0 = time.perf_counter()
+        plan = plan_checked(self.ctx, indices, epoch)
+        slot = self.slots.acquire(gather_bytes(plan.entries))
+        t1 = time.perf_counter()  # a free slot was waited for: not the worker's work
+        try:
+            meta = gather_batch(self.ctx, plan, epoch, self.slots.array(slot), scratch_of(state),
+                                state.get("progress"))
+        except BaseException:
+            self.slots.release(slot)
+            raise
+        meta.stages = _gather_stages(t1 - t0, time.perf_counter() - t1)
+        out.extend((slot, meta))
+
+    def split(self, k: int, indices, epoch: int):
+        """One part: gather batch ``k`` into a free pinned slot (in a worker thread)."""
+        out = []
+
+        def finalize():
+            slot, meta = out
+            return HostBatch(meta.labels, meta.indices, meta.skipped,
+                             data=self.slots.tensor(slot)[:meta.nbytes], meta=meta,
+                             release=functools.partial(self.slots.release, slot),
+                             stages=meta.stages)
+        return [functools.partial(self._gather, indices, epoch, out)], finalize
+
+    def slot_bytes(self, batch_size: int) -> int:
+        """Shared slot size for process workers: a batch of full-size stored images, then
+        one 64-byte record per sample."""
+        h, w = largest_image(self.ctx.dataset)
+        return batch_size * (h * w * 3 + 64) + 64
+
+    def build(self, slot, progress, state, indices, epoch) -> GatherMeta:
+        """(In a worker) gather the batch into the shared slot; return its GatherMeta."""
+        t0 = time.perf_counter()
+        plan = plan_checked(self.ctx, indices, epoch)
+        t1 = time.perf_counter()
+        meta = gather_batch(self.ctx, plan, epoch, np.frombuffer(slot, dtype=np.uint8),
+                            scratch_of(state), progress)
+        meta.stages = _gather_stages(t1 - t0, time.perf_counter() - t1)
+        return meta
+
+    def collect(self, slot, meta: GatherMeta, release) -> HostBatch:
+        """(In the consumer) a view of the slot's bytes; the slot stays held until
+        ``release`` (after the device copy)."""
+        import torch
+
+        data = torch.frombuffer(slot, dtype=torch.uint8, count=max(meta.nbytes, 1))[:meta.nbytes]
+        return HostBatch(meta.labels, meta.indices, meta.skipped, data=data, meta=meta,
+                         release=release, stages=meta.stages)
+
+
+class SlotPool:
+    """``n`` reusable flat uint8 host buffers (pinned for CUDA), grown on demand, handed out
+    blocking: at most ``n`` batches are gathered or in flight to the device at once, which
+    bounds the pinned memory a loader holds (n x the largest batch)."""
+
+    def __init__(self, n: int, pin: bool):
+        self.pin = pin
+        self._tensors = [None] * n
+        self._free = queue.SimpleQueue()
+        for i in range(n):
+            self._free.put(i)
+
+    def acquire(self, nbytes: int) -> int:
+        """A free slot of at least ``nbytes`` bytes (blocks until one is released)."""
+        import torch
+
+        i = self._free.get()
+        t = self._tensors[i]
+        if t is None or t.numel() < nbytes:
+            self._tensors[i] = None  # free the old one before allocating the larger one
+            self._tensors[i] = torch.empty(max(nbytes * 5 // 4, 1), dtype=torch.uint8,
+                                           pin_memory=self.pin)
+        return i
+
+    def tensor(self, i: int):
+        """Slot ``i`` as a flat uint8 tensor."""
+        return self._tensors[i]
+
+    def array(self, i: int) -> np.ndarray:
+        """Slot ``i`` as a flat uint8 numpy array (shares memory)."""
+        return self._tensors[i].numpy()
+
+    def release(self, i: int) -> None:
+        """Give slot ``i`` back."""
+        self._free.put(i)
+
+    def nbytes(self) -> int:
+        """Bytes held by the slots allocated so far."""
+        return sum(t.numel() for t in self._tensors if t is not None)

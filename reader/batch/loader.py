@@ -8,104 +8,196 @@
             loader.set_epoch(epoch)     # optional: each new iteration starts the next epoch
             for images, labels in loader: ...
 
-What a batch holds is a pure function of (seed, epoch, rank, world_size, batch_size,
-drop_last, indices) -- see order.py and resume.py -- and its random transforms a pure
-function of (seed, epoch, sample index): never of num_workers or worker kind. One batch
-goes plan (plan.py) -> host pixels (host.py or gather.py, in the workers of engine.py) -> finish
-(device.py). docs/loader.md has the details.
+One batch goes through four stages, composed here and nowhere else:
+
+    order   which samples, in which batches: a pure function of (seed, epoch, rank,
+            world_size, batch_size, drop_last, indices) (order.py, sources.py; resume.py
+            continues a saved epoch)
+    plan    per-sample parameters, drawn once (plan.py, from the transforms of
+            reader/transforms/)
+    build   decode and host transforms into the batch buffer, in the workers (build.py or
+            gather.py, run by workers.py)
+    finish  device copy and kernels, batch-level transforms, the fields (finish.py,
+            fields.py)
+
+:func:`make_engine` composes plan + build + finish for one worker setting; the delivery
+loop (pipeline.py) runs them and its clock observes them (``loader.stats()``).
+``num_workers="auto"`` wraps that loop while it measures (autotune.py) and is absent from it
+otherwise. A batch's random transforms are a pure function of (seed, epoch, sample index):
+never of num_workers or worker kind. docs/loader.md has the details.
 """
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
-from dataclasses import fields as dataclass_fields
 
 import numpy as np
 
 from dlpack_io.reader.batch import order as order_mod
 from dlpack_io.reader.batch import resume, sources
-from dlpack_io.reader.batch.compat import (DataLoaderAttributes, pin_ok, pinned,
-                                           refuse_dataloader_only)
 from dlpack_io.reader.batch.autotune import Tuner
-from dlpack_io.reader.batch.engine import make_engine
-from dlpack_io.reader.batch.targets import Assembler
-from dlpack_io.reader.batch.options import (OPTION_DOCS, LoaderOptions, resolve_device,
+from dlpack_io.reader.batch.build import BufferPool, BuildContext, FinishedJob
+from dlpack_io.reader.batch.errors import SkipAccount
+from dlpack_io.reader.batch.fields import Assembler
+from dlpack_io.reader.batch.finish import (BatchFinish, DeviceFinisher, HostFinisher, pin_ok,
+                                           pinned, place_transforms)
+from dlpack_io.reader.batch.gather import GatherJob
+from dlpack_io.reader.batch.options import (AUTO, OPTION_DOCS, LoaderOptions, Order, Output,
+                                            Workers, options_from, resolve_device,
                                             use_device_transforms)
+from dlpack_io.reader.batch.pipeline import Engine, StatsClock, deliver
 from dlpack_io.reader.batch.plan import compile_spec
-from dlpack_io.reader.batch.recipes import BatchFinish, place_transforms
-from dlpack_io.reader.batch.skips import SkipAccount
 from dlpack_io.reader.batch.stats import LogSchedule
-from dlpack_io.reader.batch.statsclock import StatsClock
+from dlpack_io.reader.batch.workers import ProcessRunner, SerialRunner, ThreadRunner
+from dlpack_io.reader.mixture import Mixture
 
 log = logging.getLogger(__name__)
-
-
 _D = LoaderOptions  # the defaults live in LoaderOptions alone; the signature reads them
 
 
-class Loader(DataLoaderAttributes):
-    """Shuffled, transformed batches of ``dataset`` (a Dataset, a torch Subset of one, or a
-    Mixture of data sets: sources.py) as
-    ``(images, labels)`` tensors, ``(images, labels, indices)`` with ``return_index=True``.
+# ---- the stages, composed ---------------------------------------------------------------
+def make_engine(o: LoaderOptions, dataset, spec, device, device_transforms: bool) -> Engine:
+    """The stages for LoaderOptions ``o`` reading ``dataset`` with compiled ``spec``: the
+    build job (host transforms into finished batches, or stored pixels gathered for the
+    device), the workers that run it and the finisher that delivers its batches."""
+    ctx = BuildContext(dataset, spec, o.seed, o.workers.on_error == "skip",
+                       bool(dataset.verify_checksums), o.sample_transform)
+    cuda = device.type == "cuda"
+    if device_transforms:
+        job = GatherJob(ctx, o.in_flight + 2, pin=cuda)
+        finisher = DeviceFinisher(spec, device)
+    else:
+        job = FinishedJob(ctx, BufferPool(2 * o.in_flight + 4, pin_memory=cuda), o.num_workers)
+        finisher = HostFinisher(device)
+    w = o.workers
+    if o.num_workers == 0:
+        runner = SerialRunner(job)
+    elif w.kind == "process":
+        slot = job.slot_bytes(min(o.batch_size, max(1, len(dataset))))  # no batch is larger
+        check_slots(o, slot, o.in_flight + 1)
+        runner = ProcessRunner(job, o.num_workers, slot, o.in_flight + 1, timeout=w.timeout,
+                               describe=dataset.where)
+        if device_transforms:
+            finisher.pin(runner.slot_buffers())  # slots are read by the device copy
+    else:
+        runner = ThreadRunner(job, o.num_workers, timeout=w.timeout, describe=dataset.where)
+    return Engine(job, runner, finisher)
 
-    Every option is keyword-only; they are listed below (``OPTION_DOCS`` of
-    options.py, beside their defaults), and docs/loader.md has the long form.
+
+def check_slots(o: LoaderOptions, slot_bytes: int, slots: int) -> None:
+    """Refuse, before anything is mapped, process-worker batch slots that could not fit:
+    more than half of this machine's memory (a batch_size or prefetch far too large)."""
+    total = slot_bytes * slots
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):  # not on this platform: no bound to check against
+        return
+    if total > memory // 2:
+        raise ValueError(f"Loader: batch_size {o.batch_size} with worker kind 'process' needs "
+                         f"{slots} shared batch slots of {slot_bytes} bytes ({total} bytes), "
+                         f"more than half of this machine's {memory} bytes of memory; lower "
+                         f"batch_size, prefetch ({o.in_flight} batches in flight) or the "
+                         f"output size")
+
+
+class Loader:
+    """Shuffled, transformed batches of ``dataset`` (a Dataset, a torch Subset of one, or a
+    Mixture of data sets: sources.py) as ``(images, labels)`` tensors (the ``fields`` asked
+    for; ``(..., indices)`` with ``output=Output(return_index=True)``).
+
+    Every option is keyword-only; they are listed below (made from LoaderOptions, Order,
+    Workers and Output in options.py, beside their defaults), and docs/loader.md has the
+    long form.
 
     Epochs: each new iteration reads the epoch after the last one iterated (as DataLoader
     reshuffles on every ``iter``); ``set_epoch(e)`` chooses the next one exactly.
     """
 
     def __init__(self, dataset, *, batch_size: int = _D.batch_size, shuffle=_D.shuffle,
-                 seed: int = _D.seed, num_workers: int = _D.num_workers,
+                 seed: int = _D.seed, num_workers=_D.num_workers,
                  drop_last: bool = _D.drop_last, transforms=_D.transforms,
                  sample_transform=_D.sample_transform, dtype=_D.dtype, device=_D.device,
-                 indices=_D.indices, rank: int | None = _D.rank,
-                 world_size: int | None = _D.world_size, prefetch: int | None = _D.prefetch,
-                 worker_kind: str = _D.worker_kind, timeout: float | None = _D.timeout,
-                 on_error: str = _D.on_error, return_index: bool = _D.return_index,
-                 device_transforms: bool | None = _D.device_transforms,
-                 reduced_decode: bool = _D.reduced_decode, block_size: int = _D.block_size,
-                 block_window: int = _D.block_window, log_every=_D.log_every,
-                 pin_memory: bool = _D.pin_memory, prefetch_factor: int | None = _D.prefetch_factor,
-                 persistent_workers: bool = _D.persistent_workers, fields: tuple = _D.fields,
-                 pad: bool = _D.pad, pad_multiple: int = _D.pad_multiple,
-                 mask_pad_value: int = _D.mask_pad_value, options: LoaderOptions | None = None,
-                 **dataloader_only):
-        args = locals()
-        names = [f.name for f in dataclass_fields(LoaderOptions)]
-        refuse_dataloader_only(dataloader_only, names)
-        given = {name: args[name] for name in names}
-        if options is not None and any(v is not getattr(_D, k) for k, v in given.items()):
-            raise TypeError("pass either options=LoaderOptions(...) or keyword options, not both")
-        self.options = opts = options if options is not None else LoaderOptions(**given)
-        self.dataset, self.subset = sources.unwrap(dataset, opts.indices)
-        self.fields = sources.check_fields(self.dataset, opts.fields)
-        self.spec = compile_spec(opts.transforms, dtype=opts.dtype,
-                                 reduced_decode=opts.reduced_decode, pad=opts.pad_stride)
-        self.device = resolve_device(opts.device)
-        wanted = use_device_transforms(opts.device_transforms, self.device) \
-            and opts.sample_transform is None
-        self.device_transforms = place_transforms(self.spec, wanted, opts.device_transforms)
-        self._batch = Assembler(self.dataset, self.fields, self.spec, opts, self.device_transforms)
-        self._finish = BatchFinish(self.spec, opts.seed, len(self.dataset.classes),
+                 fields: tuple = _D.fields, rank: int | None = _D.rank,
+                 world_size: int | None = _D.world_size, order: Order | None = None,
+                 workers: Workers | None = None, output: Output | None = None,
+                 **compat):
+        given = {k: v for k, v in locals().items() if k not in ("self", "dataset", "compat")}
+        self.options = o = options_from(given, compat)
+        self._prefetch_factor = compat.get("prefetch_factor")  # as asked: DataLoader's name
+        self.dataset, self.subset = sources.unwrap(dataset, o.order.indices)
+        self.fields = sources.check_fields(self.dataset, o.fields)
+        w = o.workers
+        self.spec = compile_spec(o.transforms, dtype=o.dtype, reduced_decode=w.reduced_decode,
+                                 pad=o.pad_stride)
+        self.device = resolve_device(o.device)
+        wanted = use_device_transforms(w.device_transforms, self.device) \
+            and o.sample_transform is None
+        self.device_transforms = place_transforms(self.spec, wanted, w.device_transforms)
+        self._batch = Assembler(self.dataset, self.fields, self.spec, o, self.device_transforms,
+                                sources.public_indices)
+        self._finish = BatchFinish(self.spec, o.seed, len(self.dataset.classes),
                                    self.device_transforms)
-        self._world = (opts.rank, opts.world_size)
-        self.rank, self.world_size = order_mod.resolve_world(opts.rank, opts.world_size)
+        self._world = (o.rank, o.world_size)
+        self.rank, self.world_size = order_mod.resolve_world(o.rank, o.world_size)
         self.skipped = SkipAccount()
-        self._stats = StatsClock(0, opts.worker_kind, self.device)  # Tuner: the setting
-        self._tune = Tuner(opts, self._stats.setting)  # "auto": settled on the first batches
-        self._tune.engines.make = lambda o, d=self.dataset, s=self.spec, dev=self.device, \
-            t=self.device_transforms: make_engine(o, d, s, dev, t)  # no cycle through self
-        self._tune.engines.stop = self._stats.stop_engine  # their workers' CPU is counted
-        self._log = LogSchedule(opts.log_every)
+        self._mixture = isinstance(self.dataset, Mixture)
+        fixed = AUTO not in (o.num_workers, w.prefetch) or o.num_workers == 0
+        self._stats = StatsClock(o.num_workers if fixed else 0, w.kind, self.device)
+        self._tune = None if fixed else self._tuner()  # "auto": settled on the first batches
+        self._log = LogSchedule(w.log_every) if w.log_every is not None else None
         self._consumer = threading.get_ident()  # the thread that iterates (updated per epoch)
-        self._pin = pin_ok(opts.pin_memory, self.device)
+        self._pin = pin_ok(o.output.pin_memory, self.device)
         self.epoch, self._advance = 0, False  # True: self.epoch's iteration started (next: +1)
         self._restored = None          # (epoch, segments) from load_state_dict
         self._cursor = None            # (epoch, segments before this run, world, batch, total)
-        self._engine = None            # engine.Engine (job, workers, finisher), kept across epochs
+        self._engine = None            # pipeline.Engine, kept across epochs
         self._tickets = 0              # batches ever submitted (the runners' batch ids)
+
+    def _tuner(self) -> Tuner:
+        tune = Tuner(self.options, self._stats.setting)
+        tune.engines.make = lambda o, d=self.dataset, s=self.spec, dev=self.device, \
+            t=self.device_transforms: make_engine(o, d, s, dev, t)  # no cycle through self
+        tune.engines.stop = self._stats.stop_engine  # their workers' CPU is counted
+        return tune
+
+    # ---- DataLoader's attribute names ---------------------------------------------------
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per batch (the last batch of a rank may hold fewer unless drop_last)."""
+        return self.options.batch_size
+
+    @property
+    def num_workers(self):
+        """Worker threads or processes (0: batches are built in the calling thread)."""
+        return self.options.num_workers
+
+    @property
+    def drop_last(self) -> bool:
+        """Whether each rank's short last batch is dropped."""
+        return bool(self.options.drop_last)
+
+    @property
+    def pin_memory(self) -> bool:
+        """Whether CPU batches are delivered in pinned memory (as asked)."""
+        return bool(self.options.output.pin_memory)
+
+    @property
+    def prefetch_factor(self) -> int | None:
+        """Batches in flight per worker, as asked (None: ``prefetch`` or its default)."""
+        return self._prefetch_factor
+
+    @property
+    def persistent_workers(self) -> bool:
+        """Whether workers are kept from one epoch to the next."""
+        return bool(self.options.workers.persistent)
 
     # ---- sizes and order -------------------------------------------------------------
     def __len__(self) -> int:
@@ -184,13 +276,10 @@ class Loader(DataLoaderAttributes):
             self.epoch, self._advance = self.epoch + 1, False
         return self._run(self.epoch)
 
-    def _resolve_world(self):
-        self.rank, self.world_size = order_mod.recheck_world(self._world, self.rank,
-                                                             self.world_size)
-
     def _plan_epoch(self, epoch: int):
         """(rank's samples, batch bounds, segments before this run, first batch)."""
-        self._resolve_world()
+        self.rank, self.world_size = order_mod.recheck_world(self._world, self.rank,
+                                                             self.world_size)
         base, start = self._resume_point(epoch, self.world_size)
         self._restored = None
         seq = self._sequence(epoch, base)
@@ -209,7 +298,7 @@ class Loader(DataLoaderAttributes):
         self.skipped.start_epoch(epoch)
         batches = [part[bounds[k]:bounds[k + 1]] for k in range(len(bounds) - 1)]
         if self._engine is None:
-            self._swap(self._tune.options)
+            self._swap(self.options if self._tune is None else self._tune.options)
         self._consumer = threading.get_ident()
         token = self._stats.start_epoch(epoch, self._clock_pids(), asked)
         prefetch, clean = None, False
@@ -221,7 +310,7 @@ class Loader(DataLoaderAttributes):
             if self._advance and self.epoch == epoch:  # finished: loader.epoch is the next
                 self.epoch, self._advance = epoch + 1, False
             self.skipped.report()
-            if not self.options.persistent_workers and self._stats.live == 1:
+            if not self.options.workers.persistent and self._stats.live == 1:
                 self._close_engine()
         finally:  # the workers stay while another iterator of this Loader is under way
             alone = self._stats.end_epoch(self._clock_pids(), prefetch, token)
@@ -230,25 +319,40 @@ class Loader(DataLoaderAttributes):
             if not clean and alone:  # abandoned mid-epoch (break, exception): drop them
                 self._close_engine()
 
-    def _deliver(self, batches, start, prefetch, epoch):
+    def _built(self, batches, start, prefetch, epoch):
+        """The pipeline's (k, built batch, images, labels), through the tuner only while
+        num_workers="auto" is still measuring or checking its choice."""
         ticket0, self._tickets = self._tickets, self._tickets + len(batches)
+        clock = self._stats
+        if self._tune is None or (self._tune.settled and self._tune.check is None):
+            in_flight = self.options.in_flight if self._tune is None else \
+                self._tune.options.in_flight
+            return deliver(self._engine, batches, start, ticket0, prefetch, epoch, in_flight,
+                           clock.delivered)
+        return self._tune.deliver(self._engine, self._swap, batches, start, ticket0, prefetch,
+                                  epoch, clock.delivered)
+
+    def _deliver(self, batches, start, prefetch, epoch):
         clock = self._stats  # cuts the loop's time at next(): handed() ... asked()
-        for k, hb, images, labels in self._tune.deliver(self._engine, self._swap, batches, start,
-                                                        ticket0, prefetch, epoch, clock.delivered):
-            self.skipped.add(hb.skipped)
-            clock.delivered_sets(sources.set_counts(self.dataset, hb.indices))
+        plain = self._batch.plain and not self._batch.return_index
+        for k, hb, images, labels in self._built(batches, start, prefetch, epoch):
+            if hb.skipped:
+                self.skipped.add(hb.skipped)
+            if self._mixture:
+                clock.delivered_sets(sources.set_counts(self.dataset, hb.indices))
             self._cursor = self._cursor[:3] + (k + 1, len(batches))
             if not len(hb.indices) and len(batches[k]):  # on_error="skip" left nothing
                 continue
             if self._finish.active:
                 images, labels = self._finish(images, labels, hb.indices, epoch,
                                               int(batches[k][0]))
-            batch = self._batch(images, labels, hb.indices, epoch)  # targets.py
+            batch = (images, labels) if plain else self._batch(images, labels, hb.indices,
+                                                               epoch)
             batch = pinned(batch) if self._pin else batch
             clock.handed()  # all of the above was inside next(): the loop waited for it
             yield batch
             clock.asked()  # outside next() since the hand-over: the training step
-            if self._log.due(clock.epoch.batches):
+            if self._log is not None and self._log.due(clock.epoch.batches):
                 log.info("Loader: %s", self.stats())
 
     def stats(self):
@@ -258,16 +362,24 @@ class Loader(DataLoaderAttributes):
                                     threading.get_ident() == self._consumer)
 
     # ---- resources ---------------------------------------------------------------------
-    def _swap(self, opts):  # the engine for concrete options (autotune.py: parked or new)
+    def _swap(self, opts):
+        """The engine for concrete options: new (or, under "auto", a parked one)."""
         engine, self._engine = self._engine, None
-        self._engine = self._tune.engines.swap(engine, opts)
+        if self._tune is not None:
+            self._engine = self._tune.engines.swap(engine, opts)
+            return self._engine
+        if engine is not None:
+            self._stats.stop_engine(engine)
+        self._engine = make_engine(opts, self.dataset, self.spec, self.device,
+                                   self.device_transforms)
         return self._engine
 
     def _close_engine(self) -> None:
         engine, self._engine = self._engine, None
         if engine is not None:
             self._stats.stop_engine(engine)  # closed, its worker processes' CPU counted
-        self._tune.engines.close()  # the candidates' engines parked between their turns
+        if self._tune is not None:
+            self._tune.engines.close()  # the candidates' engines parked between their turns
 
     def close(self) -> None:
         """Stop the workers and free the buffers (the Loader can still iterate again)."""
@@ -285,13 +397,14 @@ class Loader(DataLoaderAttributes):
 
     def _clock_pids(self) -> list[int]:
         """Every live worker process: the running engine's and auto's parked ones'."""
-        return self.worker_pids() + self._tune.engines.pids()
+        parked = [] if self._tune is None else self._tune.engines.pids()
+        return self.worker_pids() + parked
 
     def __repr__(self) -> str:
         o = self.options
         where = "device" if self.device_transforms else "host"
         return (f"Loader({self.dataset!r}, batch_size={o.batch_size}, shuffle={o.shuffle!r}, "
-                f"num_workers={o.num_workers} {o.worker_kind}s, rank={self.rank}/"
+                f"num_workers={o.num_workers} {o.workers.kind}s, rank={self.rank}/"
                 f"{self.world_size}, device={self.device}, transforms on the {where})")
 
 

@@ -1,141 +1,182 @@
-"""The Loader's options: one frozen dataclass, one set of defaults, checked once.
+"""The Loader's options: each written once here, with its default and its one-line doc.
+
+``Loader(ds, ...)`` takes the options most scripts set as keywords (:class:`LoaderOptions`'
+own fields) and the rest in three small typed groups whose names say what they govern:
+
+* ``order=Order(...)``: which samples an epoch reads beyond shuffle, seed and drop_last
+  (a subset, the geometry of ``shuffle="block"``);
+* ``workers=Workers(...)``: who builds the batches and how (thread or process workers,
+  batches in flight, timeout, unreadable samples, where the transforms run);
+* ``output=Output(...)``: what each delivered batch holds and how (indices, padding,
+  pinned memory).
+
+The Loader's signature, ``help(Loader)`` (:data:`OPTION_DOCS`) and docs/loader.md's table are
+made from the dataclass fields below; nothing else restates a default. DataLoader's own
+names keep their meaning (``timeout``, ``pin_memory``, ``persistent_workers``,
+``prefetch_factor``) and the names of earlier releases keep working with a
+DeprecationWarning naming the new spelling: both are mapped in :data:`DATALOADER_NAMES` and
+:data:`LEGACY_NAMES` (:func:`options_from`), the one place that knows them.
 
 Also what the Loader resolves once at construction: the device (an explicit index, else
-``LOCAL_RANK``, else the current CUDA device) and the data set plus subset it reads.
+``LOCAL_RANK``, else the current CUDA device) and where the transforms run.
 """
 from __future__ import annotations
 
+import difflib
 import importlib.util
-import logging
 import os
-from dataclasses import dataclass
-
-import numpy as np
+import warnings
+from dataclasses import MISSING, dataclass, field, fields, replace
 
 from dlpack_io.reader.batch import order as order_mod
-from dlpack_io.reader.batch.compat import check_prefetch
-from dlpack_io.reader.batch.padding import check_pad
-from dlpack_io.reader.batch.skips import check_on_error
+from dlpack_io.reader.batch.errors import check_on_error
+from dlpack_io.reader.batch.plan import check_pad
 from dlpack_io.reader.batch.stats import parse_log_every
 
-log = logging.getLogger(__name__)
 WORKER_KINDS = ("thread", "process")
 MAX_PREFETCH, MAX_WORKERS = 4096, 1024  # beyond these: a typo, not a setting
 AUTO = "auto"  # num_workers / prefetch: settled by measuring the first batches (autotune.py)
 
 
-OPTION_DOCS = """
-    Options:
+def _opt(default, doc: str, factory=None):
+    """A dataclass field with its one-line doc (what OPTION_DOCS and docs/loader.md show)."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={"doc": doc})
+    return field(default=default, metadata={"doc": doc})
 
-    batch_size: samples per batch.
-    shuffle: "global"/True (a full permutation), "block" (shard-local, for data sets
-        larger than RAM), False/None/"none" (storage order).
-    seed: seeds the order and the random transforms.
-    num_workers: worker threads or processes; 0 builds batches in the calling thread;
-        "auto": measured on the first batches (count and kind; docs/loader.md).
-    drop_last: as torch's DataLoader: True drops each rank's short last batch.
-    transforms: the fused transforms (RandomResizedCrop, ..., Normalize), in order.
-    sample_transform: your fn(HWC uint8 ndarray) -> HWC uint8 ndarray, run in the workers
-        before ``transforms``.
-    dtype: torch.uint8 (default) or float16/bfloat16/float32 (float32 with Normalize).
-    device: where batches are delivered; "cuda" means cuda:LOCAL_RANK under torchrun.
-    indices: read only these global sample indices (a split).
-    rank, world_size: this process's share; None: torch.distributed's, else torchrun's.
-    prefetch: batches in flight; None: 2 x num_workers (at least 2); "auto": measured.
-    worker_kind: "thread" or "process".
-    timeout: seconds to wait for one batch before LoaderTimeout; None waits.
-    on_error: "raise" a SampleError for an unreadable sample, or "skip" it.
-    return_index: also yield each batch's global sample indices.
-    device_transforms: None: on the GPU for CUDA, else on the host; False: on the host.
-    reduced_decode: decode JPEGs at a reduced DCT scale where a resize allows it.
-    block_size, block_window: the geometry of shuffle="block".
-    pin_memory, prefetch_factor, persistent_workers: DataLoader's (CPU batches in pinned
-        memory; batches in flight per worker; False stops the workers after each epoch).
-    fields: what each batch holds, in order: "image", "label" and the data set's fields
-        (``ds.fields``), e.g. ("image", "caption"); default ("image", "label").
-    pad: pad each batch to its largest image (images of their own size, e.g.
-        Resize(800, max_size=1333) without a crop) and also yield the true (height, width)
-        of each, an int64 (B, 2) tensor after the fields; pad_multiple: round each padded
-        side up to a multiple of it (32 for most detection backbones); mask_pad_value: the
-        "mask" field's padding (255, the usual ignore index). Boxes ("boxes", a list of
-        (n, 4) tensors), their per-box fields and "mask" follow every crop, resize and flip.
-    log_every: write ``str(loader.stats())`` through logging every N batches (an int) or
-        every so many seconds ("30s" or a timedelta, from the first batch); None: never.
-    options: a LoaderOptions holding all of the above instead (not both).
-"""
+
+@dataclass(frozen=True)
+class Order:
+    """Which samples an epoch reads, beyond ``shuffle``, ``seed`` and ``drop_last``."""
+
+    indices: object = _opt(None, "read only these global sample indices (a split); a torch "
+                                 "Subset of the data set does the same")
+    block_size: int = _opt(order_mod.DEFAULT_BLOCK_SIZE,
+                           'records per block of shuffle="block" (a contiguous run of one '
+                           'shard)')
+    block_window: int = _opt(order_mod.DEFAULT_WINDOW,
+                             'blocks shuffled together by shuffle="block"')
+
+
+@dataclass(frozen=True)
+class Workers:
+    """Who builds the batches, and how."""
+
+    kind: str = _opt("thread", '"thread" or "process" workers (num_workers of them)')
+    prefetch: object = _opt(None, 'batches in flight; None: 2 x num_workers (at least 2); '
+                                  '"auto": measured with num_workers')
+    timeout: float | None = _opt(None, "seconds to wait for one batch before LoaderTimeout; "
+                                       "None (or 0) waits")
+    persistent: bool = _opt(True, "keep the workers from one epoch to the next (False: stop "
+                                  "them after each, DataLoader's persistent_workers=False)")
+    on_error: str = _opt("raise", '"raise" a SampleError for an unreadable sample, or '
+                                  '"skip" it (loader.skipped lists them)')
+    device_transforms: bool | None = _opt(None, "where the transforms run: None: the GPU "
+                                                "kernels for CUDA, else the host; False: the "
+                                                "host; True: the kernels' path")
+    reduced_decode: bool = _opt(True, "decode JPEGs at a reduced DCT scale where a resize "
+                                      "allows it")
+    log_every: object = _opt(None, 'write str(loader.stats()) through logging every N '
+                                   'batches (an int) or every so many seconds ("30s"); None: '
+                                   'never')
+
+    def __post_init__(self):
+        if self.kind not in WORKER_KINDS:
+            raise ValueError(f"Workers(kind={self.kind!r}): expected one of {WORKER_KINDS}")
+        if isinstance(self.prefetch, str) and self.prefetch != AUTO:
+            raise ValueError(f"prefetch={self.prefetch!r}: expected a count or {AUTO!r}")
+        if self.prefetch not in (None, AUTO) and not 1 <= int(self.prefetch) <= MAX_PREFETCH:
+            raise ValueError(f"prefetch {self.prefetch}: expected 1 to {MAX_PREFETCH} batches")
+        if self.timeout == 0:  # DataLoader's "wait forever"
+            object.__setattr__(self, "timeout", None)
+        if self.timeout is not None and not float(self.timeout) > 0:
+            raise ValueError(f"timeout {self.timeout}: expected seconds > 0, or None (or 0)")
+        check_on_error(self.on_error)
+        parse_log_every(self.log_every)
+
+
+@dataclass(frozen=True)
+class Output:
+    """What each delivered batch holds besides its fields, and how it is handed over."""
+
+    return_index: bool = _opt(False, "also yield each batch's global sample indices (last)")
+    pad: bool = _opt(False, "pad each batch to its largest image (e.g. Resize(800, "
+                            "max_size=1333) without a crop) and also yield the true (height, "
+                            "width) of each, an int64 (B, 2) tensor after the fields")
+    pad_multiple: int = _opt(1, "round each padded side up to a multiple of this (32 for most "
+                                "detection backbones)")
+    mask_pad_value: int = _opt(255, 'the "mask" field\'s padding (255, the usual ignore '
+                                    'index)')
+    pin_memory: bool = _opt(False, "CPU batches in page-locked memory (DataLoader's "
+                                   "pin_memory)")
+
+    def __post_init__(self):
+        check_pad(self.pad, self.pad_multiple, self.mask_pad_value)
+
+
+GROUPS = {"order": Order, "workers": Workers, "output": Output}
 
 
 @dataclass(frozen=True)
 class LoaderOptions:
-    """Every Loader option with its default (docs/loader.md describes each)."""
+    """Every Loader option with its default: the keywords, then the three groups."""
 
-    batch_size: int = 256
-    shuffle: object = "global"        # "global"/True, "block", None/False
-    seed: int = 0
-    num_workers: int = 2
-    drop_last: bool = False           # like torch's DataLoader
-    transforms: tuple = ()            # Resize, RandomResizedCrop, ..., Normalize
-    sample_transform: object = None   # fn(HWC uint8 ndarray) -> HWC uint8 ndarray
-    dtype: object = None              # None: uint8, or float32 with Normalize
-    device: object = "cpu"
-    indices: object = None            # read only these samples (a subset / split)
-    rank: int | None = None           # None: torch.distributed's, or torchrun's env
-    world_size: int | None = None
-    prefetch: int | None = None       # batches in flight (default 2 x workers, >= 2)
-    worker_kind: str = "thread"       # "thread" or "process"
-    timeout: float | None = None      # seconds to wait for one batch before failing
-    on_error: str = "raise"           # or "skip": leave unreadable samples out
-    return_index: bool = False        # also yield the batch's global sample indices
-    device_transforms: bool | None = None  # None: on the GPU for CUDA, else on the host
-    reduced_decode: bool = True       # decode JPEGs at a reduced DCT scale where it can
-    block_size: int = order_mod.DEFAULT_BLOCK_SIZE   # geometry of shuffle="block"
-    block_window: int = order_mod.DEFAULT_WINDOW
-    log_every: object = None          # the stats line through logging: N batches or "30s"
-    pin_memory: bool = False          # DataLoader's: CPU batches in page-locked memory
-    prefetch_factor: int | None = None  # DataLoader's: batches in flight per worker
-    persistent_workers: bool = True   # False: stop the workers after each epoch
-    fields: tuple = ("image", "label")  # what each batch holds, in order (fieldbatch.py)
-    pad: bool = False                 # pad each batch to its largest image (padding.py)
-    pad_multiple: int = 1             # ... with each side rounded up to a multiple of this
-    mask_pad_value: int = 255         # the "mask" field's padding (an ignore index)
+    batch_size: int = _opt(256, "samples per batch")
+    shuffle: object = _opt("global", '"global"/True (a full permutation), "block" '
+                                     '(shard-local, for data sets larger than RAM), '
+                                     'False/None/"none" (storage order)')
+    seed: int = _opt(0, "seeds the order and the random transforms")
+    num_workers: int = _opt(2, 'worker threads or processes; 0 builds batches in the calling '
+                               'thread; "auto": measured on the first batches (count and kind)')
+    drop_last: bool = _opt(False, "as torch's DataLoader: True drops each rank's short last "
+                                  "batch")
+    transforms: tuple = _opt((), "the fused transforms (RandomResizedCrop, ..., Normalize), in "
+                                 "order")
+    sample_transform: object = _opt(None, "your fn(HWC uint8 ndarray) -> HWC uint8 ndarray, run "
+                                          "in the workers before transforms")
+    dtype: object = _opt(None, "torch.uint8 (default) or float16/bfloat16/float32 (float32 "
+                               "with Normalize)")
+    device: object = _opt("cpu", 'where batches are delivered; "cuda" means cuda:LOCAL_RANK '
+                                 'under torchrun')
+    fields: tuple = _opt(("image", "label"), 'what each batch holds, in order: "image", "label" '
+                                             'and the data set\'s fields (ds.fields)')
+    rank: int | None = _opt(None, "this process's share; None: torch.distributed's, else "
+                                  "torchrun's RANK")
+    world_size: int | None = _opt(None, "ranks sharing each epoch; None: as rank")
+    order: Order = _opt(None, "Order(indices, block_size, block_window)", factory=Order)
+    workers: Workers = _opt(None, "Workers(kind, prefetch, timeout, persistent, on_error, "
+                                  "device_transforms, reduced_decode, log_every)",
+                            factory=Workers)
+    output: Output = _opt(None, "Output(return_index, pad, pad_multiple, mask_pad_value, "
+                                "pin_memory)", factory=Output)
 
     def __post_init__(self):
-        check_auto(self)
-        if int(self.batch_size) < 1 or self.workers < 0 or int(self.seed) < 0:
+        for name, cls in GROUPS.items():
+            if not isinstance(getattr(self, name), cls):
+                raise TypeError(f"{name}={getattr(self, name)!r}: expected a {cls.__name__}"
+                                f"(...) (from dlpack_io.reader import {cls.__name__})")
+        if isinstance(self.num_workers, str) and self.num_workers != AUTO:
+            raise ValueError(f"num_workers={self.num_workers!r}: expected a count or {AUTO!r}")
+        if int(self.batch_size) < 1 or self.worker_count < 0 or int(self.seed) < 0:
             raise ValueError(f"batch_size {self.batch_size} must be >= 1, num_workers "
                              f"{self.num_workers} >= 0, seed {self.seed} >= 0")
-        if self.worker_kind not in WORKER_KINDS:
-            raise ValueError(f"worker_kind {self.worker_kind!r}: expected one of {WORKER_KINDS}")
-        if self.prefetch not in (None, AUTO) and not 1 <= int(self.prefetch) <= MAX_PREFETCH:
-            raise ValueError(f"prefetch {self.prefetch}: expected 1 to {MAX_PREFETCH} batches")
-        if self.workers > MAX_WORKERS:  # each is a thread or process, each has buffers
+        if self.worker_count > MAX_WORKERS:  # each is a thread or process, each has buffers
             raise ValueError(f"num_workers {self.num_workers}: expected at most {MAX_WORKERS}")
-        if self.timeout == 0:  # DataLoader's "wait forever"
-            object.__setattr__(self, "timeout", None)
-        check_prefetch(self.prefetch, self.prefetch_factor)
-        if self.in_flight > MAX_PREFETCH:  # per worker x workers: the same limit as prefetch
-            raise ValueError(f"prefetch_factor {self.prefetch_factor} x {self.num_workers} "
-                             f"workers = {self.in_flight} batches in flight: expected at most "
-                             f"{MAX_PREFETCH}")
-        if self.timeout is not None and not float(self.timeout) > 0:
-            raise ValueError(f"timeout {self.timeout}: expected seconds > 0, or None (or 0)")
         if self.sample_transform is not None and not callable(self.sample_transform):
             raise TypeError(f"sample_transform {self.sample_transform!r} is not callable")
         if not isinstance(self.transforms, (list, tuple)):
             raise TypeError(f"transforms must be a list of transforms, got {self.transforms!r}")
         object.__setattr__(self, "transforms", tuple(self.transforms))
         object.__setattr__(self, "shuffle", order_mod.check_shuffle(self.shuffle))
-        check_on_error(self.on_error)
-        parse_log_every(self.log_every)
-        check_pad(self.pad, self.pad_multiple, self.mask_pad_value)
 
     @property
     def pad_stride(self) -> int:
         """0 without ``pad``, else the multiple each padded side is rounded up to."""
-        return check_pad(self.pad, self.pad_multiple, self.mask_pad_value)
+        o = self.output
+        return check_pad(o.pad, o.pad_multiple, o.mask_pad_value)
 
     @property
-    def workers(self) -> int:
+    def worker_count(self) -> int:
         """num_workers as a count ("auto": the most it may settle on, MAX_WORKERS)."""
         return MAX_WORKERS if self.num_workers == AUTO else int(self.num_workers)
 
@@ -144,19 +185,162 @@ class LoaderOptions:
         """Batches submitted ahead of the one being consumed ("auto": a bound until the
         Loader has settled the setting; autotune.py)."""
         workers = 1 if self.num_workers == AUTO else int(self.num_workers)
-        if self.prefetch_factor is not None:
-            return int(self.prefetch_factor) * max(1, workers)
-        return max(2, 2 * workers) if self.prefetch in (None, AUTO) else int(self.prefetch)
+        prefetch = self.workers.prefetch
+        return max(2, 2 * workers) if prefetch in (None, AUTO) else int(prefetch)
+
+    def with_setting(self, num_workers: int, kind: str, prefetch) -> "LoaderOptions":
+        """These options with another worker setting (what num_workers="auto" tries)."""
+        return replace(self, num_workers=num_workers,
+                       workers=replace(self.workers, kind=kind, prefetch=prefetch))
 
 
-def check_auto(o) -> None:
-    """num_workers and prefetch: a count, or the string "auto" (nothing else)."""
-    for name in ("num_workers", "prefetch"):
-        value = getattr(o, name)
-        if isinstance(value, str) and value != AUTO:
-            raise ValueError(f"{name}={value!r}: expected a count or {AUTO!r}")
+# ---- names from DataLoader and from earlier releases -------------------------------------
+# DataLoader's names that mean what they say there: accepted as they are.
+DATALOADER_NAMES = {"timeout": ("workers", "timeout"), "pin_memory": ("output", "pin_memory"),
+                    "persistent_workers": ("workers", "persistent")}
+# The keywords of earlier releases -> (group, field): accepted with a DeprecationWarning.
+LEGACY_NAMES = {"indices": ("order", "indices"), "block_size": ("order", "block_size"),
+                "block_window": ("order", "block_window"), "worker_kind": ("workers", "kind"),
+                "prefetch": ("workers", "prefetch"), "on_error": ("workers", "on_error"),
+                "device_transforms": ("workers", "device_transforms"),
+                "reduced_decode": ("workers", "reduced_decode"),
+                "log_every": ("workers", "log_every"),
+                "return_index": ("output", "return_index"), "pad": ("output", "pad"),
+                "pad_multiple": ("output", "pad_multiple"),
+                "mask_pad_value": ("output", "mask_pad_value")}
+# DataLoader keyword -> what to pass to Loader instead (why it has no direct meaning here)
+DATALOADER_ONLY = {
+    "sampler": "order=Order(indices=[...]) (the global sample indices to read; the order is "
+               "then shuffled by shuffle= and seed=, and split across ranks by the Loader)",
+    "batch_sampler": "batch_size= with order=Order(indices=...) (batches are planned by the "
+                     "Loader, a pure function of seed, epoch, rank and world size)",
+    "collate_fn": "sample_transform= for per-sample code, or your own code on the yielded "
+                  "tensors (a batch is built in one buffer, never collated from a list of "
+                  "samples)",
+    "worker_init_fn": "sample_transform= for per-sample code in the workers (set up what it "
+                      "needs lazily, on its first call in each worker)",
+    "generator": "seed= (the order and the random transforms are a pure function of seed and "
+                 "epoch)",
+    "multiprocessing_context": "workers=Workers(kind='process') (workers are forked by the "
+                               "Loader) or Workers(kind='thread') (the default)",
+    "pin_memory_device": "device='cuda:N' (batches are delivered on that device)",
+    "in_order": "nothing: batches always come in order",
+}
 
 
+def _refuse(name: str) -> None:
+    if name in DATALOADER_ONLY:
+        raise TypeError(f"Loader() does not take DataLoader's {name}=: use "
+                        f"{DATALOADER_ONLY[name]} (docs/loader.md, 'Coming from DataLoader')")
+    known = [f.name for f in fields(LoaderOptions)] + list(DATALOADER_NAMES) + \
+        ["prefetch_factor"] + list(LEGACY_NAMES)
+    close = difflib.get_close_matches(name, known, n=2)
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    raise TypeError(f"Loader() got an unexpected keyword argument {name!r}{hint}")
+
+
+def _default(cls, name: str):
+    f = next(f for f in fields(cls) if f.name == name)
+    return f.default if f.default is not MISSING else f.default_factory()
+
+
+def options_from(given: dict, extra: dict, stacklevel: int = 3) -> LoaderOptions:
+    """The LoaderOptions of a Loader called with ``given`` (its own keywords, groups None
+    when not passed) and ``extra`` (every other keyword: DataLoader's names, the legacy
+    ones, ``prefetch_factor``, ``options=``); TypeError for a keyword that is none of
+    those, or for one setting given twice."""
+    extra = dict(extra)
+    if "options" in extra:
+        options = extra.pop("options")
+        warnings.warn("Loader(options=LoaderOptions(...)) is deprecated: pass the options "
+                      "as keywords (Loader(ds, **dataclasses.asdict(...)) keeps them)",
+                      DeprecationWarning, stacklevel=stacklevel)
+        if options is not None:
+            if extra or any(k in GROUPS and v is not None or
+                            k not in GROUPS and v != _default(LoaderOptions, k)
+                            for k, v in given.items()):
+                raise TypeError("pass either options=LoaderOptions(...) or keyword options, "
+                                "not both")
+            return options
+    groups = {name: {} for name in GROUPS}
+    for name, value in extra.items():
+        if name in LEGACY_NAMES:
+            group, key = LEGACY_NAMES[name]
+            warnings.warn(f"Loader({name}=...) is deprecated: use Loader({group}="
+                          f"{GROUPS[group].__name__}({key}=...))", DeprecationWarning,
+                          stacklevel=stacklevel)
+        elif name in DATALOADER_NAMES:
+            group, key = DATALOADER_NAMES[name]
+        elif name == "prefetch_factor":
+            group, key, value = "workers", "prefetch", _per_worker(value, given, extra)
+        else:
+            _refuse(name)
+        groups[group][key] = value
+    for name, cls in GROUPS.items():
+        if not groups[name]:
+            continue
+        asked = given.get(name)
+        if asked is None:
+            given[name] = cls(**groups[name])
+            continue
+        twice = [k for k in groups[name] if getattr(asked, k) != _default(cls, k)]
+        if twice:
+            raise TypeError(f"{name}={asked!r} and the keyword for its {twice[0]}: pass each "
+                            f"setting once (inside {cls.__name__}(...))")
+        given[name] = replace(asked, **groups[name])
+    return LoaderOptions(**{k: v for k, v in given.items() if v is not None or
+                            k not in GROUPS})
+
+
+def _per_worker(factor, given: dict, extra: dict) -> int:
+    """DataLoader's ``prefetch_factor`` (batches in flight per worker) as ``prefetch``."""
+    workers = given.get("num_workers", _default(LoaderOptions, "num_workers"))
+    if "prefetch" in extra or (given.get("workers") is not None and
+                               given["workers"].prefetch is not None):
+        raise ValueError(f"prefetch and prefetch_factor={factor}: pass one (prefetch counts "
+                         f"batches in flight in all, prefetch_factor per worker, as "
+                         f"DataLoader's)")
+    if workers == AUTO:
+        raise ValueError(f"prefetch_factor={factor} with num_workers='auto': the worker count "
+                         f"is not known yet; pass workers=Workers(prefetch='auto') (or a "
+                         f"count of batches in flight)")
+    if int(factor) < 1:
+        raise ValueError(f"prefetch_factor {factor}: expected >= 1 batches per worker")
+    total = int(factor) * max(1, int(workers))
+    if total > MAX_PREFETCH:
+        raise ValueError(f"prefetch_factor {factor} x {workers} workers = {total} batches in "
+                         f"flight: expected at most {MAX_PREFETCH}")
+    return total
+
+
+def _doc_lines(cls, prefix: str = "") -> list[str]:
+    lines = []
+    for f in fields(cls):
+        default = f.default if f.default is not MISSING else f"{f.type}()"
+        lines.append(f"    {prefix}{f.name} = {default!r}: {f.metadata['doc']}."
+                     if f.name not in GROUPS else f"    {f.name}: {f.metadata['doc']}.")
+    return lines
+
+
+def option_docs() -> str:
+    """``help(Loader)``'s list of options, made from the fields' defaults and docs."""
+    lines = ["", "    Options (keyword-only; docs/loader.md has the long form):", ""]
+    lines += _doc_lines(LoaderOptions)
+    for name, cls in GROUPS.items():
+        lines += ["", f"    {name}={cls.__name__}(...): {cls.__doc__}"]
+        lines += _doc_lines(cls, prefix=f"{cls.__name__}.")
+    lines += ["", "    DataLoader's names keep their meaning: " +
+              ", ".join(f"{k} (= {g}.{n})" for k, (g, n) in DATALOADER_NAMES.items()) +
+              ", prefetch_factor (batches in flight per worker). Earlier releases' "
+              "keywords still work, with a DeprecationWarning: " + ", ".join(LEGACY_NAMES) +
+              ".", ""]
+    return "\n".join(lines)
+
+
+OPTION_DOCS = option_docs()
+
+
+# ---- resolved once, when the Loader is built ---------------------------------------------
 def resolve_device(device):
     """The torch.device batches are delivered on, fixed once: ``cuda`` without an index
     means ``LOCAL_RANK`` (torchrun) if set, else the current device. Raises when CUDA is
@@ -193,34 +377,6 @@ def use_device_transforms(choice, device) -> bool:
     if importlib.util.find_spec("triton") is None:
         raise RuntimeError("device='cuda' finishes batches with Triton kernels, but triton is "
                            "not installed: pip install 'dlpack-io[gpu]' (or triton), or pass "
-                           "device_transforms=False to transform on the CPU and copy the "
-                           "finished batches")
+                           "workers=Workers(device_transforms=False) to transform on the CPU "
+                           "and copy the finished batches")
     return True
-
-
-def unwrap_subset(dataset, indices):
-    """(our Dataset, positions or None): accepts torch's Subset (nested too) and ``indices``."""
-    from torch.utils.data import Subset
-
-    from dlpack_io.reader.dataset import Dataset
-
-    positions = None
-    while isinstance(dataset, Subset):
-        inner = np.asarray(dataset.indices, dtype=np.int64).reshape(-1)
-        positions = inner if positions is None else inner[positions]
-        dataset = dataset.dataset
-    if not isinstance(dataset, Dataset):
-        raise TypeError(f"Loader reads a dlpack_io.reader.Dataset (or a torch Subset of one), "
-                        f"not {type(dataset).__name__}")
-    if indices is not None:
-        chosen = np.asarray(indices, dtype=np.int64).reshape(-1)
-        positions = chosen if positions is None else positions[chosen]
-    if positions is not None:
-        n = len(dataset)
-        if positions.size and (positions.min() < 0 or positions.max() >= n):
-            bad = int(positions[(positions < 0) | (positions >= n)][0])
-            raise IndexError(f"indices: sample {bad} is out of range for {n} samples")
-        if len(np.unique(positions)) != len(positions):
-            raise ValueError("indices: a sample is listed twice; each sample is read once "
-                             "per epoch")
-    return dataset, positions

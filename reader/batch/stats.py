@@ -8,7 +8,11 @@ generator around each ``yield``, so they cost two clock reads per batch. Beside 
 seconds the consumer spent finishing batches (the copy to the device and the kernels, or the
 host hand-over), how many built batches were waiting when the loop asked (queue depth), and
 CPU seconds: this process's (every thread) plus those of every worker process that ran in
-the span, once each (from /proc; for stopped ones, statsclock.py: ``StatsClock.retire``).
+the span, once each (from /proc; for stopped ones, ``Clock.retire``).
+
+The clock that takes these readings is part of the delivery loop (pipeline.py: ``Clock``);
+this module holds what the figures are, what they say (``verdict``) and how they are read
+from the machine.
 """
 from __future__ import annotations
 
@@ -20,12 +24,26 @@ import resource
 import time
 from dataclasses import asdict, dataclass, field
 
-from dlpack_io.reader.batch.stagetimes import STAGES
-
 _NETWORK = "% of the wait was for records from object storage"
 DATA_BOUND = 0.10   # waiting this share of the loop's time or more: data-bound
 BUSY = 0.90         # workers this busy are the limit: more workers will not help
 _TICK = os.sysconf("SC_CLK_TCK")  # /proc's CPU times are in these ticks per second
+# The build stage's parts, each timed by the worker that does it (build.py): index lookups
+# and random draws; reading + decoding + crop/resize + the CHW copy; the user's
+# sample_transform; the host transforms after the pixels (jitter, normalise, cast, ...).
+STAGES = ("plan", "decode", "user", "transforms")
+
+
+def usable_cores() -> int:
+    """CPU cores for this rank's workers: those this process may run on, shared by the
+    ``LOCAL_WORLD_SIZE`` ranks of the node (torchrun sets it)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux: every core the OS reports
+        cores = os.cpu_count() or 1
+    local = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    ranks = int(local) if local.strip().isdigit() and int(local) > 0 else 1
+    return max(1, cores // ranks)
 
 
 def proc_cpus(pids) -> dict:
@@ -92,7 +110,7 @@ class LoaderStats:
     cores: int = 0             # CPU cores this process may run on (0: unknown)
     images_per_set: list | None = None  # a Mixture's images of each set; None: one data set
     tuned: str = ""            # num_workers/prefetch="auto": what was chosen and why
-    plan_s: float = 0.0        # worker seconds per stage (stagetimes.py): lookups, draws
+    plan_s: float = 0.0        # worker seconds per stage (STAGES): lookups, draws
     decode_s: float = 0.0      # read + decode + crop/resize + CHW copy (device path: gather)
     user_s: float = 0.0        # the user's sample_transform
     transforms_s: float = 0.0  # host transforms after the pixels (jitter, normalise, ...)
@@ -105,7 +123,8 @@ class LoaderStats:
     @property
     def wait_fraction(self) -> float:
         """wait_s / (wait_s + step_s): the share of the loop's time spent waiting for data;
-        on a CUDA device the GPU's (gpu_wait_s / (gpu_wait_s + gpu_step_s), gputime.py)."""
+        on a CUDA device the GPU's (gpu_wait_s / (gpu_wait_s + gpu_step_s), the CUDA
+        events of pipeline.GpuTimeline)."""
         if self.gpu_wait_s + self.gpu_step_s > 0:
             return self.gpu_wait_s / (self.gpu_wait_s + self.gpu_step_s)
         total = self.wait_s + self.step_s

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dlpack_io.reader import Dataset, Loader, LoaderError
+from dlpack_io.reader import Dataset, Loader, LoaderError, Output, Workers
 
 from helpers import pack_jpeg_and_raw
 
@@ -20,14 +20,15 @@ def packed(tmp_path_factory):
 
 
 def _fixed(packed, epoch: int) -> list:
-    loader = Loader(Dataset(packed["raw"]), batch_size=2, num_workers=0, return_index=True)
+    loader = Loader(Dataset(packed["raw"]), batch_size=2, num_workers=0,
+                    output=Output(return_index=True))
     loader.set_epoch(epoch)
     return [np.asarray(b[2]).tolist() for b in loader]
 
 
 def _auto(packed) -> Loader:
     return Loader(Dataset(packed["raw"]), batch_size=2, num_workers="auto",
-                  return_index=True, timeout=30)
+                  output=Output(return_index=True), workers=Workers(timeout=30))
 
 
 def test_zip_of_two_iterators_while_auto_measures_names_the_limitation(packed):

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dlpack_io.reader import (AutoAugment, Dataset, Loader, RandAugment, RandomCrop,
-                              RandomHorizontalFlip, TrivialAugmentWide)
-from dlpack_io.reader.batch import rng
-from dlpack_io.reader.batch.augment_ops import apply_op
-from dlpack_io.reader.batch.autoaugment import space
+from dlpack_io.reader import (AutoAugment, Dataset, Loader, Output, RandAugment, RandomCrop,
+                              RandomHorizontalFlip, TrivialAugmentWide, Workers)
+from dlpack_io.reader.batch.plan import Draws, uniforms
+from dlpack_io.reader.transforms.autoaugment import apply_op
+from dlpack_io.reader.transforms.autoaugment import space
 from dlpack_io.reader.batch.plan import compile_spec
 
 from helpers import pack_jpeg_and_raw
@@ -168,25 +168,25 @@ def test_op_tables_are_torchvisions():
 
 def test_draws_follow_torchvisions_forward():
     idx = np.arange(400)
-    u = rng.uniforms(2, 1, rng.STREAM_AUGMENT, idx, 5)
-    auto = AutoAugment().draw(2, 1, idx, (30, 40))
+    u = uniforms(2, 1, AutoAugment.stream, idx, 5)
+    auto = AutoAugment().draw(Draws(2, 1), idx, (30, 40))
     table = space(10, 40, 30)
-    from dlpack_io.reader.batch.autoaugment import _IMAGENET
+    from dlpack_io.reader.transforms.autoaugment import _IMAGENET
     for row, ops in zip(u, auto):
         policy = _IMAGENET[int(row[0] * 25)]
         want = [(n, (-1 if table[n][1] and row[3 + i] < 0.5 else 1) *
                  (0.0 if b is None else table[n][0][b]))
                 for i, (n, p, b) in enumerate(policy) if row[1 + i] <= p]
         assert ops == want
-    trivial = TrivialAugmentWide().draw(2, 1, idx, (30, 40))
+    trivial = TrivialAugmentWide().draw(Draws(2, 1), idx, (30, 40))
     names = {ops[0][0] for ops in trivial}
     assert len(names) == 14 and "Invert" not in names  # torchvision's wide space
-    ra = RandAugment(num_ops=3, magnitude=5).draw(2, 1, idx, (30, 40))
+    ra = RandAugment(num_ops=3, magnitude=5).draw(Draws(2, 1), idx, (30, 40))
     assert all(len(ops) == 3 for ops in ra)
     mags = {abs(m) for ops in ra for n, m in ops if n == "Rotate"}
     assert mags == {space(31, 40, 30)["Rotate"][0][5]}
-    assert trivial == TrivialAugmentWide().draw(2, 1, idx, (30, 40))
-    assert trivial != TrivialAugmentWide().draw(2, 2, idx, (30, 40))
+    assert trivial == TrivialAugmentWide().draw(Draws(2, 1), idx, (30, 40))
+    assert trivial != TrivialAugmentWide().draw(Draws(2, 2), idx, (30, 40))
 
 
 @pytest.fixture(scope="module")
@@ -200,13 +200,14 @@ def packed(tmp_path_factory):
 def test_loader_applies_the_drawn_ops_after_crop_and_flip(packed, aug, worker_kind):
     ds = Dataset(packed["raw"])
     tr = [RandomCrop(24), RandomHorizontalFlip(), aug]
-    loader = Loader(ds, batch_size=8, num_workers=2, worker_kind=worker_kind, seed=5,
-                    return_index=True, transforms=tr)
+    loader = Loader(ds, batch_size=8, num_workers=2, workers=Workers(kind=worker_kind),
+                    output=Output(return_index=True), seed=5,
+                    transforms=tr)
     spec = compile_spec(tr)
     changed = 0
     for images, _, idx in loader:
         p = spec.draw(5, 0, idx, [40] * len(idx), [40] * len(idx))
-        plans = aug.draw(5, 0, idx, (24, 24))
+        plans = aug.draw(Draws(5, 0), idx, (24, 24))
         for k, i in enumerate(idx):
             t, l, h, w = p.boxes[k]
             crop = ds[int(i)][0][t:t + h, l:l + w]
@@ -222,7 +223,8 @@ def test_order_and_device_refusals(packed):
     with pytest.raises(ValueError, match="goes after the flips and before ColorJitter"):
         compile_spec([RandomCrop(8), TrivialAugmentWide(), RandomHorizontalFlip()])
     with pytest.raises(ValueError, match="TrivialAugmentWide runs per sample on the host"):
-        Loader(ds, transforms=[RandomCrop(8), TrivialAugmentWide()], device_transforms=True)
+        Loader(ds, transforms=[RandomCrop(8), TrivialAugmentWide()],
+               workers=Workers(device_transforms=True))
     with pytest.raises(ValueError, match="only the ImageNet policy"):
         AutoAugment(policy="cifar10")
     with pytest.raises(ValueError, match="magnitude=31 in"):

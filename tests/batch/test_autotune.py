@@ -10,14 +10,15 @@ import os
 import numpy as np
 import pytest
 
-from dlpack_io.reader import Dataset, Loader, LoaderOptions, RandomHorizontalFlip, RandomResizedCrop
+from dlpack_io.reader import (Dataset, Loader, LoaderOptions, Output, RandomHorizontalFlip,
+                              RandomResizedCrop, Workers)
 from dlpack_io.reader.batch import autotune
 from dlpack_io.reader.batch import loader as loader_mod
 from dlpack_io.reader.batch.autotune import (Shifted, Trial, Tuner, candidates, choose,
                                              converged, drop_losers)
-from dlpack_io.reader.batch.enginepool import EnginePool
-from dlpack_io.reader.batch.processes import ProcessRunner
-from dlpack_io.reader.batch.runners import ThreadRunner
+from dlpack_io.reader.batch.autotune import EnginePool
+from dlpack_io.reader.batch.workers import ProcessRunner
+from dlpack_io.reader.batch.workers import ThreadRunner
 
 from helpers import StepClock, batches_equal, pack_jpeg_and_raw
 
@@ -37,7 +38,7 @@ def darken(image):
 def _epochs(path, epochs: int, batch_size: int = 4, **options):
     """[(indices, images, labels)] of ``epochs`` epochs, and the Loader's last stats."""
     loader = Loader(Dataset(path), batch_size=batch_size, seed=5, transforms=list(RECIPE),
-                    return_index=True, **options)
+                    output=Output(return_index=True), **options)
     out = [(np.array(i), x.numpy().copy(), y.numpy().copy())
            for _ in range(epochs) for x, y, i in loader]
     stats = loader.stats()
@@ -78,12 +79,12 @@ def test_auto_yields_the_batches_of_every_fixed_setting(packed, fmt, persistent,
 def test_a_resume_in_the_middle_of_the_trials_reads_the_same_batches(packed, monkeypatch,
                                                                      stop):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    made = []
+    made, real = [], loader_mod.make_engine
     monkeypatch.setattr(loader_mod, "make_engine",
-                        lambda o, *args: _counted(made, o, *args))
+                        lambda o, *args: _counted(made, real, o, *args))
     options = dict(batch_size=2, seed=5, transforms=list(RECIPE), return_index=True,
                    sample_transform=darken)
-    fixed = _read(Loader(Dataset(packed["jpeg"]), num_workers=2, worker_kind="process",
+    fixed = _read(Loader(Dataset(packed["jpeg"]), num_workers=2, workers=Workers(kind="process"),
                          **options))
     made.clear()
     loader = Loader(Dataset(packed["jpeg"]), num_workers="auto", **options)
@@ -106,10 +107,8 @@ def test_a_resume_in_the_middle_of_the_trials_reads_the_same_batches(packed, mon
     assert len(fixed) == 36
 
 
-def _counted(made, o, *args):
-    from dlpack_io.reader.batch.engine import make_engine
-
-    made.append((o.worker_kind, o.num_workers))
+def _counted(made, make_engine, o, *args):
+    made.append((o.workers.kind, o.num_workers))
     return make_engine(o, *args)
 
 
@@ -125,7 +124,8 @@ def test_an_epoch_too_short_for_the_trials_keeps_cores_threads_unmeasured(packed
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     with caplog.at_level(logging.INFO, logger=autotune.__name__):
         loader = Loader(Dataset(packed["raw"]), batch_size=8, seed=5, num_workers="auto",
-                        prefetch="auto", transforms=list(RECIPE), return_index=True)
+                        workers=Workers(prefetch="auto"), output=Output(return_index=True),
+                        transforms=list(RECIPE))
         got = _read(loader)  # 9 batches: a warm-up turn and one round of 4 turns of 4
     assert len(got) == 9
     assert loader.stats().tuned == ("num_workers=2 worker_kind='thread' prefetch=4 (not "
@@ -160,7 +160,7 @@ def test_the_jitter_measures_windows_of_two_rounds_of_the_workers_batches():
 
 
 def test_prefetch_auto_settles_on_twice_the_workers_scaled_by_a_large_jitter(packed):
-    tuner = Tuner(LoaderOptions(num_workers=3, prefetch="auto"))
+    tuner = Tuner(LoaderOptions(num_workers=3, workers=Workers(prefetch="auto")))
     assert [(t.kind, t.workers) for t in tuner.trials] == [("thread", 3)]
     tuner.trials[0].builds = [0.1] * 23 + [2.5]  # windows of 6: 0.6, 0.6, 0.6 and 3.0
     swapped = []
@@ -171,7 +171,7 @@ def test_prefetch_auto_settles_on_twice_the_workers_scaled_by_a_large_jitter(pac
 
 
 def test_prefetch_auto_keeps_twice_the_workers_under_a_small_jitter(packed):
-    tuner = Tuner(LoaderOptions(num_workers=3, prefetch="auto"))
+    tuner = Tuner(LoaderOptions(num_workers=3, workers=Workers(prefetch="auto")))
     tuner.trials[0].builds = [0.1] * 11 + [1.0]  # jitter 1.5 / 1.05 < 2
     swapped = []
     assert tuner.settle("engine", swapped.append) == "engine"  # no restart for nothing
@@ -251,21 +251,22 @@ def test_candidates_are_cheapest_first_and_share_the_node(monkeypatch):
 
 
 def test_fixed_settings_are_not_tuned():
-    tuner = Tuner(LoaderOptions(num_workers=3, worker_kind="process", prefetch=5))
+    tuner = Tuner(LoaderOptions(num_workers=3, workers=Workers(kind="process", prefetch=5)))
     assert tuner.settled and tuner.reason == ""
-    assert (tuner.options.num_workers, tuner.options.worker_kind, tuner.options.in_flight) == \
+    assert (tuner.options.num_workers, tuner.options.workers.kind, tuner.options.in_flight) == \
         (3, "process", 5)
-    assert Tuner(LoaderOptions(num_workers=0, prefetch="auto")).settled
+    assert Tuner(LoaderOptions(num_workers=0, workers=Workers(prefetch="auto"))).settled
 
 
-@pytest.mark.parametrize("options, message", [
-    (dict(num_workers="many"), "num_workers='many': expected a count or 'auto'"),
-    (dict(prefetch="deep"), "prefetch='deep': expected a count or 'auto'"),
-    (dict(prefetch="auto", prefetch_factor=2), "pass one"),
-])
-def test_other_words_are_refused(options, message):
-    with pytest.raises(ValueError, match=message):
-        LoaderOptions(**options)
+def test_other_words_are_refused():
+    from dlpack_io.reader.batch.options import options_from
+
+    with pytest.raises(ValueError, match="num_workers='many': expected a count or 'auto'"):
+        LoaderOptions(num_workers="many")
+    with pytest.raises(ValueError, match="prefetch='deep': expected a count or 'auto'"):
+        Workers(prefetch="deep")
+    with pytest.raises(ValueError, match="pass one"):
+        options_from({"workers": Workers(prefetch="auto")}, {"prefetch_factor": 2})
 
 
 def test_a_shifted_prefetch_handle_sees_the_epochs_batch_numbers():

@@ -14,9 +14,9 @@ import os
 import numpy as np
 import pytest
 
-from dlpack_io.reader import Dataset, Loader, RandomHorizontalFlip, RandomResizedCrop
+from dlpack_io.reader import Dataset, Loader, Output, RandomHorizontalFlip, RandomResizedCrop
 from dlpack_io.reader.batch import autotune
-from dlpack_io.reader.batch.confirm import MARGIN, Check, certain, runner_up
+from dlpack_io.reader.batch.trials import MARGIN, Check, certain, runner_up
 from dlpack_io.reader.batch.trials import Trial
 
 from helpers import StepClock, batches_equal, pack_jpeg_and_raw
@@ -43,7 +43,7 @@ def _run(path, monkeypatch, later: dict, epochs: int = 3, **options):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})  # CI's 2 cores
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     loader = Loader(Dataset(path), batch_size=2, seed=5, transforms=list(RECIPE),
-                    return_index=True, num_workers="auto", **options)
+                    output=Output(return_index=True), num_workers="auto", **options)
     out, used = [], []
     for epoch in range(epochs):
         for x, y, i in loader:
@@ -59,7 +59,7 @@ def _run(path, monkeypatch, later: dict, epochs: int = 3, **options):
 
 def _fixed(path, epochs: int = 3) -> list:
     loader = Loader(Dataset(path), batch_size=2, seed=5, transforms=list(RECIPE),
-                    return_index=True, num_workers=2)
+                    output=Output(return_index=True), num_workers=2)
     out = [(np.array(i), x.numpy().copy(), y.numpy().copy())
            for _ in range(epochs) for x, y, i in loader]
     loader.close()

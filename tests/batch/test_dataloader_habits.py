@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from dlpack_io.reader import Dataset, Loader, LoaderOptions, RandomCrop, RandomHorizontalFlip
+from dlpack_io.reader import (Dataset, Loader, RandomCrop, RandomHorizontalFlip,
+                              Workers)
 
 from helpers import pack_jpeg_and_raw
 
@@ -112,24 +113,35 @@ def test_dataloader_attributes(raw):
 
 
 def test_prefetch_factor_counts_per_worker_and_excludes_prefetch(raw):
-    assert LoaderOptions(num_workers=3, prefetch_factor=4).in_flight == 12
-    assert LoaderOptions(num_workers=0, prefetch_factor=2).in_flight == 2
+    ds = Dataset(raw)
+    assert Loader(ds, num_workers=3, prefetch_factor=4).options.in_flight == 12
+    assert Loader(ds, num_workers=0, prefetch_factor=2).options.in_flight == 2
+    assert Loader(ds, num_workers=3, prefetch_factor=4).prefetch_factor == 4  # as asked
     with pytest.raises(ValueError, match="pass one"):
-        LoaderOptions(prefetch=3, prefetch_factor=2)
+        Loader(ds, workers=Workers(prefetch=3), prefetch_factor=2)
     with pytest.raises(ValueError, match="prefetch_factor 0"):
-        LoaderOptions(prefetch_factor=0)
+        Loader(ds, prefetch_factor=0)
+    with pytest.raises(ValueError, match="num_workers='auto': the worker count is not known"):
+        Loader(ds, num_workers="auto", prefetch_factor=2)
     # the same limit as prefetch= (buffers and slots are sized by the batches in flight)
     with pytest.raises(ValueError, match=r"prefetch_factor 1000000000 x 2 workers = "
                                          r"2000000000 batches in flight: expected at most 4096"):
-        LoaderOptions(num_workers=2, prefetch_factor=10**9)
+        Loader(ds, num_workers=2, prefetch_factor=10**9)
     a = _epoch(_loader(raw, num_workers=2, prefetch_factor=1))
     assert _same(a, _reference(raw, 0))
 
 
-def test_timeout_zero_means_wait_as_in_dataloader():
-    assert LoaderOptions(timeout=0).timeout is None
+def test_dataloader_names_mean_what_they_mean_there_without_a_warning(raw, recwarn):
+    loader = Loader(Dataset(raw), timeout=0, pin_memory=False, persistent_workers=False)
+    assert loader.options.workers == Workers(timeout=None, persistent=False)
+    assert not [w for w in recwarn if issubclass(w.category, DeprecationWarning)]
+
+
+def test_timeout_zero_means_wait_as_in_dataloader(raw):
+    assert Workers(timeout=0).timeout is None
+    assert Loader(Dataset(raw), timeout=0).options.workers.timeout is None
     with pytest.raises(ValueError, match="timeout -1"):
-        LoaderOptions(timeout=-1)
+        Workers(timeout=-1)
 
 
 def test_persistent_workers_false_stops_the_workers_after_each_epoch(raw):
@@ -150,16 +162,17 @@ def test_pin_memory_without_cuda_warns_and_delivers(raw, caplog):
         loader = _loader(raw, pin_memory=True)
         assert all(x.is_pinned() and y.is_pinned() for x, y, _ in loader)
         return
-    with caplog.at_level(logging.WARNING, logger="dlpack_io.reader.batch.compat"):
+    with caplog.at_level(logging.WARNING, logger="dlpack_io.reader.batch.finish"):
         loader = _loader(raw, pin_memory=True)
     assert "pin_memory=True but CUDA is not available" in caplog.text
     assert _same(_epoch(loader), _reference(raw, 0))
 
 
 @pytest.mark.parametrize("name,points_to", [
-    ("sampler", "indices="), ("batch_sampler", "batch_size= with indices="),
+    ("sampler", "order=Order(indices=[...])"),
+    ("batch_sampler", "batch_size= with order=Order(indices=...)"),
     ("collate_fn", "sample_transform="), ("worker_init_fn", "sample_transform="),
-    ("generator", "seed="), ("multiprocessing_context", "worker_kind='process'"),
+    ("generator", "seed="), ("multiprocessing_context", "workers=Workers(kind='process')"),
     ("pin_memory_device", "device='cuda:N'"),
 ])
 def test_dataloader_only_keywords_point_to_the_equivalent(raw, name, points_to):

@@ -52,6 +52,27 @@ def test_saved_states_resume_to_the_pinned_batches(name, state, change):
     assert got == PINNED["resumed"][name]
 
 
+@pytest.mark.parametrize("case,legacy", [
+    ("rrc-uint8-targets", dict(return_index=True, worker_kind="process")),
+    ("pad-detection", dict(pad=True, pad_multiple=8, prefetch=3, on_error="raise")),
+    ("block-drop-last-rank1", dict(block_size=4, block_window=2, log_every=100)),
+    ("subset-indices", dict(indices=list(range(3, 35, 2)), reduced_decode=True)),
+])
+def test_keywords_of_earlier_releases_give_the_same_batches(case, legacy):
+    """Scripts written for the flat keywords keep their batches, with a DeprecationWarning
+    naming the new spelling for each."""
+    from dlpack_io.reader import Loader
+
+    set_name, kwargs = golden.cases()[case]
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("order", "workers", "output")}
+    with pytest.warns(DeprecationWarning) as caught:
+        loader = Loader(golden.dataset(set_name), **kwargs, num_workers=2, **legacy)
+    named = {str(w.message).split("(")[1].split("=")[0] for w in caught}
+    assert named == set(legacy)
+    with loader:
+        assert golden.epochs(loader) == PINNED["cases"][case]
+
+
 def test_resume_continues_the_uninterrupted_epoch():
     full = PINNED["cases"][golden.RESUME_CASE][1]
     assert PINNED["resumed"]["one-rank"] == full[golden.RESUME_AFTER:]

@@ -7,7 +7,7 @@ import torch
 from helpers import pack_jpeg_and_raw
 
 from dlpack_io.reader import CenterCrop, Dataset, Loader, RandomResizedCrop, Resize, jpegdecode
-from dlpack_io.reader.batch import host
+from dlpack_io.reader.batch import build as host
 
 needs_c_resize = pytest.mark.skipif(jpegdecode.native_resize is None, reason="no C extension")
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from dlpack_io.reader import (CenterCrop, ColorJitter, Dataset, Loader, LoaderTimeout,
-                              Normalize, RandomCrop, RandomHorizontalFlip, RandomResizedCrop,
-                              RandomVerticalFlip, Resize, SampleError)
+from dlpack_io.reader import (CenterCrop, ColorJitter, Dataset, Loader, LoaderTimeout, Normalize,
+                              Order, Output, RandomCrop, RandomHorizontalFlip, RandomResizedCrop,
+                              RandomVerticalFlip, Resize, SampleError, Workers)
 from dlpack_io.reader.batch.plan import compile_spec
 
 from helpers import pack_jpeg_and_raw
@@ -101,7 +101,7 @@ def test_resize_then_center_crop_on_small_photos(small_photos):
     with pytest.raises(SampleError, match="crops do not pad: put Resize before it"):
         next(iter(Loader(ds, batch_size=4, transforms=[CenterCrop(224)], num_workers=0)))
     loader = Loader(ds, batch_size=4, transforms=[Resize(256), CenterCrop(224)], num_workers=2,
-                    shuffle=False, return_index=True)
+                    shuffle=False, output=Output(return_index=True))
     diffs = []
     for images, _, idx in loader:
         assert images.shape[1:] == (3, 224, 224)
@@ -143,9 +143,9 @@ def fails_on_odd_sizes(pixels):
 @pytest.mark.parametrize("kind,workers", [("thread", 0), ("thread", 2), ("process", 2)])
 def test_sample_transform_runs_before_the_fused_transforms(packed, kind, workers):
     ds = Dataset(packed["raw"])
-    loader = Loader(ds, batch_size=8, num_workers=workers, worker_kind=kind, seed=1,
-                    sample_transform=rotate_quarter, return_index=True,
-                    transforms=[RandomCrop(24), RandomHorizontalFlip()])
+    loader = Loader(ds, batch_size=8, num_workers=workers, workers=Workers(kind=kind),
+                    output=Output(return_index=True), seed=1,
+                    sample_transform=rotate_quarter, transforms=[RandomCrop(24), RandomHorizontalFlip()])
     spec = compile_spec([RandomCrop(24), RandomHorizontalFlip()])
     batches = _epoch(loader)
     assert sum(len(i) for _, _, i in batches) == 40
@@ -164,7 +164,8 @@ def test_sample_transform_on_the_device_path_matches_the_host(packed):
     kw = dict(batch_size=8, seed=2, sample_transform=half_size, return_index=True,
               transforms=[RandomResizedCrop(16), RandomVerticalFlip()])
     host = _epoch(Loader(ds, **kw))
-    dev = _epoch(Loader(ds, device_transforms=True, **kw))  # runs on the host: see docs
+    dev = _epoch(Loader(ds, workers=Workers(device_transforms=True),
+                        **kw))  # runs on the host: see docs
     for (a, _, i1), (b, _, i2) in zip(host, dev):
         assert np.array_equal(i1, i2) and torch.equal(a, b)
 
@@ -218,8 +219,8 @@ def test_cuda_batches_go_to_cupy_or_jax_through_dlpack(packed):
 def test_indices_read_exactly_the_subset(packed):
     ds = Dataset(packed["raw"])
     split = np.arange(3, 40, 3)
-    got = _epoch(Loader(ds, batch_size=4, indices=split, return_index=True,
-                        transforms=[RandomCrop(20)]))
+    got = _epoch(Loader(ds, batch_size=4, order=Order(indices=split),
+                        output=Output(return_index=True), transforms=[RandomCrop(20)]))
     seen = np.concatenate([i for _, _, i in got])
     assert sorted(seen) == sorted(split)
     ref = dict(zip(*[np.concatenate(a) for a in zip(*[(i, y.numpy()) for _, y, i in got])]))
@@ -230,7 +231,7 @@ def test_torch_subset_is_the_same_as_indices(packed):
     ds = Dataset(packed["raw"])
     split = np.array([5, 1, 30, 22, 9, 17, 33, 2, 11])
     kw = dict(batch_size=4, return_index=True, transforms=[RandomCrop(20)], seed=4)
-    a = _epoch(Loader(ds, indices=split, **kw))
+    a = _epoch(Loader(ds, order=Order(indices=split), **kw))
     b = _epoch(Loader(torch.utils.data.Subset(ds, split), **kw))
     nested = torch.utils.data.Subset(torch.utils.data.Subset(ds, split), [0, 1, 2, 3, 4, 5, 6, 7, 8])
     c = _epoch(Loader(nested, **kw))
@@ -265,9 +266,9 @@ def test_subset_ranks_and_resume(packed):
 def test_bad_indices_are_refused(packed):
     ds = Dataset(packed["raw"])
     with pytest.raises(IndexError, match="sample 40 is out of range"):
-        Loader(ds, indices=[1, 40])
+        Loader(ds, order=Order(indices=[1, 40]))
     with pytest.raises(ValueError, match="listed twice"):
-        Loader(ds, indices=[1, 1])
+        Loader(ds, order=Order(indices=[1, 1]))
     with pytest.raises(TypeError, match="reads a dlpack_io.reader.Dataset"):
         Loader([1, 2, 3])
 
@@ -299,7 +300,7 @@ def test_context_manager_stops_the_workers(packed):
         assert len(_loader_threads()) >= 2
     assert not _loader_threads()  # close() joined them
     with Loader(Dataset(packed["jpeg"]), transforms=[RandomResizedCrop(16)], batch_size=8,
-                num_workers=2, worker_kind="process") as loader:
+                num_workers=2, workers=Workers(kind="process")) as loader:
         list(loader)
         pids = loader.worker_pids()
         assert len(pids) == 2
@@ -319,8 +320,9 @@ def never_returns(pixels):
 
 @pytest.mark.parametrize("kind", ["thread", "process"])
 def test_timeout_names_the_batch_and_the_sample(packed, kind, hang_deadline):
-    loader = Loader(Dataset(packed["raw"]), batch_size=8, num_workers=2, worker_kind=kind,
-                    sample_transform=never_returns, timeout=1.0, transforms=[RandomCrop(20)])
+    loader = Loader(Dataset(packed["raw"]), batch_size=8, num_workers=2,
+                    workers=Workers(kind=kind, timeout=1.0), sample_transform=never_returns,
+                    transforms=[RandomCrop(20)])
     RELEASE.clear()
     try:
         with pytest.raises(LoaderTimeout, match=r"batch \d+ .*not built after timeout=1 s: "
@@ -361,32 +363,67 @@ def test_cuda_without_triton_asks_for_it_or_an_explicit_fallback(monkeypatch):
 
 # ---- the signature: every option visible to help(), IDEs and inspect -----------------------
 def test_signature_lists_every_option_keyword_only_with_its_default():
-    """Loader's signature is LoaderOptions' fields, each keyword-only with the same default,
-    and the class docstring names each one (help(Loader) documents them)."""
+    """Loader's signature is LoaderOptions' fields (at most 16), each keyword-only with the
+    same default (None for the three groups, which default to Order() / Workers() /
+    Output()), and help(Loader) describes each, the groups' fields too."""
     import dataclasses
     import inspect
 
     from dlpack_io.reader import LoaderOptions
+    from dlpack_io.reader.batch.options import GROUPS
 
     params = inspect.signature(Loader).parameters
     option_fields = dataclasses.fields(LoaderOptions)
-    # the trailing **dataloader_only only refuses (DataLoader's keywords, typos): see
-    # tests/batch/test_dataloader_habits.py
-    assert list(params) == ["dataset"] + [f.name for f in option_fields] + ["options",
-                                                                           "dataloader_only"]
-    assert params["dataloader_only"].kind is inspect.Parameter.VAR_KEYWORD
+    # the trailing **compat maps DataLoader's names and earlier releases' keywords and
+    # refuses the rest: see tests/batch/test_dataloader_habits.py
+    assert list(params) == ["dataset"] + [f.name for f in option_fields] + ["compat"]
+    assert len(option_fields) <= 16
+    assert params["compat"].kind is inspect.Parameter.VAR_KEYWORD
     doc = inspect.getdoc(Loader)
     for f in option_fields:
         assert params[f.name].kind is inspect.Parameter.KEYWORD_ONLY, f.name
-        assert params[f.name].default == f.default, f.name
-        assert f.name in doc, f"help(Loader) does not describe {f.name}"
+        default = None if f.name in GROUPS else f.default
+        assert params[f.name].default == default, f.name
+        assert f"{f.name}" in doc and f.metadata["doc"].split(";")[0][:40] in " ".join(
+            doc.split()), f"help(Loader) does not describe {f.name}"
+    for group, cls in GROUPS.items():
+        assert LoaderOptions().__getattribute__(group) == cls()
+        for f in dataclasses.fields(cls):
+            assert f"{cls.__name__}.{f.name} = {f.default!r}" in doc, f.name
+
+
+def test_each_setting_has_one_name_and_earlier_names_map_to_it(packed):
+    """Every keyword of earlier releases maps to exactly one field of a group (with a
+    DeprecationWarning naming it), DataLoader's names too (silently); None for shuffle is
+    storage order, as it always was."""
+    import dataclasses
+
+    from dlpack_io.reader.batch.options import DATALOADER_NAMES, GROUPS, LEGACY_NAMES
+
+    for name, (group, field) in {**LEGACY_NAMES, **DATALOADER_NAMES}.items():
+        assert field in {f.name for f in dataclasses.fields(GROUPS[group])}, name
+    ds = Dataset(packed["raw"])
+    assert Loader(ds, shuffle=None).options.shuffle is None
+    with pytest.warns(DeprecationWarning, match=r"Loader\(worker_kind=...\) is deprecated: "
+                                                r"use Loader\(workers=Workers\(kind=...\)\)"):
+        loader = Loader(ds, worker_kind="process", prefetch=3, num_workers=1)
+    assert loader.options.workers == Workers(kind="process", prefetch=3)
+    with pytest.warns(DeprecationWarning):  # a group and an older keyword for another field
+        both = Loader(ds, workers=Workers(kind="process"), reduced_decode=False)
+    assert both.options.workers == Workers(kind="process", reduced_decode=False)
+    with pytest.raises(TypeError, match="pass each setting once"), \
+            pytest.warns(DeprecationWarning):
+        Loader(ds, workers=Workers(kind="process"), worker_kind="thread")
+    with pytest.raises(TypeError, match=r"workers=\{'kind': 'process'\}: expected a Workers"):
+        Loader(ds, workers={"kind": "process"})
 
 
 def test_options_object_or_keywords_but_not_both(packed):
     from dlpack_io.reader import LoaderOptions
 
     ds = Dataset(packed["raw"])
-    assert Loader(ds, options=LoaderOptions(batch_size=3, seed=5)).options.batch_size == 3
+    with pytest.warns(DeprecationWarning, match="options=LoaderOptions"):
+        assert Loader(ds, options=LoaderOptions(batch_size=3, seed=5)).options.batch_size == 3
     assert Loader(ds, batch_size=3, seed=5).options == LoaderOptions(batch_size=3, seed=5)
-    with pytest.raises(TypeError, match="not both"):
+    with pytest.raises(TypeError, match="not both"), pytest.warns(DeprecationWarning):
         Loader(ds, options=LoaderOptions(batch_size=3), batch_size=4)

@@ -28,8 +28,8 @@ import pytest
 import torch
 
 from dlpack_io.reader import (CenterCrop, ColorJitter, Dataset, Loader, Normalize, RandomCrop,
-                              RandomHorizontalFlip, RandomResizedCrop, RandomVerticalFlip,
-                              Resize)
+                              RandomHorizontalFlip, RandomResizedCrop, RandomVerticalFlip, Resize,
+                              Workers)
 
 from helpers import compiled_variants, pack_jpeg_and_raw
 
@@ -152,8 +152,9 @@ def test_cuda_loader_matches_its_cpu_twin_with_a_lagging_gpu(packed, case):
     name, transforms, dtype, kind = TWINS[case]
     ds = Dataset(packed[name])
     kw = _base(transforms=transforms, dtype=dtype)
-    cpu = [(x.clone(), y, i) for x, y, i in Loader(ds, device_transforms=True, **kw)]
-    loader = Loader(ds, device="cuda", worker_kind=kind, **kw)
+    cpu = [(x.clone(), y, i) for x, y, i in Loader(ds, workers=Workers(device_transforms=True),
+                                                   **kw)]
+    loader = Loader(ds, device="cuda", workers=Workers(kind=kind), **kw)
     assert loader.device_transforms
     held = _lagging_epoch(loader)
     resampled = any(isinstance(t, (RandomResizedCrop, Resize)) for t in transforms)
@@ -202,9 +203,9 @@ def test_skip_on_cuda_matches_the_cpu_twin(packed, kind):
     ds = Dataset(packed["corrupt"])
     kw = _base(transforms=[RandomResizedCrop(24), *FLIPS, Normalize()], dtype=torch.float16,
                on_error="skip")
-    twin = Loader(ds, device_transforms=True, **kw)
+    twin = Loader(ds, workers=Workers(device_transforms=True), **kw)
     cpu = [(x.clone(), y, i) for x, y, i in twin]
-    loader = Loader(ds, device="cuda", worker_kind=kind, **kw)
+    loader = Loader(ds, device="cuda", workers=Workers(kind=kind), **kw)
     held = _lagging_epoch(loader)
     _agree(cpu, held, torch.float16, True, False)
     assert {s.sample for s in loader.skipped} == {s.sample for s in twin.skipped} == set(CORRUPT)
@@ -243,7 +244,7 @@ def test_next_batch_is_staged_before_this_one_is_yielded(packed, device, staging
     from benchmarks.gpu_step.steps import no_staging
 
     ds = Dataset(packed["raw"])
-    loader = Loader(ds, device=device, device_transforms=True,
+    loader = Loader(ds, device=device, workers=Workers(device_transforms=True),
                     **_base(transforms=[RandomCrop(30), *FLIPS], batch_size=4))
     for _ in loader:  # warm-up epoch: kernels compiled, constants on the device
         pass
@@ -335,7 +336,7 @@ def _check_overlap(events, total, staging):
 def test_one_pinned_side_stream_copy_and_one_kernel_per_batch(packed, name, kind, tmp_path):
     ds = Dataset(packed[name])
     crop = RandomCrop(30) if name == "raw" else RandomResizedCrop(24)
-    loader = Loader(ds, device="cuda", worker_kind=kind, dtype=torch.float16,
+    loader = Loader(ds, device="cuda", workers=Workers(kind=kind), dtype=torch.float16,
                     **_base(transforms=[crop, *FLIPS, Normalize()], return_index=False))
     for _ in loader:  # warm-up epoch: kernels compiled, pools and constants in place
         pass
@@ -410,7 +411,7 @@ def test_batches_stay_on_the_resolved_gpu_when_another_becomes_current(packed, m
 # ---- pinned slots, forked workers, pools across epochs ------------------------------------------
 @_cuda_test
 def test_process_slots_are_pinned_while_the_loader_lives(packed):
-    loader = Loader(Dataset(packed["jpeg"]), device="cuda", worker_kind="process",
+    loader = Loader(Dataset(packed["jpeg"]), device="cuda", workers=Workers(kind="process"),
                     **_base(transforms=[RandomResizedCrop(24)]))
     it = iter(loader)
     next(it)
@@ -438,9 +439,10 @@ def test_workers_forked_after_cuda_never_touch_it(packed):
     torch.zeros(1, device="cuda")
     assert torch.cuda.is_initialized()
     ds = Dataset(packed["jpeg"])
-    host = Loader(ds, device="cuda", worker_kind="process", sample_transform=_forked_after_cuda,
+    host = Loader(ds, device="cuda", workers=Workers(kind="process"),
+                  sample_transform=_forked_after_cuda,
                   **_base(transforms=[RandomResizedCrop(24)]))
-    device = Loader(ds, device="cuda", worker_kind="process",
+    device = Loader(ds, device="cuda", workers=Workers(kind="process"),
                     **_base(transforms=[RandomResizedCrop(24)]))
     for loader in (host, device):
         assert sum(len(y) for _, y, _ in loader) == 50
@@ -464,7 +466,7 @@ def _pow2(n: int) -> int:
 def _slot_bound(loader, ds) -> int:
     """docs/loader.md: one slot holds batch_size x the largest stored image + the records,
     allocated 1.25x when it grows (thread workers)."""
-    from dlpack_io.reader.batch.jobs import largest_image
+    from dlpack_io.reader.batch.build import largest_image
 
     h, w = largest_image(ds)
     return (loader.options.batch_size * (h * w * 3 + 64) + 8) * 5 // 4
@@ -473,7 +475,7 @@ def _slot_bound(loader, ds) -> int:
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
 def test_thread_pools_are_kept_across_epochs_and_bounded(packed, device):
     ds = Dataset(packed["raw"])  # one record size: each slot is allocated once
-    loader = Loader(ds, device=device, device_transforms=True, prefetch=3,
+    loader = Loader(ds, device=device, workers=Workers(device_transforms=True, prefetch=3),
                     **_base(transforms=[RandomCrop(30), *FLIPS]))
     cuda_ = device == "cuda"
     host = _host_stats if cuda_ and "num_host_alloc" in _host_stats() else None
@@ -501,7 +503,7 @@ def test_thread_pools_are_kept_across_epochs_and_bounded(packed, device):
 
 def test_ragged_thread_slots_stay_within_the_documented_bound(packed):
     ds = Dataset(packed["jpeg"])  # decoded regions of every size: slots grow on demand
-    loader = Loader(ds, device_transforms=True, prefetch=2,
+    loader = Loader(ds, workers=Workers(device_transforms=True, prefetch=2),
                     **_base(transforms=[RandomResizedCrop(24)], reduced_decode=False))
     for epoch in range(3):
         loader.set_epoch(epoch)
@@ -512,10 +514,10 @@ def test_ragged_thread_slots_stay_within_the_documented_bound(packed):
 
 
 def test_process_slots_are_the_documented_size_and_kept(packed):
-    from dlpack_io.reader.batch.jobs import largest_image
+    from dlpack_io.reader.batch.build import largest_image
 
     ds = Dataset(packed["jpeg"])
-    loader = Loader(ds, device_transforms=True, worker_kind="process", prefetch=2,
+    loader = Loader(ds, workers=Workers(device_transforms=True, kind="process", prefetch=2),
                     **_base(transforms=[RandomResizedCrop(24)]))
     list(loader)
     runner, pids = loader._engine.runner, loader.worker_pids()

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from dlpack_io.reader import (Dataset, Loader, RandomCrop, RandomResizedCrop, SampleError,
-                              WorkerError)
+                              WorkerError, Workers)
 
 from helpers import gone, shared_memory_of, wait_until
 
@@ -56,7 +56,8 @@ def _loader_threads():
 def test_corrupt_record_names_shard_and_record(corrupt, kind, transform_on):
     path, shard_name, record = corrupt
     loader = Loader(Dataset(path), batch_size=8, transforms=[RandomResizedCrop(24)], num_workers=2,
-                    worker_kind=kind, shuffle=None, device_transforms=(transform_on == "device"))
+                    workers=Workers(kind=kind, device_transforms=transform_on == "device"),
+                    shuffle=None)
     got = 0
     with pytest.raises(SampleError, match=rf"{shard_name} record {record} \(sample 37\)") as info:
         for _ in loader:
@@ -96,7 +97,7 @@ def test_exception_inside_a_transform_reaches_the_loop(packed, monkeypatch):
 
 def test_killed_worker_is_reported_quickly(packed):
     loader = Loader(Dataset(packed / "jpeg"), batch_size=4, transforms=[RandomResizedCrop(24)],
-                    num_workers=2, worker_kind="process", prefetch=4)
+                    num_workers=2, workers=Workers(kind="process", prefetch=4))
     pids = []
     with pytest.raises(WorkerError, match=r"worker 1 \(pid \d+\) was killed by SIGKILL while "
                                           r"building batch \d+"):
@@ -111,7 +112,7 @@ def test_killed_worker_is_reported_quickly(packed):
 @pytest.mark.parametrize("how", ["break", "exception", "ctrl-c"])
 def test_leaving_the_loop_leaves_no_processes(packed, how):
     loader = Loader(Dataset(packed / "jpeg"), batch_size=4, transforms=[RandomResizedCrop(24)],
-                    num_workers=2, worker_kind="process")
+                    num_workers=2, workers=Workers(kind="process"))
     pids, shm_while_running = [], []
 
     def consume():

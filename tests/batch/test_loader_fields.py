@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from dlpack_io.reader import Dataset, Loader, Output, Resize, Workers
 from dlpack_io.packer import Writer
-from dlpack_io.reader import Dataset, Loader, Resize
 
 N = 23
 
@@ -45,8 +45,9 @@ NAMES = ("image", "caption", "n", "x", "emb", "pts", "meta", "label")
 
 @pytest.mark.parametrize("workers,kind", [(0, "thread"), (2, "thread"), (2, "process")])
 def test_fields_travel_with_their_images(fielded, workers, kind):
-    loader = Loader(Dataset(fielded), batch_size=5, fields=NAMES, return_index=True,
-                    num_workers=workers, worker_kind=kind, transforms=[Resize((4, 4))], seed=3)
+    loader = Loader(Dataset(fielded), batch_size=5, fields=NAMES,
+                    output=Output(return_index=True), workers=Workers(kind=kind),
+                    num_workers=workers, transforms=[Resize((4, 4))], seed=3)
     seen = [i for batch in loader for i in _check(batch, NAMES + ("index",))]
     assert sorted(seen) == list(range(N)) and seen != list(range(N))  # shuffled, complete
 
@@ -102,8 +103,9 @@ def test_skipped_samples_take_their_fields_with_them(fielded, tmp_path, kind):
     data[int(entry["offset"])] ^= 0xFF  # sample 5's first pixel: its image CRC fails
     open(path, "wb").write(bytes(data))
     loader = Loader(Dataset(tmp_path / "ds", verify_checksums=True), batch_size=4,
-                    fields=NAMES, return_index=True, on_error="skip", num_workers=2,
-                    worker_kind=kind, transforms=[Resize((4, 4))])
+                    fields=NAMES, output=Output(return_index=True),
+                    workers=Workers(on_error="skip", kind=kind), num_workers=2,
+                    transforms=[Resize((4, 4))])
     seen = [i for batch in loader for i in _check(batch, NAMES + ("index",))]
     assert sorted(seen) == [i for i in range(N) if i != 5]
     assert [s.sample for s in loader.skipped.samples] == [5]

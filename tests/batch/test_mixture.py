@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 import torch
 
+from dlpack_io.reader import (Dataset, Loader, Mixture, Order, Output, RandomHorizontalFlip,
+                              RandomResizedCrop, Workers)
 from dlpack_io.packer import Writer
-from dlpack_io.reader import Dataset, Loader, Mixture, RandomHorizontalFlip, RandomResizedCrop
 
 
 def _pack(dst, n, base, classes, *, caption=False):
@@ -51,7 +52,7 @@ def test_each_epoch_draws_the_exact_shares_with_the_right_samples(sets):
     assert mix.sizes == [30, 12] and mix.classes == ["cat", "dog", "owl", "emu"]
     mix.counts[0] = 1                                  # a copy: the mixture keeps its shares
     assert mix.counts == [35, 15] and mix.weights == pytest.approx([0.7, 0.3])
-    loader = Loader(mix, batch_size=8, return_index=True)
+    loader = Loader(mix, batch_size=8, output=Output(return_index=True))
     for epoch in range(4):
         batches = _epoch(loader, epoch)
         assert len(batches) == len(loader) == 7
@@ -70,7 +71,7 @@ def test_labels_are_kept_per_set_by_default(sets, caplog):
         mix = _mix(sets)
     assert "classes='union'" in caplog.text
     assert mix.classes == ["cat|dog", "dog|emu", "owl"]
-    x, y, i = next(iter(Loader(mix, batch_size=50, return_index=True)))
+    x, y, i = next(iter(Loader(mix, batch_size=50, output=Output(return_index=True))))
     assert y.tolist() == [j % 3 if s == 0 else j % 2 for s, j in i.tolist()]
     with pytest.raises(ValueError, match=r"set 1 .*'emu' is not in classes="):
         _mix(sets, classes=["cat", "dog", "owl"])
@@ -81,9 +82,9 @@ def test_the_same_batches_for_any_workers(sets, shuffle):
     mix = _mix(sets, classes="union")
     runs = []
     for workers, kind in [(0, "thread"), (2, "thread"), (2, "process")]:
-        loader = Loader(mix, batch_size=8, num_workers=workers, worker_kind=kind, seed=4,
-                        shuffle=shuffle, return_index=True,
-                        transforms=[RandomResizedCrop(6), RandomHorizontalFlip()])
+        loader = Loader(mix, batch_size=8, num_workers=workers, workers=Workers(kind=kind),
+                        output=Output(return_index=True), seed=4,
+                        shuffle=shuffle, transforms=[RandomResizedCrop(6), RandomHorizontalFlip()])
         runs.append(_epoch(loader, 2))
         loader.close()
     for other in runs[1:]:
@@ -100,7 +101,8 @@ def test_ranks_are_disjoint_complete_and_equal(sets, drop_last):
     assert len(whole) == 53
     for world in (2, 3):
         loaders = [Loader(mix, batch_size=4, seed=1, rank=r, world_size=world,
-                          drop_last=drop_last, return_index=True) for r in range(world)]
+                          drop_last=drop_last,
+                          output=Output(return_index=True)) for r in range(world)]
         parts = [ld.indices(3) for ld in loaders]
         seen = np.concatenate(parts)
         assert len(np.unique(seen)) == len(seen)                       # disjoint
@@ -157,7 +159,8 @@ def test_fields_every_set_lacks_are_named_at_construction(sets):
     with pytest.raises(ValueError, match=r"Mixture set 0: .*/a: no field 'caption'"):
         Loader(Mixture([a, c]), batch_size=4, fields=("image", "caption"))
     x, caption, i = next(iter(Loader(Mixture([c, c.__class__(c.path)]), batch_size=18,
-                                     fields=("image", "caption"), return_index=True)))
+                                     fields=("image", "caption"),
+                                     output=Output(return_index=True))))
     assert caption == [str(200 + j) for _, j in i.tolist()]
     assert x[:, 0, 0, 0].tolist() == [200 + j for _, j in i.tolist()]
 
@@ -177,7 +180,7 @@ def test_bad_arguments_are_refused_with_the_fix(sets):
     with pytest.raises(ValueError, match="samples_per_epoch=0|0 samples per epoch"):
         Mixture([a, b], samples_per_epoch=0)
     with pytest.raises(ValueError, match="indices"):
-        Loader(Mixture([a, b]), batch_size=4, indices=[0, 1])
+        Loader(Mixture([a, b]), batch_size=4, order=Order(indices=[0, 1]))
     with pytest.raises(TypeError, match="does not nest"):
         Mixture([a, Mixture([b])])
     with pytest.raises(TypeError, match="a list of data sets"):
@@ -205,8 +208,8 @@ def test_the_device_path_reads_the_same_samples(sets, workers, kind):
     """device_transforms=True (the kernels' torch reference on the CPU): the gather path
     finds every (set, index) in the mixture's shards as the host path does."""
     mix = _mix(sets, classes="union")
-    loader = Loader(mix, batch_size=8, return_index=True, device_transforms=True,
-                    num_workers=workers, worker_kind=kind)
+    loader = Loader(mix, batch_size=8, output=Output(return_index=True),
+                    workers=Workers(device_transforms=True, kind=kind), num_workers=workers)
     batches = _epoch(loader, 1)
     assert np.bincount(np.concatenate([i for _, _, i in batches])[:, 0]).tolist() == [35, 15]
     for x, y, i in batches:

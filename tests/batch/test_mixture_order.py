@@ -1,4 +1,4 @@
-"""A Mixture's epoch order (reader/batch/mixorder.py) and its shares (reader/mixture.py):
+"""A Mixture's epoch order (reader/batch/sources.py) and its shares (reader/mixture.py):
 exact per-epoch shares, no repeats within an epoch unless a set is smaller than its share,
 different samples from epoch to epoch, and the stratified interleave."""
 from collections import Counter
@@ -7,14 +7,14 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from dlpack_io.reader.batch import mixorder
+from dlpack_io.reader.batch import sources
 from dlpack_io.reader.mixture import epoch_length, largest_remainder
 
 
 def _order(sizes, counts, epoch, shuffle="global", seed=0, shard_sizes=None):
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     total = int(sum(sizes))
-    v = mixorder.mixture_order(sizes, counts, offsets, total, shuffle=shuffle, seed=seed,
+    v = sources.mixture_order(sizes, counts, offsets, total, shuffle=shuffle, seed=seed,
                                epoch=epoch, shard_sizes=shard_sizes, block_size=4, window=2)
     concat = v % total
     sets = np.searchsorted(offsets, concat, side="right") - 1
@@ -105,4 +105,4 @@ def test_no_shuffle_is_storage_order_within_each_set():
 
 def test_an_empty_set_with_a_share_is_refused():
     with pytest.raises(ValueError, match="set 1 is empty"):
-        mixorder.set_draw(0, 3, 1, shuffle="global", seed=0, epoch=0)
+        sources.set_draw(0, 3, 1, shuffle="global", seed=0, epoch=0)

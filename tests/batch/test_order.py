@@ -4,7 +4,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dlpack_io.reader.batch import order, rng
+from dlpack_io.reader.batch import order
+from dlpack_io.reader.batch.plan import uniforms
+from dlpack_io.reader.transforms.geometry import RandomHorizontalFlip, RandomResizedCrop
+
+# the ops' own random streams (fixed forever: a sample keeps its draws)
+STREAM_CROP = RandomResizedCrop.stream
+STREAM_FLIP_H = RandomHorizontalFlip.stream
 
 
 def _all_batches(n, world, batch, drop_last, workers, shuffle="global", sizes=None, epoch=0):
@@ -97,13 +103,13 @@ def test_resolve_world_defaults_without_distributed():
 
 def test_uniforms_are_pure_per_sample():
     idx = np.array([5, 1_000_000, 7, 5])
-    a = rng.uniforms(1, 2, rng.STREAM_CROP, idx, 3)
+    a = uniforms(1, 2, STREAM_CROP, idx, 3)
     assert a.shape == (4, 3) and np.all((a >= 0) & (a < 1))
     assert np.array_equal(a[0], a[3])  # same sample, same draws, whatever the batch
-    assert np.array_equal(a[1:3], rng.uniforms(1, 2, rng.STREAM_CROP, idx[1:3], 3))
-    assert not np.array_equal(a, rng.uniforms(1, 3, rng.STREAM_CROP, idx, 3))
-    assert not np.array_equal(a, rng.uniforms(1, 2, rng.STREAM_FLIP_H, idx, 3))
-    big = rng.uniforms(0, 0, 1, np.arange(20000))[:, 0]
+    assert np.array_equal(a[1:3], uniforms(1, 2, STREAM_CROP, idx[1:3], 3))
+    assert not np.array_equal(a, uniforms(1, 3, STREAM_CROP, idx, 3))
+    assert not np.array_equal(a, uniforms(1, 2, STREAM_FLIP_H, idx, 3))
+    big = uniforms(0, 0, 1, np.arange(20000))[:, 0]
     assert abs(big.mean() - 0.5) < 0.01 and abs((big < 0.1).mean() - 0.1) < 0.01
 
 

@@ -2,29 +2,38 @@
 
 The docs promise the same floats and the same order on every machine and numpy version for
 the same (seed, epoch, ...): these tests hold a handful of numbers each, computed once with
-reader/batch/rng.py and reader/batch/order.py and written here as literals. A change to the hash, the
-stream ids, the generator seeding, the block cutting or the rank split fails here first.
+reader/batch/plan.py and reader/batch/order.py and written here as literals. A change to the
+hash, the stream ids, the generator seeding, the block cutting or the rank split fails here first.
 If such a change is ever intended, it breaks every saved resume state and every recorded
 experiment: bump the docs, then recompute these numbers on purpose.
 """
 import numpy as np
 import pytest
 
-from dlpack_io.reader.batch import order, rng
+from dlpack_io.reader.batch import order
+from dlpack_io.reader.batch.plan import uniforms
+from dlpack_io.reader.transforms.geometry import RandomHorizontalFlip, RandomResizedCrop, RandomVerticalFlip
+from dlpack_io.reader.transforms.colour import ColorJitter
 
-# rng.uniforms(seed=7, epoch=3, stream, indices=[0, 5, 2**40], count=3), row per sample,
+# the ops' own random streams (fixed forever: a sample keeps its draws)
+STREAM_CROP = RandomResizedCrop.stream
+STREAM_FLIP_H = RandomHorizontalFlip.stream
+STREAM_FLIP_V = RandomVerticalFlip.stream
+STREAM_JITTER = ColorJitter.stream
+
+# uniforms(seed=7, epoch=3, stream, indices=[0, 5, 2**40], count=3), row per sample,
 # exact float64 values (repr round-trips), one block per stream.
 PINNED_UNIFORMS = {
-    rng.STREAM_CROP: [[0.9367331135650868, 0.423620940528869, 0.598968481450896],
+    STREAM_CROP: [[0.9367331135650868, 0.423620940528869, 0.598968481450896],
                       [0.7286166751258301, 0.6618310396021045, 0.3641060810681266],
                       [0.8025159114164543, 0.9691948571633293, 0.06362927789968198]],
-    rng.STREAM_FLIP_H: [[0.5227508825890425, 0.11446109921778858, 0.030784934577137713],
+    STREAM_FLIP_H: [[0.5227508825890425, 0.11446109921778858, 0.030784934577137713],
                         [0.9302074179813528, 0.6375932828342964, 0.11131567745057558],
                         [0.03783145118197451, 0.17235208061463214, 0.11847609110784918]],
-    rng.STREAM_FLIP_V: [[0.45765785938846704, 0.5675850218834135, 0.3674465294606548],
+    STREAM_FLIP_V: [[0.45765785938846704, 0.5675850218834135, 0.3674465294606548],
                         [0.9447521506776829, 0.11670908173449102, 0.35424762323366765],
                         [0.1525218241531574, 0.5820728618712805, 0.43426769007920374]],
-    rng.STREAM_JITTER: [[0.1301244500119313, 0.8092522753953448, 0.15084186916521358],
+    STREAM_JITTER: [[0.1301244500119313, 0.8092522753953448, 0.15084186916521358],
                         [0.31957120356159974, 0.6024347609958559, 0.99769887356161],
                         [0.10850393802247871, 0.8959433466071448, 0.5421868675704894]],
 }
@@ -32,32 +41,32 @@ PINNED_UNIFORMS = {
 
 def test_stream_ids_are_the_documented_ones():
     """The ids are hashed into every draw: renumbering them changes every augmentation."""
-    assert (rng.STREAM_CROP, rng.STREAM_FLIP_H, rng.STREAM_FLIP_V, rng.STREAM_JITTER) == \
+    assert (STREAM_CROP, STREAM_FLIP_H, STREAM_FLIP_V, STREAM_JITTER) == \
         (1, 2, 3, 4)
 
 
 @pytest.mark.parametrize("stream", sorted(PINNED_UNIFORMS))
 def test_uniforms_are_pinned(stream):
-    got = rng.uniforms(7, 3, stream, [0, 5, 2**40], 3)
+    got = uniforms(7, 3, stream, [0, 5, 2**40], 3)
     assert got.dtype == np.float64 and got.shape == (3, 3)
     assert got.tolist() == PINNED_UNIFORMS[stream]
 
 
 def test_uniforms_of_a_subset_and_of_more_draws_are_the_same_numbers():
     """Draw j of sample i does not depend on the other samples or on how many draws."""
-    one = rng.uniforms(7, 3, rng.STREAM_CROP, [5], 2)
-    assert one.tolist() == [PINNED_UNIFORMS[rng.STREAM_CROP][1][:2]]
-    default = rng.uniforms(7, 3, rng.STREAM_CROP, [5, 0])  # count defaults to one draw
-    assert default.tolist() == [[PINNED_UNIFORMS[rng.STREAM_CROP][1][0]],
-                                [PINNED_UNIFORMS[rng.STREAM_CROP][0][0]]]
-    many = rng.uniforms(7, 3, rng.STREAM_CROP, [2**40, 0], 40)
-    assert many[:, :3].tolist() == [PINNED_UNIFORMS[rng.STREAM_CROP][2],
-                                    PINNED_UNIFORMS[rng.STREAM_CROP][0]]
+    one = uniforms(7, 3, STREAM_CROP, [5], 2)
+    assert one.tolist() == [PINNED_UNIFORMS[STREAM_CROP][1][:2]]
+    default = uniforms(7, 3, STREAM_CROP, [5, 0])  # count defaults to one draw
+    assert default.tolist() == [[PINNED_UNIFORMS[STREAM_CROP][1][0]],
+                                [PINNED_UNIFORMS[STREAM_CROP][0][0]]]
+    many = uniforms(7, 3, STREAM_CROP, [2**40, 0], 40)
+    assert many[:, :3].tolist() == [PINNED_UNIFORMS[STREAM_CROP][2],
+                                    PINNED_UNIFORMS[STREAM_CROP][0]]
 
 
 def test_uniforms_have_53_random_bits_in_0_1():
     """Every value is k / 2**53 for an integer k: the top 53 bits of the hash."""
-    u = rng.uniforms(0, 0, rng.STREAM_CROP, np.arange(5000), 4)
+    u = uniforms(0, 0, STREAM_CROP, np.arange(5000), 4)
     k = u * 2.0**53
     assert np.array_equal(k, np.floor(k)) and k.min() >= 0 and k.max() < 2**53
     assert k.max() > 2**52  # the top bit is used (a shift by one more would halve the range)
@@ -67,7 +76,7 @@ def test_uniforms_have_53_random_bits_in_0_1():
 def test_draws_of_one_sample_differ():
     """All draws of a sample being one number (a mutant the suite once let through) would
     make RandomResizedCrop's area, aspect and position one value."""
-    u = rng.uniforms(1, 0, rng.STREAM_CROP, np.arange(200), 40)
+    u = uniforms(1, 0, STREAM_CROP, np.arange(200), 40)
     for row in u:
         assert len(np.unique(row)) == 40
     # and they are not a fixed offset of each other either
@@ -77,7 +86,7 @@ def test_draws_of_one_sample_differ():
 def test_streams_differ_for_every_pair():
     """Flip-h and flip-v being one stream would flip every image both ways at once."""
     idx = np.arange(500)
-    draws = {s: rng.uniforms(9, 1, s, idx, 2) for s in PINNED_UNIFORMS}
+    draws = {s: uniforms(9, 1, s, idx, 2) for s in PINNED_UNIFORMS}
     streams = sorted(draws)
     for a in streams:
         for b in streams:
@@ -91,21 +100,21 @@ def test_streams_differ_for_every_pair():
 
 @pytest.mark.parametrize("change", ["seed", "epoch", "index", "stream"])
 def test_every_input_changes_the_draws(change):
-    base = dict(seed=7, epoch=3, stream=rng.STREAM_CROP, idx=np.arange(64))
+    base = dict(seed=7, epoch=3, stream=STREAM_CROP, idx=np.arange(64))
     other = dict(base)
     other[{"seed": "seed", "epoch": "epoch", "index": "idx", "stream": "stream"}[change]] = \
-        {"seed": 8, "epoch": 4, "index": np.arange(64) + 64, "stream": rng.STREAM_FLIP_H}[change]
-    a = rng.uniforms(base["seed"], base["epoch"], base["stream"], base["idx"], 2)
-    b = rng.uniforms(other["seed"], other["epoch"], other["stream"], other["idx"], 2)
+        {"seed": 8, "epoch": 4, "index": np.arange(64) + 64, "stream": STREAM_FLIP_H}[change]
+    a = uniforms(base["seed"], base["epoch"], base["stream"], base["idx"], 2)
+    b = uniforms(other["seed"], other["epoch"], other["stream"], other["idx"], 2)
     assert not np.any(a == b)
 
 
 def test_big_seeds_wrap_modulo_2_to_the_64():
     """Seeds are taken modulo 2**64 (documented): 2**64 + 7 is seed 7, -1 is 2**64 - 1."""
     idx = [0, 5, 2**40]
-    assert rng.uniforms(2**64 + 7, 3, rng.STREAM_CROP, idx, 3).tolist() == \
-        PINNED_UNIFORMS[rng.STREAM_CROP]
-    assert np.array_equal(rng.uniforms(-1, 0, 1, idx), rng.uniforms(2**64 - 1, 0, 1, idx))
+    assert uniforms(2**64 + 7, 3, STREAM_CROP, idx, 3).tolist() == \
+        PINNED_UNIFORMS[STREAM_CROP]
+    assert np.array_equal(uniforms(-1, 0, 1, idx), uniforms(2**64 - 1, 0, 1, idx))
 
 
 # ---- epoch order ------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import logging
 import numpy as np
 import pytest
 
-from dlpack_io.reader import Dataset, Loader, RandomCrop
+from dlpack_io.reader import Dataset, Loader, Output, RandomCrop
 from dlpack_io.reader.batch import order as order_mod
 from dlpack_io.reader.batch import resume
 
@@ -53,7 +53,7 @@ def test_rank_and_world_size_come_from_torchrun_env(raw, monkeypatch, caplog):
     ds = Dataset(raw)
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    loader = Loader(ds, batch_size=4, transforms=[RandomCrop(20)], return_index=True)
+    loader = Loader(ds, batch_size=4, transforms=[RandomCrop(20)], output=Output(return_index=True))
     assert (loader.rank, loader.world_size) == (1, 2)
     mine = np.concatenate([i for _, _, i in loader])
     assert np.array_equal(mine, loader.indices(0))

@@ -8,11 +8,11 @@ import pytest
 import torch
 from PIL import Image
 
-from dlpack_io.reader import (CenterCrop, Dataset, Loader, Normalize, RandomCrop, RandomResizedCrop,
-                              Resize)
-from dlpack_io.reader.batch import rng
+from dlpack_io.reader import (CenterCrop, Dataset, Loader, Normalize, Output, RandomCrop,
+                              RandomResizedCrop, Resize, Workers)
+from dlpack_io.reader.batch.plan import Draws, uniforms
 from dlpack_io.reader.batch.plan import compile_spec
-from dlpack_io.reader.batch.transforms import CutMix, MixUp, RandomErasing
+from dlpack_io.reader.transforms import CutMix, MixUp, RandomErasing
 
 from helpers import pack_jpeg_and_raw
 
@@ -60,7 +60,7 @@ def pil_crop_resize(hwc, box, size, resample):
 
 def _run(path, transforms, **kw):
     ds = Dataset(path)
-    loader = Loader(ds, batch_size=8, num_workers=0, seed=3, return_index=True,
+    loader = Loader(ds, batch_size=8, num_workers=0, seed=3, output=Output(return_index=True),
                     transforms=transforms, **kw)
     return ds, [(x.clone(), y.clone(), i) for x, y, i in loader]
 
@@ -134,8 +134,9 @@ def test_kernel_lacks_bicubic_so_host_transforms_or_a_clear_error(packed):
     ds = Dataset(packed["raw"])
     tr = [RandomResizedCrop(15, interpolation="bicubic")]
     with pytest.raises(ValueError, match="interpolation='bicubic'.*device_transforms=None"):
-        Loader(ds, transforms=tr, device_transforms=True)
-    assert Loader(ds, transforms=[RandomResizedCrop(15)], device_transforms=True).device_transforms
+        Loader(ds, transforms=tr, workers=Workers(device_transforms=True))
+    assert Loader(ds, transforms=[RandomResizedCrop(15)],
+                  workers=Workers(device_transforms=True)).device_transforms
 
 
 def test_interpolation_arguments_checked():
@@ -170,16 +171,16 @@ def erasing_reference(p, scale, ratio, img_h, img_w, u):
 def test_erasing_boxes_follow_torchvision():
     er = RandomErasing(p=0.7, scale=(0.02, 0.6), ratio=(0.3, 3.3))
     idx = np.arange(300)
-    boxes = er.boxes(5, 2, idx, (20, 24))
-    u = rng.uniforms(5, 2, rng.STREAM_ERASE, idx, 41)
+    boxes = er.boxes(Draws(5, 2), idx, (20, 24))
+    u = uniforms(5, 2, RandomErasing.stream, idx, 41)
     erased = 0
     for k in idx:
         ref = erasing_reference(0.7, (0.02, 0.6), (0.3, 3.3), 20, 24, u[k])
         assert tuple(boxes[k]) == (ref if ref is not None else (0, 0, 0, 0))
         erased += ref is not None
     assert 150 < erased < 230
-    assert np.array_equal(boxes, er.boxes(5, 2, idx, (20, 24)))
-    assert not np.array_equal(boxes, er.boxes(5, 3, idx, (20, 24)))
+    assert np.array_equal(boxes, er.boxes(Draws(5, 2), idx, (20, 24)))
+    assert not np.array_equal(boxes, er.boxes(Draws(5, 3), idx, (20, 24)))
 
 
 @pytest.mark.parametrize("value", [0, (1.0, -2.0, 0.5), "random"])
@@ -192,7 +193,7 @@ def test_erasing_after_normalize_same_on_both_paths(packed, value):
     er = tr[-1]
     for (a, _, idx), (b, _, _), (c, _, _) in zip(host, dev, before, strict=True):
         assert torch.equal(a, b)  # the same function on the same rows: exact
-        boxes = er.boxes(3, 0, idx, (16, 16))
+        boxes = er.boxes(Draws(3, 0), idx, (16, 16))
         for k, (t, l, h, w) in enumerate(boxes):
             mask = torch.zeros(16, 16, dtype=torch.bool)
             mask[t:t + h, l:l + w] = True
@@ -216,10 +217,10 @@ def test_erasing_arguments_checked():
 
 # ---- MixUp / CutMix ----------------------------------------------------------------------
 def test_beta_draws_have_the_beta_moments():
-    from dlpack_io.reader.batch.mixing import beta
+    from dlpack_io.reader.transforms.mixing import beta
 
     for alpha in (0.2, 1.0, 3.0):
-        u = rng.uniforms(1, 0, rng.STREAM_MIX, np.arange(4000), 2 * 97)
+        u = uniforms(1, 0, MixUp.stream, np.arange(4000), 2 * 97)
         lams = np.array([beta(alpha, row) for row in u])
         assert np.all((lams >= 0) & (lams <= 1))
         var = 1.0 / (4 * (2 * alpha + 1))  # Beta(a, a): mean 1/2, variance 1/(4(2a+1))
@@ -246,7 +247,7 @@ def _mix_reference(images, labels, num_classes, chosen, lam, centre):
 
 @pytest.mark.parametrize("mixes", [[MixUp(0.2)], [CutMix(1.0)], [MixUp(0.2), CutMix(1.0)]])
 def test_mixing_matches_torchvision_and_is_pure(packed, mixes):
-    from dlpack_io.reader.batch.mixing import draw
+    from dlpack_io.reader.transforms.mixing import draw
 
     base = [RandomCrop(12), Normalize()]  # exact on both paths: the mix must be too
     ds, plain = _run(packed["raw"], base)
@@ -254,7 +255,7 @@ def test_mixing_matches_torchvision_and_is_pure(packed, mixes):
     _, again = _run(packed["raw"], base + mixes, device_transforms=True)
     kinds = set()
     for (x, y, idx), (mx, my, _), (ax, ay, _) in zip(plain, mixed, again, strict=True):
-        chosen, lam, centre = draw(tuple(mixes), 3, 0, int(idx[0]))
+        chosen, lam, centre = draw(tuple(mixes), Draws(3, 0), int(idx[0]))
         kinds.add(type(chosen))
         ref_x, ref_y = _mix_reference(x.numpy(), y.numpy(), 3, chosen, lam, centre)
         assert my.shape == (len(idx), 3) and my.dtype == torch.float32

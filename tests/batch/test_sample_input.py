@@ -5,7 +5,8 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 
-from dlpack_io.reader import Dataset, Loader, Normalize, RandomCrop, SampleError, SampleTransform
+from dlpack_io.reader import (Dataset, Loader, Normalize, Output, RandomCrop, SampleError,
+                              SampleTransform, Workers)
 from dlpack_io.reader.batch.plan import compile_spec
 
 from helpers import pack_jpeg_and_raw
@@ -53,8 +54,9 @@ def np_reference(kind, pixels):
                                                  ("tensor", grey_tensor, "thread")])
 def test_pipelines_run_unchanged_in_the_workers(packed, kind, fn, worker_kind):
     ds = Dataset(packed["raw"])
-    loader = Loader(ds, batch_size=8, num_workers=2, worker_kind=worker_kind, seed=4,
-                    return_index=True, sample_transform=SampleTransform(fn, input=kind),
+    loader = Loader(ds, batch_size=8, num_workers=2, workers=Workers(kind=worker_kind),
+                    output=Output(return_index=True), seed=4,
+                    sample_transform=SampleTransform(fn, input=kind),
                     transforms=[RandomCrop(16)])
     spec = compile_spec([RandomCrop(16)])
     seen = 0

@@ -9,8 +9,10 @@ import time
 import pytest
 import torch
 
-from dlpack_io.reader import Dataset, Loader, Normalize, RandomResizedCrop
-from dlpack_io.reader.batch.stagetimes import STAGES, totals, new
+from dlpack_io.reader import Dataset, Loader, Normalize, RandomResizedCrop, Workers
+from dlpack_io.reader.batch.build import stage_table as new
+from dlpack_io.reader.batch.build import stage_totals as totals
+from dlpack_io.reader.batch.stats import STAGES
 
 from helpers import pack_jpeg_and_raw
 
@@ -48,8 +50,8 @@ def slept(path) -> float:
 @pytest.mark.parametrize("kind", ["thread", "process"])
 def test_each_stage_holds_its_own_seconds(packed, kind, tmp_path, monkeypatch):
     monkeypatch.setenv(SLEPT_FILE, str(tmp_path / "slept"))
-    loader = Loader(Dataset(packed["jpeg"]), batch_size=8, num_workers=2, worker_kind=kind,
-                    sample_transform=pausing, seed=2,
+    loader = Loader(Dataset(packed["jpeg"]), batch_size=8, num_workers=2,
+                    workers=Workers(kind=kind), sample_transform=pausing, seed=2,
                     transforms=[RandomResizedCrop(16), Normalize((0.5,) * 3, (0.25,) * 3)])
     t0 = time.perf_counter()
     assert sum(len(x) for x, _ in loader) == 24
@@ -72,7 +74,7 @@ def test_each_stage_holds_its_own_seconds(packed, kind, tmp_path, monkeypatch):
 
 def test_the_device_path_counts_the_gather_as_decoding(packed, triton_interpret):
     loader = Loader(Dataset(packed["raw"]), batch_size=8, num_workers=1, seed=2,
-                    transforms=[RandomResizedCrop(16)], device_transforms=True)
+                    transforms=[RandomResizedCrop(16)], workers=Workers(device_transforms=True))
     assert sum(len(x) for x, _ in loader) == 24
     s = loader.stats()
     assert s.decode_s > 0 and s.plan_s > 0 and (s.user_s, s.transforms_s) == (0, 0)

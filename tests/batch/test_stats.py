@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from dlpack_io.reader import Dataset, Loader, RandomResizedCrop
+from dlpack_io.reader import Dataset, Loader, RandomResizedCrop, Workers
 from dlpack_io.reader.batch.stats import LoaderStats, LogSchedule, parse_log_every
 
 from helpers import pack_jpeg_and_raw
@@ -57,8 +57,9 @@ def _measured_epoch(loader, step_seconds: float):
 @pytest.mark.parametrize("kind", ["thread", "process"])
 @pytest.mark.parametrize("step", [0.0, 0.03], ids=["no-step", "sleep-step"])
 def test_wait_fraction_matches_the_wait_measured_around_next(packed, kind, step):
-    loader = Loader(Dataset(packed["jpeg"]), batch_size=8, num_workers=2, worker_kind=kind,
-                    transforms=[RandomResizedCrop(32)], seed=1, sample_transform=slow_sample)
+    loader = Loader(Dataset(packed["jpeg"]), batch_size=8, num_workers=2,
+                    workers=Workers(kind=kind), transforms=[RandomResizedCrop(32)], seed=1,
+                    sample_transform=slow_sample)
     inside, outside, batches, images = _measured_epoch(loader, step)
     if not step:
         assert inside >= 0.1  # long enough for the 0.05 bound to mean something
@@ -87,7 +88,8 @@ def test_run_adds_up_the_epochs_and_each_epoch_starts_afresh(packed):
 
 
 def test_log_every_writes_the_line_every_n_batches(packed, caplog):
-    loader = Loader(Dataset(packed["raw"]), batch_size=8, num_workers=0, log_every=2)
+    loader = Loader(Dataset(packed["raw"]), batch_size=8, num_workers=0,
+                    workers=Workers(log_every=2))
     with caplog.at_level(logging.INFO, logger="dlpack_io.reader.batch.loader"):
         list(loader)
     lines = [r.getMessage() for r in caplog.records if "batches" in r.getMessage()]
@@ -98,7 +100,7 @@ def test_log_every_writes_the_line_every_n_batches(packed, caplog):
 @pytest.mark.parametrize("bad", [0, -3, "fast", "0s", True, 2.5])
 def test_log_every_refuses_what_is_not_a_count_or_seconds(packed, bad):
     with pytest.raises(ValueError, match="log_every"):
-        Loader(Dataset(packed["raw"]), log_every=bad)
+        Loader(Dataset(packed["raw"]), workers=Workers(log_every=bad))
 
 
 def test_the_verdict_names_the_remedy():
@@ -159,12 +161,12 @@ def test_a_wait_for_object_storage_names_the_network():
 @pytest.mark.parametrize("bad", ["infs", "inf s", "nans", "-1s", "1m", "5", float("inf")])
 def test_log_every_refuses_seconds_that_never_come(packed, bad):
     with pytest.raises(ValueError, match="log_every .*expected a number of batches"):
-        Loader(Dataset(packed["raw"]), log_every=bad)
+        Loader(Dataset(packed["raw"]), workers=Workers(log_every=bad))
 
 
 def test_log_every_float_names_the_seconds_form(packed):
     with pytest.raises(ValueError, match=r"for 2.5 seconds write log_every='2.5s'"):
-        Loader(Dataset(packed["raw"]), log_every=2.5)
+        Loader(Dataset(packed["raw"]), workers=Workers(log_every=2.5))
 
 
 @pytest.mark.parametrize("value, parsed", [

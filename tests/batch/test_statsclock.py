@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from dlpack_io.reader import Dataset, Loader, RandomResizedCrop
-from dlpack_io.reader.batch import sources
+from dlpack_io.reader import Dataset, Loader, RandomResizedCrop, Workers
+from dlpack_io.reader.batch.finish import HostFinisher
 
 from helpers import pack_jpeg_and_raw
 
@@ -53,7 +53,7 @@ def _slowed(loader, monkeypatch):
             return fn(*args, **kwargs)
         return wrapped
     monkeypatch.setattr(loader.dataset, "start_prefetch", slow(loader.dataset.start_prefetch))
-    monkeypatch.setattr(sources, "set_counts", slow(sources.set_counts))
+    monkeypatch.setattr(HostFinisher, "finish", slow(HostFinisher.finish))
     monkeypatch.setattr(loader.skipped, "report", slow(loader.skipped.report))
 
 
@@ -124,7 +124,7 @@ def test_the_gpu_timeline_counts_the_wait_for_the_first_batch(monkeypatch):
     next() (an event at the epoch's start), as the host's is; no GPU needed (fake events)."""
     import torch
 
-    from dlpack_io.reader.batch.statsclock import StatsClock
+    from dlpack_io.reader.batch.pipeline import StatsClock
 
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
@@ -144,7 +144,7 @@ def test_the_gpu_timeline_counts_the_wait_for_the_first_batch(monkeypatch):
 
 
 def test_the_runs_queue_depth_is_the_mean_over_all_its_batches():
-    from dlpack_io.reader.batch.statsclock import StatsClock
+    from dlpack_io.reader.batch.pipeline import StatsClock
 
     clock = StatsClock(2, "thread")
     for epoch, depth in ((0, 2), (1, 0)):
@@ -171,8 +171,8 @@ def burn(image):
 def test_workers_stopped_at_the_epochs_end_keep_their_cpu(packed, persistent):
     """persistent_workers=False stops the worker processes inside the last next(): their
     CPU seconds were read after they had gone (lost, and their start-up's subtracted)."""
-    loader = Loader(Dataset(packed["raw"]), batch_size=8, num_workers=2, worker_kind="process",
-                    persistent_workers=persistent, sample_transform=burn)
+    loader = Loader(Dataset(packed["raw"]), batch_size=8, num_workers=2,
+                    workers=Workers(kind="process", persistent=persistent), sample_transform=burn)
     it = iter(loader)
     next(it)
     pids = loader.worker_pids()
@@ -209,7 +209,7 @@ def test_a_snapshot_reads_the_gpu_events_reached_since_the_last_batch(monkeypatc
     the last delivery (they were read only when the next batch was delivered)."""
     import torch
 
-    from dlpack_io.reader.batch.statsclock import StatsClock
+    from dlpack_io.reader.batch.pipeline import StatsClock
 
     class Lagging(_FakeEvent):
         reached = [False]

@@ -16,7 +16,7 @@ import pytest
 
 from dlpack_io.reader import Dataset, Loader
 from dlpack_io.reader.batch import autotune
-from dlpack_io.reader.batch.statsclock import StatsClock
+from dlpack_io.reader.batch.pipeline import StatsClock
 
 from helpers import pack_jpeg_and_raw
 

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from dlpack_io.reader import Dataset, Loader
+from dlpack_io.reader import Dataset, Loader, Output, Workers
 
 from helpers import pack_jpeg_and_raw
 
@@ -23,7 +23,7 @@ def packed(tmp_path_factory):
 
 @pytest.mark.parametrize("kind", ["thread", "process"])
 def test_two_iterators_in_one_loop_count_every_batch_once(packed, kind):
-    loader = Loader(Dataset(packed["raw"]), batch_size=8, num_workers=2, worker_kind=kind)
+    loader = Loader(Dataset(packed["raw"]), batch_size=8, num_workers=2, workers=Workers(kind=kind))
     start = time.perf_counter()
     pairs = sum(1 for _ in zip(loader, loader))  # both read epoch 0 (neither had started)
     wall = time.perf_counter() - start
@@ -38,8 +38,8 @@ def test_two_iterators_in_one_loop_count_every_batch_once(packed, kind):
 
 @pytest.mark.parametrize("kind", ["thread", "process"])
 def test_an_older_iterator_left_behind_stops_neither_the_workers_nor_the_figures(packed, kind):
-    loader = Loader(Dataset(packed["raw"]), batch_size=8, num_workers=2, worker_kind=kind,
-                    return_index=True)
+    loader = Loader(Dataset(packed["raw"]), batch_size=8, num_workers=2,
+                    workers=Workers(kind=kind), output=Output(return_index=True))
     old = iter(loader)
     next(old)  # epoch 0, one batch
     new = iter(loader)
@@ -48,7 +48,8 @@ def test_an_older_iterator_left_behind_stops_neither_the_workers_nor_the_figures
     read = [first[2]] + [b[2] for b in new]
     stats = loader.stats()
     loader.close()
-    fresh = Loader(Dataset(packed["raw"]), batch_size=8, num_workers=0, return_index=True)
+    fresh = Loader(Dataset(packed["raw"]), batch_size=8, num_workers=0,
+                   output=Output(return_index=True))
     fresh.set_epoch(1)
     want = [b[2] for b in fresh]
     assert len(read) == len(want) == 6

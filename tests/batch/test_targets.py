@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 import torch
 
+from dlpack_io.reader import (CenterCrop, Dataset, Loader, Output, RandomCrop,
+                              RandomHorizontalFlip, RandomResizedCrop, RandomVerticalFlip, Resize,
+                              Workers)
 from dlpack_io.packer import Writer
-from dlpack_io.reader import (CenterCrop, Dataset, Loader, RandomCrop, RandomHorizontalFlip,
-                              RandomResizedCrop, RandomVerticalFlip, Resize)
 
 N = 10
 NAMES = ("image", "boxes", "categories", "mask", "label")
@@ -123,8 +124,8 @@ def test_host_and_kernel_masks_identical(rects, crop, triton_interpret):
     masks and box lists are identical."""
     kw = dict(batch_size=5, num_workers=0, fields=NAMES, seed=4,
               transforms=[crop, RandomHorizontalFlip()])
-    host = list(Loader(Dataset(rects), device_transforms=False, **kw))
-    dev = list(Loader(Dataset(rects), device_transforms=True, **kw))
+    host = list(Loader(Dataset(rects), workers=Workers(device_transforms=False), **kw))
+    dev = list(Loader(Dataset(rects), workers=Workers(device_transforms=True), **kw))
     assert len(host) == len(dev) == 2
     for a, b in zip(host, dev):
         torch.testing.assert_close(a[0].float(), b[0].float(), rtol=0, atol=1.0)  # pixels
@@ -174,8 +175,8 @@ def _numpy_mask(mask, src, size, fh, fv):
 ])
 def test_boxes_and_masks_equal_a_numpy_implementation(rects, transforms):
     ds = Dataset(rects)
-    loader = Loader(ds, batch_size=3, num_workers=0, fields=NAMES, seed=11, return_index=True,
-                    transforms=transforms)
+    loader = Loader(ds, batch_size=3, num_workers=0, fields=NAMES, seed=11,
+                    output=Output(return_index=True), transforms=transforms)
     loader.set_epoch(2)
     for images, boxes, cats, masks, labels, index in loader:
         _, _, entries = ds.lookup(index)
@@ -238,7 +239,8 @@ def test_targets_of_a_mixture_follow_their_own_sets(tmp_path):
                         boxes=np.array([[first % 7 + i, 2, 10 + i, 12]], np.float32),
                         categories=np.array([first + i], np.int64))
     loader = Loader(Mixture([Dataset(tmp_path / "a"), Dataset(tmp_path / "b")]), batch_size=8,
-                    num_workers=0, fields=("boxes", "categories"), return_index=True, seed=2,
+                    num_workers=0, fields=("boxes", "categories"),
+                    output=Output(return_index=True), seed=2,
                     transforms=[CenterCrop(16), RandomHorizontalFlip()])
     p = loader.spec
     (boxes, cats, where), = list(loader)

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from dlpack_io.reader import (ColorJitter, Dataset, Loader, Normalize, Output, RandAugment,
+                              RandomHorizontalFlip, RandomResizedCrop, Resize, Workers)
 from dlpack_io.packer import Writer
 from dlpack_io.reader.batch.options import LoaderOptions
-from dlpack_io.reader import (ColorJitter, Dataset, Loader, Normalize, RandAugment,
-                              RandomHorizontalFlip, RandomResizedCrop, Resize)
 
 SHAPES = [(40, 60), (61, 30), (50, 50), (33, 90), (70, 41)]
 
@@ -49,10 +49,11 @@ def test_resize_max_size_is_torchvisions_rule(size, max_size):
 @pytest.mark.parametrize("kind,workers", [("thread", 0), ("process", 2)])
 def test_padded_batches_hold_true_sizes_boxes_and_masks(sized, kind, workers):
     loader = Loader(Dataset(sized), batch_size=5, shuffle=False, num_workers=workers,
-                    worker_kind=kind, fields=("image", "boxes", "categories", "mask", "label"),
+                    workers=Workers(kind=kind), output=Output(pad=True, pad_multiple=16),
+                    fields=("image", "boxes", "categories", "mask", "label"),
                     transforms=[Resize(20, max_size=30), RandomHorizontalFlip(),
                                 Normalize(mean=(0.5,) * 3, std=(0.25,) * 3)],
-                    pad=True, pad_multiple=16)
+                    )
     (images, boxes, cats, masks, labels, sizes), = list(loader)
     want = [_torchvision_size(h, w, 20, 30) for h, w in SHAPES]
     assert sizes.dtype == torch.int64 and [tuple(s) for s in sizes.tolist()] == want
@@ -69,7 +70,8 @@ def test_padded_batches_hold_true_sizes_boxes_and_masks(sized, kind, workers):
 
 def test_mask_pad_value_and_multiple_one(sized):
     loader = Loader(Dataset(sized), batch_size=2, shuffle=False, num_workers=0,
-                    fields=("mask",), transforms=[Resize(10)], pad=True, mask_pad_value=0)
+                    fields=("mask",), transforms=[Resize(10)], output=Output(pad=True,
+                                                                             mask_pad_value=0))
     (masks, sizes), = list(loader)[:1]
     h = max(s[0] for s in sizes.tolist())
     w = max(s[1] for s in sizes.tolist())
@@ -79,9 +81,9 @@ def test_mask_pad_value_and_multiple_one(sized):
 
 def test_pad_settings_are_checked():
     with pytest.raises(ValueError, match="pad_multiple=0"):
-        LoaderOptions(pad=True, pad_multiple=0)
+        LoaderOptions(output=Output(pad=True, pad_multiple=0))
     with pytest.raises(ValueError, match="mask_pad_value=70000"):
-        LoaderOptions(pad=True, mask_pad_value=70000)
+        LoaderOptions(output=Output(pad=True, mask_pad_value=70000))
     with pytest.raises(ValueError, match="max_size=20"):
         Resize(20, max_size=20)
     with pytest.raises(ValueError, match="max_size"):
@@ -99,8 +101,8 @@ def test_mask_pad_value_beyond_the_mask_dtype_is_refused_up_front(sized, pad):
     # not at the first batch with numpy's overflow (or the mask kernel's fill check)
     with pytest.raises(ValueError, match=r"mask_pad_value=300: .* uint8 \(0\.\.255\)"):
         Loader(Dataset(sized), batch_size=5, num_workers=0, fields=("image", "mask"),
-               transforms=[Resize(10) if pad else RandomResizedCrop(12)], pad=pad,
-               mask_pad_value=300)
+               transforms=[Resize(10) if pad else RandomResizedCrop(12)], output=Output(pad=pad,
+                                                                                        mask_pad_value=300))
 
 
 def test_resize_alone_without_pad_is_refused(sized):
@@ -110,11 +112,12 @@ def test_resize_alone_without_pad_is_refused(sized):
 
 def test_pad_on_the_device_path_falls_back_to_the_host(sized, caplog):
     with caplog.at_level(logging.INFO):
-        loader = Loader(Dataset(sized), device_transforms=None, pad=True,
-                        transforms=[Resize(20)], num_workers=0)
+        loader = Loader(Dataset(sized), workers=Workers(device_transforms=None),
+                        output=Output(pad=True), transforms=[Resize(20)], num_workers=0)
     assert not loader.device_transforms
     with pytest.raises(ValueError, match="pad=True"):
-        Loader(Dataset(sized), device_transforms=True, pad=True, transforms=[Resize(20)])
+        Loader(Dataset(sized), workers=Workers(device_transforms=True), output=Output(pad=True),
+               transforms=[Resize(20)])
 
 
 def test_targets_that_cannot_follow_are_refused(sized, tmp_path):
@@ -140,7 +143,7 @@ def test_pad_on_a_data_set_without_fields(tmp_path):
     ds = Dataset(dst)
     assert ds.fields == {}
     loader = Loader(ds, batch_size=3, shuffle=False, num_workers=0, fields=("label", "image"),
-                    transforms=[Resize(12)], pad=True, pad_multiple=8)
+                    transforms=[Resize(12)], output=Output(pad=True, pad_multiple=8))
     (labels, images, sizes), = list(loader)
     assert labels.tolist() == [40, 61, 50]
     assert [tuple(s) for s in sizes.tolist()] == [(12, 18), (24, 12), (12, 12)]
@@ -155,8 +158,9 @@ def test_colour_jitter_on_padded_images_sees_only_their_own_area(tmp_path):
     with Writer(dst, mode="raw") as w:
         for h, wd in SHAPES[:3]:
             w.write(image=np.full((h, wd, 3), 200, np.uint8), label=0)
-    loader = Loader(Dataset(dst), batch_size=3, shuffle=False, num_workers=0, pad=True,
-                    transforms=[Resize(12), ColorJitter(contrast=(0.5, 0.5))])
+    loader = Loader(Dataset(dst), batch_size=3, shuffle=False, num_workers=0,
+                    output=Output(pad=True), transforms=[Resize(12), ColorJitter(contrast=(0.5,
+                                                                                           0.5))])
     (images, _, sizes), = list(loader)
     for k, (h, w) in enumerate(sizes.tolist()):
         assert (images[k, :, :h, :w] == 200).all()
@@ -164,8 +168,8 @@ def test_colour_jitter_on_padded_images_sees_only_their_own_area(tmp_path):
 
 
 def test_pad_without_geometry_keeps_stored_sizes(sized):
-    loader = Loader(Dataset(sized), batch_size=5, shuffle=False, num_workers=0, pad=True,
-                    fields=("image", "boxes", "mask"), pad_multiple=4)
+    loader = Loader(Dataset(sized), batch_size=5, shuffle=False, num_workers=0,
+                    output=Output(pad=True, pad_multiple=4), fields=("image", "boxes", "mask"))
     (images, boxes, masks, sizes), = list(loader)
     assert [tuple(s) for s in sizes.tolist()] == SHAPES
     assert images.shape == (5, 3, 72, 92) and masks.shape == (5, 72, 92)

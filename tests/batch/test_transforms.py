@@ -6,11 +6,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dlpack_io.reader import (CenterCrop, Dataset, Normalize, RandomCrop, RandomHorizontalFlip,
-                              RandomResizedCrop, RandomVerticalFlip)
-from dlpack_io.reader.batch import rng
+from dlpack_io.reader import (CenterCrop, Dataset, Normalize, Output, RandomCrop,
+                              RandomHorizontalFlip, RandomResizedCrop, RandomVerticalFlip)
+from dlpack_io.reader.batch.plan import Draws, uniforms
+
+# the ops' own random streams (fixed forever: a sample keeps its draws)
+STREAM_CROP = RandomResizedCrop.stream
 from dlpack_io.reader.batch.plan import compile_spec
-from dlpack_io.reader.batch.transforms import TransformError
+from dlpack_io.reader.transforms.geometry import TransformError
 
 
 def sample_params(crop, flip_h, flip_v, seed, epoch, indices, heights, widths):
@@ -66,8 +69,8 @@ def test_random_resized_crop_matches_torchvision_algorithm(scale, ratio):
     gen = np.random.default_rng(0)
     hs, ws = gen.integers(8, 400, 300), gen.integers(8, 400, 300)
     idx = np.arange(1000, 1300)
-    boxes = crop.boxes(hs, ws, seed=4, epoch=1, indices=idx)
-    u = rng.uniforms(4, 1, rng.STREAM_CROP, idx, 40)
+    boxes = crop.boxes(hs, ws, Draws(4, 1), idx)
+    u = uniforms(4, 1, STREAM_CROP, idx, 40)
     for k in range(len(idx)):
         assert tuple(boxes[k]) == _reference_rrc(int(hs[k]), int(ws[k]), u[k], scale, ratio)
     top, left, bh, bw = boxes.T
@@ -77,14 +80,14 @@ def test_random_resized_crop_matches_torchvision_algorithm(scale, ratio):
 
 def test_random_and_center_crop_boxes():
     hs, ws = np.array([40, 41, 100]), np.array([40, 64, 33])
-    boxes = RandomCrop((20, 30)).boxes(hs, ws, 0, 0, np.arange(3))
+    boxes = RandomCrop((20, 30)).boxes(hs, ws, Draws(0, 0), np.arange(3))
     assert np.all(boxes[:, 2] == 20) and np.all(boxes[:, 3] == 30)
     assert np.all(boxes[:, 0] + 20 <= hs) and np.all(boxes[:, 1] + 30 <= ws)
-    center = CenterCrop(21).boxes(hs, ws, 0, 0, np.arange(3))
+    center = CenterCrop(21).boxes(hs, ws, Draws(0, 0), np.arange(3))
     for (t, l, h, w), H, W in zip(center, hs, ws):  # torchvision: int(round((H - h) / 2))
         assert (t, l, h, w) == (int(round((H - 21) / 2.0)), int(round((W - 21) / 2.0)), 21, 21)
     with pytest.raises(TransformError, match="only 40x40"):
-        RandomCrop(41).boxes(hs, ws, 0, 0, np.arange(3))
+        RandomCrop(41).boxes(hs, ws, Draws(0, 0), np.arange(3))
 
 
 def test_flip_probabilities_and_purity():
@@ -119,8 +122,9 @@ def _loader_batches(path, crop, flip_h=0.0, flip_v=0.0, **kw):
     from dlpack_io.reader import Loader
 
     ds = Dataset(path)
-    loader = Loader(ds, batch_size=16, num_workers=0, drop_last=False, return_index=True,
-                    seed=9, transforms=[crop, RandomHorizontalFlip(flip_h),
+    loader = Loader(ds, batch_size=16, num_workers=0, drop_last=False,
+                    output=Output(return_index=True), seed=9, transforms=[crop,
+                    RandomHorizontalFlip(flip_h),
                                         RandomVerticalFlip(flip_v)], **kw)
     return ds, [(x.clone(), y, i) for x, y, i in loader]
 

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from dlpack_io.reader import Dataset, Loader
+from dlpack_io.reader import Dataset, Loader, Output, Workers
 from dlpack_io.reader.batch import resume
 
 from helpers import pack_jpeg_and_raw
@@ -93,10 +93,10 @@ def test_a_real_state_still_resumes_exactly(saved):
     ds, state = saved
     assert state["segments"] == [{"world_size": 1, "batch_size": 3, "drop_last": False,
                                   "batches": 2}]
-    loader = Loader(ds, batch_size=3, num_workers=0, return_index=True)
+    loader = Loader(ds, batch_size=3, num_workers=0, output=Output(return_index=True))
     loader.load_state_dict(state)
     rest = np.concatenate([b[2] for b in loader])
-    full = Loader(ds, batch_size=3, num_workers=0, return_index=True)
+    full = Loader(ds, batch_size=3, num_workers=0, output=Output(return_index=True))
     everything = np.concatenate([b[2] for b in full])
     assert np.array_equal(rest, everything[6:])
     v1 = {"version": 1, "epoch": 0, "world_size": 1, "batch_size": 3, "drop_last": False,
@@ -108,22 +108,22 @@ def test_a_real_state_still_resumes_exactly(saved):
 def test_extreme_loader_arguments_are_refused_or_clamped(packed):
     ds = Dataset(packed["raw"])
     with pytest.raises(ValueError, match=r"prefetch 1000000000: expected 1 to 4096 batches"):
-        Loader(ds, batch_size=3, prefetch=10**9)
+        Loader(ds, batch_size=3, workers=Workers(prefetch=10**9))
     with pytest.raises(ValueError, match=r"num_workers 100000: expected at most 1024"):
         Loader(ds, batch_size=3, num_workers=100_000)
     # a batch far beyond the data set: the slots are sized by the data set (20 samples)
-    loader = Loader(ds, batch_size=10**12, num_workers=2, worker_kind="process",
-                    return_index=True)
+    loader = Loader(ds, batch_size=10**12, num_workers=2, workers=Workers(kind="process"),
+                    output=Output(return_index=True))
     batches = [b[2] for b in loader]
     assert len(batches) == 1 and sorted(batches[0].tolist()) == list(range(20))
 
 
 def test_process_slots_larger_than_memory_are_refused_before_mapping():
-    from dlpack_io.reader.batch.engine import check_slots
+    from dlpack_io.reader.batch.loader import check_slots
     from dlpack_io.reader.batch.options import LoaderOptions
 
-    o = LoaderOptions(batch_size=10**9, worker_kind="process")
-    with pytest.raises(ValueError, match=r"batch_size 1000000000 with worker_kind='process' "
+    o = LoaderOptions(batch_size=10**9, workers=Workers(kind="process"))
+    with pytest.raises(ValueError, match=r"batch_size 1000000000 with worker kind 'process' "
                                          r"needs 5 shared batch slots of 1125899906842624 bytes"):
         check_slots(o, 2**50, 5)
     check_slots(o, 1024, 5)  # small slots pass

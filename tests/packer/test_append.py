@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from helpers import convert_stopped_at, dataset_fingerprint, gone, wait_until
 
+from dlpack_io.reader import Output
 from dlpack_io.packer import Writer, convert, writers
 from dlpack_io.packer.pipeline import ConversionError
 from dlpack_io.reader import Dataset, Loader, RandomCrop
@@ -184,8 +185,8 @@ def test_kill_9_during_an_append_then_resume_gives_the_same_bytes(tmp_path):
 
 def test_a_reader_of_the_old_manifest_finishes_its_epoch(tmp_path):
     src, dst, _ = _pack_and_grow(tmp_path)
-    loader = Loader(Dataset(dst), batch_size=4, num_workers=1, seed=1, return_index=True,
-                    transforms=[RandomCrop(24)])
+    loader = Loader(Dataset(dst), batch_size=4, num_workers=1, seed=1,
+                    output=Output(return_index=True), transforms=[RandomCrop(24)])
     batches = iter(loader)
     seen = list(next(batches)[2])
     convert(src, dst, append=True, **OPTS)  # the manifest is replaced mid-epoch

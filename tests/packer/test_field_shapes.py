@@ -10,8 +10,8 @@ import pytest
 import torch
 from PIL import Image
 
+from dlpack_io.reader import Dataset, Loader, Output, Resize
 from dlpack_io.packer import accounting, convert, fieldshapes, journal
-from dlpack_io.reader import Dataset, Loader, Resize
 
 from helpers import convert_stopped_at, gone, wait_until
 
@@ -38,7 +38,7 @@ def test_sidecar_arrays_of_one_shape_are_stated_and_stacked(tmp_path):
         "npy": {"type": "array", "dtype": "float32", "ndim": 2, "shape": [3, 2]}}
     assert len(ds.shards) >= 3  # the shapes of every shard were merged
     loader = Loader(ds, batch_size=5, fields=("npy", "cls"), transforms=[Resize((4, 4))],
-                    num_workers=0, return_index=True)
+                    num_workers=0, output=Output(return_index=True))
     for npy, cls, idx in loader:
         assert npy.shape == (len(idx), 3, 2) and npy.dtype == torch.float32
         assert cls.shape == (len(idx), 2) and cls.dtype == torch.int64

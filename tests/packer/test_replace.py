@@ -16,6 +16,7 @@ from click.testing import CliRunner
 
 from helpers import convert_stopped_at, dataset_fingerprint, gone, wait_until
 
+from dlpack_io.reader import Output
 from dlpack_io.packer import convert
 from dlpack_io.reader import Dataset, Loader, RandomCrop
 from dlpack_io.reader import format as fmt
@@ -109,7 +110,7 @@ def test_a_sample_replaced_twice_shows_the_last_content(tmp_path):
     assert len(ds) == 36 and ds.record_of(slot) == 37
     assert np.array_equal(ds[slot][0], ds[_index_of(ds, other)][0])
     loader = Loader(ds, batch_size=5, num_workers=1, seed=3, shuffle="block",
-                    return_index=True, transforms=[RandomCrop(24)])
+                    output=Output(return_index=True), transforms=[RandomCrop(24)])
     seen = [int(i) for _, _, index in loader for i in index]
     assert sorted(seen) == list(range(36))  # each sample once, none retired
     out = CliRunner().invoke(main, ["inspect", str(dst)])
@@ -196,7 +197,7 @@ def test_replace_changed_on_s3(s3_env, tmp_path):
     try:
         slot = _index_of(here, changed)
         assert len(ds) == 36 and np.array_equal(ds[slot][0], here[_index_of(here, twin)][0])
-        loader = Loader(ds, batch_size=6, num_workers=1, seed=0, return_index=True,
+        loader = Loader(ds, batch_size=6, num_workers=1, seed=0, output=Output(return_index=True),
                         transforms=[RandomCrop(24)])
         assert sorted(int(i) for _, _, index in loader for i in index) == list(range(36))
     finally:

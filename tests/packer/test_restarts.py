@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from dlpack_io.reader import Dataset, Workers, jpegdecode
 from dlpack_io.packer import convert
 from dlpack_io.packer.encode import RESTARTS_ADDED, encode_file
 from dlpack_io.packer.options import PackOptions
-from dlpack_io.reader import Dataset, jpegdecode
 from dlpack_io.tools.synth import photo_like
 
 pytestmark = pytest.mark.skipif(not jpegdecode.have_extension(),
@@ -193,7 +193,7 @@ def test_loader_batches_are_identical_with_restart_markers(tmp_path):
         for reduced in (True, False):
             loader = Loader(Dataset(tmp_path / name), batch_size=8, num_workers=2, seed=3,
                             transforms=[RandomResizedCrop(40), RandomHorizontalFlip()],
-                            reduced_decode=reduced)
+                            workers=Workers(reduced_decode=reduced))
             out[name, reduced] = [(x.clone(), y.clone()) for x, y in loader]
     for reduced in (True, False):
         a, b = out["plain", reduced], out["rst", reduced]

@@ -18,7 +18,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from dlpack_io.reader import Dataset, Loader, RandomCrop, RandomResizedCrop, SampleError, WorkerError
+from dlpack_io.reader import (Dataset, Loader, Output, RandomCrop, RandomResizedCrop, SampleError,
+                              WorkerError, Workers)
 
 from helpers import shared_memory_of, wait_until
 
@@ -90,8 +91,9 @@ IDS = ["serial", "threads", "processes", "threads-device", "processes-device"]
 def test_skip_leaves_out_exactly_the_bad_samples(corrupt_jpeg, workers, caplog):
     path, bad = corrupt_jpeg
     loader = Loader(Dataset(path), batch_size=8, transforms=[RandomResizedCrop(24)], shuffle="global",
-                    drop_last=False, return_index=True, on_error="skip", **workers)
-    with caplog.at_level(logging.WARNING, logger="dlpack_io.reader.batch.skips"):
+                    drop_last=False, output=Output(return_index=True),
+                    workers=Workers(on_error="skip"), **workers)
+    with caplog.at_level(logging.WARNING, logger="dlpack_io.reader.batch.errors"):
         batches = [(images.shape[0], labels.shape[0], idx.copy()) for images, labels, idx in loader]
     seen = np.concatenate([idx for _, _, idx in batches])
     assert all(a == b == len(idx) for a, b, idx in batches)  # shorter batch, consistent parts
@@ -115,7 +117,8 @@ def test_skip_is_deterministic_across_worker_kinds(corrupt_jpeg):
     runs = []
     for workers in WORKERS[:3]:
         loader = Loader(Dataset(path), batch_size=8, transforms=[RandomResizedCrop(24)], seed=7,
-                        return_index=True, on_error="skip", drop_last=False, **workers)
+                        output=Output(return_index=True), workers=Workers(on_error="skip"),
+                        drop_last=False, **workers)
         runs.append([(idx.tolist(), images.numpy().tobytes()) for images, _, idx in loader])
     assert runs[0] == runs[1] == runs[2]
 
@@ -136,7 +139,8 @@ def test_raise_policy_stops_at_the_bad_record_serially(corrupt_jpeg):
 def test_a_batch_whose_samples_all_fail_is_not_yielded(corrupt_jpeg):
     path, bad = corrupt_jpeg
     loader = Loader(Dataset(path), batch_size=2, transforms=[RandomResizedCrop(24)], shuffle=None,
-                    num_workers=2, return_index=True, on_error="skip")
+                    num_workers=2, output=Output(return_index=True),
+                    workers=Workers(on_error="skip"))
     batches = _epoch(loader)
     assert len(batches) == len(loader) - 1  # batch 18 = samples 36, 37: not yielded
     assert [len(b) for b in batches].count(1) == 1  # batch 2 = samples 4, 5
@@ -157,7 +161,7 @@ def test_corrupt_raw_record_needs_verify_checksums(corrupt_raw, workers):
         for _ in Loader(strict, **kw):
             got += 1
     assert got == 20 // 8 and f"{shard_name} record {record} (sample 20)" in str(info.value)
-    loader = Loader(strict, on_error="skip", **kw)
+    loader = Loader(strict, workers=Workers(on_error="skip"), **kw)
     assert sorted(np.concatenate(_epoch(loader)).tolist()) == [i for i in range(N) if i != 20]
     assert [s.sample for s in loader.skipped] == [20]
 
@@ -168,8 +172,9 @@ def test_skip_drops_samples_a_transform_cannot_apply_to(packed):
     size = int(np.percentile(entries["height"], 30))
     small = set(np.flatnonzero((entries["height"] < size) | (entries["width"] < size)).tolist())
     assert 0 < len(small) < N
-    loader = Loader(ds, batch_size=8, transforms=[RandomCrop(size)], num_workers=2, return_index=True,
-                    on_error="skip", drop_last=False)
+    loader = Loader(ds, batch_size=8, transforms=[RandomCrop(size)], num_workers=2,
+                    output=Output(return_index=True), workers=Workers(on_error="skip"),
+                    drop_last=False)
     assert sorted(np.concatenate(_epoch(loader)).tolist()) == sorted(set(range(N)) - small)
     assert {s.sample for s in loader.skipped} == small
     assert all("crops do not pad" in s.reason for s in loader.skipped)
@@ -177,7 +182,7 @@ def test_skip_drops_samples_a_transform_cannot_apply_to(packed):
 
 def test_on_error_is_validated(packed):
     with pytest.raises(ValueError, match="on_error='ignore'.*'raise'.*'skip'"):
-        Loader(Dataset(packed / "jpeg"), on_error="ignore")
+        Loader(Dataset(packed / "jpeg"), workers=Workers(on_error="ignore"))
 
 
 # ---- many readers on the same shards ------------------------------------------------

@@ -12,10 +12,10 @@ import torch
 
 from dlpack_io.reader import (CenterCrop, ColorJitter, Normalize, RandomCrop,
                               RandomHorizontalFlip, RandomResizedCrop, RandomVerticalFlip, Resize)
-from dlpack_io.reader.batch.plan import (NEUTRAL_FACTORS, compile_spec, draw_jitter,
-                                         full_image_boxes)
-from dlpack_io.reader.batch.geometry import ResizeThenCrop, decode_windows, round_boxes
-from dlpack_io.reader.batch.transforms import TransformError
+from dlpack_io.kernels.records import NEUTRAL_FACTORS
+from dlpack_io.reader.batch.plan import Draws, compile_spec, full_image_boxes
+from dlpack_io.reader.transforms.geometry import ResizeThenCrop, decode_windows, round_boxes
+from dlpack_io.reader.transforms.geometry import TransformError
 
 IDX = np.array([3, 17, 1000, 42])
 HS, WS = np.array([100, 64, 300, 40]), np.array([80, 200, 300, 400])
@@ -67,7 +67,7 @@ def test_draw_is_per_sample_whatever_the_batch():
 
 def test_jitter_factors_lie_in_their_ranges_and_disabled_ops_are_neutral():
     idx = np.arange(3000)
-    factors, order = draw_jitter(ColorJitter(brightness=(0.5, 0.7), hue=(-0.2, 0.3)), 1, 0, idx)
+    factors, order = ColorJitter(brightness=(0.5, 0.7), hue=(-0.2, 0.3)).draw(Draws(1, 0), idx)
     assert factors.min(axis=0)[0] >= 0.5 and factors.max(axis=0)[0] < 0.7
     assert factors[:, 0].min() < 0.51 and factors[:, 0].max() > 0.69  # the whole range
     assert np.all(factors[:, 1] == 1.0) and np.all(factors[:, 2] == 1.0)
@@ -77,17 +77,16 @@ def test_jitter_factors_lie_in_their_ranges_and_disabled_ops_are_neutral():
     firsts = np.bincount(order[:, 0], minlength=4) / 3000  # each op comes first 1/4 of the time
     assert np.all(np.abs(firsts - 0.25) < 0.04), firsts
     assert NEUTRAL_FACTORS == (1.0, 1.0, 1.0, 0.0)
-    assert draw_jitter(None, 1, 0, idx) == (None, None)
 
 
 def test_flip_probabilities_are_thresholds_on_the_flip_streams():
-    from dlpack_io.reader.batch import rng
+    from dlpack_io.reader.batch.plan import uniforms
 
     idx = np.arange(2000)
     spec = compile_spec([RandomCrop(4), RandomHorizontalFlip(0.3), RandomVerticalFlip(0.6)])
     p = spec.draw(8, 1, idx, np.full(2000, 10), np.full(2000, 10))
-    assert np.array_equal(p.flip_h, rng.uniforms(8, 1, rng.STREAM_FLIP_H, idx)[:, 0] < 0.3)
-    assert np.array_equal(p.flip_v, rng.uniforms(8, 1, rng.STREAM_FLIP_V, idx)[:, 0] < 0.6)
+    assert np.array_equal(p.flip_h, uniforms(8, 1, RandomHorizontalFlip.stream, idx)[:, 0] < 0.3)
+    assert np.array_equal(p.flip_v, uniforms(8, 1, RandomVerticalFlip.stream, idx)[:, 0] < 0.6)
     none = compile_spec([RandomCrop(4)]).draw(8, 1, idx, np.full(2000, 10), np.full(2000, 10))
     assert not none.flip_h.any() and not none.flip_v.any()
     always = compile_spec([RandomCrop(4), RandomHorizontalFlip(1.0)]).draw(
@@ -137,36 +136,36 @@ def test_resized_shape_follows_torchvision():
 
 
 def test_crop_boxes_are_pinned():
-    assert RandomCrop((20, 30)).boxes(HS, WS, 5, 2, IDX).tolist() == \
+    assert RandomCrop((20, 30)).boxes(HS, WS, Draws(5, 2), IDX).tolist() == \
         [[31, 15, 20, 30], [42, 76, 20, 30], [17, 71, 20, 30], [3, 80, 20, 30]]
-    assert CenterCrop((21, 30)).boxes(HS, WS, 5, 2, IDX).tolist() == \
+    assert CenterCrop((21, 30)).boxes(HS, WS, Draws(5, 2), IDX).tolist() == \
         [[40, 25, 21, 30], [22, 85, 21, 30], [140, 135, 21, 30], [10, 185, 21, 30]]
     # torchvision rounds (H - h) / 2 half to even: 0.5 -> 0, 1.5 -> 2, 2.5 -> 2
-    top, left = CenterCrop(4).corners(np.array([5, 7, 9]), np.array([4, 4, 4]), 0, 0, np.arange(3))
+    top, left = CenterCrop(4).corners(np.array([5, 7, 9]), np.array([4, 4, 4]), Draws(0, 0), np.arange(3))
     assert top.tolist() == [0, 2, 2] and left.tolist() == [0, 0, 0]
 
 
 def test_random_crop_reaches_every_position():
     """A 3-pixel slack in each direction: 16 corners, all drawn (no off-by-one)."""
     idx = np.arange(2000)
-    top, left = RandomCrop(5).corners(np.full(2000, 8), np.full(2000, 8), 1, 0, idx)
+    top, left = RandomCrop(5).corners(np.full(2000, 8), np.full(2000, 8), Draws(1, 0), idx)
     assert set(zip(top.tolist(), left.tolist())) == {(t, l) for t in range(4) for l in range(4)}
-    top, _ = RandomCrop(8).corners(np.full(50, 8), np.full(50, 8), 1, 0, idx[:50])
+    top, _ = RandomCrop(8).corners(np.full(50, 8), np.full(50, 8), Draws(1, 0), idx[:50])
     assert not top.any()  # no slack: the only position
 
 
 def test_random_resized_crop_fallback_is_torchvisions_central_crop():
     rrc = RandomResizedCrop(16, scale=(0.9, 1.0), ratio=(5.0, 9.0))
-    boxes = rrc.boxes(np.array([100, 30, 40]), np.array([30, 100, 400]), 0, 0, np.arange(3))
+    boxes = rrc.boxes(np.array([100, 30, 40]), np.array([30, 100, 400]), Draws(0, 0), np.arange(3))
     assert boxes.tolist()[:2] == [[47, 0, 6, 30], [5, 0, 20, 100]]
     wide = RandomResizedCrop(16, scale=(0.9, 1.0), ratio=(0.2, 0.3))
-    assert wide.boxes(np.array([40]), np.array([400]), 0, 0, np.arange(1)).tolist() == \
+    assert wide.boxes(np.array([40]), np.array([400]), Draws(0, 0), np.arange(1)).tolist() == \
         [[0, 194, 40, 12]]  # too wide: height kept, width round(40 * 0.3)
     inside = RandomResizedCrop(16, scale=(1.0, 1.0), ratio=(0.5, 2.0))
-    assert inside.boxes(np.array([40]), np.array([41]), 0, 0, np.arange(1)).tolist() == \
+    assert inside.boxes(np.array([40]), np.array([41]), Draws(0, 0), np.arange(1)).tolist() == \
         [[0, 0, 40, 41]]  # the whole image: found by a try, or the fallback (ratio inside)
     full = RandomResizedCrop(16, scale=(1.0, 1.0), ratio=(1.0, 1.0))
-    assert full.boxes(np.array([40]), np.array([40]), 0, 0, np.arange(1)).tolist() == [[0, 0, 40, 40]]
+    assert full.boxes(np.array([40]), np.array([40]), Draws(0, 0), np.arange(1)).tolist() == [[0, 0, 40, 40]]
 
 
 def test_round_boxes_and_decode_windows():
@@ -284,7 +283,7 @@ def test_random_resized_crop_never_gives_an_empty_box():
     """An extreme aspect range rounds every try's height to 0: like torchvision, no such try
     is taken; the central fallback (1 x 10 here) is."""
     boxes = RandomResizedCrop(4, scale=(0.01, 0.01), ratio=(9.0, 9.0)).boxes(
-        np.full(5, 10), np.full(5, 10), 0, 0, np.arange(5))
+        np.full(5, 10), np.full(5, 10), Draws(0, 0), np.arange(5))
     assert boxes.tolist() == [[4, 0, 1, 10]] * 5
 
 
@@ -305,7 +304,7 @@ def test_one_pixel_is_a_valid_size():
     """The smallest size each transform accepts, on both sides (0 is refused above)."""
     assert RandomCrop((1, 3)).size == (1, 3) and CenterCrop((3, 1)).size == (3, 1)
     assert RandomResizedCrop(1).size == (1, 1) and Resize((1, 2)).size == (1, 2)
-    boxes = CenterCrop((1, 1)).boxes(np.array([3]), np.array([5]), 0, 0, np.array([0]))
+    boxes = CenterCrop((1, 1)).boxes(np.array([3]), np.array([5]), Draws(0, 0), np.array([0]))
     assert boxes.tolist() == [[1, 2, 1, 1]]
 
 
@@ -330,9 +329,9 @@ def test_crops_refuse_images_smaller_than_the_crop():
     with pytest.raises(TransformError, match=r"RandomCrop\(41, 41\): the image is only 40x40 "
                                              r"pixels; crops do not pad: put Resize before it, "
                                              r"use RandomResizedCrop or a smaller size") as info:
-        RandomCrop(41).boxes(np.array([50, 40]), np.array([50, 40]), 0, 0, np.array([7, 8]))
+        RandomCrop(41).boxes(np.array([50, 40]), np.array([50, 40]), Draws(0, 0), np.array([7, 8]))
     assert info.value.sample == 8
     with pytest.raises(TransformError, match=r"CenterCrop\(10, 20\): the image is only 40x19"):
-        CenterCrop((10, 20)).boxes(np.array([40]), np.array([19]), 0, 0, np.array([0]))
-    assert CenterCrop((40, 19)).boxes(np.array([40]), np.array([19]), 0, 0,
+        CenterCrop((10, 20)).boxes(np.array([40]), np.array([19]), Draws(0, 0), np.array([0]))
+    assert CenterCrop((40, 19)).boxes(np.array([40]), np.array([19]), Draws(0, 0),
                                       np.array([0])).tolist() == [[0, 0, 40, 19]]

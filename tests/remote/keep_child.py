@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import time
+from dlpack_io.reader import Output
 
 
 def main() -> None:
@@ -29,7 +30,7 @@ def main() -> None:
                 raise TimeoutError(f"{sys.argv[6]} never appeared")
             time.sleep(0.01)
     loader = Loader(ds, batch_size=8, seed=3, rank=rank, world_size=world, num_workers=2,
-                    transforms=[RandomResizedCrop(24)], return_index=True)
+                    transforms=[RandomResizedCrop(24)], output=Output(return_index=True))
     digest = hashlib.sha256()
     for images, labels, idx in loader:
         digest.update(images.numpy().tobytes() + labels.numpy().tobytes() + idx.tobytes())

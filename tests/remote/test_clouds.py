@@ -10,6 +10,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from dlpack_io.reader import Output
 from dlpack_io.packer import convert
 from dlpack_io.reader import Loader, RandomHorizontalFlip, RandomResizedCrop
 from dlpack_io.reader import format as fmt
@@ -41,7 +42,7 @@ def cloud(request, cloud_env):
 
 
 def _epoch(ds):
-    loader = Loader(ds, batch_size=8, seed=3, return_index=True,
+    loader = Loader(ds, batch_size=8, seed=3, output=Output(return_index=True),
                     transforms=[RandomResizedCrop(24), RandomHorizontalFlip()])
     loader.set_epoch(1)
     out = [(idx.copy(), images.clone(), labels.clone()) for images, labels, idx in loader]

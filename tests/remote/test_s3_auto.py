@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from dlpack_io.reader import Loader, RandomHorizontalFlip, RandomResizedCrop
+from dlpack_io.reader import Loader, Output, RandomHorizontalFlip, RandomResizedCrop
 from dlpack_io.reader.dataset import Dataset
 from dlpack_io.tools.synth import make_image_folder
 
@@ -34,7 +34,7 @@ def darken(image):
 
 
 def _epochs(ds, epochs: int, **kw):
-    loader = Loader(ds, batch_size=2, seed=3, return_index=True,
+    loader = Loader(ds, batch_size=2, seed=3, output=Output(return_index=True),
                     transforms=[RandomResizedCrop(24), RandomHorizontalFlip()], **kw)
     out, fetched, waited = [], [], []
     for _ in range(epochs):
@@ -83,7 +83,7 @@ def test_the_later_check_switches_to_processes_over_s3_and_reads_the_same(s3_env
             ("process", 2): 12.0}
     local, _, _, _ = _epochs(Dataset(packed), 2, num_workers=2)
     loader = Loader(Dataset(URL, cache_limit=10_000_000), batch_size=2, seed=3,
-                    return_index=True, num_workers="auto",
+                    output=Output(return_index=True), num_workers="auto",
                     transforms=[RandomResizedCrop(24), RandomHorizontalFlip()])
     got, used = [], []
     for epoch in range(2):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from dlpack_io.reader import Output
 from dlpack_io.packer import Writer
 from dlpack_io.reader import Loader, Resize
 from dlpack_io.reader import format as fmt
@@ -72,7 +73,7 @@ def test_remote_samples_equal_local_ones_with_every_field(s3_env, fielded, monke
 
 
 def _epoch(ds, names, **kw):
-    loader = Loader(ds, batch_size=4, seed=5, fields=names, return_index=True,
+    loader = Loader(ds, batch_size=4, seed=5, fields=names, output=Output(return_index=True),
                     transforms=[Resize((4, 4))], **kw)
     out = []
     for batch in loader:

@@ -33,5 +33,5 @@ def test_remote_batches_with_a_small_cache_are_the_pinned_ones(s3_env, uploaded,
 
     set_name, kwargs = golden.cases()["rrc-flip-normalize"]
     ds = Dataset(f"{uploaded}/{set_name}", cache_limit=70_000)
-    with Loader(ds, **kwargs, num_workers=2) as loader:
+    with Loader(ds, **golden.options(kwargs)) as loader:
         assert golden.epochs(loader) == PINNED["cases"]["rrc-flip-normalize"]

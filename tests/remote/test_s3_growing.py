@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from dlpack_io.reader import Loader, RandomHorizontalFlip, RandomResizedCrop
+from dlpack_io.reader import Loader, Output, RandomHorizontalFlip, RandomResizedCrop
 from dlpack_io.reader.dataset import Dataset
 
 from helpers import batches_equal, pack_and_upload
@@ -30,7 +30,7 @@ def packed(tmp_path_factory, s3_server):
 def _epoch(ds, epoch=0, **kw):
     loader = Loader(ds, batch_size=8, seed=3, transforms=[RandomResizedCrop(24),
                                                           RandomHorizontalFlip()],
-                    return_index=True, num_workers=2, **kw)
+                    output=Output(return_index=True), num_workers=2, **kw)
     loader.set_epoch(epoch)
     out = [(idx.copy(), images.clone(), labels.clone()) for images, labels, idx in loader]
     loader.close()
@@ -120,7 +120,7 @@ def _digest(ds) -> str:
     """keep_child.py's digest of epoch 0, for the local data set."""
     digest = hashlib.sha256()
     loader = Loader(ds, batch_size=8, seed=3, rank=0, world_size=1, num_workers=2,
-                    transforms=[RandomResizedCrop(24)], return_index=True)
+                    transforms=[RandomResizedCrop(24)], output=Output(return_index=True))
     for images, labels, idx in loader:
         digest.update(images.numpy().tobytes() + labels.numpy().tobytes() + idx.tobytes())
     loader.close()

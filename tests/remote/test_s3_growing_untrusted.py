@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from dlpack_io.reader import Loader, RandomResizedCrop
+from dlpack_io.reader import Loader, Output, RandomResizedCrop, Workers
 from dlpack_io.reader.dataset import Dataset
 from dlpack_io.reader.safeio import ShardChangedError
 
@@ -35,7 +35,7 @@ def _remote(cache):
 
 def _epoch(ds, kind="thread"):
     loader = Loader(ds, batch_size=4, seed=1, transforms=[RandomResizedCrop(16)],
-                    return_index=True, num_workers=2, worker_kind=kind)
+                    output=Output(return_index=True), workers=Workers(kind=kind), num_workers=2)
     out = [(idx.copy(), images.clone(), labels.clone()) for images, labels, idx in loader]
     loader.close()
     return out

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from dlpack_io.reader import Loader, RandomHorizontalFlip, RandomResizedCrop
+from dlpack_io.reader import Loader, Output, RandomHorizontalFlip, RandomResizedCrop
 from dlpack_io.reader.dataset import Dataset
 from dlpack_io.reader.remote import keep
 
@@ -33,7 +33,7 @@ def packed(tmp_path_factory, s3_server):
 def _epoch(ds, epoch, batch_size=8, **kw):
     loader = Loader(ds, batch_size=batch_size, seed=3, transforms=[RandomResizedCrop(24),
                                                           RandomHorizontalFlip()],
-                    return_index=True, **kw)
+                    output=Output(return_index=True), **kw)
     loader.set_epoch(epoch)
     out = [(idx.copy(), images.clone(), labels.clone()) for images, labels, idx in loader]
     loader.close()

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from dlpack_io.reader import Loader, RandomHorizontalFlip, RandomResizedCrop
+from dlpack_io.reader import Loader, Output, RandomHorizontalFlip, RandomResizedCrop
 from dlpack_io.reader.dataset import Dataset
 from dlpack_io.tools.synth import make_image_folder
 
@@ -30,7 +30,7 @@ def packed(tmp_path_factory, s3_server):
 def _epoch(ds, **kw):
     loader = Loader(ds, batch_size=8, seed=3, transforms=[RandomResizedCrop(24),
                                                           RandomHorizontalFlip()],
-                    return_index=True, **kw)
+                    output=Output(return_index=True), **kw)
     loader.set_epoch(1)
     out = [(idx.copy(), images.clone(), labels.clone()) for images, labels, idx in loader]
     loader.close()

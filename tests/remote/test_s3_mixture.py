@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
+from dlpack_io.reader import Dataset, Loader, Mixture, Output, RandomResizedCrop
 from dlpack_io.packer import Writer
-from dlpack_io.reader import Dataset, Loader, Mixture, RandomResizedCrop
 
 from helpers import upload_folder
 
@@ -33,7 +33,7 @@ def packed(tmp_path_factory, s3_server):
 
 def _epoch(mix, **kw):
     loader = Loader(mix, batch_size=6, seed=2, transforms=[RandomResizedCrop(6)],
-                    return_index=True, **kw)
+                    output=Output(return_index=True), **kw)
     loader.set_epoch(1)
     out = [(i.copy(), x.clone(), y.clone()) for x, y, i in loader]
     loader.close()

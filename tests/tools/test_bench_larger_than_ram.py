@@ -71,7 +71,7 @@ def test_ram_loader_builds_the_family_loader_and_advises_its_mappings(image_fold
     ram = families.BY_SECTION["ram"]
     block = families.build(ram["block-256x4"], tmp_path / "ds", "jpeg", 16, 4, 0)
     o = block.options
-    assert (o.shuffle, o.block_size, o.block_window, o.batch_size) == ("block", 256, 4, 4)
+    assert (o.shuffle, o.order.block_size, o.order.block_window, o.batch_size) == ("block", 256, 4, 4)
     assert _rand_read_flags(files) and not any(_rand_read_flags(files))  # mapped, default
     plain = families.build(ram["global"], tmp_path / "ds", "jpeg", 16, 4, 0)
     assert plain.options.shuffle == "global" and not any(_rand_read_flags(files))

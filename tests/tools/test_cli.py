@@ -6,6 +6,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
+from dlpack_io.reader import Output
 from dlpack_io.tools.cli import main
 
 COMMANDS = ["convert", "inspect", "verify", "doctor"]
@@ -104,7 +105,7 @@ def test_inspect_order_reads_what_the_loader_reads(image_folder, tmp_path, flag,
     report = json.loads(CliRunner().invoke(main, args).output)
     kw = {} if flag is None else {"drop_last": drop_last}
     loader = Loader(Dataset(dst), batch_size=3, rank=2, world_size=3, seed=4, num_workers=0,
-                    return_index=True, transforms=[RandomCrop(8)], **kw)
+                    output=Output(return_index=True), transforms=[RandomCrop(8)], **kw)
     loader.set_epoch(1)
     batches = [i for _, _, i in loader]
     assert report["drop_last"] is drop_last and loader.drop_last is drop_last

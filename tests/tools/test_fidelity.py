@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageOps, features
 
+from dlpack_io.reader import Output, Workers
 from dlpack_io.packer import convert
 from dlpack_io.packer.encode import RESTARTS_ADDED
 from dlpack_io.reader import Dataset, jpegdecode
@@ -276,9 +277,10 @@ def test_loader_crops_are_upright(tmp_path, device_transforms):
         px = photo_like(rng, 40, 30) if o >= 5 else photo_like(rng, 30, 40)
         (folder / f"o{o}.jpg").write_bytes(_save(Image.fromarray(px), exif=_exif(o)))
     ds = Dataset(convert(tmp_path / "src", tmp_path / "ds", **FAST)["dst"])
-    loader = Loader(ds, batch_size=8, shuffle=False, num_workers=0, return_index=True,
-                    transforms=[CenterCrop(20)], dtype=torch.uint8,
-                    device_transforms=device_transforms)
+    loader = Loader(ds, batch_size=8, shuffle=False, num_workers=0,
+                    output=Output(return_index=True),
+                    workers=Workers(device_transforms=device_transforms),
+                    transforms=[CenterCrop(20)], dtype=torch.uint8)
     images, _, indices = next(iter(loader))
     for img, i in zip(images.numpy(), indices.tolist()):
         rel = record_detail(tmp_path / "ds", i)["source"]

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from dlpack_io.reader import Dataset, Loader, Mixture, Output
 from dlpack_io.packer import Writer
-from dlpack_io.reader import Dataset, Loader, Mixture
 from dlpack_io.tools.cli import main
 from dlpack_io.tools.mix_report import mixture_report, random_deviation
 
@@ -35,7 +35,7 @@ def test_the_report_is_the_loaders_epoch(two):
     assert (a["per_epoch"], b["per_epoch"]) == (75, 25) and b["passes"] == 2.5
     assert a["read_by_rank"] + b["read_by_rank"] == report["rank_samples"] == 50
     loader = Loader(Mixture([Dataset(p) for p in two], [0.75, 0.25], samples_per_epoch=100),
-                    batch_size=8, world_size=2, rank=1, seed=3, return_index=True)
+                    batch_size=8, world_size=2, rank=1, seed=3, output=Output(return_index=True))
     loader.set_epoch(2)
     got = [i.tolist() for _, _, i in loader]
     assert len(got) == report["num_batches"] == 7

@@ -1,5 +1,6 @@
 """Ours: dlpack_io.reader.Loader over our record shards, thread or process workers."""
 from __future__ import annotations
+from dlpack_io.reader import Workers
 
 
 def ours(store: str, mode: str, batch_size: int, workers: int, seed: int = 0, *,
@@ -12,7 +13,7 @@ def ours(store: str, mode: str, batch_size: int, workers: int, seed: int = 0, *,
 
     crop = RandomResizedCrop(224) if mode == "jpeg" else RandomCrop(224)
     loader = Loader(Dataset(store), batch_size=batch_size, shuffle="global", seed=seed,
-                    num_workers=workers, worker_kind=worker_kind, drop_last=False,
+                    num_workers=workers, workers=Workers(kind=worker_kind), drop_last=False,
                     transforms=[crop, RandomHorizontalFlip()], dtype=torch.uint8, device="cpu")
     return _Epochs(loader)
 

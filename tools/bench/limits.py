@@ -131,7 +131,7 @@ def decode_breakdown(jpeg_path, count: int = 300, rounds: int = 5) -> dict:
     from dlpack_io.reader import Dataset, RandomHorizontalFlip, RandomResizedCrop, jpegdecode
     from dlpack_io.reader.batch.plan import compile_spec, plan_batch
     from dlpack_io.reader.batch.build import BuildContext, Scratch
-    from dlpack_io.reader.batch.host import fill_range
+    from dlpack_io.reader.batch.build import fill_range
 
     ds = Dataset(jpeg_path)
     idx = np.arange(min(count, len(ds)))
@@ -165,12 +165,13 @@ def decode_limit(jpeg_path, threads: int | None = None) -> float:
     from concurrent.futures import ThreadPoolExecutor
 
     from dlpack_io.reader import Dataset, RandomResizedCrop, jpegdecode
+    from dlpack_io.reader.batch.plan import Draws
 
     ds, rrc, threads = Dataset(jpeg_path), RandomResizedCrop(SIZE), threads or os.cpu_count()
     jobs = []
     for i in range(len(ds)):
         payload, entry = ds.record(i)
-        box = rrc.boxes([int(entry["height"])], [int(entry["width"])], 0, 0, [i])[0]
+        box = rrc.boxes([int(entry["height"])], [int(entry["width"])], Draws(0, 0), [i])[0]
         jobs.append((bytes(payload), box, int(entry["orientation"])))
 
     def work(part):

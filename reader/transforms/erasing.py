@@ -1,8 +1,10 @@
 """torchvision's RandomErasing, its random parameters a pure function of (seed, epoch, index).
 
-Applied to the finished batch (after Normalize, as torchvision's recipes place it): on the
-host path by the worker that built the rows, on the device path on the device after the
-kernel; both call :func:`erase_rows`, so the two paths agree exactly.
+A recipe op, imported only by a Loader whose transforms hold it. Applied to the finished
+batch (after Normalize, as torchvision's recipes place it): on the host path by the worker
+that built the rows, on the device path on the device after the kernel; both call
+:meth:`RandomErasing.apply`, so the two paths agree exactly. ``draws(stream, indices,
+count)`` is the plan stage's counter-based source of uniforms (reader/batch/plan.py).
 """
 from __future__ import annotations
 
@@ -10,8 +12,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-
-from dlpack_io.reader.batch import rng
 
 _ATTEMPTS = 10
 
@@ -35,6 +35,7 @@ class RandomErasing:
     ratio: tuple = (0.3, 3.3)
     value: object = 0
     inplace: bool = False   # accepted for torchvision compatibility: batches are ours anyway
+    role, stage, stream, noise_stream = "erasing", 4, 5, 6
 
     def __post_init__(self):
         p = float(self.p)
@@ -56,11 +57,11 @@ class RandomErasing:
             value = (float(value),)
         object.__setattr__(self, "value", value)
 
-    def boxes(self, seed: int, epoch: int, indices, size) -> np.ndarray:
+    def boxes(self, draws, indices, size) -> np.ndarray:
         """(N, 4) int64 (top, left, height, width) boxes to erase; height 0: not erased."""
         img_h, img_w = int(size[0]), int(size[1])
         n = len(indices)
-        u = rng.uniforms(seed, epoch, rng.STREAM_ERASE, indices, 1 + 4 * _ATTEMPTS)
+        u = draws(self.stream, indices, 1 + 4 * _ATTEMPTS)
         apply = u[:, 0] < self.p
         u = u[:, 1:].reshape(n, _ATTEMPTS, 4)
         area = img_h * img_w * (self.scale[0] + u[..., 0] * (self.scale[1] - self.scale[0]))
@@ -78,32 +79,30 @@ class RandomErasing:
         out[~(apply & ok[rows, first])] = 0
         return out
 
+    def noise(self, draws, index: int, count: int) -> np.ndarray:
+        """``count`` standard normal float32 values for sample ``index`` (Box-Muller of the
+        counter-based uniforms: a pure function of its arguments)."""
+        pairs = (count + 1) // 2
+        u = draws(self.noise_stream, [index], 2 * pairs)[0]
+        radius = np.sqrt(-2.0 * np.log1p(-u[:pairs]))  # 1 - u is in (0, 1]: log is finite
+        angle = 2.0 * np.pi * u[pairs:]
+        return np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:count] \
+            .astype(np.float32)
 
-def normal_noise(seed: int, epoch: int, index: int, count: int) -> np.ndarray:
-    """``count`` standard normal float32 values for sample ``index`` (Box-Muller of the
-    counter-based uniforms: a pure function of its arguments)."""
-    pairs = (count + 1) // 2
-    u = rng.uniforms(seed, epoch, rng.STREAM_ERASE_NOISE, [index], 2 * pairs)[0]
-    radius = np.sqrt(-2.0 * np.log1p(-u[:pairs]))  # 1 - u is in (0, 1]: log is finite
-    angle = 2.0 * np.pi * u[pairs:]
-    return np.concatenate([radius * np.cos(angle), radius * np.sin(angle)])[:count] \
-        .astype(np.float32)
+    def apply(self, draws, indices, images) -> None:
+        """Erase, in place, the boxes of the samples ``indices`` in ``images`` ((N, C, H, W)
+        torch tensor, any device and dtype; one row per index)."""
+        import torch
 
-
-def erase_rows(erasing: RandomErasing | None, seed: int, epoch: int, indices, images) -> None:
-    """Erase, in place, the boxes of the samples ``indices`` in ``images`` ((N, C, H, W)
-    torch tensor, any device and dtype; one row per index)."""
-    import torch
-
-    if erasing is None or not len(indices):
-        return
-    channels, size = images.shape[1], images.shape[2:]
-    boxes = erasing.boxes(seed, epoch, indices, size)
-    for row in np.flatnonzero(boxes[:, 2] > 0):
-        t, lf, h, w = (int(v) for v in boxes[row])
-        if erasing.value == "random":
-            noise = normal_noise(seed, epoch, int(indices[row]), channels * h * w)
-            fill = torch.from_numpy(noise).view(channels, h, w)
-        else:
-            fill = torch.tensor(erasing.value, dtype=torch.float32).view(-1, 1, 1)
-        images[row, :, t:t + h, lf:lf + w] = fill.to(images.device, images.dtype)
+        if not len(indices):
+            return
+        channels, size = images.shape[1], images.shape[2:]
+        boxes = self.boxes(draws, indices, size)
+        for row in np.flatnonzero(boxes[:, 2] > 0):
+            t, lf, h, w = (int(v) for v in boxes[row])
+            if self.value == "random":
+                fill = torch.from_numpy(self.noise(draws, int(indices[row]), channels * h * w))
+                fill = fill.view(channels, h, w)
+            else:
+                fill = torch.tensor(self.value, dtype=torch.float32).view(-1, 1, 1)
+            images[row, :, t:t + h, lf:lf + w] = fill.to(images.device, images.dtype)

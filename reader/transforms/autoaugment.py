@@ -5,18 +5,18 @@ choices (op, magnitude bin, sign, sub-policy, whether each step applies) are a p
 function of (seed, epoch, sample index) like every other draw of the Loader. They run per
 sample on the host, on the cropped and flipped uint8 image (torchvision's recipe order:
 crop, flip, augment, then ToTensor / Normalize / RandomErasing), with PIL as torchvision's
-PIL path does (augment_ops.py). With ``device="cuda"`` a spec holding one of them is
-finished on the host and copied (the GPU kernels do not have these ops).
+PIL path does (the ops at the end of this module). With ``device="cuda"`` a spec holding
+one of them is finished on the host and copied (the GPU kernels do not have these ops).
+Recipe ops: imported only by a Loader whose transforms hold one.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from dlpack_io.reader.batch import rng
-from dlpack_io.reader.batch.augment_ops import apply_op
-from dlpack_io.reader.batch.geometry import check_interpolation
+from dlpack_io.reader.transforms.geometry import check_interpolation
 
 _IMAGENET = (
     (("Posterize", 0.4, 8), ("Rotate", 0.6, 9)), (("Solarize", 0.6, 5), ("AutoContrast", 0.6, None)),
@@ -70,7 +70,10 @@ def _fill(name: str, fill):
 
 
 class _Augment:
-    """What the three share: interpolation and fill checks, and :meth:`apply`."""
+    """What the three share: interpolation and fill checks, :meth:`apply` and
+    :meth:`apply_rows`."""
+
+    role, stage, stream = "sample", 2, 8
 
     def _check(self, name: str) -> None:
         mode, _ = check_interpolation(name, self.interpolation, True)
@@ -87,6 +90,18 @@ class _Augment:
         for name, magnitude in ops:
             img = apply_op(img, name, magnitude, pil_filter(self.interpolation), self.fill)
         return np.array(img)  # writable: it is copied into the batch row
+
+    def apply_rows(self, draws, indices, rows) -> None:
+        """Apply the op in place to ``rows`` ((n, 3, H, W) uint8 torch tensor on the CPU),
+        one row per index of ``indices``."""
+        if not len(indices):
+            return
+        plans = self.draw(draws, indices, tuple(rows.shape[2:]))
+        planes = rows.numpy()  # numpy's strided copies: torch's permuted copy_ is ~10x slower
+        for row, ops in zip(planes, plans):
+            if ops:
+                row[...] = self.apply(np.ascontiguousarray(row.transpose(1, 2, 0)),
+                                      ops).transpose(2, 0, 1)
 
 
 def _signed(magnitude, signed: bool, negate: bool) -> float:
@@ -107,11 +122,11 @@ class TrivialAugmentWide(_Augment):
                              f"{self.num_magnitude_bins} must be >= 2")
         self._check("TrivialAugmentWide")
 
-    def draw(self, seed: int, epoch: int, indices, size) -> list:
+    def draw(self, draws, indices, size) -> list:
         """Per sample, the [(op, magnitude)] to apply to an image of ``size`` (h, w)."""
         table = space(self.num_magnitude_bins, size[1], size[0], wide=True)
         names = [n for n in table if n != "Invert"]
-        u = rng.uniforms(seed, epoch, rng.STREAM_AUGMENT, indices, 3)
+        u = draws(self.stream, indices, 3)
         out = []
         for u0, u1, u2 in u:
             name = names[int(u0 * len(names))]
@@ -138,11 +153,11 @@ class RandAugment(_Augment):
                              f"{self.num_magnitude_bins})")
         self._check("RandAugment")
 
-    def draw(self, seed: int, epoch: int, indices, size) -> list:
+    def draw(self, draws, indices, size) -> list:
         """Per sample, the [(op, magnitude)] to apply to an image of ``size`` (h, w)."""
         table = space(self.num_magnitude_bins, size[1], size[0])
         names = [n for n in table if n != "Invert"]
-        u = rng.uniforms(seed, epoch, rng.STREAM_AUGMENT, indices, 2 * max(self.num_ops, 1))
+        u = draws(self.stream, indices, 2 * max(self.num_ops, 1))
         out = []
         for row in u:
             ops = []
@@ -172,10 +187,10 @@ class AutoAugment(_Augment):
         object.__setattr__(self, "policy", name)
         self._check("AutoAugment")
 
-    def draw(self, seed: int, epoch: int, indices, size) -> list:
+    def draw(self, draws, indices, size) -> list:
         """Per sample, the [(op, magnitude)] to apply to an image of ``size`` (h, w)."""
         table = space(10, size[1], size[0])
-        u = rng.uniforms(seed, epoch, rng.STREAM_AUGMENT, indices, 5)
+        u = draws(self.stream, indices, 5)
         out = []
         for row in u:
             ops = []
@@ -188,17 +203,74 @@ class AutoAugment(_Augment):
         return out
 
 
-AUGMENTS = (AutoAugment, RandAugment, TrivialAugmentWide)
+# ---- the image ops ---------------------------------------------------------------------
+# torchvision's AutoAugment, RandAugment and TrivialAugmentWide ops on PIL images, as
+# torchvision's PIL path computes them (torchvision.transforms.autoaugment._apply_op ->
+# functional -> PIL): shears about the corner (0, 0), translations by whole pixels,
+# rotation about the centre, fill outside the image; ImageEnhance for brightness, colour,
+# contrast and sharpness (factor 1 + magnitude); ImageOps for the rest.
+
+OPS = ("Identity", "ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness",
+       "Color", "Contrast", "Sharpness", "Posterize", "Solarize", "AutoContrast", "Equalize",
+       "Invert")
 
 
-def augment_rows(augment, seed: int, epoch: int, indices, rows) -> None:
-    """Apply ``augment`` in place to ``rows`` ((n, 3, H, W) uint8 torch tensor on the CPU),
-    one row per index of ``indices``."""
-    if augment is None or not len(indices):
-        return
-    plans = augment.draw(seed, epoch, indices, tuple(rows.shape[2:]))
-    planes = rows.numpy()  # numpy's strided copies below: torch's permuted copy_ is ~10x slower
-    for row, ops in zip(planes, plans):
-        if ops:
-            row[...] = augment.apply(np.ascontiguousarray(row.transpose(1, 2, 0)),
-                                     ops).transpose(2, 0, 1)
+def inverse_affine(center, angle: float, translate, shear) -> list[float]:
+    """torchvision's ``_get_inverse_affine_matrix`` (scale 1): the output->input map that
+    PIL's ``Image.transform(AFFINE)`` takes."""
+    rot = math.radians(angle)
+    sx, sy = math.radians(shear[0]), math.radians(shear[1])
+    cx, cy = center
+    tx, ty = translate
+    a = math.cos(rot - sy) / math.cos(sy)
+    b = -math.cos(rot - sy) * math.tan(sx) / math.cos(sy) - math.sin(rot)
+    c = math.sin(rot - sy) / math.cos(sy)
+    d = -math.sin(rot - sy) * math.tan(sx) / math.cos(sy) + math.cos(rot)
+    m = [d, -b, 0.0, -c, a, 0.0]
+    m[2] += m[0] * (-cx - tx) + m[1] * (-cy - ty)
+    m[5] += m[3] * (-cx - tx) + m[4] * (-cy - ty)
+    m[2] += cx
+    m[5] += cy
+    return m
+
+
+def _affine(img, resample, fill, center=None, translate=(0, 0), shear=(0.0, 0.0)):
+    from PIL import Image
+
+    if center is None:  # torchvision's PIL path: the centre without the 0.5 offset
+        center = (img.size[0] * 0.5, img.size[1] * 0.5)
+    matrix = inverse_affine(center, 0.0, translate, shear)
+    return img.transform(img.size, Image.AFFINE, matrix, resample, fillcolor=fill)
+
+
+def apply_op(img, name: str, magnitude: float, resample, fill):
+    """``img`` (an RGB PIL image) after op ``name`` of the given magnitude."""
+    from PIL import ImageEnhance, ImageOps
+
+    if name == "ShearX":
+        return _affine(img, resample, fill, (0, 0), shear=(math.degrees(math.atan(magnitude)), 0.0))
+    if name == "ShearY":
+        return _affine(img, resample, fill, (0, 0), shear=(0.0, math.degrees(math.atan(magnitude))))
+    if name == "TranslateX":
+        return _affine(img, resample, fill, translate=(int(magnitude), 0))
+    if name == "TranslateY":
+        return _affine(img, resample, fill, translate=(0, int(magnitude)))
+    if name == "Rotate":
+        return img.rotate(magnitude, resample, False, None, fillcolor=fill)
+    enhance = {"Brightness": ImageEnhance.Brightness, "Color": ImageEnhance.Color,
+               "Contrast": ImageEnhance.Contrast, "Sharpness": ImageEnhance.Sharpness}
+    if name in enhance:
+        return enhance[name](img).enhance(1.0 + magnitude)
+    if name == "Posterize":
+        return ImageOps.posterize(img, int(magnitude))
+    if name == "Solarize":
+        return ImageOps.solarize(img, magnitude)
+    if name == "AutoContrast":
+        return ImageOps.autocontrast(img)
+    if name == "Equalize":
+        return ImageOps.equalize(img)
+    if name == "Invert":
+        return ImageOps.invert(img)
+    if name == "Identity":
+        return img
+    raise ValueError(f"augmentation op {name!r} is not one of {OPS}")

@@ -1,12 +1,20 @@
-"""``Loader(ds, fields=("image", "boxes", "categories", "mask"))``: detection and
-segmentation targets that follow every crop, resize, flip and pad of their images.
+"""What a delivered batch holds besides its images and labels: the data set's fields,
+detection and segmentation targets that follow every crop, resize, flip and pad of their
+images, the true sizes of a padded batch, and the indices (``Loader(fields=(...))``).
 
-Like every field (fieldbatch.py), targets are read in the consumer for the samples the
-batch kept; their geometry is drawn again there from (seed, epoch, sample index), the same
-pure function the workers used for the pixels, so the hot path does not change and no box
-or mask can pair with another sample's crop. The maths: targetgeometry.py.
+The workers build images exactly as without fields (the hot path does not change); the
+fields of the samples a batch kept (``HostBatch.indices``, after skips) are read in the
+consumer from the same local shards, so shuffle, ranks, resume, return_index, thread and
+process workers and every transform work unchanged. Collation follows torch's
+default_collate where it can: ints and floats become int64 / float64 tensors, arrays of the
+schema's fixed shape one stacked tensor, arrays of varying shape a list of tensors, str /
+json / bytes a list.
 
-What a batch holds:
+Targets are read the same way; their geometry is drawn again here from (seed, epoch, sample
+index), the same pure function the workers used for the pixels, so no box or mask can pair
+with another sample's crop. The maths is the geometry transforms' own
+(reader/transforms/geometry.py). What a batch holds:
+
   * ``"boxes"``: a list of float32 (n_i, 4) tensors (x0, y0, x1, y1 in output pixels;
     (0, 4) when none is left);
   * a per-box field (a name in PER_BOX_FIELDS, an array with one row per box, e.g.
@@ -14,17 +22,51 @@ What a batch holds:
   * ``"mask"``: one (B, H, W) uint8/uint16 tensor, resampled nearest-neighbour (on the
     device path by one Triton kernel per batch, ``dlpack_io.kernels.mask_gather``), padded
     with ``mask_pad_value``;
-  * with ``pad=True``, after the fields: an int64 (B, 2) tensor of the true (height, width).
+  * with ``pad=True``, after the fields: an int64 (B, 2) tensor of the true (height, width),
+    the images zero outside them (after normalisation, as torchvision pads a detection batch).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from dlpack_io.reader.batch import targetgeometry as tg
-from dlpack_io.reader.batch.fieldbatch import DEFAULT_FIELDS, collate
-from dlpack_io.reader.batch.padding import zero_padding
-from dlpack_io.reader.batch.sources import public_indices
-from dlpack_io.reader.samplefields import read_record_fields
+from dlpack_io.reader.samplefields import check_names, read_record_fields
+from dlpack_io.reader.transforms import geometry as tg
+
+DEFAULT_FIELDS = ("image", "label")
+
+
+def check_fields(dataset, names) -> tuple:
+    """The Loader's ``fields`` option as a tuple of names the data set has: "image",
+    "label" and the manifest's fields, each once; ValueError naming the data set."""
+    if isinstance(names, str) or not all(isinstance(n, str) for n in names) or not names:
+        raise ValueError(f"fields {names!r}: expected a non-empty tuple of field names, "
+                         f"e.g. ('image', 'label')")
+    names = tuple(names)
+    if len(set(names)) != len(names):
+        raise ValueError(f"fields {names!r}: a field is named twice")
+    try:
+        check_names(dataset, [n for n in names if n not in DEFAULT_FIELDS])
+    except KeyError as exc:
+        raise ValueError(exc.args[0]) from None
+    return names
+
+
+def collate(values: list, spec: dict, device):
+    """One field of a batch, collated as default_collate would (see the module doc)."""
+    import torch
+
+    kind = spec["type"]
+    if kind in ("int", "float"):
+        out = torch.tensor(values, dtype=torch.int64 if kind == "int" else torch.float64)
+    elif kind == "array" and spec.get("shape") is not None:
+        shape = [len(values)] + spec["shape"]
+        out = torch.from_numpy(np.stack(values) if values else np.zeros(shape, spec["dtype"]))
+    elif kind == "array":
+        return [torch.from_numpy(v).to(device, non_blocking=True) for v in values]
+    else:
+        return values
+    return out.to(device, non_blocking=True)
+
 
 BOXES, MASK = "boxes", "mask"
 #: Fields with one row per box, removed together with the boxes they belong to (COCO's
@@ -35,8 +77,8 @@ MASK_DTYPES = ("uint8", "uint16")
 
 
 def _refuse(spec, sample_transform, names) -> None:
-    what = (f"{spec.augment.__class__.__name__} (its rotations and shears do not move boxes "
-            f"or masks yet)" if spec.augment is not None else
+    what = (f"{spec.sample_ops[0].__class__.__name__} (a per-sample host op: its rotations "
+            f"and shears do not move boxes or masks yet)" if spec.sample_ops else
             "MixUp / CutMix (they blend images, not their boxes or masks)" if spec.mixes else
             "sample_transform (its geometry is unknown)" if sample_transform is not None else "")
     if what:
@@ -76,12 +118,13 @@ class Assembler:
     """The tuple a Loader yields for its ``fields`` (with targets, padding, indices):
     built once from the checked ``names``, the spec and the LoaderOptions ``opts``."""
 
-    def __init__(self, dataset, names, spec, opts, on_device: bool):
+    def __init__(self, dataset, names, spec, opts, on_device: bool, public_indices):
         check_targets(dataset, names, spec, opts.sample_transform)
         self.dataset, self.names, self.spec = dataset, tuple(names), spec
         self.seed, self.on_device, self.fill = int(opts.seed), bool(on_device), \
-            int(opts.mask_pad_value)
-        self.return_index = bool(opts.return_index)
+            int(opts.output.mask_pad_value)
+        self.return_index = bool(opts.output.return_index)
+        self.public_indices = public_indices  # what return_index shows (sources.py)
         schema = dataset.fields
         self.per_box = tuple(n for n in self.names if n in PER_BOX_FIELDS and n in schema
                              and BOXES in schema)
@@ -99,7 +142,7 @@ class Assembler:
     def __call__(self, images, labels, indices, epoch: int) -> tuple:
         """(fields in order[, true sizes][, indices]) of one delivered batch."""
         out = (images, labels) if self.plain else self._fields(images, labels, indices, epoch)
-        return (*out, public_indices(self.dataset, indices)) if self.return_index else out
+        return (*out, self.public_indices(self.dataset, indices)) if self.return_index else out
 
     def _fields(self, images, labels, indices, epoch: int) -> tuple:
         import torch
@@ -203,3 +246,22 @@ def _split(whole: np.ndarray, counts: list, device) -> list:
     if not counts:
         return []
     return list(torch.split(torch.from_numpy(np.ascontiguousarray(whole)).to(device), counts))
+
+
+def valid_area(sizes, out_size, device):
+    """(N, 1, OH, OW) bool tensor: True inside each sample's true size."""
+    import torch
+
+    sizes = torch.as_tensor(np.asarray(sizes, np.int64).reshape(-1, 2), device=device)
+    rows = torch.arange(out_size[0], device=device)[None, :, None] < sizes[:, 0, None, None]
+    cols = torch.arange(out_size[1], device=device)[None, None, :] < sizes[:, 1, None, None]
+    return (rows & cols)[:, None]
+
+
+def zero_padding(images, sizes):
+    """``images`` (N, C, OH, OW) with everything outside each sample's size set to 0
+    (after normalisation, as torchvision pads a detection batch)."""
+    if not len(sizes):
+        return images
+    keep = valid_area(sizes, tuple(images.shape[-2:]), images.device)
+    return images.masked_fill_(~keep, 0)

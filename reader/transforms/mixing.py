@@ -5,7 +5,8 @@ and the (B, num_classes) float32 targets are made on the device), as torchvision
 script applies them after its DataLoader. Both listed: one of them per batch, chosen with
 even odds (the reference script's ``RandomChoice``). The random draws (the choice, lambda
 ~ Beta(alpha, alpha), CutMix's centre) are a pure function of (seed, epoch, the batch's
-first planned sample index), so they do not depend on workers, ranks or resumes.
+first planned sample index), so they do not depend on workers, ranks or resumes. Recipe
+ops: imported only by a Loader whose transforms hold one.
 """
 from __future__ import annotations
 
@@ -14,9 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dlpack_io.reader.batch import rng
-
 _TRIES = 32  # Marsaglia-Tsang accepts > 95% of tries: 32 failures never happen in practice
+STREAM = 7   # the uniforms of a batch's mix (its choice, lambda, CutMix's centre)
 
 
 def _check(name: str, alpha, num_classes) -> tuple[float, int | None]:
@@ -36,6 +36,7 @@ class MixUp:
 
     alpha: float = 1.0
     num_classes: int | None = None
+    role, stage, stream = "mix", 5, STREAM
 
     def __post_init__(self):
         a, n = _check("MixUp", self.alpha, self.num_classes)
@@ -50,6 +51,7 @@ class CutMix:
 
     alpha: float = 1.0
     num_classes: int | None = None
+    role, stage, stream = "mix", 5, STREAM
 
     def __post_init__(self):
         a, n = _check("CutMix", self.alpha, self.num_classes)
@@ -82,9 +84,9 @@ def beta(alpha: float, u: np.ndarray) -> float:
     return x / (x + y) if x + y > 0 else 0.5
 
 
-def draw(mixes, seed: int, epoch: int, key: int):
+def draw(mixes, draws, key: int):
     """(the chosen MixUp or CutMix, lam, (u_y, u_x) for CutMix's centre) of one batch."""
-    u = rng.uniforms(seed, epoch, rng.STREAM_MIX, [key], 3 + 2 * (1 + 3 * _TRIES))[0]
+    u = draws(STREAM, [key], 3 + 2 * (1 + 3 * _TRIES))[0]
     chosen = mixes[min(int(u[0] * len(mixes)), len(mixes) - 1)]
     return chosen, beta(chosen.alpha, u[3:]), (float(u[1]), float(u[2]))
 
@@ -99,11 +101,12 @@ def cutmix_box(lam: float, centre, height: int, width: int) -> tuple[int, int, i
             min(r_y + r_h_half, height))
 
 
-def mix_batch(mixes, seed: int, epoch: int, key: int, images, labels, num_classes: int):
-    """(images, soft labels (B, num_classes) float32) of one batch, on the batch's device."""
+def mix_batch(mixes, draws, key: int, images, labels, num_classes: int):
+    """(images, soft labels (B, num_classes) float32) of one batch, on the batch's device;
+    ``key``: the batch's first planned sample index (what its draw is a function of)."""
     import torch
 
-    chosen, lam, centre = draw(mixes, seed, epoch, key)
+    chosen, lam, centre = draw(mixes, draws, key)
     if len(labels) and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
         raise ValueError(f"{type(chosen).__name__}: label {int(labels.max())} (or "
                          f"{int(labels.min())}) is outside num_classes={num_classes}: pass "

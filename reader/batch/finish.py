@@ -1,7 +1,7 @@
-"""How a batch is finished for the training loop: on the device, or handed over from the host.
+"""The finish stage: a built batch -> ``(images, labels)`` on the Loader's device.
 
-The third step of the batch path (after :mod:`batchplan` and :mod:`hostbuild`). A finisher
-takes the workers' HostBatch and returns ``(images, labels)`` on the Loader's device:
+The last of the batch path's four stages (order -> plan -> build -> **finish**), run in the
+consumer thread (CUDA is touched only here). A finisher takes the workers' HostBatch:
 
 * :class:`DeviceFinisher` (transforms on the device): one host->device copy of the gathered
   bytes on a side stream, then one fused kernel (``dlpack_io.kernels``: crop / resized crop,
@@ -12,13 +12,22 @@ takes the workers' HostBatch and returns ``(images, labels)`` on the Loader's de
   CUDA device one non_blocking copy from pinned memory on the side stream, staged the same way.
 
 Both keep a host buffer until the copy that reads it has completed (``reclaim``), then give
-it back (``HostBatch.release``). CUDA is touched only here, in the consumer thread.
+it back (``HostBatch.release``). Then :class:`BatchFinish` applies what acts on a delivered
+batch rather than on one sample: RandomErasing on the device path (the host path erases in
+the workers) and MixUp / CutMix (always here, on the batch's device, as torchvision's
+reference script mixes after its DataLoader). What the Loader yields besides the images and
+labels (fields, targets that follow the geometry, padding sizes, indices) is fields.py's.
 """
 from __future__ import annotations
 
 import collections
+import logging
 
 import numpy as np
+
+from dlpack_io.reader.batch.plan import Draws
+
+log = logging.getLogger(__name__)
 
 
 def run_kernel(meta, data, spec, *, validate: bool):
@@ -34,11 +43,8 @@ def run_kernel(meta, data, spec, *, validate: bool):
         empty = torch.empty((0, 3, *meta.out_size), dtype=spec.dtype, device=data.device)
         return empty, torch.empty(0, dtype=torch.int64, device=data.device)
     recs = records.records_view(data, meta.records_offset, n)
-    kw = dict(out_dtype=spec.dtype, validate=validate,
-              jitter=tuple(name for name, r in zip(records.JITTER_OPS, spec.jitter.ranges)
-                           if r is not None) if spec.jitter is not None else ())
-    if spec.normalize is not None:
-        kw["mean"], kw["std"] = spec.normalize.mean, spec.normalize.std
+    kw = dict(spec.epilogue, validate=validate,
+              jitter=spec.jitter.names if spec.jitter is not None else ())
     if meta.dense_shape is not None:
         images = data[:meta.records_offset].view(-1)[:int(np.prod(meta.dense_shape))]
         images = images.view(meta.dense_shape)
@@ -228,3 +234,87 @@ class _Keep:
         hb, self.hb = self.hb, None
         if hb is not None:
             hb.release()
+
+
+# ---- batch-level transforms, and where the transforms run ----------------------------
+def kernel_cannot(spec) -> str | None:
+    """Why the GPU kernels cannot finish batches of ``spec`` (None when they can)."""
+    if spec.sample_ops:
+        return (f"{type(spec.sample_ops[0]).__name__} runs per sample on the host (the GPU "
+                f"kernels do not have its ops)")
+    if spec.pad:
+        return "pad=True makes each image at its own size (the GPU kernels write one size)"
+    mode, _ = spec.resample
+    if mode != "bilinear":
+        return (f"interpolation={mode!r}: the GPU kernel resamples bilinearly (with or "
+                f"without antialias) only")
+    return None
+
+
+def place_transforms(spec, on_device: bool, asked) -> bool:
+    """Whether the transforms run on the device: ``on_device`` unless the kernels cannot do
+    ``spec``; then host transforms (logged), or an error when ``device_transforms=True``
+    was asked for explicitly."""
+    reason = kernel_cannot(spec) if on_device else None
+    if reason is None:
+        return on_device
+    if asked:
+        raise ValueError(f"device_transforms=True, but {reason}: pass device_transforms=None "
+                         f"(host transforms, then one copy)")
+    log.info("Loader: %s; transforming on the host and copying finished batches", reason)
+    return False
+
+
+class BatchFinish:
+    """Erasing (device path only) and mixing of each delivered batch."""
+
+    def __init__(self, spec, seed: int, num_classes: int, device_transforms: bool):
+        self.spec, self.seed = spec, int(seed)
+        self.erase_here = device_transforms and spec.erasing is not None
+        self.num_classes = next((m.num_classes for m in spec.mixes
+                                 if m.num_classes is not None), int(num_classes))
+        if spec.mixes and self.num_classes < 1:
+            raise ValueError("MixUp/CutMix: the data set lists no classes; pass "
+                             "num_classes=N to MixUp / CutMix")
+
+    @property
+    def active(self) -> bool:
+        """True when there is anything to do."""
+        return self.erase_here or bool(self.spec.mixes)
+
+    def __call__(self, images, labels, indices, epoch: int, key: int):
+        """(images, labels) after erasing / mixing; ``key`` is the batch's first planned
+        sample index (what its mixing draw is a function of, with seed and epoch)."""
+        draws = Draws(self.seed, epoch)
+        if self.erase_here:
+            self.spec.erasing.apply(draws, np.asarray(indices), images)
+        if self.spec.mixes and len(labels):
+            from dlpack_io.reader.transforms.mixing import mix_batch
+
+            images, labels = mix_batch(self.spec.mixes, draws, key, images, labels,
+                                       self.num_classes)
+        return images, labels
+
+
+# ---- DataLoader's pin_memory for batches delivered on the CPU ---------------------------
+def pin_ok(pin_memory: bool, device) -> bool:
+    """Whether CPU batches are to be pinned: asked for, delivered on the CPU, and CUDA
+    present (without it, as DataLoader, a warning and unpinned batches)."""
+    if not pin_memory or device.type != "cpu":
+        return False  # CUDA batches: the host side is pinned already, the result is on the GPU
+    import torch
+
+    if not torch.cuda.is_available():
+        log.warning("Loader: pin_memory=True but CUDA is not available here: batches are "
+                    "delivered in ordinary (unpinned) memory")
+        return False
+    return True
+
+
+def pinned(batch: tuple) -> tuple:
+    """``batch`` with every CPU tensor in page-locked memory (those already pinned as they
+    are), so the training loop's ``.to('cuda', non_blocking=True)`` is a true async copy."""
+    import torch
+
+    return tuple(t.pin_memory() if torch.is_tensor(t) and not t.is_pinned() else t
+                 for t in batch)

@@ -1,20 +1,151 @@
-"""The stats clock: what the Loader's generator records around each ``yield`` (``loader.stats()``).
+"""The delivery loop: the pipeline of one Loader at work, and the clock that times it.
 
-The figures themselves, their verdict and their one-line form live in stats.py
-(``LoaderStats``); this module measures them: the wait inside ``next()``, the step outside
-it, what each delivered batch carried, the CPU seconds, and the GPU's own timeline
-(gputime.py) on a CUDA device.
+A Loader composes its stages once (loader.py: ``make_engine``): a build job (build.py or
+gather.py), the workers that run it (workers.py) and the finisher that puts batches on their
+device (finish.py), held together as an :class:`Engine` across epochs. :func:`deliver` runs
+them: it keeps ``in_flight`` batches submitted, gates batches of a remote data set on the
+prefetcher where workers cannot fetch (processes), and starts the next batch's device copy
+before the current batch is yielded, so that the copy overlaps the training step.
+
+The :class:`StatsClock` observes the loop at one seam (``loader.stats()``): the Loader's
+generator cuts the training loop's time at ``next()`` (``handed`` / ``asked``), ``deliver``
+reports each batch (``delivered``), and on a CUDA device a :class:`GpuTimeline` reads the
+GPU's own view from CUDA events. The figures themselves, and what they say, are stats.py's.
 """
 from __future__ import annotations
 
 import time
+from collections import deque
+from dataclasses import dataclass
+from typing import NamedTuple
 
-from dlpack_io.reader.batch.trials import usable_cores
-from dlpack_io.reader.batch.gputime import GpuTimeline
-from dlpack_io.reader.batch.stagetimes import STAGES
-from dlpack_io.reader.batch.stats import LoaderStats, children_cpu, fetched_bytes, proc_cpus
+from dlpack_io.reader.batch.stats import (STAGES, LoaderStats, children_cpu, fetched_bytes,
+                                          proc_cpus, usable_cores)
 
 
+@dataclass
+class Engine:
+    """A Loader's job, runner (workers) and finisher."""
+
+    job: object
+    runner: object
+    finisher: object
+
+    def close(self) -> None:
+        """Stop the workers; copies in flight finish before their slots go away."""
+        self.finisher.close()
+        self.runner.close()
+
+
+def stage_next(runner, finisher, ticket):
+    """Take a built batch early and start its copy to the device, so that the copy overlaps
+    the training step on the batch before it; a failure is returned, raised when it is due."""
+    try:
+        hb = runner.get(ticket)
+    except Exception as exc:  # noqa: BLE001 - delivered in order, one batch later
+        return exc
+    finisher.stage(hb)
+    return hb
+
+
+def timed_wait(prefetch, k: int) -> float:
+    """``prefetch.wait(k)``: the seconds it took (records still on their way from storage)."""
+    t0 = time.perf_counter()
+    prefetch.wait(k)
+    return time.perf_counter() - t0
+
+
+def deliver(engine: Engine, batches, start: int, ticket0: int, prefetch, epoch: int,
+            in_flight: int, on_batch=None):
+    """Run ``batches[start:]`` (runner tickets from ``ticket0 + start``) and yield
+    ``(k, built batch, images, labels)`` in order; ``prefetch`` (or None) is the remote
+    data set's prefetch of ``batches[start:]``. ``on_batch(images, finish_s, depth, stages,
+    fetch_wait_s)`` hears of each batch: its size, the seconds its finish took, the built
+    batches behind it, its workers' seconds per stage (build.stage_totals) and the seconds this
+    loop waited for its records to arrive from object storage."""
+    runner, finisher, total = engine.runner, engine.finisher, len(batches)
+    # Remote data: thread workers read records as the prefetcher lands them (they wait
+    # per record in this process); worker processes only read the local cache, so a
+    # batch goes to them once its records are all there (the next one due: waited for;
+    # later ones: only when already complete, so the first batch is not held up).
+    gated = prefetch is not None and not runner.in_process
+    submitted, staged = start, None
+    for k in range(start, total):
+        finisher.reclaim()
+        fetch_wait = 0.0  # seconds this batch waited for records from object storage
+        while submitted < min(total, k + in_flight):
+            if not runner.can_submit():
+                if submitted > k:
+                    break  # batch k is on its way; the rest waits for free slots
+                finisher.reclaim(block=True)  # slots held by finished device copies
+            if gated and submitted > k and not prefetch.ready(submitted - start):
+                break
+            if gated:
+                fetch_wait += timed_wait(prefetch, submitted - start)
+            runner.submit(ticket0 + submitted, batches[submitted], epoch)
+            submitted += 1
+        if prefetch is not None:  # the batch due next: the prefetcher may overcommit
+            fetch_wait += timed_wait(prefetch, k - start)
+        if staged is None and not runner.ready(ticket0 + k):
+            finisher.reclaim(block=True)  # a worker may be waiting for a held buffer
+        hb = staged if staged is not None else runner.get(ticket0 + k)
+        if isinstance(hb, BaseException):  # batch k failed while it was being staged
+            raise hb
+        staged = None
+        if k + 1 < submitted and runner.ready(ticket0 + k + 1):
+            staged = stage_next(runner, finisher, ticket0 + k + 1)
+        t0 = time.perf_counter()
+        images, labels = finisher.finish(hb)
+        if on_batch is not None:
+            on_batch(len(hb.indices), time.perf_counter() - t0,
+                     sum(runner.ready(ticket0 + j) for j in range(k + 1, submitted)),
+                     hb.stages, fetch_wait)
+        yield k, hb, images, labels
+        if prefetch is not None:  # after the consumer read the batch's fields from the cache
+            prefetch.release(k - start)
+
+
+class Shifted:
+    """A remote prefetch handle seen from batch ``offset`` of its batches (None: no remote)."""
+
+    def __new__(cls, prefetch, offset: int):
+        if prefetch is None or offset == 0:
+            return prefetch
+        return super().__new__(cls)
+
+    def __init__(self, prefetch, offset: int):
+        self.inner, self.offset = prefetch, offset
+
+    def wait(self, k: int, timeout: float | None = None) -> None:
+        """The inner handle's wait for batch ``k + offset``."""
+        self.inner.wait(k + self.offset, timeout)
+
+    def ready(self, k: int) -> bool:
+        """The inner handle's ready for batch ``k + offset``."""
+        return self.inner.ready(k + self.offset)
+
+    def release(self, k: int) -> None:
+        """The inner handle's release of batch ``k + offset``."""
+        self.inner.release(k + self.offset)
+
+
+class Run(NamedTuple):
+    """One epoch's delivery as the tuner (autotune.py) cuts it into turns: the arguments of
+    ``deliver`` that stay the same from one turn to the next."""
+
+    batches: list
+    start: int
+    ticket0: int
+    prefetch: object
+    epoch: int
+    on_batch: object
+
+    def shifted(self, k: int):
+        """The remote prefetch handle as seen from batch ``k`` (None: a local data set)."""
+        return Shifted(self.prefetch, k - self.start)
+
+
+# ---- the clock ------------------------------------------------------------------------
 def _add(total, counts) -> list:
     """Per-set image counts ``total`` (or None) plus ``counts``, as a new list."""
     counts = [int(c) for c in counts]
@@ -208,3 +339,61 @@ class StatsClock:
         run.queue_depth = depths / run.batches if run.batches else 0.0
         epoch.run = run
         return epoch
+
+
+# ---- the GPU's view -------------------------------------------------------------------
+# The training loop's time as the GPU sees it (``device="cuda"``): CUDA events.
+#
+# On a CUDA device the host's clock misreads a training loop: kernels are queued, the host
+# returns from the step at once and may then wait inside ``next()`` while the GPU is still
+# busy with the step (no data stall at all), or run far ahead of a GPU that sits idle. So
+# the Loader also records one CUDA event on the current stream when it hands a batch over
+# and one when the loop asks for the next, and reads the GPU's timeline between them:
+#
+#     handed(k) -> asked(k):      the step on batch k, as the GPU ran it   (gpu_step_s)
+#     asked(k)  -> handed(k+1):   the GPU waited for batch k+1's data       (gpu_wait_s)
+#
+# Events are read without blocking (``query()``) as later batches are delivered, and at the
+# end of an epoch after a synchronisation of the last one. Recording an event costs a few
+# microseconds; nothing here runs without CUDA (``GpuTimeline(None)`` does nothing).
+class GpuTimeline:
+    """Pairs of CUDA events around the training step; seconds of GPU step and GPU wait."""
+
+    def __init__(self, device=None):
+        self.device = device if device is not None and device.type == "cuda" else None
+        self.step_s = self.wait_s = 0.0
+        self._events, self._last = deque(), None
+
+    def mark(self, kind: str) -> None:
+        """Record an event now on the current stream; the GPU time since the previous mark
+        is ``kind``'s: "wait" (a batch is handed over) or "step" (the loop asks again)."""
+        if self.device is None:
+            return
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        self._events.append((event, kind))
+
+    def resolve(self, block: bool = False) -> None:
+        """Add the intervals whose events the GPU has reached (all of them with ``block``)."""
+        while self._events:
+            event, kind = self._events[0]
+            if block:
+                event.synchronize()
+            elif not event.query():
+                return
+            if self._last is not None:
+                seconds = self._last.elapsed_time(event) / 1000.0
+                if kind == "step":
+                    self.step_s += seconds
+                else:
+                    self.wait_s += seconds
+            self._last = event
+            self._events.popleft()
+
+    def restart(self) -> None:
+        """A new span (epoch): forget the figures and the pending events."""
+        self.step_s = self.wait_s = 0.0
+        self._events.clear()
+        self._last = None
