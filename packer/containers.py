@@ -1,107 +1,43 @@
 """Samples that live inside other files: WebDataset tars, Parquet, TFRecord, RecordIO.
 
-What the three readers (tarinput.py, parquetinput.py, framed.py) share: which files SRC
-names (a file, a folder, a glob or brace pattern ``train-{0000..0099}.tar``, local or
-s3:// / gs:// / az://), the spool (a private temporary folder for bytes that cannot be
-read where they lie: remote objects, gzip'd files, Parquet pages, split RecordIO
-records), and the member table: where each sample's image bytes lie, as (file, offset,
-length). A sample's name is ``CONTAINER/KEY`` (tar) or ``CONTAINER#N`` (a record or row
-number), relative to SRC; that name and the SHA-256 of the image bytes identify it
-for ``--append``. Workers read a member with one ``pread``; the rest of the conversion
-is the folder conversion's (packing.py): shuffle, shards, journal, resume, manifest.
+Which files SRC names (a file, a folder, a glob or brace pattern ``train-{0000..0099}.tar``,
+local or s3:// / gs:// / az://: fetched into the spool, records.py), which reader reads them
+(tarinput.py, framed.py, or the Parquet reader below), and their samples as Inputs. A
+sample is named ``CONTAINER/KEY`` (tar) or ``CONTAINER#N`` (record or row N) relative to
+SRC; that name and the SHA-256 of its image bytes identify it for ``--append``. Workers
+read an image with one ``pread`` (records.Members); the rest is the folder conversion's.
+
+Parquet (pyarrow: ``pip install 'dlpack-io[parquet]'``): a row is a sample. The image
+column (``--image-key``; default: the Hugging Face ``datasets`` Image column, else the only
+struct column with a binary ``bytes`` child, else the only binary column), the label column
+(``--label-key``; default: the ``datasets`` ClassLabel column, its names the class names,
+else ``label``); every other column a field: integers -> int, floats -> float, strings ->
+str, binary -> bytes, lists of numbers (nested too) -> arrays of that dtype, anything else
+-> JSON (so is a string column ``dlpack export`` marked as JSON). Files are read one row
+group at a time (the images go into the spool); only labels and fields stay in memory.
 """
 from __future__ import annotations
 
 import glob
+import json
 import logging
 import os
 import re
-import tempfile
-import weakref
-import zlib
-from dataclasses import dataclass, field
+
+import numpy as np
+
+from dlpack_io.packer.names import field_name, shown
+from dlpack_io.packer.progress import Progress
+from dlpack_io.packer.records import Members, SourceFile, Spool, download
 
 log = logging.getLogger(__name__)
 
 FORMATS = ("auto", "folder", "webdataset", "parquet", "tfrecord", "recordio")
-SUFFIXES = {"webdataset": (".tar", ".tar.gz", ".tgz"), "parquet": (".parquet",),
-            "tfrecord": (".tfrecord", ".tfrecords", ".tfrec", ".tfrecord.gz",
-                         ".tfrecords.gz", ".tfrec.gz"),
-            "recordio": (".rec",)}
+SUFFIXES = {"webdataset": (".tar", ".tar.gz", ".tgz"), "parquet": (".parquet",), "tfrecord": (
+    ".tfrecord", ".tfrecords", ".tfrec", ".tfrecord.gz", ".tfrecords.gz"), "recordio": (".rec",)}
 SOURCE_OPTIONS = ("source_format", "image_key", "label_key", "spool")
-DOWNLOAD_CHUNK = 32 * 2**20  # one ranged GET of a remote object
 MAX_BRACE_ITEMS = 1_000_000  # a pattern naming more files than this is a typo
-
-
-@dataclass(frozen=True)
-class SourceFile:
-    """One file of SRC: ``path`` (local, readable), ``name`` (relative to SRC, what the
-    samples are named after) and ``stat`` (size, mtime_ns of the original: a remote
-    object's ETag stands for its mtime) for the resume plan and the append quick check."""
-
-    path: str
-    name: str
-    stat: tuple
-
-
-@dataclass
-class Members:
-    """Where each sample's image bytes lie: sample name -> (file, offset, length, size and
-    mtime of the original). ``spool`` keeps the temporary folder alive as long as the
-    inputs are (it is removed when they go)."""
-
-    table: dict = field(default_factory=dict)
-    spool: object = None
-    mtimes: dict = field(default_factory=dict)  # file -> mtime_ns as the workers will see it
-
-    def add(self, name: str, path: str, offset: int, length: int, stat: tuple) -> None:
-        """Record sample ``name``'s image: ``length`` bytes at ``offset`` of ``path``."""
-        self.table[name] = (path, offset, length, stat)
-
-    def item(self, name: str) -> tuple:
-        """The encode item of sample ``name``: (file, length, its mtime_ns, offset)."""
-        path, offset, length, _ = self.table[name]
-        if path not in self.mtimes:
-            self.mtimes[path] = os.stat(path).st_mtime_ns
-        return path, length, self.mtimes[path], offset
-
-    def stat(self, name: str) -> tuple:
-        """(length, mtime_ns of the original container): what the resume plan and the
-        append quick check record for sample ``name``."""
-        _, _, length, (_, mtime) = self.table[name]
-        return length, mtime
-
-    def read(self, name: str) -> bytes:
-        """The image bytes of sample ``name`` (an append hashes them)."""
-        path, offset, length, _ = self.table[name]
-        with open(path, "rb") as f:
-            return os.pread(f.fileno(), length, offset)
-
-
-class Spool:
-    """A private temporary folder (``mkdtemp`` under ``where``, default the system's temp
-    folder) for bytes that cannot be read in place; removed with its last reference (or at
-    exit), by the process that made it only (forked workers leave it alone)."""
-
-    def __init__(self, where=None):
-        self.where, self.dir, self.count = where, None, 0
-
-    def new_file(self, hint: str) -> str:
-        """The path of a new, empty spool file named after ``hint``."""
-        if self.dir is None:
-            self.dir = tempfile.mkdtemp(prefix="dlpack-spool-", dir=self.where)
-            weakref.finalize(self, _remove, self.dir, os.getpid())
-            log.info("spool folder for bytes that cannot be read in place: %s", self.dir)
-        self.count += 1
-        stem = re.sub(r"[^A-Za-z0-9._-]", "_", os.path.basename(hint))[-80:]
-        return os.path.join(self.dir, f"{self.count:06d}-{stem}")
-
-
-def _remove(folder: str, owner: int) -> None:
-    import shutil
-
-    if os.getpid() == owner:
-        shutil.rmtree(folder, ignore_errors=True)
+JSON_MARK = b'{"type":"json"}'  # Arrow field metadata "dlpack" of a JSON text column
 
 
 def detect(src, given: str | None) -> str | None:
@@ -181,15 +117,11 @@ def local_files(src: str, kind: str) -> tuple[str, list]:
                                     f"do not exist, e.g. {missing[0]}; fix the pattern")
     if not paths:
         raise FileNotFoundError(f"{src}: no {kind} files found")
-    return root, [SourceFile(p, os.path.relpath(p, root), _stat(p)) for p in paths]
+    return root, [SourceFile(p, os.path.relpath(p, root), (os.stat(p).st_size,
+                                                           os.stat(p).st_mtime_ns)) for p in paths]
 
 
-def _stat(path: str) -> tuple:
-    st = os.stat(path)
-    return st.st_size, st.st_mtime_ns
-
-
-def remote_files(src: str, kind: str, spool: Spool, storage_options=None) -> tuple[str, list]:
+def remote_files(src: str, kind: str, spool: Spool) -> tuple[str, list]:
     """(root URL, [SourceFile]) of an s3:// / gs:// / az:// SRC, each object fetched into
     the spool through the storage seam (ranged GETs pinned to its ETag: an object replaced
     meanwhile is an error, never a mix of two versions)."""
@@ -210,47 +142,7 @@ def remote_files(src: str, kind: str, spool: Spool, storage_options=None) -> tup
         names = [m for n in names for m in sorted(fnmatch.filter(listed, n))]
     if not names:
         raise FileNotFoundError(f"{src}: no {kind} objects found there")
-    return store.url, [_download(store, name, spool) for name in names]
-
-
-def _download(store, name: str, spool: Spool) -> SourceFile:
-    head = store.head(name)
-    if head is None:
-        raise FileNotFoundError(f"{store.where(name)}: no such object; fix SRC")
-    path = spool.new_file(name)
-    with open(path, "wb") as out:
-        for start in range(0, head["size"], DOWNLOAD_CHUNK):
-            end = min(head["size"], start + DOWNLOAD_CHUNK)
-            out.write(store.get_range(name, start, end, etag=head["etag"]))
-    tag = zlib.crc32((head["etag"] or "").encode())  # stands for the mtime: changes with it
-    return SourceFile(path, name, (head["size"], tag))
-
-
-def inflated(source: SourceFile, spool: Spool) -> SourceFile:
-    """``source`` itself, or (gzip'd: by its first two bytes) a spool copy inflated,
-    bounded by the disk only (never held in memory)."""
-    import gzip
-    import shutil
-
-    with open(source.path, "rb") as f:
-        if f.read(2) != b"\x1f\x8b":
-            return source
-    path = spool.new_file(source.name)
-    try:
-        with gzip.open(source.path, "rb") as f, open(path, "wb") as out:
-            shutil.copyfileobj(f, out, 4 * 2**20)
-    except (OSError, EOFError, zlib.error) as exc:
-        log.warning("%s: gzip stream damaged (%s); its samples up to the damage are packed",
-                    source.path, exc)
-    return SourceFile(path, source.name, source.stat)
-
-
-def source_files(src, kind: str, spool: Spool) -> tuple[str, list]:
-    """(root, [SourceFile]) of SRC, remote objects fetched into the spool."""
-    from dlpack_io.reader.remote.urls import is_remote
-
-    text = os.fspath(src)
-    return remote_files(text, kind, spool) if is_remote(text) else local_files(text, kind)
+    return store.url, [download(store, name, spool) for name in names]
 
 
 def scan_container(src, kind: str, labels: bool, source: dict):
@@ -258,14 +150,15 @@ def scan_container(src, kind: str, labels: bool, source: dict):
     --label-key, --spool); every bad sample is a reject naming file and offset."""
     from dlpack_io.packer.jsonlist import rows_inputs
     from dlpack_io.packer.scan import Inputs
+    from dlpack_io.reader.remote.urls import is_remote
 
-    spool = Spool(source.get("spool"))
-    root, files = source_files(src, kind, spool)
+    spool, text = Spool(source.get("spool")), os.fspath(src)
+    root, files = remote_files(text, kind, spool) if is_remote(text) else local_files(text, kind)
     members = Members(spool=spool)
     if kind == "webdataset":
         from dlpack_io.packer.tarinput import read_tars as read
     elif kind == "parquet":
-        from dlpack_io.packer.parquetinput import read_parquet as read
+        read = read_parquet
     else:
         from dlpack_io.packer.framed import read_framed as read
     rows, classes, schema = read(files, members, spool, kind=kind, image_key=source.get(
@@ -277,3 +170,129 @@ def scan_container(src, kind: str, labels: bool, source: dict):
     bad = {i: v for i, v in enumerate(values) if isinstance(v, str)}
     return Inputs(root, paths, label_list, classes, fields=schema or None, field_values=values,
                   bad=bad or None, members=members)
+
+
+def pyarrow_parquet():
+    """``pyarrow.parquet``, or ImportError saying how to install it."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ImportError("Parquet needs pyarrow: pip install 'dlpack-io[parquet]'") from None
+    return pq
+
+
+def hf_features(schema) -> dict:
+    """The ``datasets`` features recorded in a Parquet schema's metadata ({} if none)."""
+    raw = (schema.metadata or {}).get(b"huggingface")
+    try:
+        info = json.loads(raw) if raw and len(raw) < 2**24 else {}
+        features = info.get("info", {}).get("features", {})
+        return features if isinstance(features, dict) else {}
+    except (ValueError, AttributeError):
+        return {}
+
+
+def _is_binary(t) -> bool:
+    return str(t) in ("binary", "large_binary")
+
+
+def choose_columns(schema, features: dict, image_key, label_key, where: str) -> tuple:
+    """(image column, label column or None) of a Parquet schema."""
+    import pyarrow as pa
+
+    names = schema.names
+    for given in (image_key, label_key):
+        if given is not None and given not in names:
+            raise ValueError(f"{where}: no column {given!r}; columns: {', '.join(names)}")
+    typed = [n for n in names if isinstance(features.get(n), dict)]
+    image = image_key or next((n for n in typed if features[n].get("_type") == "Image"), None)
+    structs = [n for n in names if pa.types.is_struct(schema.field(n).type)
+               and schema.field(n).type.get_field_index("bytes") >= 0]
+    binary = [n for n in names if _is_binary(schema.field(n).type)]
+    image = image or (structs[0] if len(structs) == 1 else binary[0] if len(binary) == 1
+                      and not structs else None)
+    if image is None:
+        raise ValueError(f"{where}: cannot tell which column holds the images (columns: "
+                         f"{', '.join(names)}); pass --image-key COLUMN")
+    label = label_key or next((n for n in typed if features[n].get("_type") == "ClassLabel"),
+                              "label" if "label" in names and image != "label" else None)
+    return image, label
+
+
+def _image_bytes(column):
+    """The binary array of an image column (a struct's ``bytes`` child, or the column)."""
+    column = column.combine_chunks() if hasattr(column, "combine_chunks") else column
+    if not _is_binary(column.type):
+        column = column.field("bytes")
+    return column
+
+
+def _values(column, json_text: bool) -> list:
+    """Python values of a field column: lists of numbers as numpy arrays of its dtype."""
+    import pyarrow as pa
+
+    t, depth = column.type, 0
+    while pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        t, depth = t.value_type, depth + 1
+    values = column.to_pylist()
+    if json_text:
+        return [json.loads(v) if isinstance(v, str) else v for v in values]
+    if depth and (pa.types.is_integer(t) or pa.types.is_floating(t)):
+        dtype = t.to_pandas_dtype()
+        out = []
+        for v in values:
+            try:
+                out.append(None if v is None else np.asarray(v, dtype=dtype))
+            except ValueError:  # ragged nesting: JSON
+                out.append(v)
+        return out
+    return values
+
+
+def _row_group(f, g: int, columns: tuple, out, members, source, rows, first: int) -> None:
+    """Spool the images of row group ``g`` and add its rows."""
+    image, label, fields, json_cols = columns
+    table = f.read_row_group(g, columns=[image] + ([label] if label else []) + fields)
+    images = _image_bytes(table.column(image))
+    labels = table.column(label).to_pylist() if label else [None] * len(table)
+    values = {field_name(c): _values(table.column(c), c in json_cols) for c in fields}
+    for k in range(len(table)):
+        name = shown(f"{source.name}#{first + k}")
+        data = images[k].as_py()
+        if data is None:
+            rows.append((name, None, f"{source.name}: row {first + k} (row group {g}): no "
+                                     f"image bytes in column {image!r} (null, or stored by "
+                                     f"path only)"))
+            continue
+        members.add(name, out.name, out.tell(), len(data), source.stat)
+        out.write(data)
+        rows.append((name, labels[k], {n: v[k] for n, v in values.items()}))
+
+
+def read_parquet(files, members, spool, *, image_key=None, label_key=None, **_):
+    """(rows, classes, schema) of the rows of Parquet ``files``, one row group at a time,
+    the image bytes spooled (``members`` says where)."""
+    pq = pyarrow_parquet()
+    rows, classes = [], None
+    total = sum(pq.ParquetFile(s.path).metadata.num_rows for s in files)
+    progress = Progress(total, "read parquet", enabled=log.isEnabledFor(logging.INFO))
+    try:
+        for source in files:
+            f = pq.ParquetFile(source.path)
+            schema, features = f.schema_arrow, hf_features(f.schema_arrow)
+            image, label = choose_columns(schema, features, image_key, label_key, source.name)
+            names = features.get(label, {}).get("names") if label else None
+            classes = names if isinstance(names, list) and names else classes
+            fields = [n for n in schema.names if n not in (image, label)]
+            first = 0
+            with open(spool.new_file(source.name + ".images"), "wb") as out:
+                for g in range(f.num_row_groups):
+                    _row_group(f, g, (image, label, fields, {n for n in fields if (
+                        schema.field(n).metadata or {}).get(b"dlpack") == JSON_MARK}), out,
+                               members, source, rows, first)
+                    done = f.metadata.row_group(g).num_rows
+                    first += done
+                    progress.update(done, f.metadata.row_group(g).total_byte_size)
+    finally:
+        progress.close()
+    return rows, classes, None

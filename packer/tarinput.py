@@ -7,7 +7,7 @@ suffix is jpg, jpeg, png or webp (another image suffix, or ``--image-key``); ``c
 ``cls2``; ``--label-key``) is the label: an integer class number, or a class name. Every
 other member is a field: ``txt`` -> str, ``json`` -> JSON, ``npy`` -> array, cls/id/index
 -> int, anything else -> bytes; ``caption.txt`` is field ``caption`` (``txt`` alone: field
-``txt``, as a sidecar of a folder conversion). An ``export.json`` beside the tars (written
+``txt``, as a sidecar of a folder conversion). An ``_export.json`` beside the tars (written
 by ``dlpack export --to webdataset``) restores the class names and the field types.
 
 Headers are parsed here, not by ``tarfile``: every size is bounded by the file before it is
@@ -23,8 +23,8 @@ import os
 import re
 
 from dlpack_io.packer.fieldsource import MAX_SIDECAR_BYTES, decode_sidecar
-from dlpack_io.packer.names import shown
-from dlpack_io.packer.records import RejectedInput
+from dlpack_io.packer.names import field_name, shown
+from dlpack_io.packer.records import RejectedInput, inflated
 
 BLOCK = 512
 MAX_META_BYTES = 2**20
@@ -158,13 +158,6 @@ def _samples(source, where_of):
             yield key, group
 
 
-def _field_name(suffix: str) -> str:
-    stem = suffix.rsplit(".", 1)[0] if "." in suffix else suffix
-    name = re.sub(r"\W", "_", stem, flags=re.ASCII)[:64]
-    name = name if re.match(r"[A-Za-z_]", name) else "_" + name[:63]
-    return name + "_" if name in ("image", "label", "index") else name
-
-
 def _value(f, source, suffix: str, span: tuple):
     """The field value of member ``suffix`` (read whole, at most MAX_SIDECAR_BYTES)."""
     offset, size, at = span
@@ -203,7 +196,7 @@ def _row(f, source, key: str, group: dict, image_key, label_key) -> tuple:
         raw = int(raw) if re.fullmatch(rb"\d{1,18}", raw) else raw.decode("utf-8", "replace")
     fields = {}
     for suffix in sorted(set(group) - {image, label}):
-        name = _field_name(suffix)
+        name = field_name(suffix.rsplit(".", 1)[0] if "." in suffix else suffix)
         if name in fields:
             raise RejectedInput(f"members .{suffix} and another both make field {name!r}")
         fields[name] = _value(f, source, suffix, group[suffix])
@@ -213,8 +206,6 @@ def _row(f, source, key: str, group: dict, image_key, label_key) -> tuple:
 def read_tars(files, members_, spool, *, image_key=None, label_key=None, root="", **_):
     """(rows, classes, schema) of the samples in WebDataset tars ``files`` (SourceFile);
     each image's span goes into ``members_``. Rows: (name, label, fields or reason)."""
-    from dlpack_io.packer.containers import inflated
-
     rows, seen = [], set()
     for source in files:
         tar = inflated(source, spool)
@@ -239,9 +230,9 @@ def read_tars(files, members_, spool, *, image_key=None, label_key=None, root=""
 
 
 def exported_info(root) -> tuple:
-    """(class names, field schema) from the ``export.json`` beside the files, when
+    """(class names, field schema) from the ``_export.json`` beside the files, when
     ``dlpack export`` wrote one there; (None, None) otherwise."""
-    path = os.path.join(root, "export.json") if root and "://" not in root else None
+    path = os.path.join(root, "_export.json") if root and "://" not in root else None
     if not path or not os.path.isfile(path) or os.path.getsize(path) > 64 * 2**20:
         return None, None
     try:
