@@ -53,6 +53,10 @@ def detect(src, given: str | None) -> str | None:
     names = [text] if is_remote(text) or not os.path.isdir(text) else \
         [e.name for e in os.scandir(text) if e.is_file() and not e.name.startswith(".")]
     kinds = {kind_of(n) for n in names} - {None}
+    if not kinds and is_remote(text) and "{" not in text and "*" not in text:  # a prefix
+        from dlpack_io.reader.remote.storage import Store
+
+        kinds = {kind_of(n) for n in Store(text).list() if "/" not in n} - {None}
     if len(kinds) > 1:
         raise ValueError(f"{src}: holds {' and '.join(sorted(kinds))} files; pass --from to "
                          f"say which to convert")
@@ -68,10 +72,7 @@ def detect(src, given: str | None) -> str | None:
 def kind_of(name: str) -> str | None:
     """The input format a file name's suffix says, or None."""
     low = name.lower().rstrip("/")
-    for kind, suffixes in SUFFIXES.items():
-        if low.endswith(suffixes):
-            return kind
-    return None
+    return next((kind for kind, suffixes in SUFFIXES.items() if low.endswith(suffixes)), None)
 
 
 def expand_braces(pattern: str) -> list:
@@ -168,7 +169,7 @@ def scan_container(src, kind: str, labels: bool, source: dict):
     log.info("%s: %d samples in %d %s file(s)", src, len(rows), len(files), kind)
     paths, label_list, classes, schema, values = rows_inputs(rows, classes, schema, labels)
     bad = {i: v for i, v in enumerate(values) if isinstance(v, str)}
-    return Inputs(root, paths, label_list, classes, fields=schema or None, field_values=values,
+    return Inputs(root, paths, label_list, classes, fields=schema or {}, field_values=values,
                   bad=bad or None, members=members)
 
 

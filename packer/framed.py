@@ -184,7 +184,7 @@ def _feature_value(kind: str, values: list, many: bool):
 def _settle(rows: list) -> list:
     """Rows with final field values: a feature holding other than one value in any record
     is an array (int64, float32) or a list of texts in every record, else its one value."""
-    many = {n for *_, f in rows if not isinstance(f, str) for n, (_, v) in f.items() if len(v) != 1}
+    many = {n for *_, f in rows if not isinstance(f, str) for n, (_, v) in f.items() if len(v) - 1}
     return [(name, label, fields if isinstance(fields, str) else
              {field_name(n): _feature_value(k, v, n in many) for n, (k, v) in fields.items()})
             for name, label, fields in rows]
@@ -235,7 +235,7 @@ def _irheader_row(fd: int, path: str, parts: list, name: str, members, spool, st
         raise ValueError(f"{len(data)} bytes, shorter than the 24-byte IRHeader")
     flag, label, ident, _ = IRHEADER.unpack_from(data)
     start = IRHEADER.size + 4 * flag
-    total = sum(n for _, n in parts)
+    total = len(data) if len(parts) > 1 else parts[0][1]  # split: the magic words back in
     if start >= total:
         raise ValueError(f"IRHeader flag {flag} claims {4 * flag} label bytes; the record has "
                          f"{total - IRHEADER.size} after its header and no image")
@@ -246,7 +246,7 @@ def _irheader_row(fd: int, path: str, parts: list, name: str, members, spool, st
         members.add(name, path, parts[0][0] + start, total - start, stat)
     else:  # a split record: its image is joined into the spool
         members.add(name, spool.write(name + ".joined", data[start:]), 0, total - start, stat)
-    return (label if not flag else None), fields
+    return (fields["labels"][0] if flag == 1 else None if flag else label), fields
 
 
 def _recordio_offsets(source, total: int):

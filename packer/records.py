@@ -115,6 +115,8 @@ class Spool:
     def new_file(self, hint: str) -> str:
         """The path of a new, empty spool file named after ``hint``."""
         if self.dir is None:
+            if self.where:
+                os.makedirs(self.where, exist_ok=True)
             self.dir = tempfile.mkdtemp(prefix="dlpack-spool-", dir=self.where)
             weakref.finalize(self, _remove, self.dir, os.getpid())
             log.info("spool folder for bytes that cannot be read in place: %s", self.dir)
