@@ -62,7 +62,7 @@ def detect(src, given: str | None) -> str | None:
                          f"say which to convert")
     if kinds and os.path.isdir(text) and any(e.is_dir() for e in os.scandir(text)):
         return None  # class folders beside a stray file: an image folder, as before
-    if not kinds and (is_remote(text) or not os.path.isdir(text)):
+    if not kinds and (is_remote(text) or os.path.isfile(text) or glob.has_magic(text)):
         raise ValueError(f"{src}: not a folder, and not a file, pattern or URL of a known "
                          f"input format ({', '.join(s for v in SUFFIXES.values() for s in v)}); "
                          f"pass --from FORMAT")
@@ -163,7 +163,8 @@ def scan_container(src, kind: str, labels: bool, source: dict):
     else:
         from dlpack_io.packer.framed import read_framed as read
     rows, classes, schema = read(files, members, spool, kind=kind, image_key=source.get(
-        "image_key"), label_key=source.get("label_key"), root=root)
+        "image_key"), label_key=source.get("label_key"), root=root,
+        progress=source.get("progress", True))
     if not rows:
         raise ValueError(f"{src}: no samples found in {len(files)} {kind} file(s)")
     log.info("%s: %d samples in %d %s file(s)", src, len(rows), len(files), kind)
@@ -270,13 +271,13 @@ def _row_group(f, g: int, columns: tuple, out, members, source, rows, first: int
         rows.append((name, labels[k], {n: v[k] for n, v in values.items()}))
 
 
-def read_parquet(files, members, spool, *, image_key=None, label_key=None, **_):
+def read_parquet(files, members, spool, *, image_key=None, label_key=None, progress=True, **_):
     """(rows, classes, schema) of the rows of Parquet ``files``, one row group at a time,
     the image bytes spooled (``members`` says where)."""
     pq = pyarrow_parquet()
     rows, classes = [], None
     total = sum(pq.ParquetFile(s.path).metadata.num_rows for s in files)
-    progress = Progress(total, "read parquet", enabled=log.isEnabledFor(logging.INFO))
+    progress = Progress(total, "read parquet", enabled=progress)
     try:
         for source in files:
             f = pq.ParquetFile(source.path)

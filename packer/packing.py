@@ -278,7 +278,8 @@ def prepare_inputs(src, list_file, options: dict, labels: bool = True):
     opts = PackOptions(**options)
     from dlpack_io.packer.targetinputs import scan_targets, with_targets
 
-    inputs = scan_targets(src, list_file, opts) or _scan(src, list_file, labels, source)
+    inputs = scan_targets(src, list_file, opts) or \
+        _scan(src, list_file, labels, dict(source, progress=opts.progress))
     return opts, with_targets(with_fields(inputs, opts.fields), opts)
 
 

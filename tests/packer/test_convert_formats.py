@@ -212,3 +212,19 @@ def test_webdataset_tars_from_s3_by_pattern_and_by_prefix(s3_env, tmp_path, imag
     import gc
     gc.collect()
     assert not list((tmp_path / "spool").iterdir())  # the spool goes with the conversion
+
+
+def test_a_killed_parquet_conversion_resumes_to_the_same_bytes(tmp_path, images):
+    from helpers import convert_stopped_at
+
+    _parquet(tmp_path / "train.parquet", images)
+    whole = tmp_path / "whole"
+    convert(tmp_path / "train.parquet", whole, shard_size="12KB", **QUICK)
+    args = [tmp_path / "train.parquet", tmp_path / "out", "--shard-size", "12KB", "--workers",
+            "1", "--quiet", "--no-shuffle", "--spool", tmp_path / "spool"]
+    convert_stopped_at("journal:1", args)
+    done = convert(tmp_path / "train.parquet", tmp_path / "out", shard_size="12KB", resume=True,
+                   **QUICK)
+    assert done["resumed_from"] > 0
+    for shard in sorted(p.name for p in whole.glob("shard-*")):
+        assert (whole / shard).read_bytes() == (tmp_path / "out" / shard).read_bytes(), shard
