@@ -99,6 +99,7 @@ def _timed(fn, repeats: int, cleanup) -> float:
 
 
 def main(argv=None) -> None:
+    """Write the formats, time the conversions and exports, print one JSON line each."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=600)
     parser.add_argument("--repeats", type=int, default=3)

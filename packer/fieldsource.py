@@ -195,6 +195,9 @@ class FieldSource:
 def check_engine_fields(src, engine: str, inputs) -> None:
     """The Ray engine plans shards from record sizes its tasks report, without fields:
     refuse fields there rather than pack them wrong."""
+    if engine == "ray" and getattr(inputs, "members", None) is not None:
+        raise ValueError(f"{src}: --engine ray packs image files; samples inside tars, "
+                         f"Parquet, TFRecord or RecordIO files need --engine local")
     if engine == "ray" and (inputs.fields or inputs.field_values is not None):
         raise ValueError(f"{src}: --engine ray does not pack fields yet (found "
                          f"{sorted(inputs.fields or {}) or 'list fields'}); use --engine "

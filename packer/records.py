@@ -20,6 +20,7 @@ from dlpack_io.reader.format import COLOUR_YCC, KIND_JPEG
 
 log = logging.getLogger(__name__)
 DOWNLOAD_CHUNK = 32 * 2**20  # one ranged GET of a remote object
+MAX_INFLATE, INFLATE_SLACK = 100, 64 * 2**20  # a gzip'd input inflates to at most 100x + 64 MiB
 
 
 class RejectedInput(Exception):
@@ -146,19 +147,25 @@ def download(store, name: str, spool: Spool) -> SourceFile:
 
 
 def inflated(source: SourceFile, spool: Spool) -> SourceFile:
-    """``source`` itself, or (gzip'd: by its first two bytes) a spool copy inflated,
-    bounded by the disk only (never held in memory)."""
+    """``source`` itself, or (gzip'd: by its first two bytes) a spool copy inflated in 4 MiB
+    steps, never held in memory, and at most MAX_INFLATE times the gzip'd size (plus
+    64 MiB): images do not compress, so more is a gzip bomb, cut there with a warning."""
     import gzip
-    import shutil
 
     with open(source.path, "rb") as f:
         if f.read(2) != b"\x1f\x8b":
             return source
-    path = spool.new_file(source.name)
+    path, limit = spool.new_file(source.name), MAX_INFLATE * source.stat[0] + INFLATE_SLACK
     try:
         with gzip.open(source.path, "rb") as f, open(path, "wb") as out:
-            shutil.copyfileobj(f, out, 4 * 2**20)
+            while chunk := f.read(4 * 2**20):
+                if out.tell() + len(chunk) > limit:
+                    out.write(chunk[:limit - out.tell()])
+                    log.warning("%s inflates to more than %d bytes (a gzip bomb?): read up to "
+                                "there only", source.name, limit)
+                    break
+                out.write(chunk)
     except (OSError, EOFError, zlib.error) as exc:
         log.warning("%s: gzip stream damaged (%s); its samples up to the damage are packed",
-                    source.path, exc)
+                    source.name, exc)
     return SourceFile(path, source.name, source.stat)

@@ -228,3 +228,15 @@ def test_a_killed_parquet_conversion_resumes_to_the_same_bytes(tmp_path, images)
     assert done["resumed_from"] > 0
     for shard in sorted(p.name for p in whole.glob("shard-*")):
         assert (whole / shard).read_bytes() == (tmp_path / "out" / shard).read_bytes(), shard
+
+
+def test_a_gzip_bomb_is_cut_at_its_limit(tmp_path, images, monkeypatch, caplog):
+    from dlpack_io.packer import records
+
+    monkeypatch.setattr(records, "MAX_INFLATE", 2)
+    monkeypatch.setattr(records, "INFLATE_SLACK", 0)
+    data = tfrecord([example({"image/encoded": images[0], "image/class/label": 0})]) + \
+        bytes(8 * 2**20)  # a valid record, then zeros that inflate far beyond the limit
+    (tmp_path / "bomb.tfrecord.gz").write_bytes(gzip.compress(data))
+    result = convert(tmp_path / "bomb.tfrecord.gz", tmp_path / "out", **QUICK)
+    assert result["num_samples"] == 1 and "gzip bomb" in caplog.text
