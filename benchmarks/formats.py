@@ -6,7 +6,8 @@ The same photo-like JPEGs (ImageNet-sized, ~110 KB) are written as a class folde
 WebDataset tars (webdataset's own ShardWriter), as Parquet in the Hugging Face layout
 (pyarrow; ``datasets`` is not needed), as TFRecord and as RecordIO (small writers here,
 byte for byte the published formats); then ``dlpack convert`` of each is timed wall-clock,
-scan included, and so are the writers themselves and ``dlpack export`` to both formats.
+scan included (as it runs by default, and with neither validation nor restart markers: no
+JPEG decoded), and so are the writers themselves and ``dlpack export`` to both formats.
 Prints one JSON line per figure and the load average beside it.
 """
 from __future__ import annotations
@@ -98,6 +99,29 @@ def _timed(fn, repeats: int, cleanup) -> float:
     return statistics.median(times)
 
 
+def _convert_and_export(work: Path, args, report, clear) -> None:
+    """Time dlpack convert of every format (by default, and without decoding any JPEG),
+    then dlpack export to both formats."""
+    from dlpack_io.packer import convert
+    from dlpack_io.tools.export import export
+
+    out = work / "out"
+    opts = dict(workers=args.workers, progress=False)
+    quick = dict(opts, validate=False, jpeg_restarts=False)  # bytes only: no JPEG decoded
+    for label, how in (("", opts), (" --no-validate --no-restart-markers", quick)):
+        for what, src in (("folder of files", work / "folder"), ("webdataset tars", work / "wds"),
+                          ("parquet", work / "parquet"), ("tfrecord", work / "train.tfrecord"),
+                          ("recordio", work / "train.rec")):
+            report(f"dlpack convert from {what}{label}", _timed(
+                lambda: convert(src, out, **how), args.repeats, clear(out)))
+    clear(out)()
+    convert(work / "folder", out, **opts)
+    for to in ("webdataset", "parquet"):
+        report(f"dlpack export --to {to}", _timed(
+            lambda: export(out, work / "exported", to=to, progress=False), args.repeats,
+            clear(work / "exported")))
+
+
 def main(argv=None) -> None:
     """Write the formats, time the conversions and exports, print one JSON line each."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -106,15 +130,12 @@ def main(argv=None) -> None:
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--work", default=None, help="scratch folder (default: a temp one)")
     args = parser.parse_args(argv)
-    from dlpack_io.packer import convert
-    from dlpack_io.tools.export import export
     from dlpack_io.tools.synth import make_image_folder
 
     work = Path(args.work or tempfile.mkdtemp(prefix="dlpack-formats-"))
     paths = sorted(make_image_folder(work / "folder", args.count, 10, seed=0))
     items = [(p.read_bytes(), int(p.parent.name.split("_")[1])) for p in paths]
     mb = sum(len(im) for im, _ in items) / 1e6
-    out = work / "out"
 
     def report(what: str, seconds: float) -> None:
         print(json.dumps({"what": what, "images": len(items), "MB": round(mb, 1),
@@ -133,18 +154,7 @@ def main(argv=None) -> None:
                          lambda: (shutil.rmtree(where) if where.is_dir() else
                                   where.unlink() if where.exists() else None))
         report(f"write: {what}", seconds)
-    opts = dict(workers=args.workers, progress=False)
-    for what, src in (("folder of files", work / "folder"), ("webdataset tars", work / "wds"),
-                      ("parquet", work / "parquet"), ("tfrecord", work / "train.tfrecord"),
-                      ("recordio", work / "train.rec")):
-        report(f"dlpack convert from {what}", _timed(
-            lambda: convert(src, out, **opts), args.repeats, clear(out)))
-    clear(out)()
-    convert(work / "folder", out, **opts)
-    for to in ("webdataset", "parquet"):
-        report(f"dlpack export --to {to}", _timed(
-            lambda: export(out, work / "exported", to=to, progress=False), args.repeats,
-            clear(work / "exported")))
+    _convert_and_export(work, args, report, clear)
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -167,11 +167,11 @@ def scan_container(src, kind: str, labels: bool, source: dict):
         progress=source.get("progress", True))
     if not rows:
         raise ValueError(f"{src}: no samples found in {len(files)} {kind} file(s)")
-    log.info("%s: %d samples in %d %s file(s)", src, len(rows), len(files), kind)
     paths, label_list, classes, schema, values = rows_inputs(rows, classes, schema, labels)
     bad = {i: v for i, v in enumerate(values) if isinstance(v, str)}
-    return Inputs(root, paths, label_list, classes, fields=schema or {}, field_values=values,
-                  bad=bad or None, members=members)
+    return Inputs(root, paths, label_list, classes, fields=schema or {}, bad=bad or None,
+                  field_values=values if schema else None,  # none: no field blocks to make
+                  sidecars=None if schema else {}, members=members)
 
 
 def pyarrow_parquet():
