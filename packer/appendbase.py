@@ -141,12 +141,13 @@ class Split:
 
 def split_inputs(root: str, paths: list, known: dict, threads: int,
                  recorded: dict | None = None, replace: bool = False,
-                 records: dict | None = None) -> Split:
+                 records: dict | None = None, members=None) -> Split:
     """Sort ``paths`` (relative to ``root``) into new, duplicate, changed, unverified; the
     files whose path is already packed are hashed (``threads`` at a time) unless their
     size and mtime are those ``recorded`` (quickcheck.py; None: hash them all).
     ``replace`` (``--replace-changed``): a changed input is packed too, to replace a record
-    of its path (``Split.replacing``; ``records``: path_records, else the last record)."""
+    of its path (``Split.replacing``; ``records``: path_records, else the last record).
+    ``members``: inputs inside containers (records.Members), stat'ed and hashed there."""
     split, candidates = Split(), []
     keys = [shown(path) for path in paths]
     for i, key in enumerate(keys):
@@ -158,10 +159,14 @@ def split_inputs(root: str, paths: list, known: dict, threads: int,
         else:
             candidates.append(i)
     looked = candidates + split.todo  # stat before any byte is read (hashed or packed)
-    now = quickcheck.stat_inputs(root, [paths[i] for i in looked], [keys[i] for i in looked])
+    now = quickcheck.stat_inputs(root, [paths[i] for i in looked], [keys[i] for i in looked]) \
+        if members is None else {keys[i]: members.stat(paths[i]) for i in looked
+                                 if paths[i] in members.table}
     quick = quickcheck.quick_duplicates(candidates, keys, recorded, now)
     candidates = [i for i in candidates if i not in quick]
-    shas = hash_files([os.path.join(root, paths[i]) for i in candidates], threads)
+    shas = hash_files([os.path.join(root, paths[i]) for i in candidates], threads) \
+        if members is None else [hashlib.sha256(members.read(paths[i])).hexdigest()
+                                 for i in candidates]
     split.stats = dict(recorded or {})
     split.quick, split.duplicates, split.hashed = len(quick), len(quick), len(candidates)
     _sort_hashed(split, zip(candidates, shas), keys, known, now, replace, records or {})

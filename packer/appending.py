@@ -126,7 +126,8 @@ def plan_append(src, list_file, labels: bool, options: dict, base: dict, metas,
     retired = fmt.retired_records(fmt.retired_pairs(base))
     known = base_.known_inputs(metas, retired)
     split = base_.split_inputs(inputs.root, inputs.paths, known, opts.num_workers, recorded,
-                               replace, base_.path_records(metas, retired) if replace else None)
+                               replace, base_.path_records(metas, retired) if replace else None,
+                               inputs.members)
     for path in split.changed[:CHANGED_SHOWN]:
         log.warning("%s: changed since it was packed (same path, other content); %s", path,
                     "packed again to replace it" if replace else "left as it is")

@@ -155,20 +155,33 @@ def encode_file(data: bytes, *, mode: str, size=None, max_side=None,
     return EncodedRecord(img.tobytes(), img.size[1], img.size[0], KIND_RAW)
 
 
-def _read_unchanged(path: str, size: int, mtime_ns: int) -> bytes:
-    """Read a file, checking it is still the one the scan saw (size and mtime)."""
+def _read_unchanged(path: str, size: int, mtime_ns: int, *span) -> bytes:
+    """Read a file, checking it is still the one the scan saw (size and mtime); with
+    ``span`` (an offset), the ``size`` bytes there of a container (containers.py), whose
+    mtime must be unchanged."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not block
     with open(fd, "rb") as f:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode):  # FIFO, device (/dev/zero reads without end), ...
             raise RejectedInput("not a regular file (a FIFO, device or socket); only image "
                                 "files are packed")
-        data = f.read()
-    if size >= 0 and (st.st_size, st.st_mtime_ns, len(data)) != (size, mtime_ns, size):
+        data = os.pread(f.fileno(), size, span[0]) if span else f.read()
+    if span and (st.st_mtime_ns, len(data)) != (mtime_ns, size):
+        raise RejectedInput(f"{path} changed while packing (bytes {span[0]}..{span[0] + size} "
+                            f"of it); re-run to pack its new content")
+    if size >= 0 and not span and (st.st_size, st.st_mtime_ns, len(data)) != (size, mtime_ns, size):
         raise RejectedInput(f"file changed while packing (size {size} -> {st.st_size}, "
                             f"mtime changed: {st.st_mtime_ns != mtime_ns}); re-run to pack "
                             f"its new content")
     return data
+
+
+def read_span(item: tuple) -> bytes:
+    """The bytes of an encode item as they are now: the whole file, or (an item with an
+    offset, a sample inside a container) its span."""
+    path, size, _, *span = item
+    with open(path, "rb") as f:
+        return os.pread(f.fileno(), size, span[0]) if span else f.read()
 
 
 def encode_path(item: tuple, options: dict, ship_passthrough: bool = True):
@@ -178,11 +191,11 @@ def encode_path(item: tuple, options: dict, ship_passthrough: bool = True):
     ``("reject", reason)``. With ``ship_passthrough=False`` an untouched JPEG comes back
     without its payload (see EncodedRecord.crc).
     """
-    path, size, mtime_ns = item
+    path, size, mtime_ns, *span = item  # span: an offset into a container (containers.py)
     if size == BAD_INPUT:  # a reject found by the scan; mtime_ns holds its reason
         return "reject", str(mtime_ns)
     try:
-        data = _read_unchanged(path, size, mtime_ns)
+        data = _read_unchanged(path, size, mtime_ns, *span)
         record = encode_file(data, **options)
         record = dataclasses.replace(record, source_bytes=len(data), crc=crc32(record.payload),
                                      source_sha=hashlib.sha256(data).hexdigest())

@@ -104,9 +104,15 @@ def _read(path: str) -> bytes:
 
 def sidecar_value(path: str, kind: str):
     """The value of one sidecar file; RejectedInput naming the file and the reason."""
-    data = _read(path)
+    return decode_sidecar(_read(path), kind, path)
+
+
+def decode_sidecar(data: bytes, kind: str, path: str):
+    """The value of sidecar bytes of ``kind`` (also a tar member's: tarinput.py);
+    RejectedInput naming ``path`` and the reason."""
     try:
         if kind == "npy":
+            _check_npy(data)
             return np.load(io.BytesIO(data), allow_pickle=False)
         text = data.decode("utf-8")
         if kind == "json":
@@ -120,6 +126,21 @@ def sidecar_value(path: str, kind: str):
         what = {"json": "valid JSON", "cls": "whitespace-separated integers",
                 "npy": "a numpy .npy array (no pickles)"}[kind]
         raise RejectedInput(f"sidecar {path} is not {what} ({str(exc)[:120]})") from None
+
+
+def _check_npy(data: bytes) -> None:
+    """ValueError unless the .npy header's shape and dtype account for exactly the bytes
+    after it (np.load would size its array from the header alone)."""
+    import math
+
+    f = io.BytesIO(data)
+    version = np.lib.format.read_magic(f)
+    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+        np.lib.format.read_array_header_2_0
+    shape, _, dtype = read(f)
+    if math.prod(shape) * dtype.itemsize != len(data) - f.tell():
+        raise ValueError(f"header says shape {shape} of {dtype}, {len(data) - f.tell()} "
+                         f"bytes follow")
 
 
 def sidecar_schema(root: str, paths: list, kinds: tuple) -> dict:
@@ -174,6 +195,9 @@ class FieldSource:
 def check_engine_fields(src, engine: str, inputs) -> None:
     """The Ray engine plans shards from record sizes its tasks report, without fields:
     refuse fields there rather than pack them wrong."""
+    if engine == "ray" and getattr(inputs, "members", None) is not None:
+        raise ValueError(f"{src}: --engine ray packs image files; samples inside tars, "
+                         f"Parquet, TFRecord or RecordIO files need --engine local")
     if engine == "ray" and (inputs.fields or inputs.field_values is not None):
         raise ValueError(f"{src}: --engine ray does not pack fields yet (found "
                          f"{sorted(inputs.fields or {}) or 'list fields'}); use --engine "

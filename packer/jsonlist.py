@@ -168,3 +168,95 @@ def read_jsonl(root, list_file):
         values.append(f"{where}: no {missing[0]!r} for {path} (other lines have that field)"
                       if missing else fields if bad else _as_arrays(fields, schema))
     return [e[0] for e in entries], out_labels, classes, schema, values
+
+
+def _merged(a: dict, b: dict) -> dict:
+    """The spec of a field whose values have specs ``a`` and ``b``."""
+    if a == b:
+        return a
+    if {a["type"], b["type"]} == {"int", "float"}:
+        return {"type": "float"}
+    if a["type"] == b["type"] == "array" and (a["dtype"], a["ndim"]) == (b["dtype"], b["ndim"]):
+        return a
+    return {"type": "json"}
+
+
+def value_schema(rows: list) -> dict:
+    """name -> spec of the fields of samples read out of other files (python and numpy
+    values): the type all of them share; int and float: float; anything else mixed: json.
+    An array's shape is settled when packed (fieldshapes.py)."""
+    from dlpack_io.reader.format.fields import spec_of
+
+    specs: dict = {}
+    for _, _, fields in rows:
+        for name, value in fields.items():
+            try:
+                spec = spec_of(value, name)
+            except ValueError:
+                spec = {"type": "json"}
+            if spec["type"] == "array":
+                spec = dict(spec, shape=None)
+            specs[name] = _merged(specs[name], spec) if name in specs else spec
+    return {name: specs[name] for name in sorted(specs)}
+
+
+def _value(value, spec: dict):
+    import numpy as np
+
+    kind = spec["type"]
+    if kind == "array":
+        return np.asarray(value, dtype=spec["dtype"])
+    if kind in ("int", "float") and not isinstance(value, (bool, str, bytes)):
+        return int(value) if kind == "int" else float(value)
+    return value.tolist() if kind == "json" and isinstance(value, np.ndarray) else value
+
+
+def _row_label(label, classes, lookup):
+    """(label index, None) or (-1, why it is not one)."""
+    if label is None:
+        return -1, "no label, while other samples have one"
+    if lookup is not None:
+        return lookup[str(label)], None
+    if label < 0 or label > MAX_LIST_LABEL:
+        return -1, f"label {label} is not a class number 0..{MAX_LIST_LABEL}"
+    return int(label), None
+
+
+def container_labels(raw: list, classes, labels: bool):
+    """(labels, classes, reasons) of samples read out of other files: ``raw`` holds each
+    one's label as found (int, str or None); integers are class numbers (``classes``: names
+    the source gives them, else "0".."max"), text labels are class names (sorted)."""
+    import numpy as np
+
+    if not labels or all(v is None for v in raw):
+        return [-1] * len(raw), [], [None] * len(raw)
+    given = [v for v in raw if v is not None]
+    numeric = all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in given)
+    lookup = None
+    if not numeric:
+        names = {str(v) for v in given}
+        order = list(classes) if classes and names <= set(classes) else sorted(names)
+        lookup, classes = {n: k for k, n in enumerate(order)}, order
+    out = [_row_label(v, classes, lookup) for v in raw]
+    if numeric:
+        top = max((k for k, why in out if why is None), default=-1)
+        classes = list(classes) if classes and top < len(classes) else \
+            [str(k) for k in range(top + 1)]
+    return [k for k, _ in out], classes, [why for _, why in out]
+
+
+def rows_inputs(rows: list, classes, schema, labels: bool):
+    """(paths, labels, classes, schema, values) of samples read out of other files (rows
+    of name, label or None, fields dict or the reason the sample is a reject): the schema
+    given or inferred (value_schema), values converted to it; a sample lacking a field
+    others have, or a label others have, is a reject naming it."""
+    good = [r for r in rows if not isinstance(r[2], str)]
+    schema = value_schema(good) if schema is None else schema
+    label_list, classes, whys = container_labels([r[1] for r in rows], classes, labels)
+    values = []
+    for (name, _, fields), why in zip(rows, whys):
+        missing = [] if isinstance(fields, str) else sorted(set(schema) - set(fields))
+        values.append(fields if isinstance(fields, str) else f"{name}: {why}" if why else
+                      f"{name}: no {missing[0]!r}, while other samples have it" if missing
+                      else {k: _value(fields[k], schema[k]) for k in schema})
+    return [r[0] for r in rows], label_list, classes, schema, values

@@ -33,3 +33,13 @@ def shown(name: str) -> str:
 def hashable(name: str) -> bytes:
     """``name``'s real bytes (for digests): undecodable ones kept as they were on disk."""
     return name.encode("utf-8", "surrogateescape")
+
+
+def field_name(key: str) -> str:
+    """A field name made of a key from another format (a tar member's suffix, a TFRecord
+    feature, a Parquet column): every character that cannot be in a name becomes "_",
+    at most 64 of them, "_" first when it starts with a digit; a name the sample already
+    has (image, label, index) gets a "_" after it."""
+    name = re.sub(r"\W", "_", key, flags=re.ASCII)[:64] or "_"
+    name = name if re.match(r"[A-Za-z_]", name) else "_" + name[:63]
+    return name + "_" if name in ("image", "label", "index") else name

@@ -18,11 +18,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dlpack_io.packer import fieldshapes, journal
+from dlpack_io.packer.containers import SOURCE_OPTIONS, detect, scan_container
 from dlpack_io.packer.cutting import ShardCutter
 from dlpack_io.packer.fieldahead import fields_ahead
 from dlpack_io.packer.fieldsource import field_source, with_fields
 from dlpack_io.packer.options import PackOptions
 from dlpack_io.packer.pilimage import require_pil
+from dlpack_io.packer.encode import read_span
 from dlpack_io.packer.pipeline import ConversionError, encode_in_order
 from dlpack_io.packer.progress import Progress
 from dlpack_io.packer.scan import read_list, scan_image_folder, stat_inputs
@@ -164,13 +166,13 @@ class Packer:
             self.writer = None
 
 
-def _fetch_passthrough(record, path: str):
-    """Give a passthrough record its bytes back by re-reading the file; the CRC computed
-    by the worker proves they are the bytes it validated. Returns None if they are not."""
+def _fetch_passthrough(record, item: tuple):
+    """Give a passthrough record its bytes back by re-reading the file (or its span of a
+    container); the CRC computed by the worker proves they are the bytes it validated.
+    Returns None if they are not."""
     if record.payload is not None:
         return record
-    with open(path, "rb") as f:
-        data = f.read()
+    data = read_span(item)
     if fmt.crc32(data) != record.crc:
         return None
     return dataclasses.replace(record, payload=data)
@@ -190,6 +192,8 @@ def input_item(inputs, stats, i: int) -> tuple:
     encode.encode_path reads and checks (both engines build their items here)."""
     if inputs.bad and i in inputs.bad:  # known to be a reject: encode_path says why
         return (os.path.join(inputs.root, inputs.paths[i]), BAD_INPUT, inputs.bad[i])
+    if inputs.members is not None:  # inside a tar, Parquet, ... file: containers.py
+        return inputs.members.item(inputs.paths[i])
     return (os.path.join(inputs.root, inputs.paths[i]), *stats[i])
 
 
@@ -219,7 +223,7 @@ def pack_local(dst, inputs, stats, options: PackOptions, state: State, journal_)
                 field_status, block = next(fields)
                 status, value = (status, value) if field_status == "ok" else ("reject", block)
             if status == "ok":
-                value = _fetch_passthrough(value, files[position - state.position][0])
+                value = _fetch_passthrough(value, files[position - state.position])
                 if value is None:
                     status, value = "reject", "file changed while packing (content differs " \
                                               "from what was validated); re-run to pack it"
@@ -241,7 +245,10 @@ def pack_local(dst, inputs, stats, options: PackOptions, state: State, journal_)
     return progress
 
 
-def _scan(src, list_file, labels: bool):
+def _scan(src, list_file, labels: bool, source: dict):
+    kind = None if list_file else detect(src, source.get("source_format"))
+    if kind is not None:  # samples inside tars, Parquet, TFRecord or RecordIO files
+        return scan_container(src, kind, labels, source)
     if list_file and not labels:
         raise ValueError("--no-labels packs a folder without classes; a --list gives labels: "
                          "use one or the other")
@@ -267,16 +274,20 @@ def prepare_inputs(src, list_file, options: dict, labels: bool = True):
     require_pil()
     if "shard_size" in options:
         options["shard_size"] = parse_size(options["shard_size"])
+    source = {k: options.pop(k) for k in SOURCE_OPTIONS if k in options}  # containers.py
     opts = PackOptions(**options)
     from dlpack_io.packer.targetinputs import scan_targets, with_targets
 
-    inputs = scan_targets(src, list_file, opts) or _scan(src, list_file, labels)
+    inputs = scan_targets(src, list_file, opts) or \
+        _scan(src, list_file, labels, dict(source, progress=opts.progress))
     return opts, with_targets(with_fields(inputs, opts.fields), opts)
 
 
 def plan_inputs(inputs, opts: PackOptions):
     """(stats of the inputs, the journal's plan line): what decides the output bytes; fails
     before anything is written when not one input exists."""
-    stats = stat_inputs(inputs)
+    stats = stat_inputs(inputs) if inputs.members is None else \
+        [(0, 0) if i in (inputs.bad or ()) else inputs.members.stat(p)
+         for i, p in enumerate(inputs.paths)]
     _check_inputs_exist(inputs, stats)
     return stats, journal.plan_line(inputs, stats, opts.output_options(), fmt.FORMAT_VERSION)

@@ -53,6 +53,8 @@ def stat_all(inputs) -> dict:
     it is packed."""
     from dlpack_io.packer.names import shown
 
+    if inputs.members is not None:  # inside containers: the container's size and mtime
+        return {p: inputs.members.stat(p) for p in inputs.paths if p in inputs.members.table}
     return stat_inputs(inputs.root, inputs.paths, [shown(p) for p in inputs.paths])
 
 

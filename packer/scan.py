@@ -10,8 +10,8 @@ from dlpack_io.packer.fieldsource import MASK_SUFFIX, SIDECARS
 from dlpack_io.packer.names import MAX_LIST_LABEL, shown
 
 JPEG_SUFFIXES = (".jpg", ".jpeg", ".jfif")
-# Other image files are packed too (what they are is decided by their content, as for
-# JPEGs: see --non-jpeg); files with any other suffix are ignored and counted. Every suffix of
+# Other image files are packed too (what they are is decided by their content, as for JPEGs:
+# see --non-jpeg); files with any other suffix are ignored and counted. Every suffix of
 # torchvision's IMG_EXTENSIONS (.jpg .jpeg .png .ppm .bmp .pgm .tif .tiff .webp) is here.
 IMAGE_SUFFIXES = JPEG_SUFFIXES + (".png", ".webp", ".bmp", ".tif", ".tiff", ".gif", ".ppm",
                                   ".pgm")
@@ -45,6 +45,7 @@ class Inputs:
     sidecars: dict | None = None  # kind -> files named like an image with a sidecar suffix
     mask_files: int | None = None  # files named *.mask.png a folder scan saw (None: no scan)
     targets: object | None = None  # boxes and masks to attach (packer/targets.TargetSource)
+    members: object | None = None  # containers.Members: where each image lies in a container
 
 
 @dataclass
@@ -267,7 +268,6 @@ def extra_columns(header, rows, list_file):
     names = [n.strip() for n in header[3]] if header else []
     names += [f"column{k + 3}" for k in range(len(names), width)]
     from dlpack_io.reader.format.fieldschema import check_field_name
-
     for name in names:
         check_field_name(name, f"{list_file}: header")
     values = [dict(zip(names, extra)) if len(extra) == width else

@@ -1,7 +1,7 @@
 """The ``dlpack`` command: a thin click layer over importable functions.
 
-One module per command (cli_convert, cli_inspect, cli_verify, cli_bench, cli_doctor,
-cli_cache; cli_common holds what they share); this one is the group, its options and
+One module per command (cli_convert, cli_inspect, cli_verify, cli_export, cli_bench,
+cli_doctor, cli_cache; cli_common holds what they share); this one is the group, its options and
 ``--version``. Heavy imports (numpy, PIL, torch, the benchmark package) happen inside the
 commands so ``--help`` is instant.
 """
@@ -15,6 +15,7 @@ from dlpack_io.tools.cli_bench import bench
 from dlpack_io.tools.cli_cache import cache
 from dlpack_io.tools.cli_convert import convert
 from dlpack_io.tools.cli_doctor import doctor
+from dlpack_io.tools.cli_export import export
 from dlpack_io.tools.cli_inspect import inspect
 from dlpack_io.tools.cli_verify import verify
 
@@ -42,7 +43,8 @@ def main(verbose: bool):
     """Pack JPEG folders into shards and feed them to PyTorch fast.
 
     \b
-    dlpack convert SRC DST     pack a folder of JPEGs
+    dlpack convert SRC DST     pack a folder of JPEGs (or tars, Parquet, TFRecord, RecordIO)
+    dlpack export DST OUT      write a data set out as WebDataset tars or Parquet
     dlpack inspect DST         what is in a packed data set
     dlpack verify DST          prove every record is intact
     dlpack bench SRC           measure converters, loaders and S3 reading side by side
@@ -53,7 +55,7 @@ def main(verbose: bool):
                         format="%(levelname)s %(name)s: %(message)s")
 
 
-for _command in (convert, inspect, verify, bench, doctor, cache):
+for _command in (convert, inspect, verify, export, bench, doctor, cache):
     main.add_command(_command)
 
 

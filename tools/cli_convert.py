@@ -10,13 +10,32 @@ from dlpack_io.tools.cli_common import LazyChoice, echo_json, fail
 
 
 @click.command()
-@click.argument("src", type=click.Path(exists=True, file_okay=False))
+@click.argument("src")
 @click.argument("dst", type=click.Path(file_okay=False))
 @click.option("--list", "list_file", type=click.Path(exists=True, dir_okay=False),
               help="CSV/TSV of 'path,label' rows (paths relative to SRC) instead of class "
                    "sub-folders. Labels are class names or integers. Extra columns become "
                    "str fields (named by a header row). FILE.jsonl: one JSON object per "
                    "line, {\"path\": ..., \"label\": ..., other keys: fields}.")
+@click.option("--from", "source_format", default="auto", show_default=True,
+              type=LazyChoice("dlpack_io.packer.containers", "FORMATS"),
+              help="What SRC is: folder (class sub-folders, --list, --no-labels), webdataset "
+                   "(.tar files: a file, a folder, a brace pattern like "
+                   "'train-{0000..0099}.tar'), parquet, tfrecord (gzip'd too) or recordio "
+                   "(.rec, with its .idx). SRC may then be s3://, gs:// or az://. auto: by "
+                   "the suffix of SRC or of the files in it. See docs/formats.md.")
+@click.option("--image-key", "--image-column", "image_key", metavar="KEY",
+              help="Where the image is: a tar member suffix (default jpg/jpeg/png/webp), a "
+                   "Parquet column (default: the datasets Image column) or a TFRecord "
+                   "feature (default image/encoded).")
+@click.option("--label-key", "--label-column", "label_key", metavar="KEY",
+              help="Where the label is: tar suffix (default cls, else cls2), Parquet column "
+                   "(default: the datasets ClassLabel column, else 'label'), TFRecord feature "
+                   "(default image/class/label; a text feature gives class names).")
+@click.option("--spool", type=click.Path(file_okay=False), metavar="DIR",
+              help="Folder for bytes that cannot be read where they lie (s3:// sources, "
+                   "gzip'd files, Parquet images), removed when the conversion ends "
+                   "(default: the system temp folder; needs room for those images).")
 @click.option("--format", "data_format", type=LazyChoice("dlpack_io.reader.format", "FORMATS"), default="record",
               show_default=True, help="Our mmap-friendly record shards, or sharded LMDB.")
 @click.option("--mode", type=LazyChoice("dlpack_io.reader.format", "MODES"), default="jpeg", show_default=True,
@@ -121,13 +140,13 @@ from dlpack_io.tools.cli_common import LazyChoice, echo_json, fail
 @click.option("--overwrite", is_flag=True, help="Replace a data set already in DST.")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def convert(src, dst, list_file, data_format, mode, size, max_side, quality, shard_size,
+def convert(src, dst, list_file, source_format, image_key, label_key, spool, data_format, mode, size, max_side, quality, shard_size,
             workers, seed, shuffle, validate, restart_markers, non_jpeg, max_pixels, fields,
             coco, masks, skip_empty, on_error, max_rejects, no_labels, no_provenance, engine,
             ray_address, resume, append, replace_changed, checksum, staging, overwrite, quiet,
             as_json):
-    """Pack the images under SRC (class sub-folders, --list, or --no-labels) into shards in
-    DST. DST must lie outside SRC. Symlinks in SRC are followed (each real folder once) and
+    """Pack the images under SRC (class sub-folders, --list, or --no-labels; or WebDataset
+    tars, Parquet, TFRecord or RecordIO files: --from) into shards in DST. DST must lie outside SRC. Symlinks in SRC are followed (each real folder once) and
     counted in the summary.
 
     DST may be s3://bucket/prefix, gs://bucket/prefix or az://container/prefix (needs pip
@@ -154,7 +173,8 @@ def convert(src, dst, list_file, data_format, mode, size, max_side, quality, sha
                    quality=quality, shard_size=shard_size, seed=seed, shuffle=shuffle,
                    validate=validate, jpeg_restarts=restart_markers, non_jpeg=non_jpeg,
                    fields=fields, max_pixels=max_pixels, coco=coco, masks=masks,
-                   skip_empty=skip_empty)
+                   skip_empty=skip_empty, source_format=source_format, image_key=image_key,
+                   label_key=label_key, spool=spool)
     packing = append_options(packing, append, replace_changed, checksum)
     try:
         result = run(src, dst, list_file=list_file, resume=resume, overwrite=overwrite,
