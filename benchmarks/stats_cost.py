@@ -15,7 +15,7 @@ import argparse
 import time
 import timeit
 
-from dlpack_io.reader.batch import stagetimes
+from dlpack_io.reader.batch import build as stagetimes
 from dlpack_io.reader.batch.stats import LogSchedule
 from dlpack_io.reader.batch.pipeline import StatsClock
 
@@ -29,13 +29,13 @@ def _device(cuda: bool):
 def worker_part(parts: int = 2):
     """What the workers add to one batch to time its stages: the table, the clock reads of
     each part (plan, decode, user, transforms) and the totals."""
-    stages = stagetimes.new(parts)
+    stages = stagetimes.stage_table(parts)
     stages[0, stagetimes.PLAN] = time.perf_counter() - time.perf_counter()
     for row in stages:
         t0, user0 = time.perf_counter(), stagetimes.user_seconds()
         t1, user = time.perf_counter(), stagetimes.user_seconds() - user0
         row[stagetimes.DECODE:] = (t1 - t0 - user, user, time.perf_counter() - t1)
-    return stagetimes.totals(stages)
+    return stagetimes.stage_totals(stages)
 
 
 def measure(repeats: int, cuda: bool = False) -> dict:

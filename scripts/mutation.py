@@ -2,7 +2,7 @@
 """Mutation testing of dlpack's core modules: do the tests fail when the code is wrong?
 
     python scripts/mutation.py                      # every module, the sampled mutants
-    python scripts/mutation.py order rng --sample 0 # all mutants of two modules
+    python scripts/mutation.py order spec --sample 0 # all mutants of two modules
     python scripts/mutation.py format --list        # show the mutants, run nothing
 
 Each mutant is one small change to one module (a comparison or arithmetic operator
@@ -41,7 +41,6 @@ PACKAGES = {"packer": "packer", "reader": "reader", "kernels": "kernels", "tools
 MODULES = {
     "order": (["reader/batch/order.py"], ["tests/batch/test_pinned.py", "tests/batch/test_order.py",
                                     "tests/batch/test_ranks.py"]),
-    "rng": (["reader/batch/rng.py"], ["tests/batch/test_pinned.py", "tests/batch/test_transforms.py"]),
     "format": (["reader/format/spec.py", "reader/format/schema.py"], ["tests/reader/test_format.py", "tests/reader/test_format_checks.py",
                                       "tests/reader/test_manifest_checks.py", "tests/reader/test_fuzz_format.py",
                                       "tests/tools/test_verify.py"]),
@@ -51,8 +50,10 @@ MODULES = {
                                     "tests/tools/test_verify.py", "tests/reader/test_lmdb_structure.py"]),
     "journal": (["packer/journal.py"], ["tests/packer/test_journal.py", "tests/batch/test_resume_options.py",
                                         "tests/packer/test_convert.py"]),
-    "spec": (["reader/batch/plan.py", "reader/batch/transforms.py", "reader/batch/geometry.py"],
-             ["tests/reader/test_spec.py", "tests/batch/test_transforms.py", "tests/batch/test_loader_api.py"]),
+    "spec": (["reader/batch/plan.py", "reader/transforms/geometry.py",
+              "reader/transforms/colour.py"],
+             ["tests/reader/test_spec.py", "tests/batch/test_transforms.py",
+              "tests/batch/test_loader_api.py", "tests/batch/test_pinned.py"]),
     "kernels": (["kernels/reference.py", "kernels/epilogue.py"],
                 ["tests/kernels/test_kernels_reference.py", "tests/kernels/test_kernels_validation.py",
                  "tests/kernels/test_kernels_jitter.py",

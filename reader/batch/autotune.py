@@ -2,35 +2,29 @@
 
 The Loader delivers its first batches with a few candidate settings taking turns (up to
 ROUNDS turns each, at batch boundaries), measures each as the training loop sees it, keeps
-the best for the rest of the run and logs what it chose and why (also
-``loader.stats().tuned``). An untimed warm-up turn of ``cores`` threads comes first (the
-epoch's own start); a candidate's engine is started at its first turn, which is not timed
-either, and parked between its turns (EnginePool, below), so a timed turn measures the setting,
-not a start-up. Every turn is the same number of batches (trials.equal_turn: a multiple of
-every candidate's worker count) and starts with an empty pipeline. ``cores`` threads go
-first; their first turn decides which candidates the host makes pointless (trials.skip).
-Turns taken in turn mean a change in a shared machine's load hits every candidate alike;
-the median over a candidate's turns drops one that met a burst. After each round a
-candidate more than DROP slower than the best is dropped, and once two rounds leave every
-candidate within TIE of the best or clearly behind it the trials end early; the setting is
-settled by the end of the first epoch, and an epoch too short for the warm-up and one round
-keeps ``cores`` threads.
+one for the rest of the run and logs what it chose and why (also ``loader.stats().tuned``).
+It never does worse than the setting it replaces: the incumbent (the Loader's default, 2
+threads) builds the batches unless another candidate is more than trials.CLEAR faster in
+the trials and again at a check later in the run (trials.Check); an epoch too short for the
+warm-up and one round keeps the incumbent, unmeasured.
+
+An untimed warm-up turn of the incumbent comes first (the epoch's own start); a candidate's
+engine is started at its first turn, which is not timed either, and parked between its turns
+(:class:`EnginePool`, at the end of this module), so a timed turn measures the setting, not
+a start-up. Every turn is the same number of batches (trials.equal_turn: a multiple of every
+candidate's worker count) and starts with an empty pipeline. The incumbent goes first; its
+first turn decides which candidates the host makes pointless (trials.skip). Turns taken in
+turn mean a change in a shared machine's load hits every candidate alike; the median over a
+candidate's turns drops one that met a burst. After each round a candidate more than DROP
+slower than the best is dropped, and once two rounds leave every candidate within TIE of the
+best or clearly behind it the trials end early; the setting is settled by the end of the
+first epoch.
 
 What a turn measures: its whole time, from the loop asking for its first batch to the loop
 asking for the one after its last, over its batches (the slower of the loader and the
-training step), and the CPU seconds per image of this process and its worker processes
-over the same span. ``w`` workers build a turn's batches ``w`` at a time, so timing only
-the deliveries after a turn's first (round 4) credited 4 threads on 2 cores with the
-batches they finish together with the first, and handing the next candidate its first
-batch early gave unequal head starts (docs/benchmarks.md, "num_workers=auto", rounds 4
-and 5). The best setting has the shortest (median) seconds per batch; settings within
-``TIE`` of it are equal, and among equals the earlier (cheaper: threads before processes,
-fewer before more) wins, so a loop that is not data-bound keeps the cheapest setting.
-
-The candidates: trials.candidates. Once settled, the chosen setting meets the runner-up
-once more, later in the run (trials.Check), so that one unlucky moment of a shared machine
-does not decide the whole run. While the candidates take turns their engines are parked
-between turns (:class:`EnginePool`, at the end of this module), not restarted.
+training step), and the CPU seconds per image of this process and its worker processes over
+the same span (timing only the deliveries after a turn's first credited ``w`` workers with
+the ``w - 1`` batches they finish together with it).
 
 ``prefetch="auto"``: ``2 x workers`` batches in flight (one being built and one ready per
 worker), raised up to ``4 x workers`` only when the trial saw an irregularity of
@@ -53,8 +47,8 @@ from dlpack_io.reader.batch.errors import LoaderError
 from dlpack_io.reader.batch.options import AUTO, MAX_PREFETCH, MAX_WORKERS
 from dlpack_io.reader.batch.pipeline import Run, Shifted, deliver
 from dlpack_io.reader.batch.stats import STAGES, tree_cpu, usable_cores
-from dlpack_io.reader.batch.trials import (ROUNDS, Check, Trial, candidates, choose, converged,
-                                           describe, drop_losers, equal_turn, name, runner_up,
+from dlpack_io.reader.batch.trials import (INCUMBENT, ROUNDS, Check, Trial, candidates, choose,
+                                           converged, describe, drop_losers, equal_turn, name,
                                            skip)
 
 __all__ = ["AUTO", "Shifted", "Trial", "Tuner", "candidates", "choose", "converged",
@@ -82,9 +76,10 @@ class Tuner:
         else:
             kinds = [(options.workers.kind, int(options.num_workers))]
         self.trials = [Trial(kind, n) for kind, n in kinds]
-        # too short an epoch to measure: cores threads (every heavy step releases the GIL)
-        self.fallback = next((t for t in self.trials if t.kind == "thread" and auto_workers
-                              and t.workers == min(self.cores, MAX_WORKERS)), self.trials[0])
+        # the incumbent: the Loader's default setting, what auto replaces only when another
+        # wins clearly twice (trials.py); also what a too short epoch keeps, unmeasured
+        self.fallback = next((t for t in self.trials if auto_workers and
+                              (t.kind, t.workers) == INCUMBENT), self.trials[0])
         span = equal_turn([t.workers for t in self.trials])  # equal work, whole turns
         for t in self.trials if auto_workers else ():
             t.span = span
@@ -181,13 +176,13 @@ class Tuner:
         return self.settle(engine, swap), k
 
     def _confirm(self, engine, swap, run, k: int, trials_now: bool):
-        """The check of the choice against the runner-up (trials.Check), once: ``gap``
+        """The check of the challenger against the incumbent (trials.Check), once: ``gap``
         batches after trials of this epoch, or one turn's worth (a warm-up: _plain) into a
         later epoch, when the epoch still holds the whole check; returns (engine, next
         batch)."""
         kept = self.check.options(self.check.kept)
         if not trials_now and engine_key(kept) != engine_key(self.options):
-            self._use(kept)  # a check cut short left the runner-up's workers running
+            self._use(kept)  # a check cut short left the incumbent's workers running
             engine = swap(kept)
         begin = min(len(run.batches), k + (self.check.gap if trials_now else
                                            self.check.kept.piece()))
@@ -258,17 +253,17 @@ class Tuner:
         return min(self._max_prefetch, 4 * trial.workers, max(2, 2 * trial.workers, depth))
 
     def settle(self, engine, swap, short: int = 0):
-        """Keep the best trial's setting (``prefetch="auto"``: its depth too), log why;
-        returns the engine to go on with (``swap``'s when the setting changes; the parked
-        engines are closed but the runner-up's, if any, checked against it later:
-        trials.Check). ``short``: the epoch has only this many batches, too few for one round
-        of trials: the fallback setting, unmeasured."""
-        best = self.fallback if short else choose(self.trials)
+        """Keep the chosen setting (``prefetch="auto"``: its depth too), log why; returns the
+        engine to go on with (``swap``'s when the setting changes). A challenger chosen over
+        the incumbent meets it again later (trials.Check): the incumbent's engine stays
+        parked for that; the other parked engines are closed. ``short``: the epoch has only
+        this many batches, too few for one round of trials: the incumbent, unmeasured."""
+        incumbent = self.fallback
+        best = incumbent if short else choose(self.trials, incumbent)
         chosen = self._concrete(best, self._depth(best))
-        second = None if short or len(self.trials) < 2 else runner_up(self.trials, best)
-        if second is not None:
-            other = self._concrete(second, self._depth(second))
-            self.check = Check.of(best, second, chosen, other, gap=self.one_round())
+        if best is not incumbent:
+            other = self._concrete(incumbent, self._depth(incumbent))
+            self.check = Check.of(best, incumbent, chosen, other, gap=self.one_round())
             self.engines.spare = engine_key(other)  # its parked workers wait for the check
         self.settled = True
         why = f"not measured: an epoch of {short} batches is too short for the trials" \
@@ -321,7 +316,7 @@ class EnginePool:
         self.stop = None      # engine -> None: closes it (None: engine.close())
         self._running = None  # the key of the engine swap() last handed out
         self.fresh = False    # whether swap() last handed out a new engine (not a parked one)
-        self.spare = None     # the key of a parked engine kept past the trials (the runner-up's,
+        self.spare = None     # the key of a parked engine kept past the trials (the incumbent's,
         #                       until the later check: trials.Check), or None
 
     def swap(self, engine, options):

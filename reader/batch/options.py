@@ -253,7 +253,7 @@ def options_from(given: dict, extra: dict, stacklevel: int = 3) -> LoaderOptions
     if "options" in extra:
         options = extra.pop("options")
         warnings.warn("Loader(options=LoaderOptions(...)) is deprecated: pass the options "
-                      "as keywords (Loader(ds, **dataclasses.asdict(...)) keeps them)",
+                      "as keywords (Loader(ds, **vars(options)) keeps them)",
                       DeprecationWarning, stacklevel=stacklevel)
         if options is not None:
             if extra or any(k in GROUPS and v is not None or

@@ -192,27 +192,55 @@ class LoaderStats:
                 f"{100 * busy:.0f}%: {advice}")
 
     def _advice(self, busy: float) -> str:
-        """What would help a data-bound loop: the network when most of the wait was for
-        object storage, else more workers while cores are spare, else less work per image."""
+        """What would help a data-bound loop, from what was measured: the network when most
+        of the wait was for object storage; a deeper prefetch when the workers sit idle;
+        more workers only up to the cores and never a setting already in use (nothing about
+        the worker count under num_workers="auto", which chose it); else what the workers'
+        time goes to, by stage."""
         if self.wait_s > 0 and self.fetch_wait_s >= 0.5 * self.wait_s:
             return (f"{100 * min(1.0, self.fetch_wait_s / self.wait_s):.0f}{_NETWORK}: a "
                     "cache_limit that keeps the data set lets later epochs read locally "
                     "(docs/remote.md)")
+        auto, stage, share = bool(self.tuned), *self._dominant()
         if busy < BUSY and self.workers_occupied >= BUSY:
             held = (f"workers on batches {100 * self.workers_occupied:.0f}% of the time but "
                     f"on a CPU {100 * busy:.0f}%: ")
-            if self.worker_kind == "thread":
-                return held + ("thread workers held up by the GIL (Python in a "
-                               "sample_transform?) or by reads: worker_kind='process' or "
-                               "num_workers='auto' would help")
-            return held + "held up by reads: more workers or a deeper prefetch would help"
+            if self.worker_kind == "thread" and stage == "user":
+                return held + (f"your sample_transform ({100 * share:.0f}% of the workers' "
+                               f"time) holds the GIL: " + (
+                                   "a cheaper one would help" if auto else
+                                   "workers=Workers(kind='process') would help"))
+            return held + "held up by reads: a deeper prefetch would help"
         if busy < BUSY:
-            return (f"workers idle part of the time: more workers (num_workers > "
-                    f"{self.num_workers}) or a deeper prefetch would help")
-        if self.num_workers == 0 or self.num_workers < self.cores:
-            of = f" of {self.cores} cores" if self.cores else ""
-            return (f"more workers (num_workers > {self.num_workers}{of}), device "
+            return "workers idle part of the time: a deeper prefetch would help"
+        if not auto and self.num_workers < self.cores:
+            return (f"more workers (num_workers={self.cores}, one per core), device "
                     "transforms or a cheaper recipe would help")
+        if not auto and not self.cores and self.num_workers == 0:
+            return "worker threads (num_workers > 0) would help"
+        return self._by_stage(stage, share)
+
+    def _dominant(self) -> tuple:
+        """(the stage holding most of the workers' seconds, its share); (None, 0) unmeasured."""
+        shares = self.stage_shares()
+        if not shares:
+            return None, 0.0
+        stage = max(shares, key=shares.get)
+        return stage, shares[stage]
+
+    @staticmethod
+    def _by_stage(stage, share: float) -> str:
+        """Advice for workers busy on every core: what their time goes to."""
+        pct = f"{100 * share:.0f}%"
+        if stage == "decode":
+            return (f"decoding takes {pct} of the workers' time: more cores, smaller stored "
+                    "images (convert --max-side) or raw records (--mode raw) would help")
+        if stage == "transforms":
+            return (f"host transforms take {pct} of the workers' time: device transforms "
+                    "(device='cuda') or a cheaper recipe would help")
+        if stage == "user":
+            return (f"your sample_transform takes {pct} of the workers' time: a cheaper one "
+                    "would help")
         return "more cores, device transforms or a cheaper recipe would help"
 
     def stage_shares(self) -> dict:

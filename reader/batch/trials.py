@@ -1,17 +1,22 @@
 """What ``num_workers="auto"`` measures and how it judges: a candidate's trial (its turns,
-each a piece of consecutive batches timed whole), the choice, the drop and tie rules, and
-which candidates a first look at the host makes pointless (pure functions; the Tuner in
-autotune.py drives them).
+each a piece of consecutive batches timed whole), the choice, the drop and tie rules, which
+candidates a first look at the host makes pointless, and the later check of a choice (pure
+functions; the Tuner in autotune.py drives them).
+
+Auto never does worse than the setting it replaces: the **incumbent**, the Loader's default
+(INCUMBENT: 2 threads), is always a candidate, and another setting takes its place only when
+its median is more than CLEAR faster in the trials (``choose``) *and again* at the check
+later in the run (``Check``); otherwise the incumbent builds the batches.
 
 Equal work: every candidate's turn is the same number of batches (``span``, equal_turn), a
 multiple of every candidate's worker count, so the candidates are judged on the throughput
 of equal work, and no turn ends with some workers idle while others finish. The first turn
-is ``cores`` threads' (today's default); from it, ``skip`` reads two facts of the host
-before the other candidates pay a turn:
+is the incumbent's; from it, ``skip`` reads two facts of the host before the other
+candidates pay a turn:
 
 * the **step share**: the part of each interval the training loop spent outside
-  ``next()``. Under STEP_SHARE the loop waits for data, so fewer threads than ``cores``
-  cannot deliver sooner: the ``cores / 2`` threads candidate is skipped;
+  ``next()``. Under STEP_SHARE the loop waits for data, so fewer threads than the
+  incumbent's cannot deliver sooner: those candidates are skipped;
 * the **GIL share** of a batch: the user's ``sample_transform`` seconds over all the stage
   seconds of the piece (the build stage's own figures), and the **CPU share**: CPU seconds of the piece over
   its wall seconds x ``cores``. Processes can only win where threads leave cores idle
@@ -24,8 +29,12 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-TIE = 0.02            # within 2% of the best is equal: the cheaper one wins (a wider tie
-#                       kept 2 threads where 2 processes ran 6% faster: docs/benchmarks.md)
+INCUMBENT = ("thread", 2)  # the Loader's default setting: what num_workers="auto" replaces
+CLEAR = 0.05          # a challenger replaces the incumbent only when this much faster (its
+#                       median interval), in the trials and again at the check (4 threads on
+#                       2 busy cores once won a trial by noise and ran at 55% of 2 threads)
+TIE = 0.02            # within 2% of the best is equal (the trials' convergence; without an
+#                       incumbent, the cheaper of equals wins)
 ROUNDS = 3            # each candidate is measured in this many pieces, taken in turns
 DROP = 0.5            # after a round, a candidate this much slower than the best is dropped
 #                       (one short piece is noisy: at 0.25 a lucky piece dropped the rest)
@@ -104,10 +113,15 @@ def describe(trial: Trial) -> str:
             f"CPU-ms/image" + (" (dropped)" if trial.dropped else ""))
 
 
-def choose(trials: list[Trial]) -> Trial:
-    """The trial with the shortest interval; the first of those within TIE of it."""
+def choose(trials: list[Trial], incumbent: Trial | None = None) -> Trial:
+    """The setting to keep: the fastest trial only when its median interval beats the
+    ``incumbent``'s by more than CLEAR, else the incumbent. Without an incumbent, the trial
+    with the shortest interval, the first of those within TIE of it."""
     best = min(t.interval for t in trials)
-    return next(t for t in trials if t.interval <= best * (1 + TIE) or best == math.inf)
+    fastest = next(t for t in trials if t.interval <= best * (1 + TIE) or best == math.inf)
+    if incumbent is None or fastest is incumbent:
+        return fastest
+    return fastest if fastest.interval < incumbent.interval * (1 - CLEAR) else incumbent
 
 
 def drop_losers(trials: list[Trial]) -> None:
@@ -134,7 +148,7 @@ def converged(trials: list[Trial]) -> bool:
 
 
 def skip(trials: list[Trial], first: Trial, cores: int) -> None:
-    """After ``first`` (``cores`` threads) measured a piece, skip the candidates the host
+    """After ``first`` (the incumbent) measured a piece, skip the candidates the host
     makes pointless (module docstring): fewer threads when the loop waits for data,
     processes when the threads kept every core busy without a GIL-bound transform."""
     if not first.wall_s:
@@ -169,57 +183,45 @@ def candidates(cores: int, max_workers: int, processes: bool = True) -> list[tup
     a process setting).
 
     For ``cores`` = CPU cores this process may use / ``LOCAL_WORLD_SIZE`` (usable_cores):
-    ``cores / 2`` threads (enough when the training loop itself needs a core, or the machine
-    is shared), ``cores`` threads (decode, resize and copies release the GIL), ``2 x cores``
-    threads (covers reads that wait on a disk or the network), and ``cores`` processes
-    (Python that holds the GIL -- a ``sample_transform``, and at raw-record rates the
-    per-sample Python glue itself -- runs in parallel only in processes; docs/benchmarks.md,
-    "num_workers=auto", round 2)."""
+    threads, fewest first: the incumbent's 2 (INCUMBENT, the default auto replaces),
+    ``cores / 2`` (enough when the training loop itself needs a core, or the machine is
+    shared), ``cores`` (decode, resize and copies release the GIL) and ``2 x cores`` (covers
+    reads that wait on a disk or the network); then ``cores`` processes (Python that holds the
+    GIL -- a ``sample_transform``, and at raw-record rates the per-sample Python glue itself --
+    runs in parallel only in processes)."""
     c = max(1, min(cores, max_workers))
-    out = [("thread", max(1, c // 2)), ("thread", c), ("thread", min(2 * c, max_workers))]
-    out += [("process", c)] if processes else []
-    return list(dict.fromkeys(out))  # no setting twice (max_workers may fold them)
+    counts = {max(1, c // 2), c, min(2 * c, max_workers), min(INCUMBENT[1], max_workers)}
+    return [("thread", n) for n in sorted(counts)] + ([("process", c)] if processes else [])
 
 
-# ---- the second look: the choice against the runner-up, later on ----------------------
-# ``num_workers="auto"``'s second look: the chosen setting against the runner-up, later on.
-#
-# The trials (trials.py) settle on a few short pieces taken at one moment; on a shared
-# machine whose capacity swings (docs/benchmarks.md, "num_workers=auto", round 3) that moment
-# can favour a setting the rest of the run does not. So, once settled, the Tuner (autotune.py)
-# gives the chosen setting and the runner-up (the fastest other candidate the trials kept)
-# equal turns again (whole turns of the trials' length, timed as the trials time them), later
-# in the run: ``gap`` batches after the trials, or after a warm-up turn at the start of the
-# next epoch. Both run as they would be settled (worker kind, count and batches in flight);
-# the runner-up's engine stays parked from the trials (EnginePool.spare). The runner-up takes over only when the median of its pieces is more than
-# MARGIN faster than the chosen one's (a margin against flapping between equals); the check
-# ends after two rounds when the third could not change that verdict (module ``certain``),
+# ---- the second look: a challenger against the incumbent, later on --------------------
+# The trials settle on a few short pieces taken at one moment; on a shared machine whose
+# capacity swings that moment can favour a setting the rest of the run does not. So when the
+# trials chose a challenger over the incumbent, the Tuner (autotune.py) gives the two equal
+# turns again (whole turns of the trials' length, timed as the trials time them) later in the
+# run: ``gap`` batches after the trials, or after a warm-up turn at the start of the next
+# epoch. Both run as they would be settled (worker kind, count and batches in flight); the
+# incumbent's engine stays parked from the trials (EnginePool.spare). The challenger is kept
+# only when its median is again more than CLEAR faster; otherwise the incumbent returns. The
+# check ends after two rounds when the third could not change that verdict (``certain``),
 # and it happens once per Loader.
-MARGIN = 0.03   # the runner-up must be this much faster (median interval) to take over
-
-
-def runner_up(trials: list[Trial], best: Trial) -> Trial | None:
-    """The fastest measured candidate other than ``best`` that the trials kept (not dropped,
-    not skipped); the first of equals (the cheaper); None when there is none."""
-    rest = [t for t in trials if t is not best and t.pieces and not t.dropped]
-    return min(rest, key=lambda t: t.interval) if rest else None
-
-
-def certain(kept: list[float], other: list[float]) -> bool:
-    """Whether one more piece each cannot change the verdict (two pieces each or more):
-    the runner-up's median stays at or above its smaller piece and the kept one's at or
-    below its larger, and the other way round."""
-    if len(kept) != len(other) or len(kept) < 2:
+def certain(challenger: list[float], incumbent: list[float]) -> bool:
+    """Whether one more piece each cannot change the check's verdict (two pieces each or
+    more): the challenger's slowest piece still more than CLEAR faster than the incumbent's
+    fastest (it stays), or its fastest not that much faster than the incumbent's slowest
+    (the incumbent returns)."""
+    if len(challenger) != len(incumbent) or len(challenger) < 2:
         return False
-    keep = min(other) >= max(kept) * (1 - MARGIN)
-    switch = max(other) < min(kept) * (1 - MARGIN)
-    return keep or switch
+    stays = max(challenger) < min(incumbent) * (1 - CLEAR)
+    returns = min(challenger) >= max(incumbent) * (1 - CLEAR)
+    return stays or returns
 
 
 @dataclass
 class Check:
-    """The later check: ``kept`` (the chosen setting) and ``other`` (the runner-up), fresh
-    trials of ``span`` batches per turn, with the concrete LoaderOptions of each."""
+    """The later check: ``kept`` (the challenger the trials chose) against ``other`` (the
+    incumbent), fresh trials of ``span`` batches per turn, with the concrete LoaderOptions of
+    each."""
 
     kept: Trial
     other: Trial
@@ -227,11 +229,11 @@ class Check:
     gap: int = 0    # batches after the trials (same epoch) before the check may start
 
     @classmethod
-    def of(cls, best: Trial, second: Trial, best_options, second_options, gap: int):
-        """A check of ``best`` against ``second`` with fresh trials of the same span."""
+    def of(cls, best: Trial, incumbent: Trial, best_options, incumbent_options, gap: int):
+        """A check of ``best`` against ``incumbent`` with fresh trials of the same span."""
         kept = Trial(best.kind, best.workers, span=best.piece())
-        other = Trial(second.kind, second.workers, span=best.piece())
-        return cls(kept, other, {id(kept): best_options, id(other): second_options}, gap)
+        other = Trial(incumbent.kind, incumbent.workers, span=best.piece())
+        return cls(kept, other, {id(kept): best_options, id(other): incumbent_options}, gap)
 
     def fresh(self) -> Check:
         """The same check with nothing measured (a check left unfinished starts over)."""
@@ -244,11 +246,11 @@ class Check:
 
     def length(self) -> int:
         """Batches the whole check may deliver: ROUNDS turns each of ``span`` batches, and
-        an untimed turn of the runner-up, whose engine starts at the check."""
+        an untimed turn of the incumbent, whose engine starts at the check."""
         return (2 * ROUNDS + 1) * self.kept.piece()
 
     def next_turn(self, extra: Trial | None = None) -> Trial | None:
-        """The kept setting, then the runner-up, in turns; None once the verdict is certain
+        """The challenger, then the incumbent, in turns; None once the verdict is certain
         or both measured ROUNDS pieces (``extra``: counted as one piece more)."""
         k = len(self.kept.pieces) + (extra is self.kept)
         o = len(self.other.pieces) + (extra is self.other)
@@ -258,17 +260,18 @@ class Check:
         return self.kept if k <= o else self.other
 
     def winner(self) -> Trial:
-        """The runner-up when its median interval beats the kept one's by more than MARGIN,
-        else the kept setting."""
-        switch = self.other.interval < self.kept.interval * (1 - MARGIN)
-        return self.other if switch else self.kept
+        """The challenger when its median interval again beats the incumbent's by more than
+        CLEAR, else the incumbent."""
+        stays = self.kept.interval < self.other.interval * (1 - CLEAR)
+        return self.kept if stays else self.other
 
     def describe(self) -> str:
         """The verdict with its figures, for the log line."""
         won = self.winner()
-        verb = "switched to" if won is self.other else "kept"
+        verb = "kept" if won is self.kept else "switched back to"
         figures = ", ".join(f"{name(t)} {t.interval * 1000:.1f} ms/batch"
                             for t in (self.kept, self.other))
         return (f"{verb} {name(won)}: {figures} (medians of {len(self.kept.pieces)} and "
                 f"{len(self.other.pieces)} turns of {self.kept.piece()} batches, taken "
-                f"in turns; the runner-up takes over when {MARGIN:.0%} faster)")
+                f"in turns; a setting replaces the default {name(self.other)} only when "
+                f"{CLEAR:.0%} faster, in the trials and again here)")

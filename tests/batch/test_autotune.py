@@ -118,8 +118,8 @@ def _read(loader) -> list:
     return out
 
 
-def test_an_epoch_too_short_for_the_trials_keeps_cores_threads_unmeasured(packed, caplog,
-                                                                          monkeypatch):
+def test_an_epoch_too_short_for_the_trials_keeps_the_default_unmeasured(packed, caplog,
+                                                                       monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     with caplog.at_level(logging.INFO, logger=autotune.__name__):
@@ -132,8 +132,9 @@ def test_an_epoch_too_short_for_the_trials_keeps_cores_threads_unmeasured(packed
                                     "measured: an epoch of 9 batches is too short for the "
                                     "trials)")
     assert sum("auto setting" in r.getMessage() for r in caplog.records) == 1
-    one_core = Tuner(LoaderOptions(num_workers="auto"), cores=1)
-    assert (one_core.fallback.kind, one_core.fallback.workers) == ("thread", 1)
+    for cores in (1, 2, 32):  # the incumbent is the Loader's default, whatever the cores
+        tuner = Tuner(LoaderOptions(num_workers="auto"), cores=cores)
+        assert (tuner.fallback.kind, tuner.fallback.workers) == ("thread", 2)
 
 
 def test_the_shortest_interval_wins_and_the_cheaper_setting_wins_a_tie():
@@ -241,8 +242,8 @@ def test_candidates_are_cheapest_first_and_share_the_node(monkeypatch):
     assert [t.kind for t in Tuner(LoaderOptions(num_workers="auto"), cores=2).trials] == \
         ["thread"] * 3 + ["process"]  # raw records: the per-sample glue holds the GIL too
     assert candidates(1, 1024) == [("thread", 1), ("thread", 2), ("process", 1)]
-    assert candidates(32, 40) == [("thread", 16), ("thread", 32), ("thread", 40),
-                                  ("process", 32)]
+    assert candidates(32, 40) == [("thread", 2), ("thread", 16), ("thread", 32),
+                                  ("thread", 40), ("process", 32)]  # the default among them
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(32)))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
     assert autotune.usable_cores() == 4  # 8 ranks on a 32-core node: 4 cores each

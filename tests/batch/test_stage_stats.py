@@ -122,9 +122,10 @@ def test_the_verdict_names_where_the_worker_time_goes():
                         images=1000, batches=4, plan_s=1.0, decode_s=14.0, user_s=0.0,
                         transforms_s=5.0)
     assert bound.verdict() == ("data-bound: 34.0% of step time spent waiting for data; "
-                               "workers busy 98%: more cores, device transforms or a cheaper "
-                               "recipe would help; worker time: plan 5%, decode 70%, "
-                               "transforms 25%")
+                               "workers busy 98%: decoding takes 70% of the workers' time: "
+                               "more cores, smaller stored images (convert --max-side) or raw "
+                               "records (--mode raw) would help; worker time: plan 5%, "
+                               "decode 70%, transforms 25%")
     assert bound.as_dict()["stage_shares"] == {"plan": 0.05, "decode": 0.7, "transforms": 0.25}
     # on a GPU the GPU's own timeline decides: the host waited 34%, the GPU only 2%
     gpu = LoaderStats(wall_s=10, wait_s=3.4, step_s=6.6, gpu_wait_s=0.2, gpu_step_s=9.8,

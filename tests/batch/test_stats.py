@@ -111,8 +111,8 @@ def test_the_verdict_names_the_remedy():
                                "recipe would help")
     idle = LoaderStats(wall_s=10, wait_s=5, step_s=5, cpu_s=4, num_workers=4, images=1000,
                        batches=4)
-    assert idle.verdict().endswith("workers busy 10%: workers idle part of the time: more "
-                                   "workers (num_workers > 4) or a deeper prefetch would help")
+    assert idle.verdict().endswith("workers busy 10%: workers idle part of the time: a "
+                                   "deeper prefetch would help")
     fed = LoaderStats(wall_s=10, wait_s=0.04, step_s=9.96, num_workers=2, images=1000,
                       batches=4)
     assert fed.verdict() == "not data-bound: 0.4% of step time spent waiting for data"
@@ -135,18 +135,58 @@ def test_no_batches_is_no_verdict(packed):
 
 
 def test_saturated_workers_with_cores_to_spare_ask_for_more_workers():
-    """Workers busy 98% on 2 of 16 cores: more workers help, not more cores."""
+    """Workers busy 98% on 2 of 16 cores: more workers help, up to one per core."""
     spare = LoaderStats(wall_s=10, wait_s=3.4, step_s=6.6, cpu_s=19.6, num_workers=2,
                         images=1000, batches=4, cores=16)
     assert spare.verdict() == ("data-bound: 34.0% of step time spent waiting for data; "
-                               "workers busy 98%: more workers (num_workers > 2 of 16 "
-                               "cores), device transforms or a cheaper recipe would help")
+                               "workers busy 98%: more workers (num_workers=16, one per "
+                               "core), device transforms or a cheaper recipe would help")
     full = LoaderStats(**{**vars(spare), "cores": 2})
     assert full.verdict().endswith("workers busy 98%: more cores, device transforms or a "
                                    "cheaper recipe would help")
     alone = LoaderStats(wall_s=10, wait_s=9.5, step_s=0.5, num_workers=0, images=1000,
                         batches=4, cores=2)
-    assert "more workers (num_workers > 0 of 2 cores)" in alone.verdict()
+    assert "more workers (num_workers=2, one per core)" in alone.verdict()
+
+
+@pytest.mark.parametrize("workers,kind,cores,tuned", [
+    (4, "thread", 2, "num_workers=4 worker_kind='thread' prefetch=8 (measured: ...)"),
+    (2, "process", 8, "num_workers=2 worker_kind='process' prefetch=4 (measured: ...)"),
+    (1, "thread", 4, "measuring 1 thread, 2 threads, 4 threads, 2 processes"),
+    (8, "thread", 2, ""), (3, "thread", 2, "")])
+def test_advice_never_names_a_setting_in_use_nor_more_workers_than_cores(workers, kind, cores,
+                                                                          tuned):
+    """Whatever the figures, the advice never suggests num_workers='auto' to a loop using it,
+    no worker count under auto (it chose the count) and never more workers than cores."""
+    import re
+
+    shapes = [dict(wall_s=10, wait_s=4, step_s=6, cpu_s=c, decode_s=d, user_s=u,
+                   transforms_s=t) for c in (1, 9, 19.9) for d, u, t in
+              ((9, 0, 1), (1, 9, 0), (1, 0, 9), (0, 0, 0))]
+    for shape in shapes:
+        stats = LoaderStats(**shape, num_workers=workers, worker_kind=kind, cores=cores,
+                            tuned=tuned, images=100, batches=4)
+        advice = stats.verdict()
+        if tuned:
+            assert "num_workers" not in advice, advice
+            assert "auto" not in advice, advice
+        for n in re.findall(r"num_workers[=>]+ ?(\d+)", advice):
+            assert int(n) <= cores, advice
+        if kind == "process":
+            assert "kind='process'" not in advice, advice
+
+
+def test_saturated_workers_are_told_what_their_time_goes_to():
+    """On every core, busy: the advice follows the stage that holds the workers' time."""
+    base = dict(wall_s=10, wait_s=3.4, step_s=6.6, cpu_s=19.6, num_workers=2, images=1000,
+                batches=4, cores=2)
+    decode = LoaderStats(**base, decode_s=18, transforms_s=1, plan_s=0.5)
+    assert "decoding takes 92% of the workers' time: more cores, smaller stored images " \
+           "(convert --max-side) or raw records (--mode raw) would help" in decode.verdict()
+    host = LoaderStats(**base, decode_s=5, transforms_s=14)
+    assert "host transforms take 74% of the workers' time: device transforms" in host.verdict()
+    user = LoaderStats(**base, decode_s=5, user_s=14)
+    assert "your sample_transform takes 74% of the workers' time" in user.verdict()
 
 
 def test_a_wait_for_object_storage_names_the_network():
@@ -212,9 +252,9 @@ def test_the_runs_line_says_it_is_the_run(packed):
 
 
 @pytest.mark.parametrize("kind, remedy", [
-    ("thread", "thread workers held up by the GIL (Python in a sample_transform?) or by "
-               "reads: worker_kind='process' or num_workers='auto' would help"),
-    ("process", "held up by reads: more workers or a deeper prefetch would help")])
+    ("thread", "your sample_transform (92% of the workers' time) holds the GIL: "
+               "workers=Workers(kind='process') would help"),
+    ("process", "held up by reads: a deeper prefetch would help")])
 def test_workers_on_batches_all_the_time_are_not_called_idle(kind, remedy):
     """Two workers on batches 97.5% of the wall time but on a CPU 25% (a sample_transform
     holding the GIL, or slow reads) are not 'idle part of the time'."""

@@ -71,7 +71,8 @@ def test_auto_counts_the_cpu_of_the_process_candidates_it_parked_and_closed(
     monkeypatch.setattr(autotune, "drop_losers", lambda trials: None)
     monkeypatch.setattr(autotune, "converged", lambda trials: False)
     monkeypatch.setattr(autotune, "choose",
-                        lambda trials: next(t for t in trials if t.kind == "thread"))
+                        lambda trials, incumbent=None: next(t for t in trials
+                                                            if t.kind == "thread"))
     log_path = tmp_path / "burns.txt"
     total0 = _all_cpu()
     loader = Loader(Dataset(packed["raw"]), batch_size=1, num_workers="auto",
