@@ -1,12 +1,17 @@
-"""docs/ARCHITECTURE.md tells the truth: the files one steady-state batch runs are the ones it
-lists (traced, every thread), at most MAX_BATCH_FILES of them; and no docstring, comment or
-user doc names a Python file that does not exist."""
+"""The docs tell the truth: docs/ARCHITECTURE.md's files of one steady-state batch are the
+ones it runs (traced, every thread), at most MAX_BATCH_FILES of them; no docstring, comment
+or user doc names a file that does not exist; the user docs stay a user's (README.md a
+front page that starts with the two set-up commands, docs/benchmarks.md current results,
+no internal issue numbers); docs/loader.md names every Loader option, its option tables
+being the ones reader/batch/options.py makes (``python tests/test_architecture.py``
+rewrites them)."""
 from __future__ import annotations
 
 import json
 import re
 import subprocess
 import sys
+from dataclasses import MISSING, fields
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,13 +84,158 @@ def _named_files(text: str) -> set[str]:
     return set(re.findall(r"\b([A-Za-z_][A-Za-z0-9_]*\.py)\b", text))
 
 
+OUTPUT_FOLDERS = ("bench-out/",)  # what commands write: named in the docs, not in the tree
+
+
+def user_docs() -> list[Path]:
+    """README.md and every page of docs/: what users read."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _named_paths(text: str) -> set[str]:
+    """Paths with at least one folder (``reader/batch/plan.py``, ``docs/gpu.md``,
+    ``scripts/bench.sh``) named in a text."""
+    return set(re.findall(r"(?<![\w/.-])((?:[A-Za-z_][\w-]*/)+[A-Za-z_]\w*\."
+                          r"(?:py|c|md|sh|toml))\b", text))
+
+
 def test_no_docstring_comment_or_doc_names_a_file_that_does_not_exist():
     have = {p.name for p in ROOT.rglob("*.py") if ".venv" not in p.parts and
             ".git" not in p.parts}
     sources = [p for d in PRODUCT for p in (ROOT / d).rglob("*.py")]
-    docs = [ROOT / "docs" / "ARCHITECTURE.md"]
     missing = {}
-    for path in sources + docs:
+    for path in sources + user_docs():
         for name in _named_files(path.read_text()) - have - FOREIGN:
             missing.setdefault(name, []).append(str(path.relative_to(ROOT)))
+    for path in user_docs():  # a path in a doc names its folder too: that must hold as well
+        for named in _named_paths(path.read_text()):
+            if named.startswith(OUTPUT_FOLDERS) or (ROOT / named).exists() or \
+                    (path.parent / named).exists():
+                continue
+            missing.setdefault(named, []).append(str(path.relative_to(ROOT)))
     assert not missing, f"named but not in the tree: {missing}"
+
+
+# ---- the user docs stay a user's --------------------------------------------------------
+MAX_README_LINES, MAX_BENCHMARKS_LINES = 250, 400
+SETUP_COMMANDS = ("bash scripts/demo.sh", "bash scripts/test.sh")
+ISSUE_NUMBER = re.compile(r"\bissues? #?[0-9]+", re.IGNORECASE)
+
+
+def test_readme_is_a_front_page_that_starts_with_the_two_setup_commands():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= MAX_README_LINES, \
+        f"README.md has {len(text.splitlines())} lines; at most {MAX_README_LINES}: " \
+        f"the details belong in docs/"
+    first_block = text.split("```", 2)[1].splitlines()[1:]  # the first fenced block
+    commands = [line.split("#")[0].strip() for line in first_block if line.strip()]
+    assert commands == list(SETUP_COMMANDS), (
+        f"README.md's first code block must be the two set-up commands {SETUP_COMMANDS} "
+        f"(CI runs them), got {commands}")
+    assert text.index("```") < text.index("\n## "), "the set-up commands come first"
+
+
+def test_benchmarks_md_holds_current_results_not_a_diary():
+    lines = (ROOT / "docs" / "benchmarks.md").read_text().splitlines()
+    assert len(lines) <= MAX_BENCHMARKS_LINES, \
+        f"docs/benchmarks.md has {len(lines)} lines; at most {MAX_BENCHMARKS_LINES}: " \
+        f"keep the latest figure of each comparison, the history is in git"
+
+
+def test_no_user_doc_names_an_internal_issue_number():
+    found = {str(p.relative_to(ROOT)): ISSUE_NUMBER.findall(p.read_text())
+             for p in user_docs()}
+    found = {k: v for k, v in found.items() if v}
+    assert not found, f"user docs name internal issues (say what is true now): {found}"
+
+
+# ---- docs/loader.md and reader/batch/options.py -----------------------------------------
+LOADER_MD = ROOT / "docs" / "loader.md"
+BLOCK = "<!-- generated from reader/batch/options.py: {} (python tests/test_architecture.py) -->"
+END = "<!-- end of generated block -->"
+
+
+def _options():
+    from dlpack_io.reader.batch import options
+    return options
+
+
+def _default(f) -> str:
+    value = f.default if f.default is not MISSING else None
+    if f.default is MISSING:
+        return f"`{f.default_factory.__name__}()`"
+    return "`" + repr(value).replace("'", '"') + "`"
+
+
+def _md(text: str) -> str:
+    return text.replace("``", "`").replace("|", "\\|").strip()
+
+
+def option_tables() -> dict[str, str]:
+    """docs/loader.md's generated blocks, made from reader/batch/options.py: the keyword
+    options and the three groups (defaults and one-line docs), DataLoader's names, and the
+    keywords of earlier releases with their new spelling."""
+    o = _options()
+    lines = ["| option | default | what it sets |", "|---|---|---|"]
+    lines += [f"| `{f.name}` | {_default(f)} | {_md(f.metadata['doc'])} |"
+              for f in fields(o.LoaderOptions) if f.name not in o.GROUPS]
+    for name, cls in o.GROUPS.items():
+        lines += ["", f"`{name}={cls.__name__}(...)`: {_md(cls.__doc__)}", "",
+                  f"| `{cls.__name__}` field | default | what it sets |", "|---|---|---|"]
+        lines += [f"| `{f.name}` | {_default(f)} | {_md(f.metadata['doc'])} |"
+                  for f in fields(cls)]
+    options = "\n".join(lines)
+    lines = ["| DataLoader's keyword | in `Loader(...)` |", "|---|---|"]
+    lines += [f"| `{name}=` | the same: `{group}={o.GROUPS[group].__name__}({key}=...)` |"
+              for name, (group, key) in o.DATALOADER_NAMES.items()]
+    lines += ["| `prefetch_factor=` | the same: batches in flight per worker "
+              "(`workers=Workers(prefetch=...)` counts them in all) |"]
+    lines += [f"| `{name}=` | refused with the fix: {_md(fix)} |"
+              for name, fix in o.DATALOADER_ONLY.items()]
+    dataloader = "\n".join(lines)
+    lines = ["| earlier keyword | new spelling |", "|---|---|"]
+    lines += [f"| `{name}=` | `{group}={o.GROUPS[group].__name__}({key}=...)` |"
+              for name, (group, key) in o.LEGACY_NAMES.items()]
+    lines += ["| `options=LoaderOptions(...)` | the options as keywords: "
+              "`Loader(ds, **vars(options))` |"]
+    return {"options": options, "dataloader": dataloader, "deprecated": "\n".join(lines)}
+
+
+def _blocks(text: str) -> dict[str, str]:
+    out = {}
+    for name in option_tables():
+        start = BLOCK.format(name)
+        assert start in text, f"docs/loader.md lacks the generated block {start}"
+        out[name] = text.split(start, 1)[1].split(END, 1)[0].strip()
+    return out
+
+
+def test_loader_md_option_tables_are_those_options_py_makes():
+    stale = [name for name, block in _blocks(LOADER_MD.read_text()).items()
+             if block != option_tables()[name]]
+    assert not stale, (f"docs/loader.md's {stale} tables differ from reader/batch/options.py: "
+                       f"run python tests/test_architecture.py to rewrite them")
+
+
+def test_loader_md_names_every_loader_option():
+    o = _options()
+    text = LOADER_MD.read_text()
+    missing = [f"{cls.__name__}.{f.name}" for cls in (o.LoaderOptions, *o.GROUPS.values())
+               for f in fields(cls) if not re.search(rf"`{f.name}\b", text)]
+    missing += [f"{name}=" for name in [*o.DATALOADER_NAMES, *o.LEGACY_NAMES,
+                                         *o.DATALOADER_ONLY] if f"`{name}=`" not in text]
+    assert not missing, f"docs/loader.md does not name {missing}"
+
+
+def write_option_tables() -> None:
+    """Rewrite docs/loader.md's generated blocks from reader/batch/options.py."""
+    text = LOADER_MD.read_text()
+    for name, table in option_tables().items():
+        start = BLOCK.format(name)
+        head, rest = text.split(start, 1)
+        text = f"{head}{start}\n{table}\n{END}{rest.split(END, 1)[1]}"
+    LOADER_MD.write_text(text)
+
+
+if __name__ == "__main__":
+    write_option_tables()
