@@ -9,7 +9,8 @@ Cheap to import: every public name is imported on first use, so a process that n
 the byte spec (the packer's workers, the ``dlpack`` command's option lists: they import
 ``dlpack_io.reader.format``) does not pay for the Dataset, the Loader or torch.
 """
-__all__ = ["Dataset", "Loader", "Order", "Workers", "Output", "LoaderOptions", "LoaderStats",
+__all__ = ["Dataset", "Loader", "Order", "Workers", "Output", "AspectBuckets", "TokenBudget",
+           "LoaderOptions", "LoaderStats",
            "FormatError", "LoaderError",
            "LoaderTimeout", "SampleError", "WorkerError", "Resize", "RandomResizedCrop",
            "RandomCrop", "CenterCrop", "RandomHorizontalFlip", "RandomVerticalFlip",
@@ -24,6 +25,7 @@ _LAZY = {"Dataset": "dlpack_io.reader.dataset", "FormatError": "dlpack_io.reader
          "Loader": "dlpack_io.reader.batch.loader",
          **dict.fromkeys(("LoaderOptions", "Order", "Workers", "Output"), _OPTIONS),
          "LoaderStats": "dlpack_io.reader.batch.stats",
+         **dict.fromkeys(("AspectBuckets", "TokenBudget"), "dlpack_io.reader.batch.buckets"),
          **dict.fromkeys(("LoaderError", "LoaderTimeout", "SampleError", "WorkerError"), _ERRORS),
          **dict.fromkeys(("Resize", "RandomResizedCrop", "RandomCrop", "CenterCrop",
                           "RandomHorizontalFlip", "RandomVerticalFlip", "ColorJitter",

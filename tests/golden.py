@@ -108,10 +108,10 @@ def cases() -> dict:
     option groups as dicts (``options`` makes them Order / Workers / Output)."""
     import torch
 
-    from dlpack_io.reader import (CenterCrop, ColorJitter, CutMix, MixUp, Normalize,
-                                  RandAugment, RandomCrop, RandomErasing,
+    from dlpack_io.reader import (AspectBuckets, CenterCrop, ColorJitter, CutMix, MixUp,
+                                  Normalize, RandAugment, RandomCrop, RandomErasing,
                                   RandomHorizontalFlip, RandomResizedCrop, RandomVerticalFlip,
-                                  Resize, TrivialAugmentWide)
+                                  Resize, TokenBudget, TrivialAugmentWide)
 
     rrc = [RandomResizedCrop(32), RandomHorizontalFlip(), Normalize()]
     targets = ("image", "label", "caption", "boxes", "categories", "mask")
@@ -163,6 +163,16 @@ def cases() -> dict:
         "subset-indices": ("photos", dict(
             transforms=rrc, order={"indices": list(range(3, 35, 2))}, batch_size=4, seed=16)),
         "mixture": ("mixture", dict(transforms=rrc, batch_size=8, seed=17)),
+        # pinned when buckets came (later than the cases above)
+        "aspect-buckets": ("photos", dict(
+            buckets=AspectBuckets(area=40 * 40, multiple=8, max_ratio=2.5),
+            transforms=[RandomHorizontalFlip(), Normalize()], batch_size=5, seed=18,
+            fields=("image", "label", "boxes", "mask", "original_size", "crop_top_left",
+                    "target_size"))),
+        "token-budget": ("photos", dict(
+            buckets=TokenBudget(tokens=100, patch=8, max_side=56),
+            transforms=[RandomHorizontalFlip()], batch_size=16, seed=19,
+            fields=("image", "label", "boxes", "mask"))),
     }
 
 

@@ -382,13 +382,19 @@ def _compact(images, failed: list, n: int):
     return images[:m]
 
 
-def output_size(ctx: BuildContext) -> tuple[int, int]:
-    """(oh, ow) of every output image: the geometry's size, else the largest stored image."""
+def output_pixels(ctx: BuildContext) -> int:
+    """Pixels of the largest output image a batch can hold: the geometry's size (a bucketing's
+    largest bucket), the largest padded size, else the largest stored image."""
+    geometry = ctx.spec.geometry
     if ctx.spec.pad:  # the largest padded batch the data set can make
-        return largest_output(ctx.spec.geometry, ctx.dataset, ctx.spec.pad)
-    if ctx.spec.geometry is not None:
-        return tuple(ctx.spec.geometry.size)
-    return largest_image(ctx.dataset)
+        oh, ow = largest_output(geometry, ctx.dataset, ctx.spec.pad)
+    elif hasattr(geometry, "largest"):
+        return geometry.largest()
+    elif geometry is not None:
+        oh, ow = geometry.size
+    else:
+        oh, ow = largest_image(ctx.dataset)
+    return oh * ow
 
 
 class FinishedJob:
@@ -441,8 +447,8 @@ class FinishedJob:
         """Shared slot size for process workers: a finished batch in the output dtype."""
         import torch
 
-        oh, ow = output_size(self.ctx)
-        return batch_size * 3 * oh * ow * torch.empty(0, dtype=self.ctx.spec.dtype).element_size()
+        pixels = output_pixels(self.ctx)
+        return batch_size * 3 * pixels * torch.empty(0, dtype=self.ctx.spec.dtype).element_size()
 
     def build(self, slot, progress, state, indices, epoch):
         """(In a worker) fill the slot with the finished batch; return its metadata."""

@@ -33,19 +33,25 @@ from dlpack_io.reader.samplefields import check_names, read_record_fields
 from dlpack_io.reader.transforms import geometry as tg
 
 DEFAULT_FIELDS = ("image", "label")
+# SDXL's micro-conditioning under AspectBuckets: each sample's stored (upright) size, the
+# top-left corner of its crop in the resized image, and its bucket, int64 (B, 2) each
+CONDITIONING = ("original_size", "crop_top_left", "target_size")
 
 
-def check_fields(dataset, names) -> tuple:
+def check_fields(dataset, names, buckets=None) -> tuple:
     """The Loader's ``fields`` option as a tuple of names the data set has: "image",
-    "label" and the manifest's fields, each once; ValueError naming the data set."""
+    "label" and the manifest's fields, each once (with AspectBuckets also CONDITIONING,
+    unless the data set has fields of those names); ValueError naming the data set."""
     if isinstance(names, str) or not all(isinstance(n, str) for n in names) or not names:
         raise ValueError(f"fields {names!r}: expected a non-empty tuple of field names, "
                          f"e.g. ('image', 'label')")
     names = tuple(names)
     if len(set(names)) != len(names):
         raise ValueError(f"fields {names!r}: a field is named twice")
+    made = CONDITIONING if hasattr(buckets, "crops") else ()
     try:
-        check_names(dataset, [n for n in names if n not in DEFAULT_FIELDS])
+        check_names(dataset, [n for n in names if n not in DEFAULT_FIELDS and
+                              (n not in made or n in dataset.fields)])
     except KeyError as exc:
         raise ValueError(exc.args[0]) from None
     return names
@@ -135,7 +141,8 @@ class Assembler:
                              f"); give a value they can hold (255: the usual ignore index)")
         self.boxes = BOXES in self.names and BOXES in schema
         self.geometric = self.boxes or self.mask or bool(self.per_box) or bool(spec.pad)
-        extra = [n for n in self.names if n not in DEFAULT_FIELDS]
+        self.made = tuple(n for n in self.names if n in CONDITIONING and n not in schema)
+        extra = [n for n in self.names if n not in DEFAULT_FIELDS and n not in self.made]
         self.read = tuple(extra) + ((BOXES,) if self.per_box and not self.boxes else ())
         self.plain = self.names == DEFAULT_FIELDS and not spec.pad
 
@@ -165,6 +172,8 @@ class Assembler:
             if self.mask:
                 out[MASK] = self._masks(rows, geo, entries, indices, tuple(images.shape[-2:]),
                                         device)
+        if self.made:
+            out.update(self._conditioning(entries, indices, epoch, device))
         if self.spec.pad:
             images = zero_padding(images, sizes)
         result = tuple(images if n == "image" else labels if n == "label" else out[n]
@@ -172,6 +181,20 @@ class Assembler:
         if self.spec.pad:
             result += (torch.from_numpy(np.ascontiguousarray(sizes)).to(device),)
         return result
+
+    def _conditioning(self, entries, indices, epoch: int, device) -> dict:
+        """SDXL's micro-conditioning of the batch's samples, drawn again from (seed, epoch,
+        index) as the workers drew their crops."""
+        import torch
+
+        from dlpack_io.reader.batch.plan import Draws
+
+        hs, ws = entries["height"].astype(np.int64), entries["width"].astype(np.int64)
+        _, corner, bucket = self.spec.geometry.crops(hs, ws, Draws(self.seed, epoch), indices)
+        values = {"original_size": np.stack([hs, ws], axis=1), "crop_top_left": corner,
+                  "target_size": np.tile(np.asarray(bucket, np.int64), (len(hs), 1))}
+        return {n: torch.from_numpy(np.ascontiguousarray(values[n])).to(device)
+                for n in self.made}
 
     def _where(self, index: int) -> str:
         return self.dataset.where(int(index))

@@ -32,9 +32,11 @@ import logging
 import os
 import threading
 import time
+import zlib
 
 import numpy as np
 
+from dlpack_io.reader.batch import buckets as buckets_mod
 from dlpack_io.reader.batch import order as order_mod
 from dlpack_io.reader.batch import resume, sources
 from dlpack_io.reader.batch.autotune import Tuner
@@ -102,6 +104,22 @@ def check_slots(o: LoaderOptions, slot_bytes: int, slots: int) -> None:
                          f"output size")
 
 
+def check_bucketing(o: LoaderOptions) -> None:
+    """What buckets cannot be combined with: a sample_transform (the bucket comes from the
+    stored size, which the function may change) and, for aspect buckets, padding (every
+    batch has its bucket's size already)."""
+    if o.buckets is None:
+        return
+    name = type(o.buckets).__name__
+    if o.sample_transform is not None:
+        raise ValueError(f"buckets={name}(...) with a sample_transform: a batch's bucket comes "
+                         f"from the stored sizes, which the function may change; apply it to "
+                         f"the delivered batch instead")
+    if o.output.pad and not hasattr(o.buckets, "sizes_of"):
+        raise ValueError(f"buckets={name}(...) gives every batch its bucket's size: leave "
+                         f"Output(pad=True) out (TokenBudget pads)")
+
+
 class Loader:
     """Shuffled, transformed batches of ``dataset`` (a Dataset, a torch Subset of one, or a
     Mixture of data sets: sources.py) as ``(images, labels)`` tensors (the ``fields`` asked
@@ -120,17 +138,19 @@ class Loader:
                  drop_last: bool = _D.drop_last, transforms=_D.transforms,
                  sample_transform=_D.sample_transform, dtype=_D.dtype, device=_D.device,
                  fields: tuple = _D.fields, rank: int | None = _D.rank,
-                 world_size: int | None = _D.world_size, order: Order | None = None,
+                 world_size: int | None = _D.world_size, buckets=_D.buckets,
+                 order: Order | None = None,
                  workers: Workers | None = None, output: Output | None = None,
                  **compat):
         given = {k: v for k, v in locals().items() if k not in ("self", "dataset", "compat")}
         self.options = o = options_from(given, compat)
         self._prefetch_factor = compat.get("prefetch_factor")  # as asked: DataLoader's name
         self.dataset, self.subset = sources.unwrap(dataset, o.order.indices)
-        self.fields = sources.check_fields(self.dataset, o.fields)
+        self.fields = sources.check_fields(self.dataset, o.fields, o.buckets)
+        check_bucketing(o)
         w = o.workers
         self.spec = compile_spec(o.transforms, dtype=o.dtype, reduced_decode=w.reduced_decode,
-                                 pad=o.pad_stride)
+                                 pad=o.pad_stride, buckets=o.buckets)
         self.device = resolve_device(o.device)
         wanted = use_device_transforms(w.device_transforms, self.device) \
             and o.sample_transform is None
@@ -154,6 +174,7 @@ class Loader:
         self._cursor = None            # (epoch, segments before this run, world, batch, total)
         self._engine = None            # pipeline.Engine, kept across epochs
         self._tickets = 0              # batches ever submitted (the runners' batch ids)
+        self._plans = {}               # bucketed splits of recent sequences (_plan_ranks)
 
     def _tuner(self) -> Tuner:
         tune = Tuner(self.options, self._stats.setting)
@@ -205,8 +226,10 @@ class Loader:
         rank, world = order_mod.resolve_world(*self._world)
         epoch = self.epoch + self._advance
         base, start = self._resume_point(epoch, world)
-        n = len(self._sequence(epoch, base))
-        return order_mod.batches_per_rank(n, world, self.options.batch_size,
+        seq = self._sequence(epoch, base)
+        if self.options.buckets is not None:
+            return len(self._rank_part(seq, 0, world)[1]) - 1 - start
+        return order_mod.batches_per_rank(len(seq), world, self.options.batch_size,
                                           self.options.drop_last) - start
 
     def _num_items(self) -> int:
@@ -216,14 +239,44 @@ class Loader:
         return sources.epoch_positions(self.dataset, self.subset, self.options, epoch)
 
     def _sequence(self, epoch: int, segments) -> np.ndarray:
-        return resume.remaining(self._epoch_order(epoch), segments)
+        return resume.remaining(self._epoch_order(epoch), segments, self._plan_ranks())
+
+    def _plan_ranks(self):
+        """The bucketed split (buckets.plan_ranks bound to this Loader, the last few kept:
+        len(), indices() and the epoch ask for the same one), None for fixed batches."""
+        if self.options.buckets is None:
+            return None
+
+        def plan(sequence, world, batch_size, drop_last):
+            key = (zlib.crc32(np.ascontiguousarray(sequence)), len(sequence), world,
+                   batch_size, bool(drop_last))
+            if key not in self._plans:
+                while len(self._plans) >= 4:
+                    self._plans.pop(next(iter(self._plans)))
+                self._plans[key] = buckets_mod.plan_ranks(self.options.buckets, sequence,
+                                                          self._sizes, world, batch_size,
+                                                          drop_last)
+            return self._plans[key]
+        return plan
+
+    def _sizes(self, sequence):
+        """(heights, widths) the index stores for the samples of ``sequence``."""
+        entries = self.dataset.lookup(sequence)[2]
+        return entries["height"], entries["width"]
+
+    def _rank_part(self, sequence, rank: int, world: int):
+        """(``rank``'s samples in order, batch boundaries): order.py's cut, or the buckets'."""
+        o = self.options
+        if o.buckets is None:
+            return order_mod.rank_part(sequence, rank, world, o.batch_size, o.drop_last)
+        positions, bounds = self._plan_ranks()(sequence, world, o.batch_size, o.drop_last)[rank]
+        return sequence[positions], bounds
 
     def indices(self, epoch: int | None = None) -> np.ndarray:
         """The global sample indices this rank reads in ``epoch`` (a whole epoch), in order."""
         rank, world = order_mod.resolve_world(*self._world)
-        part, bounds = order_mod.rank_part(self._epoch_order(self.epoch if epoch is None
-                                                             else epoch), rank, world,
-                                           self.options.batch_size, self.options.drop_last)
+        part, bounds = self._rank_part(self._epoch_order(self.epoch if epoch is None else epoch),
+                                       rank, world)
         return part[:bounds[-1]]
 
     def set_epoch(self, epoch: int) -> None:
@@ -284,8 +337,7 @@ class Loader:
         self._restored = None
         seq = self._sequence(epoch, base)
         o = self.options
-        part, bounds = order_mod.rank_part(seq, self.rank, self.world_size, o.batch_size,
-                                           o.drop_last)
+        part, bounds = self._rank_part(seq, self.rank, self.world_size)
         order_mod.warn_short_share(part, len(seq), bounds, self.rank, self.world_size,
                                    o.batch_size)
         return part, bounds, base, min(start, len(bounds) - 1)

@@ -29,6 +29,7 @@ import warnings
 from dataclasses import MISSING, dataclass, field, fields, replace
 
 from dlpack_io.reader.batch import order as order_mod
+from dlpack_io.reader.batch.buckets import check_buckets
 from dlpack_io.reader.batch.errors import check_on_error
 from dlpack_io.reader.batch.plan import check_pad
 from dlpack_io.reader.batch.stats import parse_log_every
@@ -143,6 +144,9 @@ class LoaderOptions:
     rank: int | None = _opt(None, "this process's share; None: torch.distributed's, else "
                                   "torchrun's RANK")
     world_size: int | None = _opt(None, "ranks sharing each epoch; None: as rank")
+    buckets: object = _opt(None, "batches of every shape: AspectBuckets(...) (each batch one "
+                                 "aspect bucket) or TokenBudget(...) (batches filled up to a "
+                                 "token budget, padded); None: transforms give one size")
     order: Order = _opt(None, "Order(indices, block_size, block_window)", factory=Order)
     workers: Workers = _opt(None, "Workers(kind, prefetch, timeout, persistent, on_error, "
                                   "device_transforms, reduced_decode, log_every)",
@@ -168,12 +172,16 @@ class LoaderOptions:
             raise TypeError(f"transforms must be a list of transforms, got {self.transforms!r}")
         object.__setattr__(self, "transforms", tuple(self.transforms))
         object.__setattr__(self, "shuffle", order_mod.check_shuffle(self.shuffle))
+        check_buckets(self.buckets)
 
     @property
     def pad_stride(self) -> int:
-        """0 without ``pad``, else the multiple each padded side is rounded up to."""
+        """0 without ``pad``, else the multiple each padded side is rounded up to (a token
+        budget pads to its patch)."""
         o = self.output
-        return check_pad(o.pad, o.pad_multiple, o.mask_pad_value)
+        stride = check_pad(o.pad, o.pad_multiple, o.mask_pad_value)
+        patch = getattr(self.buckets, "patch", 0)
+        return max(stride, patch) if patch else stride
 
     @property
     def worker_count(self) -> int:

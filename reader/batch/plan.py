@@ -124,10 +124,12 @@ class TransformSpec:
             resize = False
         else:
             boxes = self.geometry.boxes(heights, widths, draws, indices)
-            size, resize = self.geometry.size, self.geometry.resizes
+            size, resize = getattr(self.geometry, "size", None), self.geometry.resizes
+            if hasattr(self.geometry, "size_for"):  # buckets: a size per batch
+                size = self.geometry.size_for(heights, widths, indices)
         size = (size, size) if isinstance(size, int) else tuple(size)  # int: pad sets it
         sizes = sample_sizes(self.geometry, heights, widths) if self.pad else None
-        if isinstance(self.geometry, ResizeThenCrop):
+        if hasattr(self.geometry, "exact_boxes"):  # Resize then crop, or buckets
             exact = self.geometry.exact_boxes(heights, widths, draws, indices)
             windows = decode_windows(exact, size if sizes is None else sizes.T,
                                      np.asarray(heights, np.int64), np.asarray(widths, np.int64))
@@ -245,11 +247,12 @@ def _geometry(resize, crop, pad: int = 0):
 
 
 def compile_spec(transforms=(), *, dtype=None, reduced_decode: bool = True,
-                 pad: int = 0) -> TransformSpec:
+                 pad: int = 0, buckets=None) -> TransformSpec:
     """Check ``transforms`` (torchvision-named objects of this package) and resolve them.
 
-    ``dtype`` None means uint8 without Normalize, float32 with it. Raises ValueError /
-    TypeError naming what is wrong and which orders work."""
+    ``dtype`` None means uint8 without Normalize, float32 with it; ``buckets`` (an
+    AspectBuckets or a TokenBudget: buckets.py) is the geometry instead of a resize or a
+    crop. Raises ValueError / TypeError naming what is wrong and which orders work."""
     import torch
 
     transforms = list(transforms or ())
@@ -266,7 +269,11 @@ def compile_spec(transforms=(), *, dtype=None, reduced_decode: bool = True,
     if norm is not None and len(norm.mean) != 3:
         raise ValueError(f"Normalize: {len(norm.mean)} means/stds for 3-channel RGB images")
     flip_h, flip_v, jitter = pick("flip_h"), pick("flip_v"), pick("jitter")
-    geometry = _geometry(pick("resize"), pick("crop"), pad)
+    if buckets is not None and (pick("resize") or pick("crop")):
+        raise ValueError(f"buckets={type(buckets).__name__}(...) resizes and crops every "
+                         f"sample to its batch's shape: leave "
+                         f"{type(pick('resize') or pick('crop')).__name__} out of transforms")
+    geometry = buckets if buckets is not None else _geometry(pick("resize"), pick("crop"), pad)
     mode, antialias = (getattr(geometry, "interpolation", "bilinear"),
                        getattr(geometry, "antialias", True))
     # the DCT downscale is itself a low-pass: only an antialiased filter may start from it
@@ -316,6 +323,8 @@ def sample_sizes(geometry, hs, ws) -> np.ndarray:
     hs, ws = np.asarray(hs, np.int64), np.asarray(ws, np.int64)
     if geometry is None:
         return np.stack([hs, ws], axis=1)
+    if hasattr(geometry, "sizes_of"):  # a token budget: each sample at its own size
+        return geometry.sizes_of(hs, ws)
     resize = getattr(geometry, "resize", None)
     if getattr(geometry, "crop", True) is None and not isinstance(resize.size, tuple):
         return np.stack(resize.resized_shape(hs, ws), axis=1)

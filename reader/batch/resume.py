@@ -28,6 +28,8 @@ from dlpack_io.reader.batch import order as order_mod
 STATE_VERSION = 2
 # Settings that decide the epoch order itself: a state can only continue the same order.
 ORDER_KEYS = ("num_samples", "seed", "shuffle", "block_size", "block_window", "subset")
+# Settings a state holds only when the loader had them (batches of every shape)
+OPTIONAL_KEYS = ("buckets",)
 
 
 @dataclass(frozen=True)
@@ -45,10 +47,16 @@ class Segment:
             (world_size, batch_size, bool(drop_last))
 
 
-def consumed_mask(sequence: np.ndarray, seg: Segment) -> np.ndarray:
-    """Boolean mask over ``sequence``: the samples the ranks of ``seg`` consumed."""
+def consumed_mask(sequence: np.ndarray, seg: Segment, plan=None) -> np.ndarray:
+    """Boolean mask over ``sequence``: the samples the ranks of ``seg`` consumed. ``plan``
+    (batches of every shape: buckets.plan_ranks, bound to the Loader's bucketing) splits
+    the sequence in its place of order.rank_part."""
     n = len(sequence)
     mask = np.zeros(n, dtype=bool)
+    if plan is not None:
+        for positions, bounds in plan(sequence, seg.world_size, seg.batch_size, seg.drop_last):
+            mask[positions[:int(bounds[min(seg.batches, len(bounds) - 1)])]] = True
+        return mask
     for rank in range(seg.world_size):
         start, _ = order_mod.rank_bounds(n, rank, seg.world_size, seg.batch_size, seg.drop_last)
         _, bounds = order_mod.rank_part(sequence, rank, seg.world_size, seg.batch_size,
@@ -58,10 +66,10 @@ def consumed_mask(sequence: np.ndarray, seg: Segment) -> np.ndarray:
     return mask
 
 
-def remaining(sequence: np.ndarray, segments) -> np.ndarray:
+def remaining(sequence: np.ndarray, segments, plan=None) -> np.ndarray:
     """``sequence`` minus everything the ``segments`` consumed, in order."""
     for seg in segments:
-        sequence = sequence[~consumed_mask(sequence, seg)]
+        sequence = sequence[~consumed_mask(sequence, seg, plan)]
     return sequence
 
 
@@ -80,9 +88,10 @@ def make_state(identity: dict, epoch: int, segments) -> dict:
 
 def parse_state(state: dict, identity: dict, items: int | None = None) -> tuple[int, list]:
     """(epoch, segments) of a saved state; raises ValueError when it cannot continue this
-    loader's order, or names the key that is not what a saved state holds (statecheck:
-    types and ranges, ``items`` = samples in the loader's epoch, default num_samples).
-    Version-1 states (one segment implied) are accepted."""
+    loader's order, or names the key that is not what a saved state holds (the checks at the
+    end of this module: types and ranges, ``items`` = samples in the loader's epoch, default
+    num_samples). Version-1 states (one segment implied) are accepted; a setting that only
+    some loaders have (``buckets``) must be absent or the same on both sides."""
     if not isinstance(state, dict):
         raise ValueError(f"loader state is a {type(state).__name__}, expected the dict "
                          f"Loader.state_dict() returns")
@@ -93,6 +102,10 @@ def parse_state(state: dict, identity: dict, items: int | None = None) -> tuple[
     else:
         segments = [Segment(*s) for s in check_segments(state, items)]
     diff = {}
+    for k in OPTIONAL_KEYS:
+        if k not in identity and state.get(k) is not None:
+            diff[k] = (state[k] if len(repr(state[k])) < 80 else repr(state[k])[:77] + "...",
+                       None)
     for k, v in identity.items():
         saved = state.get(k, None)
         try:

@@ -29,18 +29,19 @@ def unwrap(dataset, indices):
     return unwrap_subset(dataset, indices)
 
 
-def check_fields(dataset, names) -> tuple:
-    """``fieldbatch.check_fields`` for every set of a Mixture: ValueError naming the set
+def check_fields(dataset, names, buckets=None) -> tuple:
+    """``fields.check_fields`` for every set of a Mixture: ValueError naming the set
     that lacks a field (or stores it with another schema than set 0)."""
     if not isinstance(dataset, Mixture):
-        return fieldbatch.check_fields(dataset, names)
+        return fieldbatch.check_fields(dataset, names, buckets)
     for s, ds in enumerate(dataset.datasets):
         try:
-            fieldbatch.check_fields(ds, names)
+            fieldbatch.check_fields(ds, names, buckets)
         except ValueError as exc:
             raise ValueError(f"Mixture set {s}: {exc}") from None
+        made = fieldbatch.CONDITIONING if hasattr(buckets, "crops") else ()
         for n in names:
-            if n not in fieldbatch.DEFAULT_FIELDS and n not in dataset.fields:
+            if n not in fieldbatch.DEFAULT_FIELDS + made and n not in dataset.fields:
                 raise ValueError(f"Mixture set {s} ({ds.path}): field {n!r} is "
                                  f"{ds.fields[n]}, set 0 stores it as "
                                  f"{dataset.datasets[0].fields[n]}: a batch needs one schema")
@@ -71,6 +72,8 @@ def identity(dataset, subset, o) -> dict:
     out = {"num_samples": len(dataset), "seed": o.seed, "shuffle": o.shuffle,
            "block_size": o.order.block_size, "block_window": o.order.block_window,
            "subset": resume.subset_digest(subset)}
+    if o.buckets is not None:  # the batches' composition: a state continues only the same
+        out["buckets"] = repr(o.buckets)
     if isinstance(dataset, Mixture):  # the sets' sizes and shares decide the order too
         out["mixture"] = [[int(n), int(q)] for n, q in zip(dataset.sizes, dataset.counts)]
     return out

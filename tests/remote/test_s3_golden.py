@@ -11,7 +11,8 @@ from helpers import upload_folder
 PINNED = golden.load()
 ROOT = "s3://dlpack-test/golden"
 CASES = ("rrc-flip-normalize", "rrc-uint8-targets", "pad-detection", "raw-random-crop",
-         "mixture", "block-drop-last-rank1")  # LMDB shards are read locally only
+         "mixture", "block-drop-last-rank1", "aspect-buckets",
+         "token-budget")  # LMDB shards are read locally only
 
 
 @pytest.fixture(scope="module")
