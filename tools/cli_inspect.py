@@ -37,6 +37,12 @@ from dlpack_io.tools.cli_common import DATASET, echo_json, fail
 @click.option("--max-pixels", type=int, default=None,
               help="Refuse records larger than this many pixels (height x width); default "
                    "89478485, the default of convert --max-pixels.")
+@click.option("--aspect-buckets", "aspect", metavar="AREA[/MULTIPLE[/RATIO]]",
+              help="With --order or --grid --augmented: batches of aspect buckets, e.g. "
+                   "1048576/64/4 (Loader(buckets=AspectBuckets(area, multiple, max_ratio))).")
+@click.option("--token-budget", "budget", metavar="TOKENS[/PATCH[/MAX_SIDE]]",
+              help="With --order or --grid --augmented: batches filled to a token budget, "
+                   "e.g. 8192/16/512 (Loader(buckets=TokenBudget(tokens, patch, max_side))).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--mix", multiple=True, type=DATASET, help="With --order: read DST mixed with "
               "this data set (repeat for more); shows each set's share per batch.")
@@ -46,8 +52,8 @@ from dlpack_io.tools.cli_common import DATASET, echo_json, fail
 @click.option("--mix-epoch", type=click.Choice(["sum", "largest", "smallest"]),
               help="With --mix: the epoch length rule instead (default sum).")
 def inspect(dst, shard, sample, grid, augmented, grid_count, order, shuffle, epoch,
-            world_size, rank, batch_size, drop_last, seed, max_pixels, as_json, mix, weights,
-            samples_per_epoch, mix_epoch):
+            world_size, rank, batch_size, drop_last, seed, max_pixels, aspect, budget, as_json,
+            mix, weights, samples_per_epoch, mix_epoch):
     """Summarise the packed data set in DST, a folder or s3://, gs:// or az://bucket/prefix
     (or one shard, one sample, a contact sheet, or the sample order a Loader will read)."""
     from dlpack_io.reader.format import DEFAULT_MAX_PIXELS, FormatError
@@ -57,6 +63,7 @@ def inspect(dst, shard, sample, grid, augmented, grid_count, order, shuffle, epo
     if augmented and not grid:
         fail("--augmented draws the contact sheet as the Loader yields it: give --grid FILE too")
     try:
+        buckets = _buckets(aspect, budget)
         if order and mix:
             from dlpack_io.tools.mix_report import format_mixture_report, mixture_report
 
@@ -70,11 +77,11 @@ def inspect(dst, shard, sample, grid, augmented, grid_count, order, shuffle, epo
             from dlpack_io.tools.order_report import format_order_report, order_report
 
             data = order_report(dst, seed=seed, epoch=epoch, world_size=world_size, rank=rank,
-                                batch_size=batch_size, drop_last=drop_last,
+                                batch_size=batch_size, drop_last=drop_last, buckets=buckets,
                                 shuffle=None if shuffle == "none" else shuffle)
             text = format_order_report(data)
         elif grid:
-            data, text = _sheet(dst, grid, augmented, grid_count, seed, limit)
+            data, text = _sheet(dst, grid, augmented, grid_count, seed, limit, buckets)
         elif shard is not None:
             data = inspection.shard_detail(dst, shard, **limit)
             text = render.shard_text(data)
@@ -91,7 +98,29 @@ def inspect(dst, shard, sample, grid, augmented, grid_count, order, shuffle, epo
     click.echo(text)
 
 
-def _sheet(dst, grid, augmented: bool, count: int, seed: int, limit: dict) -> tuple:
+def _buckets(aspect, budget):
+    """The bucketing of --aspect-buckets / --token-budget (None without either)."""
+    if aspect and budget:
+        raise ValueError("--aspect-buckets and --token-budget: give one")
+    if not (aspect or budget):
+        return None
+    from dlpack_io.reader import AspectBuckets, TokenBudget
+
+    text, cls = (aspect, AspectBuckets) if aspect else (budget, TokenBudget)
+    keys = ("area", "multiple", "max_ratio") if aspect else ("tokens", "patch", "max_side")
+    parts = text.split("/")
+    if len(parts) > 3 or not all(p.strip() for p in parts):
+        raise ValueError(f"{text!r}: expected {'/'.join(keys).upper()} (the first alone is "
+                         f"enough)")
+    try:
+        values = [float(p) if k == "max_ratio" else int(p) for k, p in zip(keys, parts)]
+    except ValueError:
+        raise ValueError(f"{text!r}: expected numbers, {'/'.join(keys).upper()}") from None
+    return cls(**dict(zip(keys, values)))
+
+
+def _sheet(dst, grid, augmented: bool, count: int, seed: int, limit: dict,
+           buckets=None) -> tuple:
     """(data, text) of --grid: the contact sheet, or with --augmented what the Loader
     yields (boxes and masks drawn, tools/targetsheet.py)."""
     from dlpack_io.tools import inspection, render
@@ -102,7 +131,8 @@ def _sheet(dst, grid, augmented: bool, count: int, seed: int, limit: dict) -> tu
                       f"{render.plural(len(data['samples']), 'image')})")
     from dlpack_io.tools.targetsheet import augmented_sheet
 
-    data = augmented_sheet(dst, inspection.sheet_path(grid), count=count, seed=seed, **limit)
+    data = augmented_sheet(dst, inspection.sheet_path(grid), count=count, seed=seed,
+                           buckets=buckets, **limit)
     text = (f"wrote {data['path']} ({data['width']}x{data['height']}, "
             f"{render.plural(len(data['samples']), 'image')} as the Loader yields them)")
     if data["masks_not_moved"]:

@@ -17,6 +17,7 @@ import math
 import numpy as np
 
 from dlpack_io.reader.batch import order as order_mod
+from dlpack_io.reader.batch.buckets import plan_ranks
 
 SHUFFLES = ("global", "block", None)
 
@@ -68,16 +69,45 @@ def _first_batches(ds, mine, count, bounds, shard_of, local, label_of) -> list:
     return out
 
 
+def bucket_report(bucketing, heights, widths, mine, bounds, batch_size: int) -> dict:
+    """What a bucketing makes of a rank's epoch: for aspect buckets the samples of every
+    bucket (the whole data set's and this rank's batches), for a token budget how full the
+    batches are and how much of a padded batch is padding."""
+    counts = np.diff(bounds)
+    if hasattr(bucketing, "bucket_of"):
+        every = np.bincount(bucketing.bucket_of(heights, widths), minlength=len(bucketing.sizes))
+        first = [int(mine[a]) for a in bounds[:-1][counts > 0]]
+        per_batch = np.bincount(bucketing.bucket_of(heights[first], widths[first]),
+                                minlength=len(bucketing.sizes)) if first else every * 0
+        return {"kind": "aspect", "buckets": [
+            {"size": list(size), "samples": int(every[b]), "rank_batches": int(per_batch[b])}
+            for b, size in enumerate(bucketing.sizes) if every[b]]}
+    sizes = bucketing.sizes_of(heights[mine], widths[mine])
+    tokens = (sizes[:, 0] // bucketing.patch) * (sizes[:, 1] // bucketing.patch)
+    fills, padded = [], []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        if b > a:
+            fills.append(tokens[a:b].sum() / bucketing.tokens)
+            box = sizes[a:b].max(axis=0)
+            padded.append(1 - (sizes[a:b, 0] * sizes[a:b, 1]).sum() / ((b - a) * box[0] * box[1]))
+    return {"kind": "tokens", "tokens": bucketing.tokens, "patch": bucketing.patch,
+            "mean_fill": float(np.mean(fills)) if fills else 0.0,
+            "min_fill": float(np.min(fills)) if fills else 0.0,
+            "mean_samples": float(np.mean(counts)) if len(counts) else 0.0,
+            "padding": float(np.mean(padded)) if padded else 0.0}
+
+
 def order_report(path, *, seed: int = 0, epoch: int = 0, world_size: int = 1, rank: int = 0,
                  batch_size: int = 256, shuffle="global", drop_last: bool = False,
                  block_size: int = order_mod.DEFAULT_BLOCK_SIZE,
-                 window: int = order_mod.DEFAULT_WINDOW, show: int = 3) -> dict:
+                 window: int = order_mod.DEFAULT_WINDOW, show: int = 3, buckets=None) -> dict:
     """Describe rank ``rank``'s epoch ``epoch`` of the data set at ``path`` (a dict).
 
     Includes the first ``show`` batches (sample, shard, record, label of their first
     samples), how many samples it reads from each shard, and the shard/class mixing of
-    every shuffle mode for comparison. The batches are the Loader's (order.rank_part), and
-    ``drop_last`` defaults to the Loader's default (False).
+    every shuffle mode for comparison. The batches are the Loader's (order.rank_part, or
+    with ``buckets`` the bucketed split of reader/batch/buckets.py, then described by
+    :func:`bucket_report`), and ``drop_last`` defaults to the Loader's default (False).
     """
     from dlpack_io.reader import Dataset
 
@@ -89,7 +119,13 @@ def order_report(path, *, seed: int = 0, epoch: int = 0, world_size: int = 1, ra
     kw = dict(seed=seed, epoch=epoch, rank=rank, world_size=world_size, batch_size=batch_size,
               drop_last=drop_last, shard_sizes=sizes, block_size=block_size, window=window)
     epoch_order = order_mod.epoch_order(n, shuffle, seed, epoch, sizes, block_size, window)
-    mine, bounds = order_mod.rank_part(epoch_order, rank, world_size, batch_size, drop_last)
+    hs, ws = entries["height"].astype(np.int64), entries["width"].astype(np.int64)
+    if buckets is None:
+        mine, bounds = order_mod.rank_part(epoch_order, rank, world_size, batch_size, drop_last)
+    else:
+        positions, bounds = plan_ranks(buckets, epoch_order, lambda q: (hs[q], ws[q]),
+                                       world_size, batch_size, drop_last)[rank]
+        mine = epoch_order[positions]
     mine = mine[:bounds[-1]]
     batches = len(bounds) - 1
     first = _first_batches(ds, mine, min(show, batches), bounds, shard_of, local, label_of)
@@ -105,9 +141,29 @@ def order_report(path, *, seed: int = 0, epoch: int = 0, world_size: int = 1, ra
             "shuffle": order_mod.check_shuffle(shuffle) or "none", "block_size": block_size,
             "window": window, "rank_samples": int(len(mine)), "num_batches": int(batches),
             "first_batches": first,
+            "buckets": None if buckets is None else bucket_report(buckets, hs, ws, mine,
+                                                                  bounds, batch_size),
             "shards_read": {ds.manifest["shards"][k]["name"]: int(c)
                             for k, c in enumerate(per_shard) if c},
             "quality": quality}
+
+
+def format_buckets(b) -> list:
+    """Lines of :func:`bucket_report`'s dict (none without buckets)."""
+    if not b:
+        return []
+    if b["kind"] == "tokens":
+        return ["", f"token budget {b['tokens']} (patch {b['patch']}): batches "
+                    f"{100 * b['mean_fill']:.1f}% full on average (the emptiest "
+                    f"{100 * b['min_fill']:.1f}%), {b['mean_samples']:.1f} samples each, "
+                    f"{100 * b['padding']:.1f}% of a padded batch is padding"]
+    lines = ["", "aspect buckets (height x width): samples in the data set, batches of this rank"]
+    top = max(x["samples"] for x in b["buckets"])
+    for x in b["buckets"]:
+        bar = "#" * max(1, round(30 * x["samples"] / top))
+        lines.append(f"  {x['size'][0]:5d} x {x['size'][1]:<5d} {x['samples']:8d} "
+                     f"{x['rank_batches']:6d}  {bar}")
+    return lines
 
 
 def format_order_report(report: dict) -> str:
@@ -125,6 +181,7 @@ def format_order_report(report: dict) -> str:
         items = ", ".join(f"{s['sample']} ({s['shard']}#{s['record']}, class {s['label']})"
                           for s in b["samples"])
         lines.append(f"  batch {b['batch']} ({b['size']} samples): {items}, ...")
+    lines += format_buckets(r.get("buckets"))
     lines += ["", "shuffle quality: distinct shards / classes per batch (perfect shuffle = "
                   "uniformly random batches)",
               f"  {'shuffle':8s} {'shards/batch':>14s} {'perfect':>9s} {'mix':>6s}   "

@@ -116,10 +116,13 @@ def _per_sample(value, k: int):
 
 
 def augmented_sheet(path, out_png, *, count: int = 48, cell: int = 160, columns: int = 8,
-                    seed: int = 0, size: int = 224, max_pixels: int | None = None) -> dict:
-    """Write ``out_png`` (a path PIL can write), a grid of the first batch a Loader yields with RandomResizedCrop(size)
-    and RandomHorizontalFlip() (seed ``seed``), its boxes and masks drawn as it yields
-    them (``Loader(ds, fields=("image", "label", "boxes", "categories", "mask"))``)."""
+                    seed: int = 0, size: int = 224, max_pixels: int | None = None,
+                    buckets=None) -> dict:
+    """Write ``out_png`` (a path PIL can write), a grid of the first batch a Loader yields
+    with RandomResizedCrop(size) and RandomHorizontalFlip() (seed ``seed``; with
+    ``buckets``, the bucketing instead of the crop: one bucket's batch, or one token
+    budget's), its boxes and masks drawn as it yields them (``Loader(ds, fields=("image",
+    "label", "boxes", "categories", "mask"))``)."""
     from PIL import Image, ImageDraw
 
     from dlpack_io.reader import Dataset, Loader, RandomHorizontalFlip, RandomResizedCrop
@@ -127,9 +130,10 @@ def augmented_sheet(path, out_png, *, count: int = 48, cell: int = 160, columns:
 
     ds = Dataset(path, **({"max_pixels": max_pixels} if max_pixels else {}))
     names = ("image", "label") + tuple(n for n in TARGET_FIELDS if n in ds.fields)
+    crop = [RandomResizedCrop(size)] if buckets is None else []
     loader = Loader(ds, batch_size=min(count, len(ds)), shuffle="global", seed=seed,
                     num_workers=0, fields=names, output=Output(return_index=True),
-                    transforms=[RandomResizedCrop(size), RandomHorizontalFlip()])
+                    buckets=buckets, transforms=crop + [RandomHorizontalFlip()])
     batch = next(iter(loader))
     got = dict(zip(names, batch[:len(names)]))
     indices = _numpy(batch[-1]).tolist()

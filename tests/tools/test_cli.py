@@ -2,12 +2,15 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from dlpack_io.reader import Output
 from dlpack_io.tools.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
 
 COMMANDS = ["convert", "inspect", "verify", "doctor"]
 
@@ -114,3 +117,40 @@ def test_inspect_order_reads_what_the_loader_reads(image_folder, tmp_path, flag,
     for shown, real in zip(report["first_batches"], batches):
         assert shown["size"] == len(real)
         assert [s["sample"] for s in shown["samples"]] == real[:4].tolist()
+
+
+def test_inspect_order_with_buckets_reads_what_a_bucketed_loader_reads(tmp_path):
+    """--aspect-buckets / --token-budget: the report's batches are the bucketed Loader's, with
+    the bucket histogram or the budget's fill; --grid --augmented draws a bucketed batch."""
+    from dlpack_io.reader import AspectBuckets, Dataset, Loader, TokenBudget
+
+    golden = str(ROOT / "tests" / "data" / "golden" / "photos")
+    for flag, spec, buckets in (("--aspect-buckets", "1600/8/2.5",
+                                 AspectBuckets(area=1600, multiple=8, max_ratio=2.5)),
+                                ("--token-budget", "100/8/56",
+                                 TokenBudget(tokens=100, patch=8, max_side=56))):
+        args = ["inspect", golden, "--order", "--batch-size", "4", "--world-size", "2",
+                "--rank", "1", "--seed", "3", "--json", flag, spec]
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 0, result.output
+        report = json.loads(result.output)
+        loader = Loader(Dataset(golden), batch_size=4, rank=1, world_size=2, seed=3,
+                        num_workers=0, buckets=buckets, output=Output(return_index=True))
+        batches = [b[-1] for b in loader]
+        assert report["num_batches"] == len(batches)
+        for shown, real in zip(report["first_batches"], batches):
+            assert [s["sample"] for s in shown["samples"]] == real[:4].tolist()
+        b = report["buckets"]
+        if flag == "--aspect-buckets":
+            assert sum(x["samples"] for x in b["buckets"]) == 40
+            assert sum(x["rank_batches"] for x in b["buckets"]) == len(batches)
+        else:
+            assert 0 < b["mean_fill"] <= 1 and 0 <= b["padding"] < 1
+        text = CliRunner().invoke(main, args[:-3] + [flag, spec])
+        assert ("aspect buckets" if flag == "--aspect-buckets" else "token budget 100") \
+            in text.output
+        sheet = CliRunner().invoke(main, ["inspect", golden, "--grid", str(tmp_path / "b.png"),
+                                          "--augmented", "--grid-count", "4", flag, spec])
+        assert sheet.exit_code == 0 and "as the Loader yields them" in sheet.output
+    bad = CliRunner().invoke(main, ["inspect", golden, "--order", "--token-budget", "x/8"])
+    assert bad.exit_code != 0 and "expected numbers, TOKENS/PATCH/MAX_SIDE" in bad.output
