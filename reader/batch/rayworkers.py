@@ -271,7 +271,7 @@ class RayRunner:
         return [a for a in self._actors if a.alive and (a.ping is None or not answered)]
 
     def _check_started(self, wait: float = 0.0) -> None:
-        """Take the answers of starting actors (waiting up to ``wait`` s for one)."""
+        """Take the answers of starting actors (waiting up to ``wait`` s for them all)."""
         pending = {a.ping: a for a in self._live(False) if a.ping is not None}
         if not pending:
             return
@@ -312,12 +312,16 @@ class RayRunner:
         total = float(self.ray.cluster_resources().get("CPU", 0))
         free = float(self.ray.available_resources().get("CPU", 0))
         self.close()
+        head = (f"Ray loader actors not {what} within {limit:g} s on the Ray cluster at "
+                f"{self.address} ({started} of {self._wanted} answering)")
+        if free >= self._cpus:  # the CPUs are there: the actors are slow to start
+            return RayClusterError(f"{head}, with {free:g} of its {total:g} CPUs free: slow "
+                                   f"to start (importing torch on a busy node?); give them "
+                                   f"longer with Workers(timeout=...)")
         return RayClusterError(
-            f"Ray loader actors not {what} within {limit:g} s on the Ray cluster at "
-            f"{self.address} ({started} of {self._wanted} answering): it has {total:g} CPUs, "
-            f"{free:g} free now, and each actor needs {self._cpus:g}; free CPUs (other "
-            f"jobs' tasks and actors hold them), lower num_workers, or add a node (`ray start "
-            f"--address {self.address}`)")
+            f"{head}: it has {total:g} CPUs, {free:g} free now, and each actor needs "
+            f"{self._cpus:g}; free CPUs (other jobs' tasks and actors hold them), lower "
+            f"num_workers, or add a node (`ray start --address {self.address}`)")
 
     def _pick(self) -> _Actor:
         """The answering actor with the fewest batches queued (waits for one to answer

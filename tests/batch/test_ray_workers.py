@@ -102,6 +102,37 @@ def test_a_killed_actor_costs_only_its_batches(ray_address, tmp_path, caplog):
 
 
 @in_forked_child
+def test_a_bad_sample_raises_or_is_skipped_as_with_threads(ray_address):
+    """A sample_transform that fails on one sample, in an actor: SampleError naming the
+    sample in the training process, after the batches before it; with on_error="skip" the
+    batches and the account of thread workers."""
+    import numpy as np
+
+    from dlpack_io.reader.batch.errors import SampleError
+
+    with _loader("threads") as loader:
+        bad = int(loader.indices(0)[2 * loader.batch_size + 5])  # in batch 2
+    bad_pixels = golden.dataset("photos")[bad][0]
+
+    def fail_there(pixels):
+        if pixels.shape == bad_pixels.shape and np.array_equal(pixels, bad_pixels):
+            raise ValueError("a transform that cannot apply")
+        return pixels
+    got = []
+    with _loader(sample_transform=fail_there) as loader:
+        with pytest.raises(SampleError, match=f"sample {bad}.*cannot apply") as caught:
+            for batch in loader:
+                got.append(batch)
+    assert len(got) == 2 and caught.value.sample == bad
+    skip = {"workers": {"on_error": "skip"}}
+    with _loader(sample_transform=fail_there, **skip) as loader:
+        ray_epoch, ray_skipped = golden.epochs(loader, 1), [s.sample for s in loader.skipped]
+    with _loader("threads", sample_transform=fail_there, **skip) as loader:
+        assert golden.epochs(loader, 1) == ray_epoch
+        assert [s.sample for s in loader.skipped] == ray_skipped == [bad]
+
+
+@in_forked_child
 def test_resume_and_elastic_resume(ray_address):
     """A state saved by a loader with Ray actors is the pinned one; pinned states resume to
     the pinned rest of their epoch with Ray actors, saved by two ranks and read by one, and
@@ -120,10 +151,22 @@ def test_resume_and_elastic_resume(ray_address):
 
 
 @in_forked_child
-def test_a_cluster_without_cpus_for_the_actors_is_named(ray_address):
+def test_a_cluster_without_cpus_for_the_actors_is_named(ray_address, tmp_path):
     """More actors than the cluster has CPUs: refused at once; CPUs held by another
-    loader's actors: refused after the timeout, naming the address and the free CPUs."""
+    loader's actors: refused after the timeout, naming the address and the free CPUs; an
+    actor that cannot set up (here: a sample_transform from a module only this process
+    can import) names its node and the cause."""
+    from dlpack_io.reader.batch.errors import WorkerError
     from dlpack_io.reader.batch.rayworkers import RayClusterError
+
+    (tmp_path / "only_here.py").write_text("def same(pixels):\n    return pixels\n")
+    sys.path.insert(0, str(tmp_path))
+    import only_here
+
+    with _loader(sample_transform=only_here.same) as loader:
+        with pytest.raises(WorkerError, match=r"Ray loader actor \d could not set up on node "
+                                              r"127.0.0.2 .*No module named 'only_here'"):
+            next(iter(loader))
 
     with _loader(num_workers=5) as loader:
         with pytest.raises(RayClusterError, match=f"cluster at {ray_address} has 4 CPUs; 5 "
