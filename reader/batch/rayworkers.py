@@ -312,16 +312,14 @@ class RayRunner:
         total = float(self.ray.cluster_resources().get("CPU", 0))
         free = float(self.ray.available_resources().get("CPU", 0))
         self.close()
-        head = (f"Ray loader actors not {what} within {limit:g} s on the Ray cluster at "
-                f"{self.address} ({started} of {self._wanted} answering)")
-        if free >= self._cpus:  # the CPUs are there: the actors are slow to start
-            return RayClusterError(f"{head}, with {free:g} of its {total:g} CPUs free: slow "
-                                   f"to start (importing torch on a busy node?); give them "
-                                   f"longer with Workers(timeout=...)")
         return RayClusterError(
-            f"{head}: it has {total:g} CPUs, {free:g} free now, and each actor needs "
-            f"{self._cpus:g}; free CPUs (other jobs' tasks and actors hold them), lower "
-            f"num_workers, or add a node (`ray start --address {self.address}`)")
+            f"Ray loader actors not {what} within {limit:g} s on the Ray cluster at "
+            f"{self.address} ({started} of {self._wanted} answering; the cluster reports "
+            f"{free:g} of its {total:g} CPUs free, each actor needs {self._cpus:g}): no CPUs "
+            f"free for them (other jobs' tasks and actors hold them: free some, lower "
+            f"num_workers, or add a node with `ray start --address {self.address}`), or "
+            f"actors slow to start (importing torch on a busy node: give them longer with "
+            f"Workers(timeout=...))")
 
     def _pick(self) -> _Actor:
         """The answering actor with the fewest batches queued (waits for one to answer
