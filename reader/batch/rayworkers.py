@@ -201,6 +201,8 @@ class BatchActor:
 # ---- the runner -----------------------------------------------------------------------------
 @dataclass(eq=False)
 class _Actor:
+    """One actor as the runner sees it: its handle, whether it answered, its batches."""
+
     number: int
     handle: object
     ping: object                               # ready()'s reference until it answered
@@ -209,12 +211,15 @@ class _Actor:
     alive: bool = True
 
     def name(self) -> str:
+        """'Ray loader actor 3 (pid 4242 on 10.0.0.7)', for messages."""
         where = f" (pid {self.info['pid']} on {self.info['ip']})" if self.info else ""
         return f"Ray loader actor {self.number}{where}"
 
 
 @dataclass(eq=False)
 class _Task:
+    """One submitted batch: what to build, where it was sent, what came back."""
+
     indices: object
     epoch: int
     actor: _Actor
