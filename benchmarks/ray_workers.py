@@ -38,6 +38,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import signal
 import statistics
 import subprocess
@@ -116,6 +117,7 @@ class Cluster:
                 proc.wait()
         for group in self.groups + self.quotas:
             group.remove()
+        shutil.rmtree(self.tmp, ignore_errors=True)  # Ray's session files and the logs
 
 
 class Quota:
