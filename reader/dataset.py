@@ -211,6 +211,19 @@ class Dataset(ImageFolderAttributes):
         pixels, label = self[i]
         return {"image": pixels, "label": label, **read_fields(self, i)}
 
+    def open_args(self) -> dict:
+        """Keywords that open this data set again in a process of its own, on this machine
+        or another (a Ray actor): ``Dataset(**ds.open_args())``. For object storage: the
+        endpoint, region and explicit ``storage_options`` this process resolved, never
+        credentials found in its environment (each machine uses its own), and no cache
+        folder (each machine uses its default, or its ``DLPACK_CACHE_DIR``)."""
+        args = {"path": self.path, "verify_checksums": self.verify_checksums,
+                "max_pixels": self.max_pixels}
+        if self._remote is not None:
+            args.update(storage_options=self._remote.store.explicit_options or None,
+                        fetch_mode=self._remote.fetch_mode)
+        return args
+
     def __getstate__(self):
         state = {"path": self.path, "verify_checksums": self.verify_checksums,
                  "max_pixels": self.max_pixels}

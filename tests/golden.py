@@ -178,15 +178,19 @@ def cases() -> dict:
 
 WORKERS = {"serial": dict(num_workers=0), "threads": dict(num_workers=2),
            "processes": dict(num_workers=2, workers={"kind": "process"})}
+# Ray actors on the cluster at RAY_ADDRESS, for a few cases (RAY_CASES: they need a cluster)
+RAY = {"ray": dict(num_workers=2, workers={"kind": "ray"})}
+RAY_CASES = ("rrc-flip-normalize", "rrc-uint8-targets", "sample-transform", "mixture",
+             "device-transforms-rrc")
 
 
-def options(kwargs: dict, workers: str = "threads", **extra) -> dict:
-    """Loader keywords of a case read with ``WORKERS[workers]`` (and ``extra``): the group
-    dicts merged and made Order / Workers / Output."""
+def options(kwargs: dict, kind: str = "threads", **extra) -> dict:
+    """Loader keywords of a case read with ``WORKERS[kind]`` (or ``RAY[kind]``) and
+    ``extra``: the group dicts merged and made Order / Workers / Output."""
     from dlpack_io.reader import Order, Output, Workers
 
     out = dict(kwargs)
-    for more in (WORKERS[workers], extra):
+    for more in ({**WORKERS, **RAY}[kind], extra):
         for key, value in more.items():
             out[key] = {**out.get(key, {}), **value} if isinstance(value, dict) else value
     for key, cls in (("order", Order), ("workers", Workers), ("output", Output)):
@@ -236,12 +240,12 @@ def epochs(loader, count: int = EPOCHS) -> list[list[str]]:
     return [[digest(b) for b in loader] for _ in range(count)]
 
 
-def run_case(name: str, workers: str = "threads", root=DATA, **extra) -> list[list[str]]:
-    """The digests of case ``name`` read with ``WORKERS[workers]``."""
+def run_case(name: str, kind: str = "threads", root=DATA, **extra) -> list[list[str]]:
+    """The digests of case ``name`` read with ``WORKERS[kind]`` (or ``RAY[kind]``)."""
     from dlpack_io.reader import Loader
 
     set_name, kwargs = cases()[name]
-    with Loader(dataset(set_name, root), **options(kwargs, workers, **extra)) as loader:
+    with Loader(dataset(set_name, root), **options(kwargs, kind, **extra)) as loader:
         return epochs(loader)
 
 
@@ -271,13 +275,13 @@ def resume_states() -> dict:
     return out
 
 
-def resumed(state: dict, **change) -> list[str]:
+def resumed(state: dict, kind: str = "threads", **change) -> list[str]:
     """The digests of what is left of the epoch ``state`` points into, read by RESUME_CASE's
-    loader (with ``change`` to its options: another world size, say)."""
+    loader with ``WORKERS[kind]`` (with ``change`` to its options: another world size, say)."""
     from dlpack_io.reader import Loader
 
     set_name, kwargs = cases()[RESUME_CASE]
-    with Loader(dataset(set_name), **options(dict(kwargs, **change))) as loader:
+    with Loader(dataset(set_name), **options(dict(kwargs, **change), kind)) as loader:
         loader.load_state_dict(state)
         return [digest(b) for b in loader]
 

@@ -110,6 +110,19 @@ class LocalRayCluster:
             raise
         return self
 
+    def add_node(self, cpus: int | None = None, timeout: float = 120) -> int:
+        """Start one more worker node (``cpus`` CPUs, default the cluster's); returns its
+        node manager port, which ``ray.nodes()`` reports as ``NodeManagerPort``."""
+        ports = free_ports(6)
+        saved, self.cpus = self.cpus, self.cpus if cpus is None else cpus
+        try:
+            self._start_node(["--address", self.address, *_node_ports(ports)],
+                             self.root / f"node{len(self.procs)}.log",
+                             time.monotonic() + timeout)
+        finally:
+            self.cpus = saved
+        return ports[0]
+
     def sessions(self) -> set[int]:
         """Session ids of the nodes: every process a node starts stays in its session."""
         return {p.pid for p in self.procs}

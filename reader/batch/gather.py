@@ -225,6 +225,10 @@ class GatherJob:
         meta.stages = _gather_stages(t1 - t0, time.perf_counter() - t1)
         return meta
 
+    def used_bytes(self, meta: GatherMeta) -> int:
+        """Bytes of the slot that ``build`` filled (pixels, then the records)."""
+        return int(meta.nbytes)
+
     def collect(self, slot, meta: GatherMeta, release) -> HostBatch:
         """(In the consumer) a view of the slot's bytes; the slot stays held until
         ``release`` (after the device copy)."""

@@ -28,6 +28,7 @@ never of num_workers or worker kind. docs/loader.md has the details.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -83,6 +84,15 @@ def make_engine(o: LoaderOptions, dataset, spec, device, device_transforms: bool
                                describe=dataset.where)
         if device_transforms:
             finisher.pin(runner.slot_buffers())  # slots are read by the device copy
+    elif w.kind == "ray":  # actors on a Ray cluster run a job of their own, made there
+        from dlpack_io.reader.batch.rayworkers import RayRunner
+
+        remote = functools.partial(GatherJob, ctx, 1, False) if device_transforms else \
+            functools.partial(FinishedJob, ctx, None, 1)
+        slot = job.slot_bytes(min(o.batch_size, max(1, len(dataset))))
+        runner = RayRunner(job, remote, o.num_workers, slot, o.in_flight + 1,
+                           address=w.ray_address, actor_options=w.ray_options,
+                           timeout=w.timeout, describe=dataset.where)
     else:
         runner = ThreadRunner(job, o.num_workers, timeout=w.timeout, describe=dataset.where)
     return Engine(job, runner, finisher)
@@ -197,7 +207,8 @@ class Loader:
 
     @property
     def num_workers(self):
-        """Worker threads or processes (0: batches are built in the calling thread)."""
+        """Worker threads, processes or Ray actors (0: batches are built in the calling
+        thread)."""
         return self.options.num_workers
 
     @property
@@ -355,7 +366,8 @@ class Loader:
         token = self._stats.start_epoch(epoch, self._clock_pids(), asked)
         prefetch, clean = None, False
         try:
-            prefetch = self.dataset.start_prefetch(batches[start:])
+            if not self._engine.runner.opens_data:  # Ray actors fetch their own records
+                prefetch = self.dataset.start_prefetch(batches[start:])
             self._stats.fetching(prefetch)
             yield from self._deliver(batches, start, prefetch, epoch)
             clean = True
@@ -456,7 +468,7 @@ class Loader:
         o = self.options
         where = "device" if self.device_transforms else "host"
         return (f"Loader({self.dataset!r}, batch_size={o.batch_size}, shuffle={o.shuffle!r}, "
-                f"num_workers={o.num_workers} {o.workers.kind}s, rank={self.rank}/"
+                f"num_workers={o.num_workers} {o.workers.kind} workers, rank={self.rank}/"
                 f"{self.world_size}, device={self.device}, transforms on the {where})")
 
 

@@ -5,8 +5,9 @@ own fields) and the rest in three small typed groups whose names say what they g
 
 * ``order=Order(...)``: which samples an epoch reads beyond shuffle, seed and drop_last
   (a subset, the geometry of ``shuffle="block"``);
-* ``workers=Workers(...)``: who builds the batches and how (thread or process workers,
-  batches in flight, timeout, unreadable samples, where the transforms run);
+* ``workers=Workers(...)``: who builds the batches and how (thread or process workers, or
+  Ray actors on a cluster; batches in flight, timeout, unreadable samples, where the
+  transforms run);
 * ``output=Output(...)``: what each delivered batch holds and how (indices, padding,
   pinned memory).
 
@@ -34,7 +35,7 @@ from dlpack_io.reader.batch.errors import check_on_error
 from dlpack_io.reader.batch.plan import check_pad
 from dlpack_io.reader.batch.stats import parse_log_every
 
-WORKER_KINDS = ("thread", "process")
+WORKER_KINDS = ("thread", "process", "ray")
 MAX_PREFETCH, MAX_WORKERS = 4096, 1024  # beyond these: a typo, not a setting
 AUTO = "auto"  # num_workers / prefetch: settled by measuring the first batches (autotune.py)
 
@@ -63,7 +64,8 @@ class Order:
 class Workers:
     """Who builds the batches, and how."""
 
-    kind: str = _opt("thread", '"thread" or "process" workers (num_workers of them)')
+    kind: str = _opt("thread", '"thread" or "process" workers, or "ray" actors on a Ray '
+                               'cluster (num_workers of them)')
     prefetch: object = _opt(None, 'batches in flight; None: 2 x num_workers (at least 2); '
                                   '"auto": measured with num_workers')
     timeout: float | None = _opt(None, "seconds to wait for one batch before LoaderTimeout; "
@@ -80,10 +82,16 @@ class Workers:
     log_every: object = _opt(None, 'write str(loader.stats()) through logging every N '
                                    'batches (an int) or every so many seconds ("30s"); None: '
                                    'never')
+    ray_address: str | None = _opt(None, 'kind="ray": the cluster (HOST:PORT of `ray start '
+                                         '--head`, "auto" or ray://...); None: RAY_ADDRESS, '
+                                         'else a local one')
+    ray_options: dict | None = _opt(None, 'kind="ray": Ray options of each actor (num_cpus, '
+                                          'resources, scheduling_strategy, runtime_env, ...)')
 
     def __post_init__(self):
         if self.kind not in WORKER_KINDS:
             raise ValueError(f"Workers(kind={self.kind!r}): expected one of {WORKER_KINDS}")
+        check_ray(self)
         if isinstance(self.prefetch, str) and self.prefetch != AUTO:
             raise ValueError(f"prefetch={self.prefetch!r}: expected a count or {AUTO!r}")
         if self.prefetch not in (None, AUTO) and not 1 <= int(self.prefetch) <= MAX_PREFETCH:
@@ -115,6 +123,33 @@ class Output:
         check_pad(self.pad, self.pad_multiple, self.mask_pad_value)
 
 
+# Ray runs the actors; these are ours to set (one batch at a time, replaced when lost).
+RAY_MANAGED = ("max_restarts", "max_task_retries", "max_concurrency", "concurrency_groups",
+               "lifetime", "name", "namespace", "get_if_exists")
+
+
+def check_ray(w: Workers) -> None:
+    """The Ray settings of ``w``: only with kind="ray", an address a string, the actor
+    options a dict without the ones the Loader sets itself."""
+    given = [n for n in ("ray_address", "ray_options") if getattr(w, n) is not None]
+    if given and w.kind != "ray":
+        raise ValueError(f"Workers({given[0]}=...) applies to kind='ray' only (kind is "
+                         f"{w.kind!r}): drop it or pass kind='ray'")
+    if w.ray_address is not None and not isinstance(w.ray_address, str):
+        raise TypeError(f"Workers(ray_address={w.ray_address!r}): expected a string such as "
+                        f"'head-node:6379', 'auto' or 'ray://head-node:10001'")
+    if w.ray_options is None:
+        return
+    if not isinstance(w.ray_options, dict):
+        raise TypeError(f"Workers(ray_options={w.ray_options!r}): expected a dict of Ray actor "
+                        f"options, e.g. {{'num_cpus': 1, 'scheduling_strategy': 'SPREAD'}}")
+    managed = sorted(set(w.ray_options) & set(RAY_MANAGED))
+    if managed:
+        raise ValueError(f"Workers(ray_options=...) sets {', '.join(managed)}: the Loader sets "
+                         f"these itself (one batch at a time per actor, lost actors replaced "
+                         f"by new ones); leave them out")
+
+
 GROUPS = {"order": Order, "workers": Workers, "output": Output}
 
 
@@ -127,8 +162,9 @@ class LoaderOptions:
                                      '(shard-local, for data sets larger than RAM), '
                                      'False/None/"none" (storage order)')
     seed: int = _opt(0, "seeds the order and the random transforms")
-    num_workers: int = _opt(2, 'worker threads or processes; 0 builds batches in the calling '
-                               'thread; "auto": measured on the first batches (count and kind)')
+    num_workers: int = _opt(2, 'worker threads, processes or Ray actors; 0 builds batches in '
+                               'the calling thread; "auto": measured on the first batches '
+                               '(count and kind)')
     drop_last: bool = _opt(False, "as torch's DataLoader: True drops each rank's short last "
                                   "batch")
     transforms: tuple = _opt((), "the fused transforms (RandomResizedCrop, ..., Normalize), in "
@@ -149,7 +185,8 @@ class LoaderOptions:
                                  "token budget, padded); None: transforms give one size")
     order: Order = _opt(None, "Order(indices, block_size, block_window)", factory=Order)
     workers: Workers = _opt(None, "Workers(kind, prefetch, timeout, persistent, on_error, "
-                                  "device_transforms, reduced_decode, log_every)",
+                                  "device_transforms, reduced_decode, log_every, ray_address, "
+                                  "ray_options)",
                             factory=Workers)
     output: Output = _opt(None, "Output(return_index, pad, pad_multiple, mask_pad_value, "
                                 "pin_memory)", factory=Output)
@@ -164,6 +201,10 @@ class LoaderOptions:
         if int(self.batch_size) < 1 or self.worker_count < 0 or int(self.seed) < 0:
             raise ValueError(f"batch_size {self.batch_size} must be >= 1, num_workers "
                              f"{self.num_workers} >= 0, seed {self.seed} >= 0")
+        if self.workers.kind == "ray" and AUTO in (self.num_workers, self.workers.prefetch):
+            raise ValueError("num_workers / prefetch 'auto' measures thread and process workers "
+                             "on this machine; give Ray workers a count (num_workers=N actors, "
+                             "prefetch=batches in flight)")
         if self.worker_count > MAX_WORKERS:  # each is a thread or process, each has buffers
             raise ValueError(f"num_workers {self.num_workers}: expected at most {MAX_WORKERS}")
         if self.sample_transform is not None and not callable(self.sample_transform):
@@ -230,7 +271,8 @@ DATALOADER_ONLY = {
     "generator": "seed= (the order and the random transforms are a pure function of seed and "
                  "epoch)",
     "multiprocessing_context": "workers=Workers(kind='process') (workers are forked by the "
-                               "Loader) or Workers(kind='thread') (the default)",
+                               "Loader), Workers(kind='thread') (the default) or "
+                               "Workers(kind='ray')",
     "pin_memory_device": "device='cuda:N' (batches are delivered on that device)",
     "in_order": "nothing: batches always come in order",
 }

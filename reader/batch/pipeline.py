@@ -19,8 +19,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from dlpack_io.reader.batch.stats import (STAGES, LoaderStats, children_cpu, fetched_bytes,
-                                          proc_cpus, usable_cores)
+from dlpack_io.reader.batch.stats import (REMOTE, STAGES, LoaderStats, children_cpu,
+                                          fetched_bytes, proc_cpus, usable_cores)
 
 
 @dataclass
@@ -60,9 +60,10 @@ def deliver(engine: Engine, batches, start: int, ticket0: int, prefetch, epoch: 
     """Run ``batches[start:]`` (runner tickets from ``ticket0 + start``) and yield
     ``(k, built batch, images, labels)`` in order; ``prefetch`` (or None) is the remote
     data set's prefetch of ``batches[start:]``. ``on_batch(images, finish_s, depth, stages,
-    fetch_wait_s)`` hears of each batch: its size, the seconds its finish took, the built
-    batches behind it, its workers' seconds per stage (build.stage_totals) and the seconds this
-    loop waited for its records to arrive from object storage."""
+    fetch_wait_s, remote)`` hears of each batch: its size, the seconds its finish took, the built
+    batches behind it, its workers' seconds per stage (build.stage_totals), the seconds this
+    loop waited for its records to arrive from object storage and (Ray workers) the remote
+    stage's figures, ``remote``."""
     runner, finisher, total = engine.runner, engine.finisher, len(batches)
     # Remote data: thread workers read records as the prefetcher lands them (they wait
     # per record in this process); worker processes only read the local cache, so a
@@ -99,7 +100,7 @@ def deliver(engine: Engine, batches, start: int, ticket0: int, prefetch, epoch: 
         if on_batch is not None:
             on_batch(len(hb.indices), time.perf_counter() - t0,
                      sum(runner.ready(ticket0 + j) for j in range(k + 1, submitted)),
-                     hb.stages, fetch_wait)
+                     hb.stages, fetch_wait, hb.remote)
         yield k, hb, images, labels
         if prefetch is not None:  # after the consumer read the batch's fields from the cache
             prefetch.release(k - start)
@@ -160,7 +161,7 @@ def _count_epoch(run: LoaderStats, epoch: int) -> None:
 
 SUMMED = ("batches", "images", "wall_s", "wait_s", "step_s", "finish_s", "cpu_s",
           "consumer_cpu_s", "loop_cpu_s") + tuple(f"{s}_s" for s in STAGES) + (
-          "fetch_wait_s", "fetched_bytes", "gpu_wait_s", "gpu_step_s")
+          "fetch_wait_s", "fetched_bytes", "gpu_wait_s", "gpu_step_s") + REMOTE
 
 
 class StatsClock:
@@ -260,11 +261,14 @@ class StatsClock:
         self.retire(engine.runner.pids, engine.close)
 
     def delivered(self, images: int, finish_s: float, depth: int, stages=None,
-                  fetch_wait_s: float = 0.0) -> None:
+                  fetch_wait_s: float = 0.0, remote=None) -> None:
         """One batch of ``images`` left the loader after ``finish_s`` of finishing, with
         ``depth`` more built batches waiting, its workers' ``stages`` seconds (STAGES
-        order, or None) and ``fetch_wait_s`` spent waiting for remote records."""
+        order, or None), ``fetch_wait_s`` spent waiting for remote records and (Ray
+        workers) ``remote``, a dict of the REMOTE figures."""
         e = self.epoch
+        for name, value in (remote or {}).items():
+            setattr(e, name, getattr(e, name) + value)
         e.batches, e.images, e.finish_s = e.batches + 1, e.images + images, e.finish_s + finish_s
         e.fetch_wait_s += fetch_wait_s
         self._depths += depth
@@ -313,7 +317,7 @@ class StatsClock:
             e.consumer_cpu_s = self._tnow - self._thread0
         # every live worker once, less its CPU at the start (one started since: all of it)
         live = sum(cpu - self._base.get(pid, 0.0) for pid, cpu in proc_cpus(pids).items())
-        e.cpu_s = time.process_time() - self._cpu0 + live + self._retired
+        e.cpu_s = time.process_time() - self._cpu0 + live + self._retired + e.remote_cpu_s
         e.queue_depth = self._depths / e.batches if e.batches else 0.0
         self.gpu.resolve()  # the events the GPU has reached (no wait; all at an epoch's end)
         e.gpu_wait_s, e.gpu_step_s = self.gpu.wait_s, self.gpu.step_s

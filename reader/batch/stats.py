@@ -32,6 +32,10 @@ _TICK = os.sysconf("SC_CLK_TCK")  # /proc's CPU times are in these ticks per sec
 # and random draws; reading + decoding + crop/resize + the CHW copy; the user's
 # sample_transform; the host transforms after the pixels (jitter, normalise, cast, ...).
 STAGES = ("plan", "decode", "user", "transforms")
+# Ray workers' remote stage, carried by each batch (rayworkers.py): the actors' CPU seconds,
+# the bytes that came through Ray's object store, the consumer's seconds taking them, and
+# batches built again because the actor (or node) that held them was lost.
+REMOTE = ("remote_cpu_s", "moved_bytes", "transfer_s", "rebuilt")
 
 
 def usable_cores() -> int:
@@ -116,6 +120,10 @@ class LoaderStats:
     transforms_s: float = 0.0  # host transforms after the pixels (jitter, normalise, ...)
     fetch_wait_s: float = 0.0  # the loop waited for records from object storage
     fetched_bytes: int = 0     # bytes fetched from object storage (remote data sets)
+    remote_cpu_s: float = 0.0  # Ray workers: the actors' CPU seconds (also in cpu_s)
+    moved_bytes: int = 0       # Ray workers: bytes of batches through Ray's object store
+    transfer_s: float = 0.0    # Ray workers: the consumer taking batches from the store
+    rebuilt: int = 0           # Ray workers: batches built again after an actor was lost
     gpu_wait_s: float = 0.0    # device="cuda": the GPU waited for data (CUDA events)
     gpu_step_s: float = 0.0    # device="cuda": the GPU ran the training step
     run: "LoaderStats | None" = field(default=None, repr=False)
@@ -211,6 +219,10 @@ class LoaderStats:
                                    "a cheaper one would help" if auto else
                                    "workers=Workers(kind='process') would help"))
             return held + "held up by reads: a deeper prefetch would help"
+        if self.worker_kind == "ray":  # actors on other machines: not this node's cores
+            return (f"more Ray actors (num_workers > {self.num_workers}) would help" if
+                    busy >= BUSY else "Ray actors idle part of the time: a deeper prefetch "
+                    "(batches in flight) would hide the network; then more actors")
         if busy < BUSY:
             return "workers idle part of the time: a deeper prefetch would help"
         if not auto and self.num_workers < self.cores:
@@ -263,9 +275,18 @@ class LoaderStats:
                 f" ({self.epoch})" if self.epochs else "")
         return f"run of {self.epochs} epochs ({self.first_epoch} to {self.epoch})"
 
+    def _remote(self) -> str:
+        """Ray workers: "; Ray: 150 KB/image moved (12.0 ms/batch), 2 batches rebuilt"."""
+        if self.worker_kind != "ray" or not self.batches:
+            return ""
+        per = self.moved_bytes / max(1, self.images)
+        rebuilt = f", {self.rebuilt} batches rebuilt after lost actors" if self.rebuilt else ""
+        return (f"; Ray: {per / 1e3:,.1f} KB/image moved, "
+                f"{1e3 * self.transfer_s / self.batches:.1f} ms/batch taking them{rebuilt}")
+
     def __str__(self) -> str:
         return (f"{self._span()}: {self.batches} batches, {self.images_per_s:,.0f} images/s, "
-                f"{self.cpu_ms_per_image:.2f} CPU-ms/image; {self.verdict()}"
+                f"{self.cpu_ms_per_image:.2f} CPU-ms/image; {self.verdict()}" + self._remote()
                 + ("" if self.images_per_set is None else
                    f"; images per set {', '.join(map(str, self.images_per_set))}"))
 

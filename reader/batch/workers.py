@@ -10,6 +10,10 @@ Loader gives each submitted batch, unique over the runner's life):
     get(ticket) -> HostBatch        wait for it (at most ``timeout`` seconds) or raise
     close()                         stop; idempotent; leaves no thread or process behind
     pids                            worker process ids (empty for threads)
+    in_process                      True: builds in this process (reads records as the
+                                    prefetcher lands them); False: batches are gated
+    opens_data                      True: the workers open the data set themselves (Ray
+                                    actors, rayworkers.py): the Loader starts no prefetch
 
 Threads are the default: the heavy steps (region decode, PIL resize, HWC->CHW copies, the
 torch epilogue) release the GIL and write straight into the batch tensor. A batch is split
@@ -78,6 +82,7 @@ class SerialRunner:
 
     pids: list = []
     in_process = True  # builds in this process: reads records as the prefetcher lands them
+    opens_data = False
 
     def __init__(self, job):
         self._job = job
@@ -123,6 +128,7 @@ class ThreadRunner:
 
     pids: list = []
     in_process = True  # builds in this process: reads records as the prefetcher lands them
+    opens_data = False
 
     def __init__(self, job, num_workers: int, *, timeout: float | None = None,
                  describe=None, name: str = "dlpack-loader"):
@@ -288,6 +294,7 @@ class ProcessRunner:
     consumer on each result and gets a ``release`` callback that frees the slot."""
 
     in_process = False  # workers read only the verified local cache: batches are gated
+    opens_data = False
 
     def __init__(self, job, num_workers: int, slot_bytes: int, num_slots: int, *,
                  timeout: float | None = None, describe=None):

@@ -1,11 +1,13 @@
 """The golden batches (tests/golden.py): every case, with serial, thread and process workers,
 gives exactly the batches pinned in tests/data/golden/digests.json, and saved loader states
-resume to exactly the pinned rest of their epoch."""
+resume to exactly the pinned rest of their epoch; a few cases also with Ray actors on a real
+local cluster (the ``ray_address`` fixture, tests/batch/conftest.py)."""
 from __future__ import annotations
 
 import pytest
 
 import golden
+from helpers import in_forked_child
 
 PINNED = golden.load()
 
@@ -27,6 +29,17 @@ def test_every_case_is_pinned():
 @pytest.mark.parametrize("case", sorted(golden.cases()))
 def test_batches_are_the_pinned_ones(case, workers):
     assert golden.run_case(case, workers) == PINNED["cases"][case]
+
+
+@pytest.mark.parametrize("case", golden.RAY_CASES)
+@in_forked_child  # one Ray driver session per process (tests/helpers.py)
+def test_ray_batches_are_the_pinned_ones(ray_address, case):
+    """Batches built by Ray actors, returned through Ray's object store, are the pinned
+    ones (the actors import tests/golden.py's sample_transform: pickled by value here)."""
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(golden)
+    assert golden.run_case(case, "ray") == PINNED["cases"][case]
 
 
 def test_epochs_and_seeds_differ():
