@@ -264,7 +264,8 @@ def union_manifest(base: dict, built: dict, entry: dict, retire: list = ()) -> d
         dict(built, created=base["created"], options=base["options"],
              version=base["version"], source=dict(base["source"])), base, list(retire))
     if "num_inputs" in base["source"]:
-        manifest["source"]["num_inputs"] = base["source"]["num_inputs"] + entry["inputs"]
+        manifest["source"]["num_inputs"] = base["source"]["num_inputs"] + entry["inputs"] \
+            - entry.get("retried", 0)  # counted once already, as rejects of an earlier run
     manifest[fmt.HISTORY_KEY] = list(base.get(fmt.HISTORY_KEY, [])) + [entry]
     manifest.pop("checksum", None)
     manifest["checksum"] = fmt.manifest_checksum(manifest)

@@ -91,7 +91,7 @@ def append_remote(src, url: str, *, list_file=None, resume: bool = False,
 
 
 def _append_staged(store: Store, stage: str, base: dict, app, pack, provenance: bool) -> dict:
-    state = appending.seeded_state(base, len(app.inputs.classes))
+    state = appending.seeded_state(base, len(app.inputs.classes), app.retried)
     keep = {s["name"] for s in base["shards"]} | {fmt.MANIFEST_NAME, fmt.REJECTS_NAME}
     kept = resume_remote(store, app.plan, len(app.inputs.classes), state, app.inputs,
                          app.opts, keep)
