@@ -32,16 +32,18 @@ def check_fields(dataset, names) -> tuple:
     that lacks a field (or stores it with another schema than set 0)."""
     if not isinstance(dataset, Mixture):
         return fieldbatch.check_fields(dataset, names)
-    for s, ds in enumerate(dataset.datasets):
+    for s, ds in enumerate(dataset.datasets):  # every set has them: else name the one without
         try:
             fieldbatch.check_fields(ds, names)
         except ValueError as exc:
             raise ValueError(f"Mixture set {s}: {exc}") from None
+    first = dataset.datasets[0].fields
+    for s, ds in enumerate(dataset.datasets[1:], 1):
         for n in names:
-            if n not in fieldbatch.DEFAULT_FIELDS and n not in dataset.fields:
+            if n not in fieldbatch.DEFAULT_FIELDS and ds.fields[n] != first[n]:
                 raise ValueError(f"Mixture set {s} ({ds.path}): field {n!r} is "
-                                 f"{ds.fields[n]}, set 0 stores it as "
-                                 f"{dataset.datasets[0].fields[n]}: a batch needs one schema")
+                                 f"{ds.fields[n]}, set 0 stores it as {first[n]}: a batch "
+                                 f"needs one schema")
     return tuple(names)
 
 
