@@ -266,6 +266,7 @@ def append_summary(dst, manifest, state, app: Appending, progress, resumed_from,
             fmt.RETIRED_KEY: [p for p in fmt.retired_pairs(manifest) if p[1] < first]}
     summary = finalize.summary(dst, manifest, state, app.inputs, progress, resumed_from)
     return dict(summary, engine=engine, num_samples=visible(manifest),
+                num_records=manifest["num_samples"],
                 retired=len(fmt.retired_pairs(manifest)),
                 append=append_report(base, app, state.shards[len(base["shards"]):]))
 

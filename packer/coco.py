@@ -252,9 +252,6 @@ def read_coco(root, coco_file, *, skip_empty: bool = False, max_pixels: int = 0)
     for entry in per_image:
         if isinstance(entry, dict):
             del entry["name"], entry["checked_size"]
-    if rejected:
-        log.warning("--coco %s: %d annotations rejected (listed in rejects.tsv); their "
-                    "images are packed with the other annotations", coco_file, len(rejected))
     targets = TargetSource(schema, per_image, None, max_pixels, rejected=rejected)
     return Inputs(str(root.resolve()), paths, [-1] * len(paths), [], str(coco_file.resolve()),
                   bad=bad or None, targets=targets)

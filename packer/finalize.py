@@ -121,15 +121,18 @@ def final_manifest(src, inputs, opts, state, progress, engine: str, provenance: 
 
 def summary(dst, manifest, state, inputs, progress, resumed_from) -> dict:
     """What ``convert`` returns (and ``dlpack convert`` prints): counts, rates, and what
-    the scan found along the way."""
+    the scan found along the way. ``num_samples`` is the data set's; ``run_samples`` (and
+    the rates over ``seconds``) this run's, which differ after --resume and --append."""
     empty = [c for c, n in zip(manifest["classes"], manifest["class_counts"]) if n == 0]
+    seconds = progress.elapsed
     return {"dst": dst, "num_samples": manifest["num_samples"], "num_shards": len(state.shards),
             "num_bytes": manifest["num_bytes"], "rejects": len(state.rejects),
             "annotation_rejects": len(annotation_rejects(inputs)),
             "reencoded": dict(state.reencoded), "lossless": dict(state.lossless),
             "ignored": dict(inputs.ignored or {}), "resumed_from": resumed_from,
-            "seconds": progress.elapsed, "images_per_s": progress.images_per_s,
-            "mb_per_s": progress.mb_per_s, "empty_classes": empty,
+            "seconds": seconds, "run_samples": progress.packed,
+            "images_per_s": progress.packed / max(seconds, 1e-9),  # one clock reading for all
+            "mb_per_s": progress.bytes / 1e6 / max(seconds, 1e-9), "empty_classes": empty,
             "via_links": inputs.via_links, "outside_src": inputs.outside_src,
             "repeated_dirs": inputs.repeated_dirs, "hidden_files": inputs.hidden_files,
             "hidden_dirs": inputs.hidden_dirs, "mode": manifest["mode"],

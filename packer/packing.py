@@ -225,7 +225,7 @@ def pack_local(dst, inputs, stats, options: PackOptions, state: State, journal_)
                                               "from what was validated); re-run to pack it"
             if status == "reject":
                 packer.reject(rel, value)
-                progress.update(1)
+                progress.update(1, packed=False)
                 continue
             packer.add(rel, inputs.labels[i], value, position, block)
             progress.update(1, value.source_bytes)

@@ -210,16 +210,29 @@ def finish(result: dict, as_json: bool, limit) -> None:
         sys.exit(outcome.EXIT_REJECTS)
 
 
+def packed_line(result: dict) -> str:
+    """The first summary line: what this run packed, at which rate; after --resume or
+    --append (this run packed part of the data set) also what the data set now holds."""
+    from dlpack_io.tools.render import human_bytes, plural
+
+    whole = (f"{plural(result['num_samples'], 'image')} in {plural(result['num_shards'], 'shard')}"
+             f" ({human_bytes(result['num_bytes'])})")
+    rate = (f"in {result['seconds']:.1f} s: {result['images_per_s']:.0f} images/s, "
+            f"{result['mb_per_s']:.1f} MB/s read")
+    if not result.get("resumed_from") and result.get("append") is None:
+        return f"packed {whole.replace(' in ', ' into ', 1)} {rate}"
+    how = f"resumed at input {result['resumed_from']}" if result.get("resumed_from") else \
+        "appended"
+    return (f"packed {plural(result.get('run_samples', 0), 'image')} this run {rate} ({how}); "
+            f"the data set holds {whole}")
+
+
 def echo_summary(result: dict) -> None:
     """Print what a conversion did: rates, what became of the inputs, links, empty classes."""
     from dlpack_io.tools import render
-    from dlpack_io.tools.render import human_bytes, plural
+    from dlpack_io.tools.render import plural
 
-    click.echo(f"packed {plural(result['num_samples'], 'image')} into "
-               f"{plural(result['num_shards'], 'shard')} ({human_bytes(result['num_bytes'])}) in "
-               f"{result['seconds']:.1f} s: {result['images_per_s']:.0f} images/s, "
-               f"{result['mb_per_s']:.1f} MB/s read"
-               + (f" (resumed at input {result['resumed_from']})" if result["resumed_from"] else ""))
+    click.echo(packed_line(result))
     click.echo(render.convert_counts(result))
     if result.get("fields"):
         found = result.get("sidecars") or {}  # sidecar files found per field: not "ignored"

@@ -37,11 +37,14 @@ def convert_counts(result: dict) -> str:
     if result.get("mode") == "raw":
         return "\n".join([raw_mode_text(result["num_samples"], result.get("size"),
                                         result.get("max_side"))] + _skip_lines(result))
-    lines = [f"original bytes kept: {result['num_samples'] - changed}; "
+    records = result.get("num_records", result["num_samples"])  # retired ones included
+    lines = [f"original bytes kept: {records - changed}; "
              f"transformed losslessly: {sum(result.get('lossless', {}).values())}"
              + (f" ({_reasons(result['lossless'])})" if result.get("lossless") else "")
              + f"; re-encoded: {sum(result['reencoded'].values())}"
-             + (f" ({_reasons(result['reencoded'])})" if result["reencoded"] else "")]
+             + (f" ({_reasons(result['reencoded'])})" if result["reencoded"] else "")
+             + (f" (of the {records} records stored, {result['retired']} retired by "
+                f"--replace-changed)" if result.get("retired") else "")]
     return "\n".join(lines + _skip_lines(result))
 
 
