@@ -51,4 +51,4 @@ from dlpack_io.reader.format.spec import (MAGIC, FORMAT_VERSION, HEADER_SIZE, RE
                                           version_error, FormatError, crc32, align_up, shard_name,
                                           lmdb_record_key, ShardHeader, pack_header,
                                           unpack_header, index_from_buffer, record_offsets,
-                                          check_index_fields)
+                                          check_index_fields, max_shard_bytes)

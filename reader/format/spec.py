@@ -90,6 +90,15 @@ DEFAULT_MAX_PIXELS = 89_478_485   # height x width; Pillow's decompression-bomb 
 #                                   also the default of `dlpack convert --max-pixels`
 MAX_MANIFEST_BYTES = 256 * 2**20  # a manifest is read whole; larger ones are refused
 MAX_JSON_INT = 2**63 - 1          # counts, sizes and offsets in JSON must fit in int64
+# the most one sample can take in a shard: its image and its field block (u32 lengths each),
+# alignment, its index entry and a generous share of metadata (and LMDB's page overhead)
+MAX_SAMPLE_SPAN = 2 * (2**32 - 1) + RECORD_ALIGN + 2**20
+
+
+def max_shard_bytes(num_samples: int) -> int:
+    """The largest file a shard of ``num_samples`` records can be (record or LMDB): a
+    manifest claiming more is damaged or forged, whatever a server's HEAD says."""
+    return HEADER_SIZE + MAX_MANIFEST_BYTES + max(0, int(num_samples)) * MAX_SAMPLE_SPAN
 
 
 def version_error(where: str, version, readable: tuple = READABLE_VERSIONS) -> str:
