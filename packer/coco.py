@@ -30,6 +30,7 @@ import numpy as np
 from dlpack_io.packer.boxes import box_reason
 from dlpack_io.packer.targets import BOX_SPEC, CATEGORY_SPEC, ISCROWD_SPEC, TargetSource
 from dlpack_io.reader.format.fieldschema import MAX_NAMES
+from dlpack_io.reader.format.regular import InputTooLarge, NotRegularFile, read_input
 from dlpack_io.reader.format.schema import MAX_JSON_DEPTH
 
 log = logging.getLogger(__name__)
@@ -71,12 +72,14 @@ def json_depth_large(data: bytes) -> int:
 
 def load_coco(path) -> dict:
     """The parsed COCO file at ``path``; ValueError naming it and what is wrong."""
-    size = os.path.getsize(path)
-    if size > MAX_COCO_BYTES:
-        raise ValueError(f"--coco {path}: {size} bytes, more than {MAX_COCO_BYTES}; split "
-                         f"the file or convert from a JSON Lines list")
-    with open(path, "rb") as f:
-        data = f.read()
+    try:
+        data = read_input(path, MAX_COCO_BYTES)  # a FIFO or a device: refused, unread
+    except InputTooLarge as exc:
+        raise ValueError(f"--coco {path}: {exc.strerror}; split the file or convert from a "
+                         f"JSON Lines list") from None
+    except NotRegularFile as exc:
+        raise ValueError(f"--coco {path}: {exc.strerror}; give the annotation file itself")\
+            from None
     # Python's JSON decoder stops at the recursion limit with a RecursionError; only where
     # something raised that limit high could deep nesting overflow the C stack, so only
     # then is the depth measured first (it costs about as much as the parse itself)

@@ -18,6 +18,7 @@ import numpy as np
 
 from dlpack_io.packer.records import RejectedInput
 from dlpack_io.reader.format.fields import encode_fields, spec_of
+from dlpack_io.reader.format.regular import InputTooLarge, read_input
 
 SIDECARS = ("txt", "json", "cls", "npy")
 MAX_SIDECAR_BYTES = 256 * 2**20  # one sidecar is read whole
@@ -90,11 +91,10 @@ def found_sidecars(root: str, paths: list, wanted) -> tuple:
 
 
 def _read(path: str) -> bytes:
-    try:
-        if os.path.getsize(path) > MAX_SIDECAR_BYTES:
-            raise RejectedInput(f"sidecar {path} is over {MAX_SIDECAR_BYTES} bytes")
-        with open(path, "rb") as f:
-            return f.read()
+    try:  # never blocks on a FIFO, never reads a device without end
+        return read_input(path, MAX_SIDECAR_BYTES)
+    except InputTooLarge:
+        raise RejectedInput(f"sidecar {path} is over {MAX_SIDECAR_BYTES} bytes") from None
     except FileNotFoundError:
         raise RejectedInput(f"missing sidecar {os.path.basename(path)} (other images have "
                             f"one; --fields chooses which sidecars to pack)") from None

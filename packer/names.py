@@ -8,6 +8,7 @@ terminal. A valid, printable name is recorded as it is.
 """
 from __future__ import annotations
 
+import os
 import re
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -33,3 +34,28 @@ def shown(name: str) -> str:
 def hashable(name: str) -> bytes:
     """``name``'s real bytes (for digests): undecodable ones kept as they were on disk."""
     return name.encode("utf-8", "surrogateescape")
+
+
+def link_counts(root: str, paths) -> tuple[int, int]:
+    """(inputs reached through a symlink, of them those whose real path lies outside
+    ``root``) of ``paths`` relative to ``root``, counted as the folder scan counts its own:
+    what a list or a COCO file names is followed like a folder's entries, and said. Each
+    folder's real path is resolved once."""
+    real_root, folders = os.path.realpath(root), {}
+    via = outside = 0
+    for rel in paths:
+        try:
+            head, name = os.path.split(rel)
+            if head not in folders:
+                real = os.path.realpath(os.path.join(root, head))
+                folders[head] = real, real != os.path.normpath(os.path.join(real_root, head))
+            folder, linked = folders[head]
+            path = os.path.join(folder, name)
+            if not (linked or os.path.islink(path)):
+                continue
+            real = os.path.realpath(path)
+        except (OSError, ValueError):  # a NUL in the path: a reject already
+            continue
+        via += 1
+        outside += not real.startswith(real_root + os.sep)
+    return via, outside

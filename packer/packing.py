@@ -27,9 +27,10 @@ from dlpack_io.packer.pipeline import ConversionError, encode_in_order
 from dlpack_io.packer.progress import Progress
 from dlpack_io.packer.scan import read_list, scan_image_folder, stat_inputs
 from dlpack_io.packer.writers import open_writer
-from dlpack_io.packer.names import shown
+from dlpack_io.packer.names import link_counts, shown
 from dlpack_io.packer.records import BAD_INPUT
 from dlpack_io.reader import format as fmt
+from dlpack_io.reader.format.regular import NotRegularFile, open_input, read_input
 from dlpack_io.reader.format.units import parse_size
 
 log = logging.getLogger(__name__)
@@ -169,8 +170,10 @@ def _fetch_passthrough(record, path: str):
     by the worker proves they are the bytes it validated. Returns None if they are not."""
     if record.payload is not None:
         return record
-    with open(path, "rb") as f:
-        data = f.read()
+    try:
+        data = read_input(path)  # swapped for a FIFO since: not the file validated
+    except OSError:
+        return None
     if fmt.crc32(data) != record.crc:
         return None
     return dataclasses.replace(record, payload=data)
@@ -245,6 +248,12 @@ def _scan(src, list_file, labels: bool):
     if list_file and not labels:
         raise ValueError("--no-labels packs a folder without classes; a --list gives labels: "
                          "use one or the other")
+    if list_file:  # a FIFO or a device would block or never end: refused before reading
+        try:
+            os.close(open_input(list_file)[0])
+        except NotRegularFile as exc:
+            raise ValueError(f"--list {list_file}: {exc.strerror}; write the list to a file")\
+                from None
     inputs = read_list(src, list_file) if list_file else scan_image_folder(src, labels=labels)
     for name, others in inputs.empty_classes:
         log.warning("class folder %s has no usable image (%d other files, none an image, "
@@ -271,6 +280,9 @@ def prepare_inputs(src, list_file, options: dict, labels: bool = True):
     from dlpack_io.packer.targetinputs import scan_targets, with_targets
 
     inputs = scan_targets(src, list_file, opts) or _scan(src, list_file, labels)
+    if inputs.list_file is not None:  # a list or a COCO file: its links, counted as a scan's
+        via, outside = link_counts(inputs.root, inputs.paths)
+        inputs = dataclasses.replace(inputs, via_links=via, outside_src=outside)
     return opts, with_targets(with_fields(inputs, opts.fields), opts)
 
 

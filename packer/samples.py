@@ -13,14 +13,14 @@ from dlpack_io.packer.encode import encode_file
 from dlpack_io.packer.records import RejectedInput
 from dlpack_io.reader.format import crc32
 from dlpack_io.reader.format.fields import check_field_name, encode_fields, spec_of
+from dlpack_io.reader.format.regular import read_input
 
 
 def image_bytes(image, where: str) -> tuple[bytes, str]:
     """(file bytes, name for the shard metadata) of a path, encoded bytes, PIL image or
     HWC uint8 array (pixels become a lossless PNG that the encoding rule then stores)."""
     if isinstance(image, (str, os.PathLike)):
-        with open(image, "rb") as f:
-            return f.read(), os.fspath(image)
+        return read_input(image), os.fspath(image)  # a FIFO or device: OSError naming it
     if isinstance(image, (bytes, bytearray, memoryview)):
         return bytes(image), ""
     if isinstance(image, np.ndarray):
