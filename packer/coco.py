@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from dlpack_io.packer.boxes import box_reason
+from dlpack_io.packer.names import MAX_PATH_CHARS, too_long
 from dlpack_io.packer.targets import BOX_SPEC, CATEGORY_SPEC, ISCROWD_SPEC, TargetSource
 from dlpack_io.reader.format.fieldschema import MAX_NAMES
 from dlpack_io.reader.format.regular import InputTooLarge, NotRegularFile, read_input
@@ -128,6 +129,8 @@ def _image_problem(img, ids: dict, names: set) -> str | None:
     name = img.get("file_name")
     if not isinstance(name, str) or not name or "\0" in name:
         return f"image {img['id']}: \"file_name\" {str(name)[:60]!r} is not a file name"
+    if len(name) > MAX_PATH_CHARS:
+        return f"image {img['id']}: {too_long(name, 'a file_name', MAX_PATH_CHARS)}"
     if os.path.isabs(name) or ".." in Path(name).parts:
         return f"image {img['id']}: file_name {name[:80]!r} must be relative to SRC and stay in it"
     if img["id"] in ids:

@@ -15,6 +15,12 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # Integer labels of a list (CSV/TSV or JSON Lines) define classes "0".."max": beyond this a
 # label is a typo or an attack (a label of 10**12 must not make 10**12 class names): a reject.
 MAX_LIST_LABEL = 2**20
+# A path a list or a COCO file names, and a class name it gives, longer than any file path
+# (Linux PATH_MAX) or class name can be is a reject; what a manifest records of a reject (its
+# path and reason) is clipped, so its rejects never grow it past what a reader takes.
+MAX_PATH_CHARS = 4096
+MAX_CLASS_CHARS = 1024
+MAX_REJECT_CHARS = 2048
 
 
 def shown(name: str) -> str:
@@ -29,6 +35,17 @@ def shown(name: str) -> str:
     if not clean:
         name = name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", name)
+
+
+def clipped(text: str, limit: int = MAX_REJECT_CHARS) -> str:
+    """``text``, or its first ``limit`` characters and how long it was."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def too_long(text: str, what: str, limit: int) -> str | None:
+    """Why ``text`` (a path or a class name) cannot be one, or None."""
+    return None if len(text) <= limit else \
+        f"{what} of {len(text)} characters, more than the {limit} one may have"
 
 
 def hashable(name: str) -> bytes:

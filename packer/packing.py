@@ -25,7 +25,8 @@ from dlpack_io.packer.options import PackOptions
 from dlpack_io.packer.pilimage import require_pil
 from dlpack_io.packer.pipeline import ConversionError, encode_in_order
 from dlpack_io.packer.progress import Progress
-from dlpack_io.packer.scan import read_list, scan_image_folder, stat_inputs
+from dlpack_io.packer.jsonlist import read_list
+from dlpack_io.packer.scan import scan_image_folder, stat_inputs
 from dlpack_io.packer.writers import open_writer
 from dlpack_io.packer.names import link_counts, shown
 from dlpack_io.packer.records import BAD_INPUT

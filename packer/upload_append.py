@@ -111,8 +111,9 @@ def _append_staged(store: Store, stage: str, base: dict, app, pack, provenance: 
         store.delete(journal.JOURNAL_NAME)
         raise
     quickcheck.write_remote(store, appending.record_of(app, resumed_from), manifest)
+    data = finalize.manifest_bytes(manifest, store.url)
     store.put(fmt.REJECTS_NAME, finalize.rejects_tsv(state.rejects))
-    store.put(fmt.MANIFEST_NAME, fmt.encode_meta(manifest))  # last: now readers see it
+    store.put(fmt.MANIFEST_NAME, data)  # last: now readers see it
     store.delete(journal.JOURNAL_NAME)
     return appending.append_summary(store.url, manifest, state, app, progress, resumed_from,
                                     "local")
