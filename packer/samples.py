@@ -67,8 +67,12 @@ def encode_sample(image, fields: dict, schema: dict, options) -> tuple:
     where = options["where"]
     block = encode_fields(fields, schema, where) if schema else None
     data, path = image_bytes(image, where)
+    encode = options["encode"]
+    if not isinstance(image, (str, os.PathLike, bytes, bytearray, memoryview)) and \
+            encode.get("non_jpeg") == "keep":  # pixels from code: raw records, as given
+        encode = dict(encode, non_jpeg="raw")
     try:
-        record = encode_file(data, **options["encode"])
+        record = encode_file(data, **encode)
     except RejectedInput as exc:
         raise ValueError(f"{where}: image {path or '(bytes)'} cannot be packed: {exc}") from None
     record = dataclasses.replace(record, source_bytes=len(data), crc=crc32(record.payload),

@@ -47,11 +47,13 @@ from dlpack_io.tools.cli_common import LazyChoice, echo_json, fail
                    "image a crop needs. Costs no more than the validation it replaces. "
                    "--no-restart-markers stores every JPEG's original bytes untouched. "
                    "Progressive, grayscale and CMYK files are always kept as they are.")
-@click.option("--non-jpeg", type=LazyChoice("dlpack_io.packer.options", "NON_JPEG"), default="raw",
+@click.option("--non-jpeg", type=LazyChoice("dlpack_io.packer.options", "NON_JPEG"), default="keep",
               show_default=True,
               help="Images that are not JPEGs by content (PNG, WebP, BMP, TIFF, GIF, also "
-                   "when named .jpg): raw = store their upright RGB pixels losslessly as raw "
-                   "records (larger), jpeg = re-encode at --quality (lossy), reject = skip "
+                   "when named .jpg): keep = store a PNG or WebP file as it is (its size "
+                   "kept; decoded with PIL on read to the same pixels a raw record holds), "
+                   "the others as raw; raw = store their upright RGB pixels losslessly as raw "
+                   "records (larger, no decode on read), jpeg = re-encode at --quality (lossy), reject = skip "
                    "them (listed in rejects.tsv). Counted in the summary either way. JPEGs "
                    "(grayscale, CMYK, EXIF-rotated included) always keep their bytes. Files "
                    "whose suffix is not an image suffix are ignored and counted.")

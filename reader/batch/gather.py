@@ -14,6 +14,7 @@ from dlpack_io.kernels.records import (FLIP_H, FLIP_V, IDENTITY_ORDER, JITTER_OP
                                        RECORD_PLACEMENT, host_records)
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader import jpegdecode, nativecopy
+from dlpack_io.reader.decode import decode_record
 from dlpack_io.reader.batch.build import (BuildContext, Scratch, record_payload, skip_or_raise,
                                           user_pixels)
 from dlpack_io.reader.batch.plan import BatchPlan
@@ -102,8 +103,9 @@ def _place_one(ctx, plan, pos, epoch, geo, buf, offset, scratch) -> int:
         geo[pos, 6:9] = offset, pixels.shape[0], pixels.shape[1]
         return pixels.size
     geo[pos, 6:9] = offset, entry["height"], entry["width"]
-    if int(entry["kind"]) == fmt.KIND_RAW:
-        data = np.frombuffer(payload, dtype=np.uint8)
+    if int(entry["kind"]) != fmt.KIND_JPEG:  # raw; a PNG/WebP file decoded whole by reader core
+        data = np.frombuffer(payload, dtype=np.uint8) if int(entry["kind"]) == fmt.KIND_RAW \
+            else decode_record(payload, entry).reshape(-1)
         buf[offset:offset + data.size] = data
         return data.size
     size, (rows, cols), box = _place_jpeg(ctx, payload, entry, params.boxes[pos], params, buf,

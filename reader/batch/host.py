@@ -26,6 +26,7 @@ import numpy as np
 from dlpack_io.kernels.records import JITTER_OPS
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader import jpegdecode, nativecopy
+from dlpack_io.reader.decode import decode_record
 from dlpack_io.reader.nativecopy import guarded_array
 from dlpack_io.reader.batch.build import (BuildContext, Scratch, record_payload, skip_or_raise,
                                           user_pixels)
@@ -89,8 +90,8 @@ def fill_sample(ctx, plan: BatchPlan, pos: int, epoch: int, flat, offset, scratc
                      params, flat, offset)
     elif kind == fmt.KIND_JPEG:
         _fill_jpeg(ctx, payload, entry, pos, fh, fv, params, flat, offset, scratch)
-    else:
-        raise fmt.FormatError(f"unknown record kind {kind}")
+    else:  # a PNG/WebP file record: decoded whole by reader core (which refuses other kinds)
+        _fill_pixels(decode_record(payload, entry), pos, fh, fv, params, flat, offset)
 
 
 def _raw_crops_at_once(ctx: BuildContext, plan: BatchPlan, a: int, b: int, flat) -> bool:
