@@ -26,7 +26,7 @@ from dlpack_io.packer.names import shown
 from dlpack_io.packer.options import PackOptions
 from dlpack_io.packer.pipeline import ConversionError
 from dlpack_io.reader import format as fmt
-from dlpack_io.reader.format.regular import open_regular
+from dlpack_io.reader.format.regular import open_input, open_regular
 from dlpack_io.reader.format.units import parse_size
 
 RUN_OPTIONS = ("workers", "on_error", "progress")  # how the work runs, not what it writes
@@ -110,7 +110,8 @@ def file_sha256(path: str) -> str | None:
     """SHA-256 (hex) of a file, None when it cannot be read (the encoder then says why)."""
     h = hashlib.sha256()
     try:
-        with open(path, "rb") as f:  # (hashlib.file_digest is Python 3.11+)
+        fd, _ = open_input(path)  # a FIFO or a device: unread (the encoder says why)
+        with open(fd, "rb") as f:  # (hashlib.file_digest is Python 3.11+)
             while chunk := f.read(HASH_CHUNK):
                 h.update(chunk)
     except OSError:
@@ -269,7 +270,8 @@ def union_manifest(base: dict, built: dict, entry: dict, retire: list = ()) -> d
         dict(built, created=base["created"], options=base["options"],
              version=base["version"], source=dict(base["source"])), base, list(retire))
     if "num_inputs" in base["source"]:
-        manifest["source"]["num_inputs"] = base["source"]["num_inputs"] + entry["inputs"]
+        manifest["source"]["num_inputs"] = base["source"]["num_inputs"] + entry["inputs"] \
+            - entry.get("retried", 0)  # counted once already, as rejects of an earlier run
     manifest[fmt.HISTORY_KEY] = list(base.get(fmt.HISTORY_KEY, [])) + [entry]
     manifest.pop("checksum", None)
     manifest["checksum"] = fmt.manifest_checksum(manifest)

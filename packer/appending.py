@@ -46,6 +46,8 @@ class Appending:
     new_classes: list
     seen: int  # inputs found in SRC
     replaced: list = dataclasses.field(default_factory=list)  # paths whose record was retired
+    retried: frozenset = frozenset()  # rejected paths of the data set packed (or not) again
+    dropped: int = 0  # the data set's reject entries of those paths (no longer listed)
 
 
 def convert_append(src, dst, *, list_file=None, resume: bool = False, overwrite: bool = False,
@@ -139,8 +141,18 @@ def plan_append(src, list_file, labels: bool, options: dict, base: dict, metas,
                                                   append_to=base["checksum"]),
                                  fmt.FORMAT_VERSION)
         plan["first_sample"] = base["num_samples"]
+    retried = retried_paths(base, sub.paths)
     return Appending(opts, sub, stats, plan, split, union[len(base["classes"]):],
-                     len(inputs.paths))
+                     len(inputs.paths), retried=retried,
+                     dropped=sum(r["path"] in retried for r in base["rejects"]))
+
+
+def retried_paths(base: dict, todo_paths: list) -> frozenset:
+    """The paths the data set lists as rejects that this append tries again: their old
+    reject is dropped, and this run's outcome (a record, or a new reject) takes its place, so
+    a reject fixed in SRC (a sidecar added, a file repaired) stops being reported."""
+    rejected = {r["path"] for r in base["rejects"]}
+    return frozenset(rejected.intersection(shown(p) for p in todo_paths))
 
 
 def subset(inputs, todo: list, classes: list, mapping: list):
@@ -159,10 +171,11 @@ def subset(inputs, todo: list, classes: list, mapping: list):
         else [inputs.field_values[i] for i in todo])
 
 
-def seeded_state(base: dict, num_classes: int) -> State:
+def seeded_state(base: dict, num_classes: int, retried=frozenset()) -> State:
     """The packing State of an append before it packs: the data set's shards (new ones are
-    numbered after them), rejects and counts."""
+    numbered after them), rejects (less those ``retried``: Appending.retried) and counts."""
     rejects, reencoded, lossless = base_.base_counters(base)
+    rejects = [r for r in rejects if r[0] not in retried]
     counts = np.zeros(num_classes, dtype=np.int64)
     counts[:len(base["class_counts"])] = base["class_counts"]
     return State(shards=list(base["shards"]), rejects=rejects, reencoded=reencoded,
@@ -176,7 +189,7 @@ def _append_locked(dst: str, base: dict, app: Appending, pack, engine: str,
     state = None
     try:
         state = resume_state(dst, app.plan, app.inputs, app.opts,
-                             seeded_state(base, len(app.inputs.classes)), keep)
+                             seeded_state(base, len(app.inputs.classes), app.retried), keep)
         resumed_from = state.position
         progress = pack(dst, app.inputs, app.stats, app.opts, state, journal.Journal(dst))
         manifest = union_of(base, app, state, progress, engine, provenance)
@@ -210,7 +223,8 @@ def union_of(base: dict, app: Appending, state: State, progress, engine: str,
     new = state.shards[len(base["shards"]):]
     pairs, app.replaced = replacing.replacements(
         base, app.inputs, app.opts, app.split.replacing, app.split.todo,
-        state.rejects[len(base["rejects"]):], sum(s["num_samples"] for s in new))
+        state.rejects[len(base["rejects"]) - app.dropped:],
+        sum(s["num_samples"] for s in new))
     root = shown(app.inputs.root) if provenance and app.inputs.root else None
     entry = base_.history_entry(base, new, app.new_classes, split_counts(app), root)
     built = finalize.build_manifest(app.inputs, app.opts, state.shards, state.rejects,
@@ -225,7 +239,7 @@ def split_counts(app: Appending) -> dict:
     """The counts of the history entry: inputs packed or rejected, and those skipped."""
     return {"inputs": len(app.inputs.paths), "duplicates": app.split.duplicates,
             "changed": len(app.split.changed), "unverified": app.split.unverified,
-            "replaced": len(app.replaced)}
+            "replaced": len(app.replaced), "retried": app.dropped}
 
 
 def check_counts(app: Appending) -> dict:
@@ -253,6 +267,7 @@ def append_summary(dst, manifest, state, app: Appending, progress, resumed_from,
             fmt.RETIRED_KEY: [p for p in fmt.retired_pairs(manifest) if p[1] < first]}
     summary = finalize.summary(dst, manifest, state, app.inputs, progress, resumed_from)
     return dict(summary, engine=engine, num_samples=visible(manifest),
+                num_records=manifest["num_samples"],
                 retired=len(fmt.retired_pairs(manifest)),
                 append=append_report(base, app, state.shards[len(base["shards"]):]))
 

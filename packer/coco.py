@@ -28,8 +28,10 @@ from pathlib import Path
 import numpy as np
 
 from dlpack_io.packer.boxes import box_reason
+from dlpack_io.packer.names import MAX_PATH_CHARS, too_long
 from dlpack_io.packer.targets import BOX_SPEC, CATEGORY_SPEC, ISCROWD_SPEC, TargetSource
 from dlpack_io.reader.format.fieldschema import MAX_NAMES
+from dlpack_io.reader.format.regular import InputTooLarge, NotRegularFile, read_input
 from dlpack_io.reader.format.schema import MAX_JSON_DEPTH
 
 log = logging.getLogger(__name__)
@@ -71,12 +73,14 @@ def json_depth_large(data: bytes) -> int:
 
 def load_coco(path) -> dict:
     """The parsed COCO file at ``path``; ValueError naming it and what is wrong."""
-    size = os.path.getsize(path)
-    if size > MAX_COCO_BYTES:
-        raise ValueError(f"--coco {path}: {size} bytes, more than {MAX_COCO_BYTES}; split "
-                         f"the file or convert from a JSON Lines list")
-    with open(path, "rb") as f:
-        data = f.read()
+    try:
+        data = read_input(path, MAX_COCO_BYTES)  # a FIFO or a device: refused, unread
+    except InputTooLarge as exc:
+        raise ValueError(f"--coco {path}: {exc.strerror}; split the file or convert from a "
+                         f"JSON Lines list") from None
+    except NotRegularFile as exc:
+        raise ValueError(f"--coco {path}: {exc.strerror}; give the annotation file itself")\
+            from None
     # Python's JSON decoder stops at the recursion limit with a RecursionError; only where
     # something raised that limit high could deep nesting overflow the C stack, so only
     # then is the depth measured first (it costs about as much as the parse itself)
@@ -125,6 +129,8 @@ def _image_problem(img, ids: dict, names: set) -> str | None:
     name = img.get("file_name")
     if not isinstance(name, str) or not name or "\0" in name:
         return f"image {img['id']}: \"file_name\" {str(name)[:60]!r} is not a file name"
+    if len(name) > MAX_PATH_CHARS:
+        return f"image {img['id']}: {too_long(name, 'a file_name', MAX_PATH_CHARS)}"
     if os.path.isabs(name) or ".." in Path(name).parts:
         return f"image {img['id']}: file_name {name[:80]!r} must be relative to SRC and stay in it"
     if img["id"] in ids:
@@ -252,9 +258,6 @@ def read_coco(root, coco_file, *, skip_empty: bool = False, max_pixels: int = 0)
     for entry in per_image:
         if isinstance(entry, dict):
             del entry["name"], entry["checked_size"]
-    if rejected:
-        log.warning("--coco %s: %d annotations rejected (listed in rejects.tsv); their "
-                    "images are packed with the other annotations", coco_file, len(rejected))
     targets = TargetSource(schema, per_image, None, max_pixels, rejected=rejected)
     return Inputs(str(root.resolve()), paths, [-1] * len(paths), [], str(coco_file.resolve()),
                   bad=bad or None, targets=targets)

@@ -14,6 +14,7 @@ from dlpack_io.packer.pipeline import ConversionError
 from dlpack_io.packer.writers import PARTIAL_SUFFIX
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.format.inputstat import INPUTSTAT_NAME
+from dlpack_io.reader.format.regular import open_regular
 
 
 def _either(*names: str) -> str:
@@ -66,7 +67,8 @@ def verify_kept_shard(dst, entry: dict) -> bool:
         if size != entry["bytes"]:
             return False
         if entry["name"].endswith(fmt.SHARD_SUFFIX["record"]):
-            with open(path, "rb") as f:
+            fd, _ = open_regular(path)  # a FIFO in DST must not block us under its lock
+            with open(fd, "rb") as f:
                 header = fmt.unpack_header(f.read(fmt.HEADER_SIZE), size, path)
             return header.header_crc == entry["crc"]
         meta = _lmdb_meta(path)
@@ -89,8 +91,9 @@ def kept_shard_meta(dst, entry: dict) -> dict | None:
     path = os.path.join(dst, entry["name"])
     try:
         if entry["name"].endswith(fmt.SHARD_SUFFIX["record"]):
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
+            fd, st = open_regular(path)  # a FIFO in DST must not block us under its lock
+            with open(fd, "rb") as f:
+                size = st.st_size
                 header = fmt.unpack_header(f.read(fmt.HEADER_SIZE), size, path)
                 meta = os.pread(f.fileno(), header.meta_size, header.meta_offset)
             if fmt.crc32(meta) != header.meta_crc:

@@ -10,8 +10,12 @@ Pillow gives for the input**, ``ImageOps.exif_transpose(Image.open(f)).convert("
     decoder cannot is decoded and re-encoded at --quality; the manifest counts these per
     reason under ``reencoded``.
   * Other image formats (PNG, WebP, BMP, TIFF, GIF, also when named .jpg: the content
-    decides) follow --non-jpeg: ``raw`` (default) stores their upright RGB pixels
-    losslessly as a raw record, ``jpeg`` re-encodes them at --quality, ``reject`` skips them.
+    decides) follow --non-jpeg: ``keep`` (default) stores a PNG or WebP file as it is
+    (KIND_FILE: its compression kept, so a PNG set keeps its size; the reader decodes it
+    with PIL to the very pixels a raw record holds) when it is smaller than its raw pixels
+    and nothing resizes it, and the others as ``raw`` does; ``raw`` stores their upright
+    RGB pixels losslessly as a raw record (no decode on read, larger), ``jpeg`` re-encodes
+    them at --quality, ``reject`` skips them.
   * ``raw`` mode stores the same upright RGB pixels, resized as asked.
   * An image over --max-pixels (width x height) is rejected before any pixel is decoded;
     a file that cannot be decoded (truncated, zero bytes, not an image) is rejected with
@@ -37,12 +41,14 @@ from dlpack_io.packer.options import PackOptions
 from dlpack_io.packer.pilimage import (draft_for, exif_orientation, full_decode, open_image,
                                        resize, upright_rgb)
 from dlpack_io.packer.records import BAD_INPUT, EncodedRecord, RejectedInput
-from dlpack_io.reader.format import (COLOUR_CMYK, COLOUR_GRAY, COLOUR_YCC, KIND_JPEG, KIND_RAW,
-                                     crc32)
+from dlpack_io.reader.format import (COLOUR_CMYK, COLOUR_GRAY, COLOUR_YCC, KIND_FILE, KIND_JPEG,
+                                     KIND_RAW, crc32)
 from dlpack_io.reader.format.native import native_jpeg
+from dlpack_io.reader.format.regular import open_input
 
 # PIL mode of a JPEG -> the stored colour the reader converts from; other modes re-encode.
 _COLOURS = {"RGB": COLOUR_YCC, "L": COLOUR_GRAY, "CMYK": COLOUR_CMYK}
+KEPT_FORMATS = ("PNG", "WEBP")  # --non-jpeg keep: stored as their own file (KIND_FILE)
 
 
 def _reader_decode_error(data: bytes, height: int, width: int) -> str | None:
@@ -104,18 +110,22 @@ def _reencode_jpeg(img, why: str, max_side, quality: int, restarts: bool) -> Enc
     return EncodedRecord(payload, img.size[1], img.size[0], KIND_JPEG, why)
 
 
-def _non_jpeg(img, *, mode, size, max_side, quality, non_jpeg) -> EncodedRecord:
-    """Another image format (whatever the file's name says): per --non-jpeg, its upright
-    RGB pixels as a raw record (lossless), re-encoded as JPEG, or rejected."""
+def _non_jpeg(img, data: bytes, *, mode, size, max_side, quality, non_jpeg) -> EncodedRecord:
+    """Another image format (whatever the file's name says): per --non-jpeg, its own file
+    (keep: a PNG or WebP smaller than its pixels, not resized), its upright RGB pixels as a
+    raw record (lossless), re-encoded as JPEG, or rejected."""
     kind = img.format or "unknown"
     if non_jpeg == "reject":
         raise RejectedInput(f"{kind} image, not a JPEG (--non-jpeg reject)")
-    upright = upright_rgb(img)
+    upright = upright_rgb(img)  # every pixel decoded: the file is proven whole
     pixels = resize(upright, size, max_side)
     resized = pixels.size != upright.size
     if mode == "raw":
         return EncodedRecord(pixels.tobytes(), pixels.size[1], pixels.size[0], KIND_RAW)
-    if non_jpeg == "raw":
+    if non_jpeg == "keep" and not resized and kind in KEPT_FORMATS and \
+            len(data) < 3 * pixels.size[0] * pixels.size[1]:
+        return EncodedRecord(data, pixels.size[1], pixels.size[0], KIND_FILE)
+    if non_jpeg in ("raw", "keep"):
         if resized:
             return EncodedRecord(pixels.tobytes(), pixels.size[1], pixels.size[0], KIND_RAW,
                                  f"{kind} image resized (--max-side), stored as raw pixels")
@@ -137,7 +147,7 @@ def encode_file(data: bytes, *, mode: str, size=None, max_side=None,
     PackOptions turns on only where the C extension is there (its ``jpeg_restarts``)."""
     img = open_image(data, max_pixels)
     if img.format != "JPEG":
-        return _non_jpeg(img, mode=mode, size=size, max_side=max_side, quality=quality,
+        return _non_jpeg(img, data, mode=mode, size=size, max_side=max_side, quality=quality,
                          non_jpeg=non_jpeg)
     if mode == "jpeg":
         if max_side is not None and max(img.size) > max_side:
@@ -180,7 +190,8 @@ def read_span(item: tuple) -> bytes:
     """The bytes of an encode item as they are now: the whole file, or (an item with an
     offset, a sample inside a container) its span."""
     path, size, _, *span = item
-    with open(path, "rb") as f:
+    fd, _ = open_input(path)  # a regular file, opened without blocking (a FIFO is refused)
+    with open(fd, "rb") as f:
         return os.pread(f.fileno(), size, span[0]) if span else f.read()
 
 

@@ -16,11 +16,14 @@ from dlpack_io.packer.records import RejectedInput
 
 
 def field_result(source, i: int) -> tuple:
-    """("ok", field block) of input ``i``, or ("reject", why)."""
+    """("ok", field block) of input ``i``, or ("reject", why): whatever goes wrong with one
+    input's fields rejects that input, never ends the run."""
     try:
         return "ok", source.block(i)
     except RejectedInput as exc:
         return "reject", str(exc)
+    except Exception as exc:  # noqa: BLE001  (MemoryError, RecursionError, a decoder's bug)
+        return "reject", f"its fields could not be made: {type(exc).__name__}: {str(exc)[:300]}"
 
 
 def fields_ahead(source, todo, threads: int, depth: int = 64):

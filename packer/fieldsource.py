@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import os
 
 import numpy as np
 
 from dlpack_io.packer.records import RejectedInput
 from dlpack_io.reader.format.fields import encode_fields, spec_of
+from dlpack_io.reader.format.regular import InputTooLarge, read_input
+from dlpack_io.reader.format.schema import MAX_JSON_DEPTH, json_depth
 
 SIDECARS = ("txt", "json", "cls", "npy")
 MAX_SIDECAR_BYTES = 256 * 2**20  # one sidecar is read whole
@@ -90,11 +93,10 @@ def found_sidecars(root: str, paths: list, wanted) -> tuple:
 
 
 def _read(path: str) -> bytes:
-    try:
-        if os.path.getsize(path) > MAX_SIDECAR_BYTES:
-            raise RejectedInput(f"sidecar {path} is over {MAX_SIDECAR_BYTES} bytes")
-        with open(path, "rb") as f:
-            return f.read()
+    try:  # never blocks on a FIFO, never reads a device without end
+        return read_input(path, MAX_SIDECAR_BYTES)
+    except InputTooLarge:
+        raise RejectedInput(f"sidecar {path} is over {MAX_SIDECAR_BYTES} bytes") from None
     except FileNotFoundError:
         raise RejectedInput(f"missing sidecar {os.path.basename(path)} (other images have "
                             f"one; --fields chooses which sidecars to pack)") from None
@@ -112,53 +114,66 @@ def decode_sidecar(data: bytes, kind: str, path: str):
     RejectedInput naming ``path`` and the reason."""
     try:
         if kind == "npy":
-            _check_npy(data)
-            return np.load(io.BytesIO(data), allow_pickle=False)
+            return _npy(data, path)
         text = data.decode("utf-8")
         if kind == "json":
+            depth = json_depth(data)  # measured before parsing: the parser recurses
+            if depth > MAX_JSON_DEPTH:
+                raise RejectedInput(f"sidecar {path}: JSON nested {depth} levels, a reader "
+                                    f"takes at most {MAX_JSON_DEPTH}")
             return json.loads(text)
         if kind == "cls":
             return np.array([int(t) for t in text.split()], dtype=np.int64)
         return text
     except UnicodeDecodeError as exc:
         raise RejectedInput(f"sidecar {path} is not valid UTF-8 ({exc})") from None
+    except OverflowError:
+        raise RejectedInput(f"sidecar {path}: an integer beyond int64") from None
     except ValueError as exc:  # bad JSON, a non-integer in .cls, a bad or pickled .npy
         what = {"json": "valid JSON", "cls": "whitespace-separated integers",
                 "npy": "a numpy .npy array (no pickles)"}[kind]
         raise RejectedInput(f"sidecar {path} is not {what} ({str(exc)[:120]})") from None
 
 
-def _check_npy(data: bytes) -> None:
-    """ValueError unless the .npy header's shape and dtype account for exactly the bytes
-    after it (np.load would size its array from the header alone)."""
-    import math
+def _npy(data: bytes, path: str) -> np.ndarray:
+    """The array of a .npy file's bytes; its header's shape and dtype are checked against
+    the bytes there are before numpy sizes anything from them (a header may claim 2^40
+    elements of a 100-byte file)."""
+    from numpy.lib import format as npy
 
     f = io.BytesIO(data)
-    version = np.lib.format.read_magic(f)
-    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
-        np.lib.format.read_array_header_2_0
+    version = npy.read_magic(f)
+    if version not in ((1, 0), (2, 0)):
+        raise ValueError(f".npy format version {version[0]}.{version[1]}; expected 1.0 or 2.0")
+    read = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
     shape, _, dtype = read(f)
-    if math.prod(shape) * dtype.itemsize != len(data) - f.tell():
-        raise ValueError(f"header says shape {shape} of {dtype}, {len(data) - f.tell()} "
-                         f"bytes follow")
+    if dtype.hasobject:
+        raise ValueError("object arrays (pickles) are not read")
+    need = math.prod(shape) * dtype.itemsize  # Python ints: no overflow
+    if need != len(data) - f.tell():
+        raise RejectedInput(f"sidecar {path}: its header claims shape {shape} of {dtype} "
+                            f"({need} bytes), the file holds {len(data) - f.tell()}")
+    return np.load(io.BytesIO(data), allow_pickle=False)
 
 
 def sidecar_schema(root: str, paths: list, kinds: tuple) -> dict:
-    """The schema of sidecar ``kinds``; .npy takes dtype and ndim from the first found."""
+    """The schema of sidecar ``kinds``; .npy takes dtype and ndim from the first readable
+    one (a bad one is its image's reject when packed, not the end of the run)."""
     schema = {"txt": {"type": "str"}, "json": {"type": "json"},
               "cls": {"type": "array", "dtype": "int64", "ndim": 1, "shape": None}}
     out = {k: schema[k] for k in kinds if k != "npy"}
-    if "npy" in kinds:
-        for rel in paths:
-            path = f"{_stem(root, rel)}.npy"
-            if os.path.isfile(path):
-                try:
-                    spec = spec_of(sidecar_value(path, "npy"), path)
-                except (RejectedInput, ValueError) as exc:
-                    raise ValueError(f"the first .npy sidecar fixes the field's dtype: {exc}") \
-                        from None
-                out["npy"] = dict(spec, shape=None)
+    first_error = None
+    for rel in paths if "npy" in kinds else ():
+        path = f"{_stem(root, rel)}.npy"
+        if os.path.isfile(path):
+            try:
+                out["npy"] = dict(spec_of(sidecar_value(path, "npy"), path), shape=None)
                 break
+            except (RejectedInput, ValueError) as exc:
+                first_error = first_error or exc
+    if "npy" in kinds and "npy" not in out and first_error is not None:
+        raise ValueError(f"no .npy sidecar can be read to fix the field's dtype, e.g. "
+                         f"{first_error}")
     return out
 
 

@@ -8,7 +8,7 @@ import platform
 from collections import Counter
 
 from dlpack_io.packer.fieldshapes import settle
-from dlpack_io.packer.names import shown
+from dlpack_io.packer.names import clipped, shown
 from dlpack_io.packer.nofollow import create_new
 from dlpack_io.packer.pipeline import ConversionError
 from dlpack_io.packer.targets import annotation_rejects
@@ -49,7 +49,8 @@ def pil_flavour() -> str:
 def rejects_tsv(rejects: list) -> bytes:
     """The rejects file: a header line, then ``path<TAB>reason`` per skipped input (and,
     after them, per annotation left out of a packed image: targets.annotation_rejects)."""
-    lines = ["path\treason"] + [f"{p}\t{r}".replace("\n", " ") for p, r in rejects]
+    lines = ["path\treason"] + [f"{clipped(p)}\t{clipped(r)}".replace("\n", " ")
+                                for p, r in rejects]
     return ("\n".join(lines) + "\n").encode()
 
 
@@ -76,7 +77,7 @@ def build_manifest(inputs, options, shards: list, rejects: list, reencoded: dict
         "source": {"root": None if inputs.root is None else shown(inputs.root),
                    "list": None if inputs.list_file is None else shown(inputs.list_file),
                    "num_inputs": len(inputs.paths)},
-        "rejects": [{"path": p, "reason": r} for p, r in rejects],
+        "rejects": [{"path": clipped(p), "reason": clipped(r)} for p, r in rejects],
         "reencoded": dict(sorted(reencoded.items())),
         "lossless": dict(sorted((lossless or {}).items())),
         "created": {"at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -95,8 +96,23 @@ def build_manifest(inputs, options, shards: list, rejects: list, reencoded: dict
 
 def write_dataset_files(dst, manifest: dict, rejects: list) -> None:
     """Write rejects.tsv, then manifest.json last: the manifest's arrival completes DST."""
+    data = manifest_bytes(manifest, dst)
     atomic_write(os.path.join(dst, fmt.REJECTS_NAME), rejects_tsv(rejects))
-    atomic_write(os.path.join(dst, fmt.MANIFEST_NAME), fmt.encode_meta(manifest))
+    atomic_write(os.path.join(dst, fmt.MANIFEST_NAME), data)
+
+
+def manifest_bytes(manifest: dict, dst) -> bytes:
+    """The manifest file's bytes; ConversionError when they exceed what a reader takes
+    (never a data set its own reader refuses)."""
+    data = fmt.encode_meta(manifest)
+    if len(data) > fmt.MAX_MANIFEST_BYTES:
+        raise ConversionError(
+            f"{dst}: the manifest would be {len(data)} bytes, more than the "
+            f"{fmt.MAX_MANIFEST_BYTES} a reader takes ({len(manifest['rejects'])} rejects, "
+            f"{len(manifest['classes'])} classes, {len(manifest['shards'])} shards); no "
+            f"manifest was written: fix or leave out the rejected inputs, or pack fewer classes "
+            f"or larger shards")
+    return data
 
 
 def final_manifest(src, inputs, opts, state, progress, engine: str, provenance: bool) -> dict:
@@ -121,15 +137,18 @@ def final_manifest(src, inputs, opts, state, progress, engine: str, provenance: 
 
 def summary(dst, manifest, state, inputs, progress, resumed_from) -> dict:
     """What ``convert`` returns (and ``dlpack convert`` prints): counts, rates, and what
-    the scan found along the way."""
+    the scan found along the way. ``num_samples`` is the data set's; ``run_samples`` (and
+    the rates over ``seconds``) this run's, which differ after --resume and --append."""
     empty = [c for c, n in zip(manifest["classes"], manifest["class_counts"]) if n == 0]
+    seconds = progress.elapsed
     return {"dst": dst, "num_samples": manifest["num_samples"], "num_shards": len(state.shards),
             "num_bytes": manifest["num_bytes"], "rejects": len(state.rejects),
             "annotation_rejects": len(annotation_rejects(inputs)),
             "reencoded": dict(state.reencoded), "lossless": dict(state.lossless),
             "ignored": dict(inputs.ignored or {}), "resumed_from": resumed_from,
-            "seconds": progress.elapsed, "images_per_s": progress.images_per_s,
-            "mb_per_s": progress.mb_per_s, "empty_classes": empty,
+            "seconds": seconds, "run_samples": progress.packed,
+            "images_per_s": progress.packed / max(seconds, 1e-9),  # one clock reading for all
+            "mb_per_s": progress.bytes / 1e6 / max(seconds, 1e-9), "empty_classes": empty,
             "via_links": inputs.via_links, "outside_src": inputs.outside_src,
             "repeated_dirs": inputs.repeated_dirs, "hidden_files": inputs.hidden_files,
             "hidden_dirs": inputs.hidden_dirs, "mode": manifest["mode"],

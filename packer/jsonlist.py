@@ -1,4 +1,5 @@
-"""``dlpack convert --list FILE.jsonl``: one JSON object per line, ``{"path": "a/x.jpg",
+"""``dlpack convert --list FILE``: a CSV/TSV of ``path,label`` rows (extra columns: str
+fields), or JSON Lines (``.jsonl``, ``.ndjson``): one JSON object per line, ``{"path": "a/x.jpg",
 "label": 3, "caption": "a cat", ...}``. ``path`` (relative to SRC) is required; ``label``
 (an integer or a class name) is optional for every line or none; every other key is a
 field of that name. A field's type is its values' JSON type (int, float, str; an int
@@ -19,11 +20,14 @@ or lacks a field other lines have is a reject naming the file and the line
 """
 from __future__ import annotations
 
+import csv
 import json
 import os
 from pathlib import Path
 
-from dlpack_io.packer.names import MAX_LIST_LABEL
+from dlpack_io.packer.names import (MAX_CLASS_CHARS, MAX_LIST_LABEL, MAX_PATH_CHARS, clipped,
+                                    shown, too_long)
+from dlpack_io.packer.scan import Inputs
 from dlpack_io.packer.targets import TARGET_KEYS
 from dlpack_io.reader.format import FormatError
 from dlpack_io.reader.format.fieldschema import check_field_name
@@ -43,6 +47,11 @@ def _parse_line(line: str, where: str, root: Path):
     path = obj.pop("path", None)
     if not isinstance(path, str) or not path:
         raise ValueError(f"{where}: no \"path\" (text) in the object")
+    label = obj.get("label")
+    for problem in (too_long(path, "a path", MAX_PATH_CHARS), too_long(
+            label, "a label", MAX_CLASS_CHARS) if isinstance(label, str) else None):
+        if problem:
+            raise ValueError(f"{where}: {problem}")
     if "\0" in path:
         raise ValueError(f"{where}: the path holds a NUL byte (shown as \\x00)")
     if os.path.isabs(path) or ".." in Path(path).parts:
@@ -260,3 +269,113 @@ def rows_inputs(rows: list, classes, schema, labels: bool):
                       f"{name}: no {missing[0]!r}, while other samples have it" if missing
                       else {k: _value(fields[k], schema[k]) for k in schema})
     return [r[0] for r in rows], label_list, classes, schema, values
+
+
+def _rows(list_file: Path):
+    # undecodable bytes stay as they are (surrogate escapes): such a path still opens
+    text = list_file.read_text(encoding="utf-8-sig", errors="surrogateescape")
+    delimiter = "\t" if "\t" in text.split("\n", 1)[0] else ","
+    for lineno, row in enumerate(csv.reader(text.splitlines(), delimiter=delimiter), 1):
+        if not row or not "".join(row).strip() or row[0].lstrip().startswith("#"):
+            continue
+        if len(row) < 2:
+            raise ValueError(f"{list_file}:{lineno}: expected 'path{delimiter}label', "
+                             f"got {delimiter.join(row)!r}")
+        yield lineno, row[0].strip(), row[1].strip(), row[2:]
+
+
+def read_list(root, list_file) -> Inputs:
+    """Read a CSV/TSV of ``path,label`` rows; paths are relative to ``root``.
+
+    Labels may be class names (classes = sorted unique names) or non-negative integers
+    (classes = "0".."max"). A first row whose label is not numeric while the others are,
+    or that reads ``path,label``, is taken as a header. Order is the list's order. A row
+    that cannot be an input (a NUL in its path; in a list of integer labels, a label in
+    other digits than 0-9 or above MAX_LIST_LABEL; a path or a class name longer than one
+    can be) stays in the list as a reject naming its line (``Inputs.bad``): one bad row
+    never stops the conversion.
+    """
+    root, list_file = Path(root), Path(list_file)
+    if list_file.suffix.lower() in (".jsonl", ".ndjson"):
+        return _read_jsonl(root, list_file)
+    limit = csv.field_size_limit(2**31 - 1)  # a long field is a reject below, not an error
+    try:
+        rows = list(_rows(list_file))
+    finally:
+        csv.field_size_limit(limit)
+    header = None
+    if rows and rows[0][2].lower() in ("label", "class", "target"):
+        header, rows = rows[0], rows[1:]
+    if not rows:
+        raise ValueError(f"{list_file}: no 'path,label' rows found")
+    raw_labels = [label for _, _, label, _ in rows]
+    bad = {}
+    if all(lab.isdigit() for lab in raw_labels):  # isdigit: also other scripts' digits
+        labels = [_int_label(lab, list_file, lineno, bad, k)
+                  for k, (lineno, _, lab, _) in enumerate(rows)]
+        classes = [str(i) for i in range(max(labels) + 1)]
+    else:  # a label too long to be a class name is a reject, and no class
+        bad.update((k, f"{list_file}:{lineno}: {too_long(lab, 'a label', MAX_CLASS_CHARS)}")
+                   for k, (lineno, _, lab, _) in enumerate(rows) if len(lab) > MAX_CLASS_CHARS)
+        classes = sorted({lab for lab in raw_labels if len(lab) <= MAX_CLASS_CHARS})
+        lookup = {name: i for i, name in enumerate(classes)}
+        labels = [lookup.get(lab, -1) for lab in raw_labels]
+        classes = [shown(c) for c in classes]
+    paths = _list_paths(rows, root, list_file, bad)
+    schema, values = extra_columns(header, rows, list_file)
+    return Inputs(str(root.resolve()), paths, labels, classes, str(list_file.resolve()),
+                  bad=bad or None, fields=schema, field_values=values)
+
+
+def _list_paths(rows, root: Path, list_file, bad: dict) -> list:
+    """The paths of a CSV/TSV list's rows; a path too long or holding a NUL is a reject
+    (``bad``), recorded escaped and clipped."""
+    paths = []
+    for k, (lineno, path, _, _) in enumerate(rows):
+        if len(path) > MAX_PATH_CHARS:
+            bad[k] = f"{list_file}:{lineno}: {too_long(path, 'a path', MAX_PATH_CHARS)}"
+            path = clipped(shown(path))
+        elif "\0" in path:
+            bad[k] = f"{list_file}:{lineno}: the path holds a NUL byte (shown as \\x00)"
+            path = shown(path)
+        elif os.path.isabs(path) or ".." in Path(path).parts:
+            raise ValueError(f"{list_file}:{lineno}: path {path!r} must be relative to {root} "
+                             f"and stay inside it")
+        paths.append(Path(path).as_posix())
+    return paths
+
+
+def _int_label(text: str, list_file, lineno: int, bad: dict, k: int) -> int:
+    """The integer label of row ``k``; -1 with ``bad[k]`` set when it is not one we take."""
+    if not (text.isascii() and text.isdecimal()):
+        bad[k] = f"{list_file}:{lineno}: label {shown(text)!r} is not written in digits 0-9"
+        return -1
+    if len(text) > 9 or int(text) > MAX_LIST_LABEL:  # length first: int() of a huge text
+        bad[k] = (f"{list_file}:{lineno}: label {shown(text[:20])} is above "
+                  f"{MAX_LIST_LABEL}, the largest class number a list may use")
+        return -1
+    return int(text)
+
+
+def extra_columns(header, rows, list_file):
+    """(schema, values) of a CSV/TSV list's columns after path and label: str fields
+    named by the header row (``column3``, ... without one); (None, None) when none."""
+    width = max(len(extra) for *_, extra in rows)
+    if not width:
+        return None, None
+    names = [n.strip() for n in header[3]] if header else []
+    names += [f"column{k + 3}" for k in range(len(names), width)]
+    from dlpack_io.reader.format.fieldschema import check_field_name
+
+    for name in names:
+        check_field_name(name, f"{list_file}: header")
+    values = [dict(zip(names, extra)) if len(extra) == width else
+              f"{list_file}:{lineno}: {len(extra) + 2} columns, other rows have {width + 2}"
+              for lineno, _, _, extra in rows]
+    return {n: {"type": "str"} for n in names}, values
+
+
+def _read_jsonl(root: Path, list_file: Path) -> Inputs:
+    paths, labels, classes, schema, values = read_jsonl(root, list_file)
+    return Inputs(str(root.resolve()), paths, labels, classes, str(list_file.resolve()),
+                  fields=schema, field_values=values)

@@ -10,7 +10,7 @@ from dlpack_io.reader.format.units import parse_size  # noqa: F401  (packer.opti
 
 # The choices of the options below; their one home (encode.py implements them).
 ON_ERROR = ("skip", "fail")
-NON_JPEG = ("raw", "jpeg", "reject")
+NON_JPEG = ("keep", "raw", "jpeg", "reject")
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class PackOptions:
     # jpeg mode: lossless rewrite with a restart marker per MCU (None: on in jpeg mode when
     # the C extension is there, which the reader needs to profit from it anyway)
     jpeg_restarts: bool | None = None
-    non_jpeg: str = "raw"          # PNG/WebP/...: raw pixels (lossless), jpeg, or reject
+    non_jpeg: str = "keep"         # PNG/WebP: their own file (else raw), raw, jpeg, reject
     max_pixels: int = DEFAULT_MAX_PIXELS  # reject images with more pixels (bomb guard)
     fields: str | None = None      # sidecars / list fields to pack: None all, "none", "a,b"
     workers: int = 0               # 0 = all cores

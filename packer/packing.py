@@ -27,11 +27,13 @@ from dlpack_io.packer.pilimage import require_pil
 from dlpack_io.packer.encode import read_span
 from dlpack_io.packer.pipeline import ConversionError, encode_in_order
 from dlpack_io.packer.progress import Progress
-from dlpack_io.packer.scan import read_list, scan_image_folder, stat_inputs
+from dlpack_io.packer.jsonlist import read_list
+from dlpack_io.packer.scan import scan_image_folder, stat_inputs
 from dlpack_io.packer.writers import open_writer
-from dlpack_io.packer.names import shown
+from dlpack_io.packer.names import link_counts, shown
 from dlpack_io.packer.records import BAD_INPUT
 from dlpack_io.reader import format as fmt
+from dlpack_io.reader.format.regular import NotRegularFile, open_input
 from dlpack_io.reader.format.units import parse_size
 
 log = logging.getLogger(__name__)
@@ -172,7 +174,10 @@ def _fetch_passthrough(record, item: tuple):
     Returns None if they are not."""
     if record.payload is not None:
         return record
-    data = read_span(item)
+    try:
+        data = read_span(item)  # swapped for a FIFO since: not the file validated
+    except OSError:
+        return None
     if fmt.crc32(data) != record.crc:
         return None
     return dataclasses.replace(record, payload=data)
@@ -229,7 +234,7 @@ def pack_local(dst, inputs, stats, options: PackOptions, state: State, journal_)
                                               "from what was validated); re-run to pack it"
             if status == "reject":
                 packer.reject(rel, value)
-                progress.update(1)
+                progress.update(1, packed=False)
                 continue
             packer.add(rel, inputs.labels[i], value, position, block)
             progress.update(1, value.source_bytes)
@@ -252,6 +257,12 @@ def _scan(src, list_file, labels: bool, source: dict):
     if list_file and not labels:
         raise ValueError("--no-labels packs a folder without classes; a --list gives labels: "
                          "use one or the other")
+    if list_file:  # a FIFO or a device would block or never end: refused before reading
+        try:
+            os.close(open_input(list_file)[0])
+        except NotRegularFile as exc:
+            raise ValueError(f"--list {list_file}: {exc.strerror}; write the list to a file")\
+                from None
     inputs = read_list(src, list_file) if list_file else scan_image_folder(src, labels=labels)
     for name, others in inputs.empty_classes:
         log.warning("class folder %s has no usable image (%d other files, none an image, "
@@ -280,6 +291,9 @@ def prepare_inputs(src, list_file, options: dict, labels: bool = True):
 
     inputs = scan_targets(src, list_file, opts) or \
         _scan(src, list_file, labels, dict(source, progress=opts.progress))
+    if inputs.list_file is not None and inputs.members is None:  # a list or a COCO file:
+        via, outside = link_counts(inputs.root, inputs.paths)  # its links, counted as a scan's
+        inputs = dataclasses.replace(inputs, via_links=via, outside_src=outside)
     return opts, with_targets(with_fields(inputs, opts.fields), opts)
 
 

@@ -19,6 +19,7 @@ class Progress:
 
     def __init__(self, total: int, desc: str, *, enabled: bool = True, initial: int = 0):
         self.images = 0
+        self.packed = 0  # of ``images``, those packed (the others were rejects)
         self.bytes = 0
         self.start = time.perf_counter()
         self._bar = None
@@ -31,9 +32,11 @@ class Progress:
                              dynamic_ncols=True, smoothing=0.1)
         self._last_postfix = self._last_line = self.start
 
-    def update(self, images: int = 1, nbytes: int = 0) -> None:
-        """Account for ``images`` more images totalling ``nbytes`` input bytes."""
+    def update(self, images: int = 1, nbytes: int = 0, *, packed: bool = True) -> None:
+        """Account for ``images`` more images totalling ``nbytes`` input bytes (``packed``
+        False: rejects, read but not packed)."""
         self.images += images
+        self.packed += images if packed else 0
         self.bytes += nbytes
         self._done += images
         if self._log_lines and time.perf_counter() - self._last_line >= LOG_EVERY:

@@ -98,7 +98,7 @@ def _feed(planner: RayPlanner, inputs, todo, base: int, segments, progress: Prog
             i = todo[start + k]
             if outcome[0] != "ok":
                 planner.reject(inputs.paths[i], outcome[1])
-                progress.update(1)
+                progress.update(1, packed=False)
                 continue
             record = PlannedRecord(blob, *outcome[1:])
             planner.add(inputs.paths[i], inputs.labels[i], record, base + start + k)

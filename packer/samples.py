@@ -13,14 +13,14 @@ from dlpack_io.packer.encode import encode_file
 from dlpack_io.packer.records import RejectedInput
 from dlpack_io.reader.format import crc32
 from dlpack_io.reader.format.fields import check_field_name, encode_fields, spec_of
+from dlpack_io.reader.format.regular import read_input
 
 
 def image_bytes(image, where: str) -> tuple[bytes, str]:
     """(file bytes, name for the shard metadata) of a path, encoded bytes, PIL image or
     HWC uint8 array (pixels become a lossless PNG that the encoding rule then stores)."""
     if isinstance(image, (str, os.PathLike)):
-        with open(image, "rb") as f:
-            return f.read(), os.fspath(image)
+        return read_input(image), os.fspath(image)  # a FIFO or device: OSError naming it
     if isinstance(image, (bytes, bytearray, memoryview)):
         return bytes(image), ""
     if isinstance(image, np.ndarray):
@@ -67,8 +67,12 @@ def encode_sample(image, fields: dict, schema: dict, options) -> tuple:
     where = options["where"]
     block = encode_fields(fields, schema, where) if schema else None
     data, path = image_bytes(image, where)
+    encode = options["encode"]
+    if not isinstance(image, (str, os.PathLike, bytes, bytearray, memoryview)) and \
+            encode.get("non_jpeg") == "keep":  # pixels from code: raw records, as given
+        encode = dict(encode, non_jpeg="raw")
     try:
-        record = encode_file(data, **options["encode"])
+        record = encode_file(data, **encode)
     except RejectedInput as exc:
         raise ValueError(f"{where}: image {path or '(bytes)'} cannot be packed: {exc}") from None
     record = dataclasses.replace(record, source_bytes=len(data), crc=crc32(record.payload),

@@ -105,6 +105,10 @@ def with_targets(inputs, opts):
     inputs = dataclasses.replace(inputs, targets=targets,
                                  fields=dict(inputs.fields or {}, **schema))
     _fail_on_rejected(inputs, opts)
+    if targets.rejected:  # said only once --on-error fail has not stopped the run
+        log.warning("%s: %d annotations rejected (listed in rejects.tsv); their images are "
+                    "packed with the other annotations", inputs.list_file or inputs.root,
+                    len(targets.rejected))
     if opts.skip_empty and not opts.coco and targets.annotations is not None:
         keep = [k for k, a in enumerate(targets.annotations)
                 if not isinstance(a, dict) or not isinstance(a["boxes"], list) or a["boxes"]]

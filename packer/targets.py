@@ -21,6 +21,7 @@ from dlpack_io.packer.boxes import (as_box_list, checked_boxes, int_list, orient
 from dlpack_io.packer.pilimage import exif_orientation, open_image
 from dlpack_io.packer.records import RejectedInput
 from dlpack_io.packer.fieldsource import MASK_SUFFIX
+from dlpack_io.reader.format.regular import open_input, read_input
 
 TARGET_KEYS = ("boxes", "categories", "iscrowd")  # what a list line's targets may hold
 BOX_SPEC = {"type": "array", "dtype": "float32", "ndim": 2, "shape": None}
@@ -38,8 +39,7 @@ def mask_spec(dtype: str) -> dict:
 def image_header(path: str, max_pixels: int) -> tuple:
     """(width, height, EXIF orientation) of the stored image at ``path``."""
     try:
-        with open(path, "rb") as f:
-            img = open_image(f.read(), max_pixels)
+        img = open_image(read_input(path), max_pixels)  # a FIFO or device: refused, unread
     except OSError as exc:
         raise RejectedInput(f"cannot read file: {exc.strerror or exc}") from None
     return img.size[0], img.size[1], exif_orientation(img)
@@ -49,7 +49,8 @@ def mask_dtype(path: str) -> str:
     """The dtype a mask PNG's mode stands for (its header only)."""
     from PIL import Image
 
-    with Image.open(path) as img:
+    fd, _ = open_input(path)
+    with open(fd, "rb") as f, Image.open(f) as img:
         return _MASK_MODES.get(img.mode, "uint8")
 
 
@@ -57,8 +58,7 @@ def read_mask(path: str, size: tuple, dtype: str, max_pixels: int) -> np.ndarray
     """The H x W label map of the PNG at ``path`` as ``dtype``, for a stored image of
     ``size`` (width, height); RejectedInput naming the file and the reason."""
     try:
-        with open(path, "rb") as f:
-            img = open_image(f.read(), max_pixels)
+        img = open_image(read_input(path), max_pixels)
     except FileNotFoundError:
         raise RejectedInput(f"no mask {path} (other images have one)") from None
     except OSError as exc:

@@ -214,9 +214,10 @@ def _convert_staged(store: Store, stage: str, inputs, opts, provenance: bool, pa
                                        provenance)
     if seen:
         quickcheck.write_remote(store, seen, manifest)
+    data = finalize.manifest_bytes(manifest, store.url)
     store.put(fmt.REJECTS_NAME,
               finalize.rejects_tsv(state.rejects + finalize.annotation_rejects(inputs)))
-    store.put(fmt.MANIFEST_NAME, fmt.encode_meta(manifest))  # last: now it is a data set
+    store.put(fmt.MANIFEST_NAME, data)  # last: now it is a data set
     store.delete(journal.JOURNAL_NAME)
     if ray:
         ray_cluster.remove_probes(store)

@@ -91,7 +91,7 @@ def append_remote(src, url: str, *, list_file=None, resume: bool = False,
 
 
 def _append_staged(store: Store, stage: str, base: dict, app, pack, provenance: bool) -> dict:
-    state = appending.seeded_state(base, len(app.inputs.classes))
+    state = appending.seeded_state(base, len(app.inputs.classes), app.retried)
     keep = {s["name"] for s in base["shards"]} | {fmt.MANIFEST_NAME, fmt.REJECTS_NAME}
     kept = resume_remote(store, app.plan, len(app.inputs.classes), state, app.inputs,
                          app.opts, keep)
@@ -111,8 +111,9 @@ def _append_staged(store: Store, stage: str, base: dict, app, pack, provenance: 
         store.delete(journal.JOURNAL_NAME)
         raise
     quickcheck.write_remote(store, appending.record_of(app, resumed_from), manifest)
+    data = finalize.manifest_bytes(manifest, store.url)
     store.put(fmt.REJECTS_NAME, finalize.rejects_tsv(state.rejects))
-    store.put(fmt.MANIFEST_NAME, fmt.encode_meta(manifest))  # last: now readers see it
+    store.put(fmt.MANIFEST_NAME, data)  # last: now readers see it
     store.delete(journal.JOURNAL_NAME)
     return appending.append_summary(store.url, manifest, state, app, progress, resumed_from,
                                     "local")

@@ -51,12 +51,42 @@ def _decode_jpeg_fast(payload, h: int, w: int, orientation: int, where: str):
     return out
 
 
+def decode_file(payload, h: int, w: int, where: str = "record") -> np.ndarray:
+    """Pixels of a KIND_FILE record (a PNG or WebP file kept as it was packed): decoded with
+    PIL, turned upright by its own EXIF, converted to RGB, as the packer's raw records of the
+    same input hold them; a header claiming more than the index's ``h`` x ``w`` pixels is
+    refused before anything is decoded. A fresh HWC uint8 array."""
+    from PIL import Image, ImageOps
+
+    data = guarded_array(payload).tobytes()  # a mapped shard: copied under the SIGBUS guard
+    kind = next((name for magic, name in fmt.FILE_FORMATS.items() if data.startswith(magic)),
+                None)
+    if kind is None:
+        raise fmt.FormatError(f"{where}: a file record that is neither PNG nor WebP "
+                              f"(starts {data[:8]!r}); damaged: run 'dlpack verify'")
+    try:
+        img = Image.open(io.BytesIO(data))
+        if img.format != kind or img.width * img.height > h * w:
+            raise ValueError(f"a {img.format} header of {img.width} x {img.height} pixels, "
+                             f"the index says a {kind} of {w} x {h}")
+        img.load()
+        img = ImageOps.exif_transpose(img)
+        pixels = np.asarray(img if img.mode == "RGB" else img.convert("RGB"))
+    except Exception as exc:  # PIL raises many types on damaged data
+        raise fmt.FormatError(f"{where}: cannot decode {kind} payload ({exc})") from None
+    if pixels.shape != (h, w, 3):
+        raise fmt.FormatError(f"{where}: decoded to {pixels.shape}, the index says {(h, w, 3)}")
+    return pixels
+
+
 def decode_record(payload, entry, where: str = "record") -> np.ndarray:
     """Pixels of one record given its index ``entry`` (a row of INDEX_DTYPE): upright RGB,
     the EXIF orientation and colour conversion applied as the index says."""
     h, w, c = int(entry["height"]), int(entry["width"]), int(entry["channels"])
     if entry["kind"] == fmt.KIND_RAW:  # copied under the SIGBUS guard (a mapped shard)
         return guarded_array(payload).reshape(h, w, c)
+    if entry["kind"] == fmt.KIND_FILE:
+        return decode_file(payload, h, w, where)
     if entry["kind"] != fmt.KIND_JPEG:
         raise fmt.FormatError(f"{where}: unknown record kind {int(entry['kind'])}")
     orientation = int(entry["orientation"])

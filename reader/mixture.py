@@ -26,6 +26,15 @@ from dlpack_io.reader.mixprefetch import start_sets
 EPOCH_RULES = ("sum", "largest", "smallest")
 MAX_SAMPLES_PER_EPOCH = 2**40   # as statecheck's epoch bound: far beyond any run
 _INDEX_LIMIT = 2**62            # virtual indices stay inside int64
+ORDER_BYTES_PER_SAMPLE = 64     # an epoch's order at its peak (batch/sources.py: 48 measured)
+
+
+def memory_bytes() -> int:
+    """This machine's physical memory (what one epoch's order must fit in)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not told: assume a large machine
+        return 2**40
 
 
 def _check_weights(weights, count: int) -> list[Fraction]:
@@ -159,6 +168,13 @@ class Mixture:
         if not 1 <= n <= MAX_SAMPLES_PER_EPOCH:
             raise ValueError(f"Mixture: {n} samples per epoch (sets of {list(self._sizes)} "
                              f"samples): expected 1 to {MAX_SAMPLES_PER_EPOCH}")
+        fits = memory_bytes() // ORDER_BYTES_PER_SAMPLE
+        if n > fits:  # checked before anything of that length is allocated
+            raise ValueError(f"Mixture: {n} samples per epoch (sets of {list(self._sizes)} "
+                             f"samples): one epoch's order takes {ORDER_BYTES_PER_SAMPLE} bytes "
+                             f"a sample, {n * ORDER_BYTES_PER_SAMPLE / 2**30:.0f} GiB, more than "
+                             f"this machine's {memory_bytes() / 2**30:.1f} GiB of memory; ask "
+                             f"at most {fits} samples_per_epoch (a longer run is more epochs)")
         return n
 
     def _common_fields(self) -> dict:

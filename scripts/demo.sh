@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The main job end to end on a generated demo data set (about 30 s after set-up):
+# The main job end to end on a generated demo data set (about 30 s once set up; on a fresh
+# machine scripts/setup.sh first takes a few minutes, naming each step as it starts it):
 # make 600 ImageNet-like JPEGs, convert them, inspect, draw a contact sheet, verify,
 # then read one epoch and print the throughput.
 set -euo pipefail

@@ -66,11 +66,13 @@ from dlpack_io.tools.cli_common import LazyChoice, echo_json, fail
                    "image a crop needs. Costs no more than the validation it replaces. "
                    "--no-restart-markers stores every JPEG's original bytes untouched. "
                    "Progressive, grayscale and CMYK files are always kept as they are.")
-@click.option("--non-jpeg", type=LazyChoice("dlpack_io.packer.options", "NON_JPEG"), default="raw",
+@click.option("--non-jpeg", type=LazyChoice("dlpack_io.packer.options", "NON_JPEG"), default="keep",
               show_default=True,
               help="Images that are not JPEGs by content (PNG, WebP, BMP, TIFF, GIF, also "
-                   "when named .jpg): raw = store their upright RGB pixels losslessly as raw "
-                   "records (larger), jpeg = re-encode at --quality (lossy), reject = skip "
+                   "when named .jpg): keep = store a PNG or WebP file as it is (its size "
+                   "kept; decoded with PIL on read to the same pixels a raw record holds), "
+                   "the others as raw; raw = store their upright RGB pixels losslessly as raw "
+                   "records (larger, no decode on read), jpeg = re-encode at --quality (lossy), reject = skip "
                    "them (listed in rejects.tsv). Counted in the summary either way. JPEGs "
                    "(grayscale, CMYK, EXIF-rotated included) always keep their bytes. Files "
                    "whose suffix is not an image suffix are ignored and counted.")
@@ -230,16 +232,29 @@ def finish(result: dict, as_json: bool, limit) -> None:
         sys.exit(outcome.EXIT_REJECTS)
 
 
+def packed_line(result: dict) -> str:
+    """The first summary line: what this run packed, at which rate; after --resume or
+    --append (this run packed part of the data set) also what the data set now holds."""
+    from dlpack_io.tools.render import human_bytes, plural
+
+    whole = (f"{plural(result['num_samples'], 'image')} in {plural(result['num_shards'], 'shard')}"
+             f" ({human_bytes(result['num_bytes'])})")
+    rate = (f"in {result['seconds']:.1f} s: {result['images_per_s']:.0f} images/s, "
+            f"{result['mb_per_s']:.1f} MB/s read")
+    if not result.get("resumed_from") and result.get("append") is None:
+        return f"packed {whole.replace(' in ', ' into ', 1)} {rate}"
+    how = f"resumed at input {result['resumed_from']}" if result.get("resumed_from") else \
+        "appended"
+    return (f"packed {plural(result.get('run_samples', 0), 'image')} this run {rate} ({how}); "
+            f"the data set holds {whole}")
+
+
 def echo_summary(result: dict) -> None:
     """Print what a conversion did: rates, what became of the inputs, links, empty classes."""
     from dlpack_io.tools import render
-    from dlpack_io.tools.render import human_bytes, plural
+    from dlpack_io.tools.render import plural
 
-    click.echo(f"packed {plural(result['num_samples'], 'image')} into "
-               f"{plural(result['num_shards'], 'shard')} ({human_bytes(result['num_bytes'])}) in "
-               f"{result['seconds']:.1f} s: {result['images_per_s']:.0f} images/s, "
-               f"{result['mb_per_s']:.1f} MB/s read"
-               + (f" (resumed at input {result['resumed_from']})" if result["resumed_from"] else ""))
+    click.echo(packed_line(result))
     click.echo(render.convert_counts(result))
     if result.get("fields"):
         found = result.get("sidecars") or {}  # sidecar files found per field: not "ignored"

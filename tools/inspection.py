@@ -24,14 +24,45 @@ def _storage(m: dict, indices: list) -> dict:
     """How the records were stored: original bytes, lossless transforms, re-encodes (with
     the reasons), and what the reader does at decode time for the original-bytes ones."""
     index = np.concatenate(indices) if indices else np.zeros(0, dtype=fmt.INDEX_DTYPE)
-    jpeg = index["kind"] == fmt.KIND_JPEG
+    jpeg, files = index["kind"] == fmt.KIND_JPEG, int((index["kind"] == fmt.KIND_FILE).sum())
     lossless, reencoded = m.get("lossless", {}), m["reencoded"]
     return {"original_bytes": m["num_samples"] - sum(lossless.values()) - sum(reencoded.values()),
             "lossless": lossless, "reencoded": reencoded,
             "at_decode": {"EXIF orientation applied": int((jpeg & (index["orientation"] != 1)).sum()),
                           "grayscale to RGB": int((jpeg & (index["colour"] == fmt.COLOUR_GRAY)).sum()),
-                          "CMYK/YCCK to RGB": int((jpeg & (index["colour"] == fmt.COLOUR_CMYK)).sum())},
-            "raw_records": int((index["kind"] == fmt.KIND_RAW).sum())}
+                          "CMYK/YCCK to RGB": int((jpeg & (index["colour"] == fmt.COLOUR_CMYK)).sum()),
+                          **({"PNG/WebP decoded with PIL": files} if files else {})},
+            "raw_records": int((index["kind"] == fmt.KIND_RAW).sum()),
+            "file_records": files,
+            "jpeg_records": int(jpeg.sum())}
+
+
+def _labels_from(m: dict) -> str:
+    """Where the data set's labels came from: class folders, a list, a COCO file (whose
+    categories are a field, not labels), or none (--no-labels)."""
+    if m["options"].get("coco"):
+        return "coco"
+    if m["source"].get("list") or (m["classes"] and not m["source"].get("root")):
+        return "list" if m["source"].get("list") else "folders"
+    return "folders" if m["classes"] else "none"
+
+
+def kind_name(entry, payload=b"") -> str:
+    """What a record is: jpeg, raw, or the format of a kept file (png, webp)."""
+    kind = int(entry["kind"])
+    if kind == fmt.KIND_FILE:
+        head = bytes(payload[:8])
+        return next((name.lower() for magic, name in fmt.FILE_FORMATS.items()
+                     if head.startswith(magic)), "file")
+    return {fmt.KIND_JPEG: "jpeg", fmt.KIND_RAW: "raw"}.get(kind, f"kind {kind}")
+
+
+def colour_name(entry) -> str:
+    """The colour the record's bytes hold: a JPEG's stored colour; raw pixels are RGB; a
+    kept file is decoded (and converted) to RGB."""
+    if int(entry["kind"]) == fmt.KIND_JPEG:
+        return ("ycbcr", "grayscale", "cmyk")[min(int(entry["colour"]), 2)]
+    return "rgb" if int(entry["kind"]) == fmt.KIND_RAW else "converted to rgb when decoded"
 
 
 def _class_counts(ds) -> list:
@@ -60,6 +91,7 @@ def summary(path, *, max_pixels: int = fmt.DEFAULT_MAX_PIXELS) -> dict:
         "image_size": _size_stats(heights, widths),
         "classes": [{"label": i, "name": c, "count": n}
                     for i, (c, n) in enumerate(zip(m["classes"], _class_counts(ds)))],
+        "labels_from": _labels_from(m),
         "options": m["options"], "source": m["source"], "reencoded": m["reencoded"],
         "storage": _storage(m, indices),
         "num_rejects": len(m["rejects"]), "rejects": m["rejects"], "created": m["created"],
@@ -86,8 +118,16 @@ def shard_detail(path, shard: int, *, records: int = 10,
         if ds.classes else [],  # --no-labels: every label is -1
         "image_size": _size_stats(index["height"], index["width"]),
         "records": [_entry_dict(index[j], j, _sample_of(shown, entry["first_sample"] + j),
-                                meta, ds.classes) for j in range(min(records, len(index)))],
+                                meta, ds.classes, _head(sh, j))
+                    for j in range(min(records, len(index)))],
     }
+
+
+def _head(shard, j: int) -> bytes:
+    """The first bytes of record ``j`` of a kept-file kind (they say PNG or WebP)."""
+    if int(shard.index[j]["kind"]) != fmt.KIND_FILE:
+        return b""
+    return guarded_copy(shard.payload(j)[:8])
 
 
 def _sample_of(shown, record: int) -> int | None:
@@ -99,7 +139,7 @@ def _sample_of(shown, record: int) -> int | None:
     return int(where[0]) if where.size else None
 
 
-def _entry_dict(entry, j: int, sample: int, meta: dict, classes) -> dict:
+def _entry_dict(entry, j: int, sample: int, meta: dict, classes, head=b"") -> dict:
     label = int(entry["label"])
     paths = meta.get("paths", [])
     return {"sample": sample, "record": j, "offset": int(entry["offset"]),
@@ -107,9 +147,8 @@ def _entry_dict(entry, j: int, sample: int, meta: dict, classes) -> dict:
             "class": classes[label] if 0 <= label < len(classes) else None,
             "crc": int(entry["crc"]), "height": int(entry["height"]),
             "width": int(entry["width"]), "channels": int(entry["channels"]),
-            "kind": "raw" if entry["kind"] == fmt.KIND_RAW else "jpeg",
-            "orientation": int(entry["orientation"]),
-            "colour": ("ycbcr", "grayscale", "cmyk")[min(int(entry["colour"]), 2)],
+            "kind": kind_name(entry, head), "orientation": int(entry["orientation"]),
+            "colour": colour_name(entry),
             "source": paths[j] if j < len(paths) else None}
 
 
@@ -120,9 +159,10 @@ def record_detail(path, sample: int, *, max_pixels: int = fmt.DEFAULT_MAX_PIXELS
     k, j = ds.locate(sample)
     sample %= len(ds)
     sh = ds.shards[k]
-    out = _entry_dict(sh.index[j], j, sample, sh.meta(), ds.classes)
+    payload = guarded_copy(sh.payload(j))
+    out = _entry_dict(sh.index[j], j, sample, sh.meta(), ds.classes, payload[:8])
     out["shard"] = ds.manifest["shards"][k]["name"]
-    out["crc_ok"] = fmt.crc32(guarded_copy(sh.payload(j))) == out["crc"]
+    out["crc_ok"] = fmt.crc32(payload) == out["crc"]
     if ds.fields and not ds.is_remote:
         out["fields"] = sample_fields(Dataset(path, max_pixels=max_pixels,
                                               verify_checksums=True), sample)

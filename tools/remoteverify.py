@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import tempfile
 
 import numpy as np
@@ -21,20 +22,23 @@ from dlpack_io.tools.shardcheck import (VerifyReport, check_accounting, check_cl
 
 async def download(store: Store, name: str, size: int, path: str, *, parts: int = 8,
                    part_size: int = 8 * 2**20) -> None:
-    """Write object ``name`` (``size`` bytes) to ``path`` with ``parts`` ranges in flight."""
-    sem = asyncio.Semaphore(parts)
+    """Write object ``name`` (``size`` bytes) to ``path`` with ``parts`` ranges in flight:
+    ``parts`` workers take the ranges one by one (memory does not grow with ``size``), and
+    the first failure stops them all."""
+    starts = iter(range(0, size, part_size))  # shared by the workers, never a list
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+
+    async def worker():
+        for start in starts:
+            os.pwrite(fd, await store.aget_range(name, start, min(start + part_size, size)),
+                      start)
+    tasks = [asyncio.ensure_future(worker()) for _ in range(parts)]
     try:
-        async def one(start):
-            async with sem:
-                os.pwrite(fd, await store.aget_range(name, start, min(start + part_size, size)),
-                          start)
-        results = await asyncio.gather(*(one(s) for s in range(0, size, part_size)),
-                                       return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            raise errors[0]
+        await asyncio.gather(*tasks)
     finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         os.close(fd)
 
 
@@ -109,9 +113,20 @@ def _check_remote_shard(store, tmp, entry, manifest, decode, report, bar, max_pi
             report.add(where, f"object is {head['size']} bytes, the manifest says "
                               f"{entry['bytes']} (truncated or replaced)")
             return None
+        free = shutil.disk_usage(tmp).free
+        if entry["bytes"] > free:  # checked one shard at a time, in a temporary copy
+            report.add(where, f"not checked: {entry['bytes']} bytes, more than the {free} bytes "
+                              f"free in {os.path.dirname(tmp)}, where verify copies one shard "
+                              f"at a time; set TMPDIR to a folder with room", storage=True)
+            return None
         run_sync(download(store, name, entry["bytes"], os.path.join(tmp, name)))
     except StorageError as exc:
         report.add(where, str(exc), storage=_unreadable(exc))
+        return None
+    except OSError as exc:  # the temporary copy, not the data set
+        report.add(where, f"not checked: its temporary copy in {os.path.dirname(tmp)} could not "
+                          f"be written ({exc.strerror or exc}); set TMPDIR to a folder with room",
+                   storage=True)
         return None
     first = len(report.problems)
     try:

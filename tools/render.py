@@ -37,11 +37,14 @@ def convert_counts(result: dict) -> str:
     if result.get("mode") == "raw":
         return "\n".join([raw_mode_text(result["num_samples"], result.get("size"),
                                         result.get("max_side"))] + _skip_lines(result))
-    lines = [f"original bytes kept: {result['num_samples'] - changed}; "
+    records = result.get("num_records", result["num_samples"])  # retired ones included
+    lines = [f"original bytes kept: {records - changed}; "
              f"transformed losslessly: {sum(result.get('lossless', {}).values())}"
              + (f" ({_reasons(result['lossless'])})" if result.get("lossless") else "")
              + f"; re-encoded: {sum(result['reencoded'].values())}"
-             + (f" ({_reasons(result['reencoded'])})" if result["reencoded"] else "")]
+             + (f" ({_reasons(result['reencoded'])})" if result["reencoded"] else "")
+             + (f" (of the {records} records stored, {result['retired']} retired by "
+                f"--replace-changed)" if result.get("retired") else "")]
     return "\n".join(lines + _skip_lines(result))
 
 
@@ -71,13 +74,33 @@ def _storage_text(st: dict, mode: str = "jpeg", options: dict | None = None) -> 
         return "stored        " + raw_mode_text(st["raw_records"], o.get("size"),
                                                 o.get("max_side"))
     at = ", ".join(f"{n} {what}" for what, n in st["at_decode"].items() if n)
-    lines = [f"stored        {st['original_bytes']} with their original bytes"
+    kept = f" ({st['file_records']} PNG/WebP files kept as they are)" \
+        if st.get("file_records") else ""
+    lines = [f"stored        {st['original_bytes']} with their original bytes{kept}"
              + (f" (the reader applies: {at})" if at else ""),
              f"              {sum(st['lossless'].values())} transformed losslessly"]
     lines += [f"                {n:6d}  {why}" for why, n in st["lossless"].items()]
     lines.append(f"              {sum(st['reencoded'].values())} re-encoded")
     lines += [f"                {n:6d}  {why}" for why, n in st["reencoded"].items()]
     return "\n".join(lines)
+
+
+def _kinds_text(st: dict) -> str:
+    """The records by kind, when they are not all what the mode's name says."""
+    kinds = {"JPEG": st.get("jpeg_records", 0), "raw": st.get("raw_records", 0),
+             "PNG/WebP file": st.get("file_records", 0)}
+    if sum(1 for n in kinds.values() if n) <= 1 and not st.get("file_records") and \
+            (kinds["JPEG"] or not kinds["raw"]):
+        return ""
+    return " (records: " + ", ".join(plural(n, what) for what, n in kinds.items() if n) + ")"
+
+
+def _no_classes_text(labels_from) -> str:
+    """Why a data set has no classes, as it was packed."""
+    return {"coco": " (a COCO set: every label is -1; the categories are the 'categories' "
+                    "field of each sample)",
+            "list": " (the list gave no labels: every label is -1)"}.get(
+        labels_from, " (packed with --no-labels: every label is -1)")
 
 
 def summary_text(s: dict, max_classes: int = 30) -> str:
@@ -87,7 +110,8 @@ def summary_text(s: dict, max_classes: int = 30) -> str:
     root = source.get("root") or "(left out: packed with --no-provenance)"
     lines = [
         f"data set      {s['path']}",
-        f"format        {s['format']} (version {s['version']}), mode {s['mode']}",
+        f"format        {s['format']} (version {s['version']}), mode {s['mode']}"
+        + _kinds_text(s["storage"]),
         f"samples       {plural(s['num_samples'], 'sample')} in {plural(s['num_shards'], 'shard')}, "
         f"{human_bytes(s['num_bytes'])} ({human_bytes(s['record_bytes']['mean'])}/record mean)"
         + (f"; {plural(s['retired'], 'record')} retired (replaced by an append: "
@@ -110,7 +134,7 @@ def summary_text(s: dict, max_classes: int = 30) -> str:
         + "".join(f"\n                {r['path']}: {r['reason']}" for r in s["rejects"][:10])
         + ("\n                ... (all in rejects.tsv)" if s["num_rejects"] > 10 else ""),
         f"classes       {len(s['classes'])}" + ("" if s["classes"] else
-                                                   " (packed with --no-labels: every label is -1)"),
+                                                   _no_classes_text(s.get("labels_from"))),
     ]
     for c in s["classes"][:max_classes]:
         lines.append(f"  {c['label']:5d}  {c['count']:8d}  {c['name']}")

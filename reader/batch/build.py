@@ -276,8 +276,8 @@ def fill_sample(ctx, plan: BatchPlan, pos: int, epoch: int, flat, offset, scratc
                      params, flat, offset)
     elif kind == fmt.KIND_JPEG:
         _fill_jpeg(ctx, payload, entry, pos, fh, fv, params, flat, offset, scratch)
-    else:
-        raise fmt.FormatError(f"unknown record kind {kind}")
+    else:  # a PNG/WebP file record: decoded whole by reader core (which refuses other kinds)
+        _fill_pixels(decode_record(payload, entry), pos, fh, fv, params, flat, offset)
 
 
 def _raw_crops_at_once(ctx: BuildContext, plan: BatchPlan, a: int, b: int, flat) -> bool:

@@ -22,6 +22,7 @@ from dlpack_io.reader.batch.build import (DECODE, PLAN, BuildContext, HostBatch,
                                           largest_image, plan_checked, record_payload,
                                           scratch_of, skip_or_raise, stage_table,
                                           stage_totals, user_pixels)
+from dlpack_io.reader.decode import decode_record
 from dlpack_io.reader.batch.plan import BatchPlan
 
 
@@ -108,8 +109,9 @@ def _place_one(ctx, plan, pos, epoch, geo, buf, offset, scratch) -> int:
         geo[pos, 6:9] = offset, pixels.shape[0], pixels.shape[1]
         return pixels.size
     geo[pos, 6:9] = offset, entry["height"], entry["width"]
-    if int(entry["kind"]) == fmt.KIND_RAW:
-        data = np.frombuffer(payload, dtype=np.uint8)
+    if int(entry["kind"]) != fmt.KIND_JPEG:  # raw; a PNG/WebP file decoded whole by reader core
+        data = np.frombuffer(payload, dtype=np.uint8) if int(entry["kind"]) == fmt.KIND_RAW \
+            else decode_record(payload, entry).reshape(-1)
         buf[offset:offset + data.size] = data
         return data.size
     size, (rows, cols), box = _place_jpeg(ctx, payload, entry, params.boxes[pos], params, buf,

@@ -34,17 +34,19 @@ def check_fields(dataset, names, buckets=None) -> tuple:
     that lacks a field (or stores it with another schema than set 0)."""
     if not isinstance(dataset, Mixture):
         return fieldbatch.check_fields(dataset, names, buckets)
-    for s, ds in enumerate(dataset.datasets):
+    for s, ds in enumerate(dataset.datasets):  # every set has them: else name the one without
         try:
             fieldbatch.check_fields(ds, names, buckets)
         except ValueError as exc:
             raise ValueError(f"Mixture set {s}: {exc}") from None
-        made = fieldbatch.CONDITIONING if hasattr(buckets, "crops") else ()
+    first, made = dataset.datasets[0].fields, \
+        fieldbatch.CONDITIONING if hasattr(buckets, "crops") else ()
+    for s, ds in enumerate(dataset.datasets[1:], 1):
         for n in names:
-            if n not in fieldbatch.DEFAULT_FIELDS + made and n not in dataset.fields:
+            if n not in fieldbatch.DEFAULT_FIELDS + made and ds.fields[n] != first[n]:
                 raise ValueError(f"Mixture set {s} ({ds.path}): field {n!r} is "
-                                 f"{ds.fields[n]}, set 0 stores it as "
-                                 f"{dataset.datasets[0].fields[n]}: a batch needs one schema")
+                                 f"{ds.fields[n]}, set 0 stores it as {first[n]}: a batch "
+                                 f"needs one schema")
     return tuple(names)
 
 
@@ -56,10 +58,9 @@ def epoch_items(dataset, subset) -> int:
 def epoch_positions(dataset, subset, o, epoch: int) -> np.ndarray:
     """The epoch's sample indices in reading order (order.py; mixture_order below for a Mixture)."""
     if isinstance(dataset, Mixture):
-        return mixture_order(dataset.sizes, dataset.counts, dataset.offsets,
-                                      dataset.total, shuffle=o.shuffle, seed=o.seed,
-                                      epoch=epoch, shard_sizes=dataset.shard_sizes,
-                                      block_size=o.order.block_size,
+        return mixture_order(dataset.sizes, dataset.counts, dataset.offsets, dataset.total,
+                             shuffle=o.shuffle, seed=o.seed, epoch=epoch,
+                             shard_sizes=dataset.shard_sizes, block_size=o.order.block_size,
                              window=o.order.block_window)
     sizes = dataset.shard_sizes if subset is None else None
     positions = order_mod.epoch_order(epoch_items(dataset, subset), o.shuffle, o.seed, epoch,

@@ -44,6 +44,7 @@ from dlpack_io.reader.format.spec import (PLAIN_VERSION, READABLE_VERSIONS, FIEL
 from dlpack_io.reader.format.spec import (MAGIC, FORMAT_VERSION, HEADER_SIZE, RECORD_ALIGN,
                                           MANIFEST_NAME, REJECTS_NAME, MANIFEST_KIND, FORMATS,
                                           MODES, SHARD_SUFFIX, SHARD_NAME_RE, KIND_JPEG, KIND_RAW,
+                                          KIND_FILE, KINDS, FILE_FORMATS,
                                           COLOUR_YCC, COLOUR_GRAY, COLOUR_CMYK, COLOURS,
                                           HEADER_STRUCT, INDEX_DTYPE, INDEX_ENTRY_SIZE,
                                           LMDB_INDEX_KEY, LMDB_META_KEY, MAX_SIDE,
@@ -51,4 +52,4 @@ from dlpack_io.reader.format.spec import (MAGIC, FORMAT_VERSION, HEADER_SIZE, RE
                                           version_error, FormatError, crc32, align_up, shard_name,
                                           lmdb_record_key, ShardHeader, pack_header,
                                           unpack_header, index_from_buffer, record_offsets,
-                                          check_index_fields)
+                                          check_index_fields, max_shard_bytes)

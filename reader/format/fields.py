@@ -68,11 +68,7 @@ def encode_value(value, spec: dict, where: str) -> bytes:
     if kind == "array":
         return _array_bytes(value, spec, where)
     if kind == "json":
-        try:
-            return json.dumps(value, ensure_ascii=False, separators=(",", ":"),
-                              allow_nan=False).encode()
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"{where}: not a JSON value ({exc})") from None
+        return _json_bytes(value, where)
     expected = {"int": (int, np.integer), "float": (int, float, np.integer, np.floating),
                 "str": str, "bytes": (bytes, bytearray, memoryview)}[kind]
     if not isinstance(value, expected) or isinstance(value, (bool, np.bool_)):
@@ -84,7 +80,36 @@ def encode_value(value, spec: dict, where: str) -> bytes:
         return _I8.pack(int(value))
     if kind == "float":
         return _F8.pack(float(value))
-    return value.encode("utf-8", "surrogatepass") if kind == "str" else bytes(value)
+    return _utf8(value, where) if kind == "str" else bytes(value)
+
+
+def _utf8(text: str, where: str) -> bytes:
+    """``text`` as UTF-8; ValueError naming a lone surrogate (no UTF-8 can hold one, and a
+    reader refuses the bytes a lenient encoder would write)."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{where}: the text holds a lone surrogate (U+{ord(text[exc.start]):04X} "
+                         f"at character {exc.start}), which is not Unicode and cannot be "
+                         f"stored as UTF-8; decode the source as UTF-8 (or store bytes)") from None
+
+
+def _json_bytes(value, where: str) -> bytes:
+    """A JSON value as UTF-8 text a reader takes: nested at most MAX_JSON_DEPTH levels,
+    no lone surrogate; ValueError naming ``where`` otherwise."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except RecursionError:
+        raise ValueError(f"{where}: a JSON value nested deeper than Python can write; a "
+                         f"reader takes at most {MAX_JSON_DEPTH} levels") from None
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{where}: not a JSON value ({exc})") from None
+    data = _utf8(text, where)
+    depth = json_depth(data)
+    if depth > MAX_JSON_DEPTH:
+        raise ValueError(f"{where}: JSON nested {depth} levels, a reader takes at most "
+                         f"{MAX_JSON_DEPTH}")
+    return data
 
 
 def encode_fields(values: dict, schema: dict, where: str) -> bytes:
@@ -131,7 +156,7 @@ def decode_value(data, spec: dict, where: str, *, name: str = "", image_size=Non
     if kind == "bytes":
         return bytes(data)
     try:
-        text = bytes(data).decode("utf-8", "surrogatepass" if kind == "str" else "strict")
+        text = bytes(data).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise FormatError(f"{where}: not valid UTF-8 ({exc})") from None
     if kind == "str":

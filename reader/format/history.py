@@ -7,7 +7,9 @@ alike: both are optional keys that older readers ignore).
 * Manifest ``"history"``: one entry per append, oldest first: when (``at``), from where
   (``source``), what it saw (``inputs``: the inputs it packed or rejected; ``duplicates``,
   ``changed``, ``unverified``: those it skipped; ``replaced``, optional: of the changed,
-  those packed to retire their old record, reader/format/retired.py), the samples it added (``first_sample``,
+  those packed to retire their old record, reader/format/retired.py; ``retried``,
+  optional: rejects of earlier runs whose input it tried again, dropped from ``rejects``
+  and from ``source.num_inputs`` since this run's outcome replaces them), the samples it added (``first_sample``,
   ``num_samples``), the classes it added (``new_classes``) and the shards it wrote
   (``shards``). Covered by the manifest checksum like every other key.
 """
@@ -34,8 +36,9 @@ def _entry_problem(entry, names: set) -> str | None:
     for key in HISTORY_COUNTS:
         if not _count_ok(entry.get(key)):
             return f"{key} is {entry.get(key)!r:.40}, expected a count"
-    if "replaced" in entry and not _count_ok(entry["replaced"]):
-        return f"replaced is {entry['replaced']!r:.40}, expected a count"
+    for key in ("replaced", "retried"):
+        if key in entry and not _count_ok(entry[key]):
+            return f"{key} is {entry[key]!r:.40}, expected a count"
     for key in ("shards", "new_classes"):
         if not isinstance(entry.get(key), list) or \
                 not all(isinstance(x, str) for x in entry[key]):

@@ -13,7 +13,7 @@ from dlpack_io.reader.format.retired import RETIRING_VERSION, check_retired
 from dlpack_io.reader.format.spec import (FORMAT_VERSION, FORMATS, MAGIC, MANIFEST_KIND,
                                           MAX_JSON_INT, MODES, PLAIN_VERSION, READABLE_VERSIONS,
                                           SHARD_NAME_RE, SHARD_SUFFIX, FormatError, crc32,
-                                          index_dtype, version_error)
+                                          index_dtype, max_shard_bytes, version_error)
 
 
 def encode_meta(meta: dict) -> bytes:
@@ -140,6 +140,34 @@ def _check_details(manifest: dict, where: str) -> None:
         raise FormatError(f"{where}: a shard file is listed twice; each must appear once")
 
 
+def _check_shard_entries(manifest: dict, where: str) -> None:
+    """Each shard entry: its fields, name and kind, a size a shard of its samples can have
+    (max_shard_bytes), and first samples that tile the sample range."""
+    expected_first = 0
+    for k, shard in enumerate(manifest["shards"]):
+        entry_where = f"{where}: shards[{k}]"
+        if not isinstance(shard, dict):
+            raise FormatError(f"{entry_where}: expected an object")
+        _check_fields(shard, SHARD_ENTRY_FIELDS, entry_where)
+        if shard["crc"] > 0xFFFFFFFF:
+            raise FormatError(f"{entry_where}: crc {shard['crc']} is not a 32-bit checksum")
+        check_shard_name(shard["name"], entry_where)
+        if not shard["name"].endswith(SHARD_SUFFIX[manifest["format"]]):
+            raise FormatError(f"{entry_where}: {shard['name']!r} is not a {manifest['format']} shard")
+        if shard["bytes"] > max_shard_bytes(shard["num_samples"]):
+            raise FormatError(f"{entry_where}: {shard['name']} claims {shard['bytes']} bytes, more "
+                              f"than a shard of {shard['num_samples']} samples can hold (at most "
+                              f"{max_shard_bytes(shard['num_samples'])}): the manifest was "
+                              f"edited or damaged; convert the source again")
+        if shard["first_sample"] != expected_first:
+            raise FormatError(f"{entry_where}: first_sample {shard['first_sample']}, expected "
+                              f"{expected_first} (shards must tile the sample range)")
+        expected_first += shard["num_samples"]
+    if expected_first != manifest["num_samples"]:
+        raise FormatError(f"{where}: shards hold {expected_first} samples, num_samples says "
+                          f"{manifest['num_samples']}")
+
+
 def validate_manifest(manifest: dict, where: str) -> dict:
     """Check a parsed manifest against the schema and its own checksum; return it.
 
@@ -164,24 +192,7 @@ def validate_manifest(manifest: dict, where: str) -> dict:
         raise FormatError(f"{where}: format {manifest['format']!r:.40} / mode "
                           f"{manifest['mode']!r:.40}: expected format {' or '.join(FORMATS)} "
                           f"and mode {' or '.join(MODES)}")
-    expected_first = 0
-    for k, shard in enumerate(manifest["shards"]):
-        entry_where = f"{where}: shards[{k}]"
-        if not isinstance(shard, dict):
-            raise FormatError(f"{entry_where}: expected an object")
-        _check_fields(shard, SHARD_ENTRY_FIELDS, entry_where)
-        if shard["crc"] > 0xFFFFFFFF:
-            raise FormatError(f"{entry_where}: crc {shard['crc']} is not a 32-bit checksum")
-        check_shard_name(shard["name"], entry_where)
-        if not shard["name"].endswith(SHARD_SUFFIX[manifest["format"]]):
-            raise FormatError(f"{entry_where}: {shard['name']!r} is not a {manifest['format']} shard")
-        if shard["first_sample"] != expected_first:
-            raise FormatError(f"{entry_where}: first_sample {shard['first_sample']}, expected "
-                              f"{expected_first} (shards must tile the sample range)")
-        expected_first += shard["num_samples"]
-    if expected_first != manifest["num_samples"]:
-        raise FormatError(f"{where}: shards hold {expected_first} samples, num_samples says "
-                          f"{manifest['num_samples']}")
+    _check_shard_entries(manifest, where)
     _check_details(manifest, where)
     check_retired(manifest, where)
     _check_fields_entry(manifest, where)

@@ -28,8 +28,15 @@ SHARD_NAME_RE = re.compile(r"^shard-\d{5,}\.(rec|lmdb)$")
 # Record kinds stored in INDEX_DTYPE["kind"].
 KIND_JPEG = 0   # payload is a complete JPEG file (baseline or progressive, any colour)
 KIND_RAW = 1    # payload is height*width*channels uint8 pixels, HWC, row-major
+KIND_FILE = 2   # payload is a complete PNG or WebP file, kept as it was packed (its lossless
+#                 compression kept): decoded with PIL, turned upright by its own EXIF and
+#                 converted to RGB (ImageOps.exif_transpose(img).convert("RGB")), exactly
+#                 the pixels a raw record of it holds; index orientation 1, colour 0
+KINDS = (KIND_JPEG, KIND_RAW, KIND_FILE)
+FILE_FORMATS = {b"\x89PNG\r\n\x1a\n": "PNG", b"RIFF": "WEBP"}  # a KIND_FILE payload starts so
 
-# INDEX_DTYPE["colour"]: how a JPEG record's pixels are stored (all decode to RGB; raw: 0).
+# INDEX_DTYPE["colour"]: how a JPEG record's pixels are stored (all decode to RGB; raw and
+# file records: 0).
 COLOUR_YCC = 0    # 3 components: YCbCr (or RGB by Adobe marker): decoded as is
 COLOUR_GRAY = 1   # 1 component: grey replicated to R = G = B
 COLOUR_CMYK = 2   # 4 components (CMYK or YCCK, Adobe-inverted): Pillow's CMYK -> RGB
@@ -90,6 +97,15 @@ DEFAULT_MAX_PIXELS = 89_478_485   # height x width; Pillow's decompression-bomb 
 #                                   also the default of `dlpack convert --max-pixels`
 MAX_MANIFEST_BYTES = 256 * 2**20  # a manifest is read whole; larger ones are refused
 MAX_JSON_INT = 2**63 - 1          # counts, sizes and offsets in JSON must fit in int64
+# the most one sample can take in a shard: its image and its field block (u32 lengths each),
+# alignment, its index entry and a generous share of metadata (and LMDB's page overhead)
+MAX_SAMPLE_SPAN = 2 * (2**32 - 1) + RECORD_ALIGN + 2**20
+
+
+def max_shard_bytes(num_samples: int) -> int:
+    """The largest file a shard of ``num_samples`` records can be (record or LMDB): a
+    manifest claiming more is damaged or forged, whatever a server's HEAD says."""
+    return HEADER_SIZE + MAX_MANIFEST_BYTES + max(0, int(num_samples)) * MAX_SAMPLE_SPAN
 
 
 def version_error(where: str, version, readable: tuple = READABLE_VERSIONS) -> str:
@@ -255,7 +271,7 @@ def record_offsets(lengths: np.ndarray, data_offset: int = HEADER_SIZE) -> tuple
 def check_index_fields(index: np.ndarray, where: str) -> None:
     """Raise FormatError unless every entry's kind, orientation and colour are known."""
     jpeg = index["kind"] == KIND_JPEG
-    bad = np.flatnonzero(~jpeg & (index["kind"] != KIND_RAW)
+    bad = np.flatnonzero(~jpeg & (index["kind"] != KIND_RAW) & (index["kind"] != KIND_FILE)
                          | (index["orientation"] < 1) | (index["orientation"] > 8)
                          | (~jpeg & (index["orientation"] != 1))
                          | (index["colour"] > max(COLOURS)) | (~jpeg & (index["colour"] != 0)))
@@ -264,4 +280,5 @@ def check_index_fields(index: np.ndarray, where: str) -> None:
         raise FormatError(f"{where}: record {i} has kind {int(index['kind'][i])}, orientation "
                           f"{int(index['orientation'][i])}, colour {int(index['colour'][i])}; "
                           f"expected kind 0 (JPEG, orientation 1..8, colour 0..2) or 1 (raw, "
-                          f"orientation 1, colour 0)")
+                          f"orientation 1, colour 0) or 2 (PNG/WebP file, orientation 1, "
+                          f"colour 0)")

@@ -7,14 +7,18 @@ their index offsets, index and metadata at the end; gaps zero), each record's CR
 as it is copied in; published by an exclusive link, then the per-record files are removed.
 The ledger counts it once (its extra bytes are admitted within the keep budget first).
 
-Trust: ``<k>.shard.ok`` records the signature (inode, size, mtime, ctime) of the file as the
-process that verified it saw it; a process whose ``fstat`` of the opened file (no link
-followed, ours, regular) matches it maps the file unread; any other checks every record's
-CRC first (once per process) and rewrites the stamp. A file that fails is discarded, taken
-off the ledger, and its records are fetched (and kept, and assembled) again. The mapped
-file's descriptor stays open: each read compares its ``fstat`` with the signature it was
-mapped with (an edit in place, even with the mtime set back, changes the ctime; a link or
-unlink of its name too), so a changed file is verified again before its bytes are used.
+Trust: nothing on disk vouches for a file (a stamp there could be written by any job of the
+same user: inode, size and times are all readable with ``stat``). A process maps unread only
+the file it wrote or verified itself (or its parent did, before forking it): the signature
+(inode, size, mtime, ctime) it saw then, held in memory, must match the ``fstat`` of the
+opened file (no link followed, ours, regular). Any other file has every record's CRC
+checked first, once per process (docs/benchmarks.md: what it costs). A file that fails is
+discarded, taken off the ledger, and its records are fetched (and kept, and assembled)
+again. The mapped file's descriptor stays open: each read compares its ``fstat`` with the
+signature it was mapped with (an edit in place, even with the mtime set back, changes the
+ctime; a link or unlink of its name too), so a changed file is verified again before its
+bytes are used. CRC-32 finds damage and a swapped file, not a forger: jobs sharing a
+``cache_dir`` must trust each other (docs/remote.md).
 """
 from __future__ import annotations
 
@@ -41,6 +45,7 @@ class WholeShards:
         self._maps: dict = {}  # k -> (pid, signature, mmap, memoryview, descriptor)
         self._lock = (os.getpid(), threading.Lock())
         self._busy: set[int] = set()  # shards being assembled by a thread of this process
+        self._verified: dict = {}  # k -> signature of the file this process wrote or checked
         self.assembled = 0  # shards this process assembled (for tests and benchmarks)
 
     def path(self, k: int) -> str:
@@ -147,8 +152,9 @@ class WholeShards:
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
             os.ftruncate(fd, shard.size)
-            os.pwrite(fd, head[:fmt.HEADER_SIZE], 0)
-            os.pwrite(fd, head[fmt.HEADER_SIZE:], shard.header.index_offset)
+            cachefs.preallocate(fd, shard.size)  # no hole of a full tmpfs mapped (a SIGBUS)
+            cachefs.pwrite_all(fd, head[:fmt.HEADER_SIZE], 0)  # (pwrite may write less)
+            cachefs.pwrite_all(fd, head[fmt.HEADER_SIZE:], shard.header.index_offset)
             if not self._copy_records(fd, k, first, index):
                 self.keeper.discard_bytes(extra)
                 return
@@ -188,7 +194,7 @@ class WholeShards:
                 tuple(keeper.sig[first + j]) == (st.st_ino, st.st_size, st.st_mtime_ns)
             if len(data) != span or (not known and not _intact(data, 0, e, shard, j)):
                 return False
-            os.pwrite(fd, data, int(e["offset"]))
+            cachefs.pwrite_all(fd, data, int(e["offset"]))
         return True
 
     def _drop_records(self, k: int, first: int, index) -> None:
@@ -237,22 +243,18 @@ class WholeShards:
             self._write_stamp(k, cachefs.stamp_of(st))
 
     def _stamp(self, k: int):
-        raw = cache_mod.read_file(self.path(k) + ".ok", 80)
-        try:
-            return tuple(int(x) for x in raw.split()) if raw else None
-        except ValueError:
-            return None
+        """The signature of shard ``k``'s file as this process (or its parent, before the
+        fork) wrote or verified it, or None: never read from disk."""
+        return self._verified.get(k)
 
     def _write_stamp(self, k: int, sig) -> None:
-        try:
-            cache_mod.publish(self.path(k) + ".ok", " ".join(map(str, sig)).encode())
-        except (OSError, cachefs.CacheEntryError) as exc:  # verified again next time
-            log.warning("%s.ok: %s", self.path(k), exc)
+        self._verified[k] = tuple(sig)
 
     def _discard(self, k: int, size: int, why: str) -> None:
         """Remove the assembled file; off the ledger only if this call removed it (threads
         or processes that found the same damage must not take its bytes off twice)."""
         self._maps.pop(k, None)
+        self._verified.pop(k, None)
         log.warning("%s: assembled shard %d: %s; discarded from the cache, fetched again",
                     self.path(k), k, why)
         try:

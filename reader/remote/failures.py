@@ -28,6 +28,11 @@ class EndpointUnreachableError(StorageError):
     """The endpoint did not answer (connection refused, DNS, timeout) within the retries."""
 
 
+class StorageTimeoutError(StorageError):
+    """A request did not finish in the time allowed: the server answered too slowly (or
+    stopped answering) after the connection was made. Not "unreachable": it answered."""
+
+
 class CredentialsError(StorageError):
     """The server refused the credentials, or none could be found or exchanged for a token."""
 
@@ -55,6 +60,11 @@ _NO_BUCKET_RE = re.compile(r"\bNoSuchBucket\b|\bContainerNotFound\b|"
 # an answer from a web server that is not object storage (a wrong port or host): an HTML
 # page where the service answers with XML or JSON; never a missing bucket or damage
 _WEB_PAGE_RE = re.compile(r"status code: \d{3}[^:\n]*: *<(?:!DOCTYPE +html|html)\b", re.I)
+# obstore's debug dump names the kind of an HTTP failure: a timeout that did not happen
+# while connecting is a slow server, not an unreachable one
+_TIMEOUT_KIND_RE = re.compile(r"\bkind: Timeout\b|\bsource: TimedOut\b")
+_CONNECTING_RE = re.compile(r"[Cc]onnect(?:Error|ing| timeout|ion refused)|tcp connect|"
+                            r"error trying to connect|kind: Connect\b")
 # the connection itself failed: nobody answered at that address (or not in time)
 _UNREACHABLE_RE = re.compile(r"error sending request|[Cc]onnection refused|dns error|"
                              r"failed to lookup address|[Tt]imed? ?out|connection reset|"
@@ -96,8 +106,13 @@ def classify(exc: BaseException, op: str, hints: dict) -> tuple[bool, type, str]
     if isinstance(exc, ox.PreconditionError):
         return False, ObjectChangedError, ("The object was replaced since this data set was "
                                            "opened: open it again")
-    if isinstance(exc, (asyncio.TimeoutError, TimeoutError, ConnectionError)) or \
-            _UNREACHABLE_RE.search(_first_line(exc)):
+    if isinstance(exc, (asyncio.TimeoutError, TimeoutError)) or (
+            _TIMEOUT_KIND_RE.search(text) and not _CONNECTING_RE.search(text)):
+        return True, StorageTimeoutError, (
+            f"The server did not finish answering in the time allowed: check that it is "
+            f"healthy and not overloaded ({hints['endpoint']}), or allow more time with "
+            f"storage_options request_timeout= and deadline=")
+    if isinstance(exc, ConnectionError) or _UNREACHABLE_RE.search(_first_line(exc)):
         return True, EndpointUnreachableError, (f"Check that the endpoint is reachable and the "
                                                 f"server is up ({hints['endpoint']})")
     return True, StorageError, f"The server failed; check that it is healthy ({hints['endpoint']})"
@@ -106,6 +121,7 @@ def classify(exc: BaseException, op: str, hints: dict) -> tuple[bool, type, str]
 def what_failed(cls: type) -> str:
     """The failure in a few words, for the first line of a message."""
     return {EndpointUnreachableError: "endpoint unreachable",
+            StorageTimeoutError: "timed out (the server answered too slowly)",
             CredentialsError: "credentials refused (or none found)",
             BucketNotFoundError: "bucket or container does not exist",
             WrongEndpointError: "the endpoint is not object storage"}.get(cls, "failed")

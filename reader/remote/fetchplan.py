@@ -1,5 +1,6 @@
 """Pure planning for the prefetcher: what each batch needs, how to coalesce byte ranges,
-when each item may be evicted, and whether ``cache_limit`` can hold one batch.
+when each item may be evicted, whether ``cache_limit`` can hold one batch, and which records
+a later batch needs may come with this one's (the read-ahead).
 
 No I/O here, so every rule is tested on its own (tests/remote/test_s3_plan.py).
 """
@@ -146,3 +147,37 @@ def range_requests(items: np.ndarray, positions, lookup, *, gap: int, max_bytes:
     out.sort(key=lambda r: r[0])
     return [r for _, r in out]
 
+
+def ahead_masks(absent, last_use, k: int, bridge: bool):
+    """(eligible, passable) for ``read_ahead`` in batch ``k``: records ``absent`` that a later
+    batch needs; and when ``bridge`` (every record is this plan's), those a run may pass
+    over: fetched or on their way, or fetched for an earlier batch (else None)."""
+    eligible = absent & (last_use > k)
+    return eligible, ((~absent) | (last_use <= k)) if bridge else None
+
+
+def read_ahead(todo, positions, eligible, lengths, ends, max_bytes: int, passable=None):
+    """``todo`` (sample numbers) plus, after each, the records that follow it in its shard
+    (which ends before sample ``ends[i]``) while ``eligible`` (absent, needed later) and
+    within ``max_bytes`` in all, with
+    the batch position of the record they follow. When everything fetched is kept, the
+    records a later batch needs come with this one's in one range: no byte is fetched
+    twice, many fewer requests are made. Records ``passable`` (fetched already or on their
+    way) are passed over, their bytes counted, instead of ending the run there."""
+    extra, extra_pos, taken = [], [], set(todo.tolist())
+    for s, p, end in zip(todo.tolist(), positions.tolist(), ends.tolist()):
+        nxt, room = s + 1, max_bytes - int(lengths[s])
+        while nxt < end and lengths[nxt] <= room:
+            if not eligible[nxt] or nxt in taken:
+                if passable is None or not passable[nxt] and nxt not in taken:
+                    break
+            else:
+                taken.add(nxt)
+                extra.append(nxt)
+                extra_pos.append(p)
+            room -= int(lengths[nxt])
+            nxt += 1
+    if not extra:
+        return todo, positions
+    return (np.concatenate([todo, np.asarray(extra, np.int64)]),
+            np.concatenate([positions, np.asarray(extra_pos, positions.dtype)]))

@@ -23,6 +23,7 @@ its inode, size or modification time changes.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -33,6 +34,7 @@ import numpy as np
 
 from dlpack_io.reader.remote import cache as cache_mod
 from dlpack_io.reader.remote import cachefs
+from dlpack_io.reader.remote.fetchplan import ahead_masks, read_ahead  # noqa: F401 (moved)
 from dlpack_io.reader.remote.keptusage import counted_size, usage
 from dlpack_io.reader.remote.recordspan import extents, mismatch
 
@@ -44,6 +46,16 @@ FILL_BYTES = 4 * 2**20  # cold epoch 0, all kept: after batch 0, the rest in ran
 FILL_INFLIGHT = 8  # ... this many at once (planner.py: few large requests, little server CPU)
 FILL_FIRST = 8  # ... and batch 0 with them when it all is within this many times its bytes
 _LEDGER_WIDTH = 20
+FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # the cache's file system has no more room
+
+
+class CacheFull(OSError):
+    """The session folder has no room for a record: ``kept`` says which of the records
+    before number ``at`` were kept (all before it were published; none from it on)."""
+
+    def __init__(self, exc: OSError, folder: str, kept, at: int):
+        super().__init__(exc.errno, exc.strerror)
+        self.folder, self.kept, self.at = folder, kept, at
 
 
 def keep_budget(total: int, limit: int, max_batch: int) -> int:
@@ -67,41 +79,6 @@ def split_limit(total: int, limit: int, max_batch: int, mode: str) -> tuple[int,
     return keep, (limit if total <= limit else limit - keep)
 
 
-def ahead_masks(absent, last_use, k: int, bridge: bool):
-    """(eligible, passable) for ``read_ahead`` in batch ``k``: records ``absent`` that a later
-    batch needs; and when ``bridge`` (every record is this plan's), those a run may pass
-    over: fetched or on their way, or fetched for an earlier batch (else None)."""
-    eligible = absent & (last_use > k)
-    return eligible, ((~absent) | (last_use <= k)) if bridge else None
-
-
-def read_ahead(todo, positions, eligible, lengths, ends, max_bytes: int, passable=None):
-    """``todo`` (sample numbers) plus, after each, the records that follow it in its shard
-    (which ends before sample ``ends[i]``) while ``eligible`` (absent, needed later) and
-    within ``max_bytes`` in all, with
-    the batch position of the record they follow. When everything fetched is kept, the
-    records a later batch needs come with this one's in one range: no byte is fetched
-    twice, many fewer requests are made. Records ``passable`` (fetched already or on their
-    way) are passed over, their bytes counted, instead of ending the run there."""
-    extra, extra_pos, taken = [], [], set(todo.tolist())
-    for s, p, end in zip(todo.tolist(), positions.tolist(), ends.tolist()):
-        nxt, room = s + 1, max_bytes - int(lengths[s])
-        while nxt < end and lengths[nxt] <= room:
-            if not eligible[nxt] or nxt in taken:
-                if passable is None or not passable[nxt] and nxt not in taken:
-                    break
-            else:
-                taken.add(nxt)
-                extra.append(nxt)
-                extra_pos.append(p)
-            room -= int(lengths[nxt])
-            nxt += 1
-    if not extra:
-        return todo, positions
-    return (np.concatenate([todo, np.asarray(extra, np.int64)]),
-            np.concatenate([positions, np.asarray(extra_pos, positions.dtype)]))
-
-
 def publish_records(keeper, session, k: int, samples, local, pieces, budget: int) -> np.ndarray:
     """Publish verified records (``pieces``) of shard ``k``: kept for later epochs while the
     keep ``budget`` has room, else in ``session``. Returns the mask of those kept."""
@@ -110,7 +87,14 @@ def publish_records(keeper, session, k: int, samples, local, pieces, budget: int
     for i, (sample, j, piece) in enumerate(zip(samples.tolist(), local.tolist(), pieces)):
         kept[i] = admitted[i] and keeper.publish(sample, k, j, piece)
         if not kept[i]:
-            cache_mod.publish(session.record_path(k, j), piece, base=session.dir)
+            try:
+                cache_mod.publish(session.record_path(k, j), piece, base=session.dir)
+            except OSError as exc:
+                if exc.errno not in FULL:
+                    raise
+                keeper.discard_bytes(sum(len(p) for p, a in zip(pieces[i + 1:], admitted[i + 1:])
+                                         if a))  # admitted, never published
+                raise CacheFull(exc, session.dir, kept[:i], i) from exc
     return kept
 
 
@@ -226,10 +210,16 @@ class KeptRecords:
                     os.unlink(tmp)
                 except FileNotFoundError:
                     pass
-        except OSError as exc:  # a planted folder or link in the way: keep it in the session
+        except OSError as exc:  # a full disk, or a planted folder or link in the way
+            self._update(lambda total: max(0, total - len(data)))
+            if exc.errno in FULL:  # keep no more: records pass through the session
+                self._give_up(f"{exc.strerror}: the cache_dir's file system is full, so no "
+                              f"more records are kept for later epochs (reading goes on, "
+                              f"streamed); to keep them, free space there, pass a smaller "
+                              f"cache_limit, or another cache_dir", full=True)
+                return False
             log.warning("%s: cannot keep a record here (%s); it is kept for this run only",
                         path, exc)
-            self._update(lambda total: max(0, total - len(data)))
             return False
         self.remember(sample, path)
         return True
@@ -240,6 +230,17 @@ class KeptRecords:
         unlink removed the file takes its bytes off."""
         if cachefs.discard(path, why):
             self.discard_bytes(length)
+
+    def drop(self, samples, places, lengths, nbytes: int) -> int:
+        """Remove kept files of ``samples`` (at (shard, record) ``places``, of ``lengths``)
+        until ``nbytes`` are freed (fullcache.py); returns the bytes freed."""
+        freed = 0
+        for s, (k, j), length in zip(samples, places, lengths):
+            if freed < nbytes and os.path.lexists(self.path(k, j)):
+                os.unlink(self.path(k, j))
+                self.kept[s], freed = False, freed + int(length)
+        self.discard_bytes(freed)
+        return freed
 
     def discard_bytes(self, length: int) -> None:
         """Take ``length`` bytes off the ledger (files removed, or admitted and not used)."""
@@ -270,11 +271,15 @@ class KeptRecords:
         finally:
             os.close(fd)  # also drops the lock
 
-    def _give_up(self, why: str) -> None:
-        if not self._broken:
+    def _give_up(self, why: str, full: bool = False) -> None:
+        """Keep nothing more in this run, saying why once (``full``: the disk, not the
+        ledger)."""
+        broken, self._broken = self._broken, True
+        if not broken and full:
+            log.warning("%s: %s", self.dir, why)
+        elif not broken:
             log.warning("%s: %s; records are not kept for later epochs in this run (remove "
                         "it, or use another cache_dir)", self.ledger, why)
-        self._broken = True
         return None
 
     def reconcile(self) -> None:

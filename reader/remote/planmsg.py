@@ -26,6 +26,11 @@ def timeout_message(self, k: int, waited: float, missing: int) -> str:
         stall = (f"; the prefetcher is waiting for cache space (cache_limit "
                  f"{self.limit:,} bytes, {self.held:,} held by batches not yet released): "
                  f"release delivered batches or raise cache_limit")
+    if getattr(self, "_waiting", None):  # fullcache.py: ranges fetched, waiting for room
+        return (f"{self.source.url}: batch {k} not ready after {waited:.1f} s: {missing} of "
+                f"its {len(items)} {self.plan.mode} not in the cache yet; the cache_dir "
+                f"{self.source.cache_dir} is full and {len(self._waiting)} fetched ranges wait "
+                f"for room there: free space there, or pass another cache_dir")
     return (f"{self.source.url}: batch {k} not ready after {waited:.1f} s: {missing} of its "
             f"{len(items)} {self.plan.mode} not in the cache yet{stall}. Check that the "
             f"endpoint ({self.store.options.get('endpoint') or 'AWS default'}) is reachable")

@@ -18,10 +18,11 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from dlpack_io.reader.remote.assembled import cached
-from dlpack_io.reader.remote.fetchplan import (fill_first, fill_inflight, first_use,
-                                               range_requests)
-from dlpack_io.reader.remote.keep import (FILL_FIRST, READ_AHEAD, ahead_masks, publish_records,
-                                          read_ahead, split_limit)
+from dlpack_io.reader.remote.fetchplan import (ahead_masks, fill_first, fill_inflight,
+                                               first_use, range_requests, read_ahead)
+from dlpack_io.reader.remote.fullcache import FullCacheSide
+from dlpack_io.reader.remote.keep import (FILL_FIRST, FULL, READ_AHEAD, CacheFull,
+                                          publish_records, split_limit)
 from dlpack_io.reader.remote.planmsg import warn_overcommit
 from dlpack_io.reader.remote.planwaits import ABSENT, PRESENT, REQUESTED, ConsumerSide
 from dlpack_io.reader.remote.recordspan import fetch_spans
@@ -30,9 +31,10 @@ log = logging.getLogger(__name__)
 HOLD_FILL = True  # a fill after batch 0 starts when batch 0's requests are done
 
 
-class Planner(ConsumerSide):
+class Planner(ConsumerSide, FullCacheSide):
     """The state and thread behind a Prefetch handle (reader/remote/prefetch.py): this
-    class fetches; what consumers call (wait, ready, release, close) is in planwaits.py."""
+    class fetches; what consumers call (wait, ready, release, close) is in planwaits.py;
+    how reading goes on when the cache_dir's file system is full, in fullcache.py."""
 
     def __init__(self, source, plan, shards, *, max_inflight: int, gap: int, max_request: int,
                  bridge_gap: int = 0, fill_bytes: int = 0, fill_inflight: int = 4):
@@ -81,6 +83,7 @@ class Planner(ConsumerSide):
         self._loop, self._budget = asyncio.get_running_loop(), asyncio.Event()
         self._main = asyncio.current_task()
         sem, tasks = asyncio.Semaphore(self.max_inflight), set()
+        self._tasks = tasks  # fullcache.py adds its refetches
         filled = False
         for k, items in enumerate(self.plan.needs):
             if k == 0 and self.fill:  # a small data set: all of it first, batch 0 with it
@@ -193,6 +196,9 @@ class Planner(ConsumerSide):
         try:
             if request[0] == "shard":
                 await self._fetch_shard(request[1])
+            elif request[0] in ("again", "land"):  # fullcache.py
+                await (self._again(request[1]) if request[0] == "again" else
+                       self._land_later(*request[1:]))
             else:
                 await self._fetch_range(*request[1:])
         except BaseException as exc:
@@ -209,19 +215,36 @@ class Planner(ConsumerSide):
     async def _fetch_range(self, k, start, end, samples, local, entries) -> None:
         data, pieces = await fetch_spans(self.store, self.shards[k], start, end, local, entries,
                                          self.source.url, self._count)
-        await self._loop.run_in_executor(self._lander, self._land, k, data, start, samples,
-                                         local, entries, pieces)
+        try:  # (the one landing thread only while records grow in place)
+            await self._loop.run_in_executor(self._lander if self.grow is not None else None,
+                                             self._land, k, data, start, samples, local,
+                                             entries, pieces)
+        except CacheFull as full:  # the rest lands once there is room (fullcache.py), in a
+            a = full.at  # task of its own: this one ends, and frees its place in flight
+            self._spawn(self._tasks, ("land", full, k, data, start, samples[a:], local[a:],
+                                      entries[a:], pieces[a:]))
 
     def _land(self, k, data, start, samples, local, entries, pieces) -> None:
         """(An executor thread) verified records of shard ``k`` into the cache: in place in its
         growing file when all is kept (growing.py), else a file each; then tell the waiters."""
         if self.grow is not None and self.grow.start(k, self.keep_budget):
-            self.grow.land(k, data, start, local, entries)
-            self._mark_present(samples, np.ones(len(samples), dtype=bool))
-            self.grow.finish(k)
-            return
-        self._mark_present(samples, publish_records(self.source.keeper, self.session, k, samples,
-                                                    local, pieces, self.keep_budget))
+            try:
+                self.grow.land(k, data, start, local, entries)
+                self._mark_present(samples, np.ones(len(samples), dtype=bool))
+                self.grow.finish(k)
+                return
+            except OSError as exc:  # a full disk: from now on record by record (streamed)
+                if exc.errno not in FULL:
+                    raise
+                log.warning("%s; records land one file each from now on", exc)
+                self.grow = None
+        try:
+            kept = publish_records(self.source.keeper, self.session, k, samples, local, pieces,
+                                   self.keep_budget)
+        except CacheFull as full:  # those before it landed; _fetch_range waits for room
+            self._mark_present(samples[:full.at], full.kept)
+            raise
+        self._mark_present(samples, kept)
         self.source.whole.after_publish(k, self.keep_budget)
 
     async def _fetch_shard(self, k: int) -> None:
@@ -249,3 +272,4 @@ class Planner(ConsumerSide):
             last = self.plan.last_use[items]
             self._evict(items[self.released[np.maximum(last, 0)] & (last >= 0)])  # released early
             self.cond.notify_all()
+        self._wake()  # a record waiting for room in a full cache_dir may evict these

@@ -77,6 +77,7 @@ class ConsumerSide:
             self.released[k] = True
             done = items[(self.plan.last_use[items] <= k) & (self.state[items] == PRESENT)]
             self._evict(done)
+            self.cond.notify_all()  # a landing thread may wait for room (planner.py)
         self._wake()
 
     def _wake(self) -> None:

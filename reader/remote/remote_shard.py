@@ -90,6 +90,10 @@ class RemoteShard:
             cache_mod.publish(self.source.cache.index_path(self.name), page + tail)
         except cachefs.CacheEntryError as exc:  # the index is in memory: go on uncached
             log.warning("%s", exc)
+        except OSError as exc:  # a full disk: this process reads on from memory
+            log.warning("%s: the index of %s is not cached (%s); free space there, or pass "
+                        "a smaller cache_limit or another cache_dir", self.source.cache.root,
+                        self.path, exc.strerror or exc)
 
     @property
     def index(self) -> np.ndarray:

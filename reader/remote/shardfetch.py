@@ -34,13 +34,14 @@ async def fetch_shard(store, shard, cache, session, limit: int, *, max_parts: in
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         os.ftruncate(fd, shard.size)
+        _reserve(fd, shard.size, tmp)  # a full disk now, not a SIGBUS when it is mapped
         sem = asyncio.Semaphore(max_parts)
 
         async def part(start):
             async with sem:
                 end = min(start + PART, shard.size)
-                os.pwrite(fd, await store.aget_range(shard.name, start, end, etag=shard.etag),
-                          start)
+                data = await store.aget_range(shard.name, start, end, etag=shard.etag)
+                cachefs.pwrite_all(fd, data, start)  # (pwrite may write less)
         starts = list(range(0, shard.size, PART))
         # wait for every part even when one fails: none may write after fd is closed
         results = await asyncio.gather(*(part(s) for s in starts), return_exceptions=True)
@@ -60,6 +61,18 @@ async def fetch_shard(store, shard, cache, session, limit: int, *, max_parts: in
         raise FileNotFoundError(f"{pool}: shard vanished from the cache right after download "
                                 f"(another process trimming a cache_limit that is too small?)")
     return {"requests": len(starts), "bytes": shard.size}
+
+
+def _reserve(fd: int, size: int, path: str) -> None:
+    """Reserve the blocks of a shard about to be downloaded; an OSError naming the folder
+    and the fix on a full disk (a mapped hole of a full tmpfs would be a SIGBUS)."""
+    try:
+        cachefs.preallocate(fd, size)
+    except OSError as exc:
+        raise OSError(exc.errno, f"{exc.strerror}: no room for a {size}-byte shard in "
+                                 f"{os.path.dirname(path)}; free space there, pass a smaller "
+                                 f"cache_limit, another cache_dir, or fetch_mode='records' "
+                                 f"(which streams)") from exc
 
 
 def _publish(tmp: str, pool: str, pin: str) -> bool:

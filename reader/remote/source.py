@@ -8,6 +8,7 @@ Its shards are :class:`~dlpack_io.reader.remote.remote_shard.RemoteShard` object
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import weakref
@@ -46,13 +47,8 @@ class RemoteSource:
             raise ValueError(f"{self.url}: remote reading supports format 'record' shards (LMDB "
                              f"pages cannot be read by byte range); re-pack with --format record")
         self.key = cache_mod.dataset_key(raw, self.manifest["checksum"])
-        self.cache = cache_mod.DatasetCache(self.cache_dir, self.key)
-        if attach is None:
-            cache_mod.publish(os.path.join(self.cache.root, fmt.MANIFEST_NAME), raw)
-            cache_mod.publish(os.path.join(self.cache.root, cache_mod.SOURCE_NAME),
-                              self.url.encode())  # for `dlpack cache ls` (no secrets in it)
+        self._set_up_cache(raw, attach)
         self.cache_limit = _parse_limit(cache_limit, self.cache_dir)
-        self.session = cache_mod.Session(self.cache, None if attach is None else attach["sid"])
         self._finalizer = weakref.finalize(self, _close_cache, self.session, self.cache)
         self.shards = [RemoteShard(self, k, e) for k, e in enumerate(self.manifest["shards"])]
         if attach is None:
@@ -77,6 +73,24 @@ class RemoteSource:
                               "max_request": 8 * 2**20,  # runs pass over <= 2 records:
                               "bridge_gap": min(BRIDGE_GAP, 2 * typical),  # keep.py
                               "fill_bytes": FILL_BYTES, "fill_inflight": FILL_INFLIGHT}
+
+    def _set_up_cache(self, raw: bytes, attach) -> None:
+        """The data set's cache folder and this Dataset's session in it; a full disk is an
+        OSError naming cache_dir and the fix, not a bare errno."""
+        try:
+            self.cache = cache_mod.DatasetCache(self.cache_dir, self.key)
+            if attach is None:
+                cache_mod.publish(os.path.join(self.cache.root, fmt.MANIFEST_NAME), raw)
+                cache_mod.publish(os.path.join(self.cache.root, cache_mod.SOURCE_NAME),
+                                  self.url.encode())  # for `dlpack cache ls` (no secrets)
+            self.session = cache_mod.Session(self.cache, None if attach is None else
+                                             attach["sid"])
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+                raise
+            raise type(exc)(exc.errno, f"{exc.strerror}: cannot set up the cache of {self.url} "
+                                       f"in cache_dir {self.cache_dir}; free space there, or "
+                                       f"pass another cache_dir") from exc
 
     def _manifest_bytes(self, attach) -> bytes:
         if attach is None:

@@ -25,7 +25,8 @@ from dlpack_io.reader.remote.bounded import aread_body, read_body
 # the failure classes live in failures.py; importing them from here keeps working
 from dlpack_io.reader.remote.failures import (BucketNotFoundError, CredentialsError,  # noqa: F401
                                               EndpointUnreachableError, ObjectChangedError,
-                                              StorageError, WrongEndpointError, classify,
+                                              StorageError, StorageTimeoutError,
+                                              WrongEndpointError, classify,
                                               first_line, what_failed)
 from dlpack_io.reader.remote.urls import canonical, parse_url, scheme_of
 

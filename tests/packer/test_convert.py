@@ -136,7 +136,8 @@ def test_list_paths_may_not_escape_src(image_folder, tmp_path):
 def test_odd_inputs_keep_their_bytes_or_are_rejected(odd_folder, tmp_path):
     """Grayscale, CMYK, progressive and EXIF-rotated JPEGs keep their original bytes and
     decode to exactly Pillow's upright RGB; a PNG named .jpg is identified by its content
-    and stored losslessly as raw pixels; broken files are rejected with the reason."""
+    and stored losslessly (its own file when smaller than its pixels, else raw pixels);
+    broken files are rejected with the reason."""
     from PIL import ImageOps
 
     root, files = odd_folder
@@ -144,7 +145,10 @@ def test_odd_inputs_keep_their_bytes_or_are_rejected(odd_folder, tmp_path):
     ds = Dataset(tmp_path / "ds")
     assert len(ds) == 6 and result["rejects"] == 3
     assert result["reencoded"] == {}
-    assert result["lossless"] == {"PNG image stored as raw pixels": 1}
+    png = (root / files["png_named_jpg"]).read_bytes()
+    with Image.open(io.BytesIO(png)) as img:
+        kept = len(png) < 3 * img.width * img.height
+    assert result["lossless"] == ({} if kept else {"PNG image stored as raw pixels": 1})
     assert ds.manifest["lossless"] == result["lossless"]
     reasons = {r["path"]: r["reason"] for r in ds.manifest["rejects"]}
     assert set(reasons) == {files["truncated"], files["zero_bytes"], files["not_an_image"]}
@@ -161,7 +165,8 @@ def test_odd_inputs_keep_their_bytes_or_are_rejected(odd_folder, tmp_path):
         np.testing.assert_array_equal(pixels, expected, err_msg=rel)
         payload, entry = ds.record(i)
         if rel == files["png_named_jpg"]:
-            assert entry["kind"] == fmt.KIND_RAW
+            assert entry["kind"] == (fmt.KIND_FILE if kept else fmt.KIND_RAW)
+            assert not kept or bytes(payload) == png
         else:
             assert bytes(payload) == original, rel
     by_source = {record_detail(tmp_path / "ds", i)["source"]: ds.record(i)[1] for i in range(6)}

@@ -5,7 +5,7 @@
 cut: join shard 0's growing file, cut it to one page while it is mapped, then read a record
 another process wrote; prints what happened (never dies of SIGBUS).
 kill: start epoch 0 and die by SIGKILL in the middle of the first write of a record.
-cutshard: map assembled shard 0 (unstamped: checked first) and cut it to one page while its
+cutshard: map assembled shard 0 (written by another process: checked first) and cut it to one page while its
 records are being checked; prints what ``view`` returned.
 """
 from __future__ import annotations

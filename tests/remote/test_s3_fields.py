@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from dlpack_io.reader import Output
+from dlpack_io.reader import Output, Workers
 from dlpack_io.packer import Writer
 from dlpack_io.reader import Loader, Resize
 from dlpack_io.reader import format as fmt
@@ -101,7 +101,7 @@ def _same_batch(a, b) -> None:
 def test_loader_fields_over_s3_equal_local_and_add_no_requests(s3_env, fielded, kind, workers,
                                                                monkeypatch, tmp_path):
     calls = _spy(monkeypatch)
-    kw = dict(num_workers=workers, worker_kind=kind)
+    kw = dict(num_workers=workers, workers=Workers(kind=kind))
     local, _ = _epoch(Dataset(fielded), NAMES, **kw)
     remote, stats = _epoch(Dataset(URL, cache_limit=6_000, cache_dir=tmp_path / "a"), NAMES,
                            **kw)  # both runs cold: what the first keeps is not the second's

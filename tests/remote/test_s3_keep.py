@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from dlpack_io.reader import Loader, Output, RandomHorizontalFlip, RandomResizedCrop
+from dlpack_io.reader import Loader, Output, RandomHorizontalFlip, RandomResizedCrop, Workers
 from dlpack_io.reader.dataset import Dataset
 from dlpack_io.reader.remote import keep
 
@@ -56,7 +56,7 @@ def _kept_bytes(ds) -> tuple[int, int]:
 def test_later_epochs_fetch_nothing_and_equal_local(s3_env, packed, kind):
     local, remote = Dataset(packed), Dataset(URL)
     total = int(remote._remote.lengths.sum())
-    kw = dict(num_workers=2, worker_kind=kind)
+    kw = dict(num_workers=2, workers=Workers(kind=kind))
     batches_equal(_epoch(local, 0, **kw), _epoch(remote, 0, **kw))
     first = remote._remote.bytes_fetched
     assert total <= first < 1.15 * total  # coalesced ranges may span small gaps
@@ -158,20 +158,27 @@ def test_a_tampered_assembled_shard_is_detected_and_rebuilt(s3_env, packed, capl
     assert open(path, "rb").read() == open(local.shards[1].path, "rb").read()
 
 
-def test_a_later_run_maps_the_assembled_shards_unread(s3_env, packed, monkeypatch):
-    """The stamps written when epoch 0 assembled the shards match the files (their ctime
-    after the last link or unlink): a later run maps them without reading them again."""
+def test_a_later_run_checks_the_assembled_shards_once_and_fetches_nothing(s3_env, packed,
+                                                                           monkeypatch):
+    """The process that assembled the shards maps them unread (it wrote them); a later run
+    did not, and nothing on disk can vouch for them, so it checks each one's CRCs once (no
+    byte fetched), then maps it unread for the rest of the run."""
     from dlpack_io.reader.remote import assembled
 
     local = Dataset(packed)
-    _epoch(Dataset(URL), 0)
+    first = Dataset(URL)
+    _epoch(first, 0)
     checked = []
     real = assembled._first_bad
     monkeypatch.setattr(assembled, "_first_bad", lambda fd, shard: checked.append(1) or
                         real(fd, shard))
+    batches_equal(_epoch(local, 1), _epoch(first, 1))
+    assert checked == []
     remote = Dataset(URL)
     batches_equal(_epoch(local, 1), _epoch(remote, 1))
-    assert checked == [] and remote._remote.bytes_fetched == 0
+    assert len(checked) == len(remote.shards) and remote._remote.bytes_fetched == 0
+    batches_equal(_epoch(local, 2), _epoch(remote, 2))
+    assert len(checked) == len(remote.shards)
 
 
 def test_a_limit_below_the_data_set_keeps_what_fits(s3_env, packed):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from dlpack_io.reader import Loader, Output, RandomHorizontalFlip, RandomResizedCrop
+from dlpack_io.reader import Loader, Output, RandomHorizontalFlip, RandomResizedCrop, Workers
 from dlpack_io.reader.dataset import Dataset
 from dlpack_io.tools.synth import make_image_folder
 
@@ -42,7 +42,7 @@ def _epoch(ds, **kw):
 def test_loader_over_s3_equals_local(s3_env, packed, kind, num_workers, rank, world_size):
     local = Dataset(packed)
     remote = Dataset(URL, cache_limit=200_000)  # a fraction of the data set
-    kw = dict(num_workers=num_workers, worker_kind=kind, rank=rank, world_size=world_size)
+    kw = dict(num_workers=num_workers, workers=Workers(kind=kind), rank=rank, world_size=world_size)
     a, b = _epoch(local, **kw), _epoch(remote, **kw)
     assert len(a) == len(b) == (5 if world_size == 1 else 3)
     for (ia, xa, la), (ib, xb, lb) in zip(a, b):
@@ -55,7 +55,7 @@ def test_loader_with_a_cache_limit_of_one_batch_does_not_deadlock(s3_env, packed
     local, remote = Dataset(packed), Dataset(URL)
     need = max(int(remote._remote.lengths[b].sum()) for b in np.array_split(np.arange(40), 5))
     remote = Dataset(URL, cache_limit=need + 3000)   # about one batch; 4 batches in flight
-    kw = dict(num_workers=2, worker_kind="process", prefetch=4)
+    kw = dict(num_workers=2, workers=Workers(kind="process", prefetch=4))
     with caplog.at_level("WARNING"):
         a, b = _epoch(local, **kw), _epoch(remote, **kw)
     assert all(np.array_equal(x[0], y[0]) and torch.equal(x[1], y[1]) for x, y in zip(a, b))

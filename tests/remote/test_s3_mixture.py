@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from dlpack_io.reader import Dataset, Loader, Mixture, Output, RandomResizedCrop
+from dlpack_io.reader import Dataset, Loader, Mixture, Output, RandomResizedCrop, Workers
 from dlpack_io.packer import Writer
 
 from helpers import upload_folder
@@ -47,7 +47,7 @@ def test_local_and_s3_sets_mix_as_on_disk(s3_env, packed, kind, num_workers):
     on_disk = Mixture([Dataset(a), Dataset(b)], weights=[0.6, 0.4], samples_per_epoch=35)
     mixed = Mixture([Dataset(a), remote], weights=[0.6, 0.4], samples_per_epoch=35)
     assert mixed.is_remote and mixed.counts == (21, 14)   # set 1 repeated: 14 of 9
-    kw = dict(num_workers=num_workers, worker_kind=kind)
+    kw = dict(num_workers=num_workers, workers=Workers(kind=kind))
     want, got = _epoch(on_disk, **kw), _epoch(mixed, **kw)
     assert len(want) == len(got) == 6
     for (ia, xa, la), (ib, xb, lb) in zip(want, got):

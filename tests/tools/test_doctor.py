@@ -40,7 +40,7 @@ def test_doctor_text_names_the_recommended_setting(packed):
     done = CliRunner().invoke(main, ["doctor", packed, "--seconds", "0.2", "--batch-size", "4",
                                      "--crop", "32", "--workers", "1", "--center-crop"])
     assert done.exit_code == 0, done.output
-    assert "recommended: Loader(..., num_workers=1, worker_kind='thread')" in done.output
+    assert "recommended: Loader(..., num_workers=1, workers=Workers(kind='thread'))" in done.output
     assert "| 1 | thread |" in done.output and "without waiting" in done.output
     assert "warm-up (not counted): " in done.output and "with 1 thread workers, 0 bytes" \
         in done.output

@@ -199,19 +199,31 @@ def mixed(tmp_path_factory):
     return root / "src"
 
 
-def test_non_jpeg_default_is_lossless_raw(mixed, tmp_path):
-    result = convert(mixed, tmp_path / "ds", jpeg_restarts=False, **FAST)
+@pytest.mark.parametrize("policy", ["keep", "raw"])
+def test_non_jpeg_keep_and_raw_are_lossless(mixed, tmp_path, policy):
+    """keep (the default) stores a PNG or WebP smaller than its pixels as its own file,
+    the other formats as raw pixels; raw stores every one as raw pixels: the same pixels."""
+    result = convert(mixed, tmp_path / "ds", jpeg_restarts=False, non_jpeg=policy, **FAST)
     assert result["rejects"] == 0 and result["reencoded"] == {}
     assert result["ignored"] == {".json": 1, ".txt": 1}
-    assert sum(result["lossless"].values()) == N_OTHER and result["num_samples"] == N_OTHER + 1
-    assert result["lossless"]["PNG image stored as raw pixels"] == 3
+    def kept_as_file(path) -> bool:  # a PNG or WebP smaller than its RGB pixels
+        with Image.open(path) as img:
+            return policy == "keep" and img.format in ("PNG", "WEBP") and \
+                path.stat().st_size < 3 * img.width * img.height
+    files = [p for p in (mixed / "x").iterdir() if p.suffix not in (".txt", ".json")]
+    kept = sum(kept_as_file(p) for p in files)
+    assert kept >= (2 if policy == "keep" else 0)  # the RGBA one is larger than its pixels
+    assert sum(result["lossless"].values()) == N_OTHER - kept
+    assert result["num_samples"] == N_OTHER + 1
     ds = Dataset(tmp_path / "ds")
     for i in range(len(ds)):
         rel = record_detail(tmp_path / "ds", i)["source"]
         data = (mixed / rel).read_bytes()
         np.testing.assert_array_equal(ds[i][0], reference(data), err_msg=rel)
         kind = int(ds.record(i)[1]["kind"])
-        assert kind == (fmt.KIND_JPEG if rel.endswith("jpeg_lies.png") else fmt.KIND_RAW), rel
+        expected = fmt.KIND_JPEG if rel.endswith("jpeg_lies.png") else fmt.KIND_FILE \
+            if kept_as_file(mixed / rel) else fmt.KIND_RAW
+        assert kind == expected, rel
 
 
 def test_non_jpeg_jpeg_and_reject_policies(mixed, tmp_path):

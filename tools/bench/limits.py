@@ -137,10 +137,12 @@ def decode_breakdown(jpeg_path, count: int = 300, rounds: int = 5) -> dict:
     idx = np.arange(min(count, len(ds)))
     spec = compile_spec([RandomResizedCrop(SIZE), RandomHorizontalFlip()])
     ctx, scratch, rng = BuildContext(ds, spec), Scratch(), random.Random(0)
-    payloads = [bytes(ds.record(int(i))[0]) for i in idx]
+    records = [ds.record(int(i)) for i in idx]
+    payloads = [bytes(payload) for payload, _ in records]
+    turns = [int(entry["orientation"]) for _, entry in records]
     plan = plan_batch(spec, ds, idx, seed=0, epoch=0)
     out = np.empty(plan.shape, np.uint8)
-    buf = scratch.get(jpegdecode.scratch_bytes(600, 800))
+    buf = scratch.get(largest_scratch([entry for _, entry in records]))
 
     def per_image(fn) -> float:
         fn()
@@ -149,7 +151,7 @@ def decode_breakdown(jpeg_path, count: int = 300, rounds: int = 5) -> dict:
         "pil_full_decode_us": lambda: [_pil_load(p) for p in payloads],
         "peer_work_us": lambda: [jpeg_work(p, rng) for p in payloads],
         "region_decode_us": lambda: [jpegdecode.decode_region(
-            p, plan.params.boxes[k], 8, buf, 4) for k, p in enumerate(payloads)],
+            p, plan.params.boxes[k], 8, buf, 4, turns[k]) for k, p in enumerate(payloads)],
         "loader_work_us": lambda: fill_range(ctx, plan, 0, len(payloads), 0, out, scratch)}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -157,6 +159,16 @@ def decode_breakdown(jpeg_path, count: int = 300, rounds: int = 5) -> dict:
         return {k: min(per_image(fn) for _ in range(rounds)) for k, fn in steps.items()}
     finally:
         torch.set_num_threads(threads)
+
+
+def largest_scratch(entries) -> int:
+    """Scratch bytes the largest of these records (index entries) needs: camera photos
+    are far larger than the bench's synthetic images."""
+    from dlpack_io.reader import jpegdecode
+
+    sizes = [(int(e["height"]), int(e["width"])) for e in entries]
+    return max((max(jpegdecode.scratch_bytes(h, w), jpegdecode.scratch_bytes(w, h))
+                for h, w in sizes), default=0)  # either way round: EXIF-rotated records
 
 
 def decode_limit(jpeg_path, threads: int | None = None) -> float:
@@ -168,14 +180,16 @@ def decode_limit(jpeg_path, threads: int | None = None) -> float:
     from dlpack_io.reader.batch.plan import Draws
 
     ds, rrc, threads = Dataset(jpeg_path), RandomResizedCrop(SIZE), threads or os.cpu_count()
-    jobs = []
+    jobs, entries = [], []
     for i in range(len(ds)):
         payload, entry = ds.record(i)
         box = rrc.boxes([int(entry["height"])], [int(entry["width"])], Draws(0, 0), [i])[0]
         jobs.append((bytes(payload), box, int(entry["orientation"])))
+        entries.append(entry)
+    nbytes = largest_scratch(entries)
 
     def work(part):
-        buf = np.empty(jpegdecode.scratch_bytes(800, 800), np.uint8)
+        buf = np.empty(nbytes, np.uint8)
         out = np.empty(3 * SIZE * SIZE, np.uint8)  # CHW, as the Loader's host path writes
         for payload, box, orientation in part:
             jpegdecode.decode_resized(payload, box, (SIZE, SIZE), buf, orientation=orientation,
