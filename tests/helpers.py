@@ -5,7 +5,7 @@ import json
 import os
 
 from dlpack_io.reader import format as fmt
-from dlpack_io.reader.format.inputstat import INPUTSTAT_NAME
+from dlpack_io.reader.format.schema import INPUTSTAT_NAME
 
 
 def dataset_fingerprint(dst) -> dict:
@@ -120,7 +120,7 @@ main()
 
 def convert_stopped_at(stop: str, cli_args, *, deadline: float = 300.0):
     """Run ``dlpack convert *cli_args`` until it reaches ``stop`` (see STOPPING_CONVERT),
-    SIGKILL it there and return the pids of its child processes at that moment. Fails if
+    SIGKILL it there, wait for its child processes to exit and return their pids. Fails if
     the conversion ends without reaching the point; ``deadline`` only guards against a hang."""
     import subprocess
     import sys
@@ -143,14 +143,17 @@ def convert_stopped_at(stop: str, cli_args, *, deadline: float = 300.0):
             if time.monotonic() > end:
                 raise AssertionError(f"convert did not reach {stop} within {deadline} s (hung?)")
             time.sleep(0.01)
-        children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
-                                  text=True).stdout.split()
-        return [int(c) for c in children]
+        children = [int(c) for c in subprocess.run(["pgrep", "-P", str(proc.pid)],
+                                                   capture_output=True, text=True).stdout.split()]
     finally:
         if proc.returncode is None:
             proc.kill()
             proc.wait()
         proc.stderr.close()
+    # Its workers hold the DST lock until they notice the parent is gone: a caller that
+    # resumes at once would otherwise meet "being written by another dlpack convert".
+    wait_until(lambda: all(gone(pid) for pid in children), what="the killed run's workers")
+    return children
 
 
 def gone(pid: int) -> bool:
