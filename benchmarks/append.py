@@ -64,14 +64,14 @@ def _find_new(everything: str, base_dst: str, workers: int, checksum: bool) -> i
     """What an append does before packing: scan SRC, read the shards' metadata, hash the
     files whose path is packed already (``checksum``; else only those whose size or mtime
     differ from the input-stat record). Returns the number of new inputs."""
-    from dlpack_io.packer import appendbase, quickcheck
+    from dlpack_io.packer import appendbase
     from dlpack_io.packer.scan import scan_image_folder
 
     inputs = scan_image_folder(everything)
     base = appendbase.read_base(base_dst)
     known = appendbase.known_inputs(appendbase.shard_metas(base_dst, base["shards"]))
     threads = workers or len(os.sched_getaffinity(0))
-    recorded = None if checksum else quickcheck.read_local(base_dst, base)
+    recorded = None if checksum else appendbase.read_local(base_dst, base)
     return len(appendbase.split_inputs(inputs.root, inputs.paths, known, threads,
                                        recorded).todo)
 

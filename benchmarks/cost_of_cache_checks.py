@@ -18,7 +18,7 @@ import time
 import numpy as np
 
 from dlpack_io.reader import format as fmt
-from dlpack_io.reader.remote import cachefs
+from dlpack_io.reader.remote import cache as cache_mod
 
 
 def _plain_read(path, _size):
@@ -76,9 +76,9 @@ def main() -> None:
         ranges = [(shard, (j % 64) * args.bytes, args.bytes, size) for j in range(args.records)]
         rows = {
             "record file, open().read()": _time(_plain_read, files, args.repeats),
-            "record file, cachefs.read_file": _time(cachefs.read_file, files, args.repeats),
+            "record file, cache_mod.read_file": _time(cache_mod.read_file, files, args.repeats),
             "pinned shard, os.pread": _time(_plain_pread, ranges, args.repeats),
-            "pinned shard, cachefs.pread_exact": _time(cachefs.pread_exact, ranges, args.repeats),
+            "pinned shard, cache_mod.pread_exact": _time(cache_mod.pread_exact, ranges, args.repeats),
         }
         data = open(files[0][0], "rb").read()
         rows["CRC-32 of the record (always done)"] = _time(fmt.crc32, [(data,)] * 200,
@@ -91,8 +91,8 @@ def main() -> None:
         rows["PIL decode of a 500x375 JPEG"] = _time(decode, [(jpeg,)] * 50, args.repeats)
     for name, seconds in rows.items():
         print(f"{name:40s} {seconds * 1e6:8.1f} us")
-    extra_file = rows["record file, cachefs.read_file"] - rows["record file, open().read()"]
-    extra_pin = rows["pinned shard, cachefs.pread_exact"] - rows["pinned shard, os.pread"]
+    extra_file = rows["record file, cache_mod.read_file"] - rows["record file, open().read()"]
+    extra_pin = rows["pinned shard, cache_mod.pread_exact"] - rows["pinned shard, os.pread"]
     decode_us = rows["PIL decode of a 500x375 JPEG"]
     print(f"extra per record: {extra_file * 1e6:+.1f} us (record file), "
           f"{extra_pin * 1e6:+.1f} us (pinned shard) = "

@@ -56,7 +56,7 @@ def _fetched(url, root, fractions, batches) -> None:
 
 
 def _recount(root: str) -> None:
-    from dlpack_io.reader.remote.keptusage import usage
+    from dlpack_io.reader.remote.keep import usage
 
     for shards, per in ((1000, 0), (200, 500)):
         folder = tempfile.mkdtemp(dir=root)

@@ -14,20 +14,22 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import logging
 import os
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from dlpack_io.packer import quickcheck, replacing
-from dlpack_io.packer.dstfiles import kept_shard_meta
-from dlpack_io.packer.fieldshapes import without_shapes
-from dlpack_io.packer.names import shown
+from dlpack_io.packer.fields import without_shapes
+from dlpack_io.packer.finalize import atomic_write, kept_shard_meta
 from dlpack_io.packer.options import PackOptions
-from dlpack_io.packer.pipeline import ConversionError
+from dlpack_io.packer.packing import packing_order
+from dlpack_io.packer.records import ConversionError
+from dlpack_io.packer.scan import shown
 from dlpack_io.reader import format as fmt
-from dlpack_io.reader.format.regular import open_input, open_regular
-from dlpack_io.reader.format.units import parse_size
+from dlpack_io.reader.format import schema as schema_mod
+from dlpack_io.reader.format.checks import open_input, open_regular
+from dlpack_io.reader.format.spec import parse_size
 
 RUN_OPTIONS = ("workers", "on_error", "progress")  # how the work runs, not what it writes
 HASH_CHUNK = 4 * 2**20
@@ -145,7 +147,7 @@ def split_inputs(root: str, paths: list, known: dict, threads: int,
                  records: dict | None = None, members=None) -> Split:
     """Sort ``paths`` (relative to ``root``) into new, duplicate, changed, unverified; the
     files whose path is already packed are hashed (``threads`` at a time) unless their
-    size and mtime are those ``recorded`` (quickcheck.py; None: hash them all).
+    size and mtime are those ``recorded`` (``quick_duplicates``, below; None: hash them all).
     ``replace`` (``--replace-changed``): a changed input is packed too, to replace a record
     of its path (``Split.replacing``; ``records``: path_records, else the last record).
     ``members``: inputs inside containers (records.Members), stat'ed and hashed there."""
@@ -160,10 +162,10 @@ def split_inputs(root: str, paths: list, known: dict, threads: int,
         else:
             candidates.append(i)
     looked = candidates + split.todo  # stat before any byte is read (hashed or packed)
-    now = quickcheck.stat_inputs(root, [paths[i] for i in looked], [keys[i] for i in looked]) \
+    now = stat_inputs(root, [paths[i] for i in looked], [keys[i] for i in looked]) \
         if members is None else {keys[i]: members.stat(paths[i]) for i in looked
                                  if paths[i] in members.table}
-    quick = quickcheck.quick_duplicates(candidates, keys, recorded, now)
+    quick = quick_duplicates(candidates, keys, recorded, now)
     candidates = [i for i in candidates if i not in quick]
     shas = hash_files([os.path.join(root, paths[i]) for i in candidates], threads) \
         if members is None else [hashlib.sha256(members.read(paths[i])).hexdigest()
@@ -265,8 +267,8 @@ def union_manifest(base: dict, built: dict, entry: dict, retire: list = ()) -> d
     """The manifest after an append: ``built`` (finalize.build_manifest over all shards,
     classes, counts and rejects) keeping the data set's creation record, options and
     source, with the inputs counted, ``entry`` added to the history and the data set's
-    retired records plus ``retire`` ([old, new] pairs: packer/replacing.py)."""
-    manifest = replacing.with_retired(
+    retired records plus ``retire`` ([old, new] pairs: the replacing section below)."""
+    manifest = with_retired(
         dict(built, created=base["created"], options=base["options"],
              version=base["version"], source=dict(base["source"])), base, list(retire))
     if "num_inputs" in base["source"]:
@@ -287,3 +289,171 @@ def base_counters(base: dict) -> tuple[list, Counter, Counter]:
     manifest's accounting starts."""
     rejects = [(r["path"], r["reason"]) for r in base["rejects"]]
     return rejects, Counter(base["reencoded"]), Counter(base["lossless"])
+
+
+
+# ---- quickcheck ------------------------------------------------------------------------------
+# rsync's quick check for ``convert --append``: an input whose path is packed already and
+# whose file has the size and mtime (ns) recorded when it was packed counts as a duplicate
+# without being read; only new or changed-looking files are hashed. ``--checksum`` (rsync's
+# ``-c``) hashes every file instead.
+#
+# The trade-off is rsync's, exactly: a file rewritten with other content of the same size
+# whose mtime was then set back (``os.utime``, ``touch -d``, ``cp -p`` of another file, a
+# clock jump) is taken as unchanged without --checksum. A file touched with the same content
+# (new mtime) is hashed, found a duplicate, and its new stat recorded.
+#
+# The record (reader/format/schema.py) is written before the manifest, naming it; the
+# stat of a file is taken before its bytes are read (hashed or packed), so a file changed
+# while it is packed has a newer mtime than the one recorded and is hashed next time.
+log = logging.getLogger(__name__)
+NAME = schema_mod.INPUTSTAT_NAME
+
+
+def stat_of(path: str) -> tuple[int, int] | None:
+    """(size, mtime_ns) of a file, following links as the scan does; None when it cannot
+    be stat'ed (the encoder or the hash then says why)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns
+
+
+def stat_inputs(root, paths: list, keys: list) -> dict:
+    """key -> (size, mtime_ns) of the inputs ``paths`` (relative to ``root``) under
+    ``keys`` (their recorded names); unreadable ones left out."""
+    out = {}
+    for path, key in zip(paths, keys):
+        st = stat_of(os.path.join(root, path) if root else path)
+        if st is not None:
+            out[key] = st
+    return out
+
+
+def stat_all(inputs) -> dict:
+    """The record's entries for every input of a conversion (packing.Inputs), taken before
+    it is packed."""
+    from dlpack_io.packer.scan import shown
+
+    if inputs.members is not None:  # inside containers: the container's size and mtime
+        return {p: inputs.members.stat(p) for p in inputs.paths if p in inputs.members.table}
+    return stat_inputs(inputs.root, inputs.paths, [shown(p) for p in inputs.paths])
+
+
+def parse(data: bytes, where: str, manifest: dict) -> dict | None:
+    """The record's entries (None: stale), ConversionError when it is damaged."""
+    try:
+        found = schema_mod.parse_inputstat(data, where, manifest["checksum"])
+    except fmt.FormatError as exc:
+        raise ConversionError(str(exc)) from None  # it names the file, the value and the fix
+    if found is None:
+        log.info("%s: written with another manifest (an interrupted write?); every packed "
+                 "file is hashed this time", where)
+    return found
+
+
+def read_local(dst: str, manifest: dict) -> dict | None:
+    """The record of the data set in folder ``dst`` (None: none there, or stale)."""
+    path = os.path.join(dst, NAME)
+    try:
+        fd, st = open_regular(path)
+    except FileNotFoundError:
+        return None
+    except fmt.FormatError as exc:
+        raise ConversionError(f"{exc}; or pass --checksum") from None
+    with open(fd, "rb") as f:
+        if st.st_size > schema_mod.MAX_INPUTSTAT_BYTES:  # never read what cannot be valid
+            raise ConversionError(f"{path}: {st.st_size} bytes, more than an input-stat "
+                                  f"record may have ({schema_mod.MAX_INPUTSTAT_BYTES}); the "
+                                  f"quick check cannot trust it: delete it (the next append "
+                                  f"hashes every file) or pass --checksum")
+        return parse(f.read(schema_mod.MAX_INPUTSTAT_BYTES + 1), path, manifest)
+
+
+def write_local(dst: str, stats: dict, manifest: dict) -> None:
+    """Write the record for ``manifest`` (before the manifest itself: see the module)."""
+    atomic_write(os.path.join(dst, NAME), schema_mod.encode_inputstat(stats, manifest["checksum"]))
+
+
+def read_remote(store, manifest: dict) -> dict | None:
+    """The record of the data set at ``store`` (reader.remote.storage.Store)."""
+    found = store.head(NAME)
+    if found is None:
+        return None
+    where = store.where(NAME)
+    if found["size"] > schema_mod.MAX_INPUTSTAT_BYTES:  # bounded before it is fetched
+        raise ConversionError(f"{where}: {found['size']} bytes, more than an input-stat record "
+                              f"may have ({schema_mod.MAX_INPUTSTAT_BYTES}); the quick check "
+                              f"cannot trust it: delete it or pass --checksum")
+    return parse(store.get(NAME, max_bytes=schema_mod.MAX_INPUTSTAT_BYTES), where, manifest)
+
+
+def write_remote(store, stats: dict, manifest: dict) -> None:
+    """Upload the record for ``manifest`` (one PUT: all or nothing), before the manifest."""
+    store.put(NAME, schema_mod.encode_inputstat(stats, manifest["checksum"]))
+
+
+def quick_duplicates(candidates: list, keys: list, recorded: dict | None, now: dict) -> set:
+    """The input numbers among ``candidates`` whose stat (``now``, by key) equals the one
+    recorded: duplicates without a hash. ``recorded`` None: none (hash them all)."""
+    if not recorded:
+        return set()
+    return {i for i in candidates
+            if keys[i] in now and recorded.get(keys[i]) == now[keys[i]]}
+
+
+
+# ---- replacing -------------------------------------------------------------------------------
+# ``dlpack convert SRC DST --append --replace-changed``: an input whose path is packed with
+# other content is packed again into the append's new shards, and its old record is retired
+# in the union manifest (reader/format/schema.py holds the rule readers follow). Old shard
+# bytes never change: a reader that opened the old manifest keeps reading what it knew; one
+# that opens the new manifest sees the new content at the sample's old index.
+#
+# A changed input the encoder rejects retires nothing (its old record stays what the data
+# set shows). Appending without the flag behaves as before: changed inputs are reported.
+class PairingError(ConversionError):
+    """The new records cannot be paired with the inputs that replace: the append writes
+    no manifest and removes its new shards and journal (the data set stays as it was)."""
+
+
+def replacements(base: dict, inputs, opts, replacing: dict, todo: list, rejects: list,
+                 new_records: int) -> tuple[list, list]:
+    """(the ``[old, new]`` record pairs this append adds, the paths they replace) from
+    ``replacing`` (input number of SRC -> record it retires), ``todo`` (the input number
+    in SRC of each of ``inputs.paths``, packed in ``opts``' packing order), ``rejects``
+    (this append's (path, reason) rejects) and ``new_records`` (records the new shards
+    hold, checked against the inputs packed)."""
+    if not replacing:  # nothing to map (a list may name a path twice, one line rejected)
+        return [], []
+    refused = {path for path, _ in rejects}
+    packed = [(todo[p], shown(inputs.paths[p]))
+              for p in packing_order(len(inputs.paths), opts).tolist()
+              if shown(inputs.paths[p]) not in refused]
+    if len(packed) != new_records:
+        raise PairingError(f"the new shards hold {new_records} records for {len(packed)} "
+                           f"inputs packed; cannot tell which record replaces which, so no "
+                           f"manifest was written and the new shards were removed: a path "
+                           f"the list names on several lines was rejected on some of them "
+                           f"only; fix or drop those lines, then append again")
+    first = base["num_samples"]
+    done = [(replacing[i], first + k, path) for k, (i, path) in enumerate(packed)
+            if i in replacing]
+    return [[old, new] for old, new, _ in done], [path for _, _, path in done]
+
+
+def with_retired(manifest: dict, base: dict, pairs: list) -> dict:
+    """``manifest`` (the union, before its checksum) retiring the data set's records and
+    ``pairs``: version RETIRING_VERSION, fields declared; unchanged without any."""
+    every = sorted(fmt.retired_pairs(base) + pairs)
+    if not every:
+        return manifest
+    union = dict(manifest, version=fmt.RETIRING_VERSION, fields=manifest.get("fields") or {},
+                 **{fmt.RETIRED_KEY: every})
+    try:  # what readers check, before a manifest they would refuse is written
+        fmt.check_retired(union, "the union manifest")
+    except fmt.FormatError as exc:
+        raise ConversionError(f"{exc}; no manifest was written (a bug: please report it "
+                              f"with the list or folder appended)") from None
+    return union

@@ -6,7 +6,7 @@ unchanged plus the new ones.
 Old shard files are never opened for writing, so a reader that opened the old manifest
 keeps reading what it knew; one that opens DST after the rename sees the union. New class
 folders get class indices after the old ones. The journal, the lock and ``--resume`` are
-the conversion's (packer/journal.py, resumestate.py); the journal's plan line names the
+the conversion's (packer/journal.py, finalize.py); the journal's plan line names the
 manifest appended to (its checksum) and the first new sample, so an interrupted append
 resumes only onto the same data set. Which inputs are new: packer/appendbase.py.
 """
@@ -18,16 +18,13 @@ import os
 
 import numpy as np
 
-from dlpack_io.packer import appendbase as base_
-from dlpack_io.packer import finalize, journal, quickcheck, replacing
-from dlpack_io.packer.dstfiles import check_src_dst, clear_outputs
+from dlpack_io.packer import appendbase, finalize, journal
 from dlpack_io.packer.engines import engine_context
-from dlpack_io.packer.fieldshapes import settle, union
-from dlpack_io.packer.fieldsource import check_engine_fields
-from dlpack_io.packer.names import shown
+from dlpack_io.packer.fields import check_engine_fields, settle_shapes, union_schema
+from dlpack_io.packer.finalize import check_src_dst, clear_outputs, resume_state
 from dlpack_io.packer.packing import State, plan_inputs, prepare_inputs
-from dlpack_io.packer.pipeline import ConversionError
-from dlpack_io.packer.resumestate import resume_state
+from dlpack_io.packer.records import ConversionError
+from dlpack_io.packer.scan import shown
 from dlpack_io.reader import format as fmt
 
 log = logging.getLogger(__name__)
@@ -42,7 +39,7 @@ class Appending:
     inputs: object
     stats: list
     plan: dict
-    split: base_.Split
+    split: appendbase.Split
     new_classes: list
     seen: int  # inputs found in SRC
     replaced: list = dataclasses.field(default_factory=list)  # paths whose record was retired
@@ -57,14 +54,14 @@ def convert_append(src, dst, *, list_file=None, resume: bool = False, overwrite:
     """Append the inputs of ``src`` not yet in the data set at ``dst``; the summary dict
     of convert() plus ``append`` (what was added, skipped and reported). ``checksum``:
     hash every packed file of SRC, not only those whose size or mtime changed
-    (quickcheck.py). ``replace_changed``: pack the changed inputs too, retiring their old
-    records (packer/replacing.py)."""
+    (appendbase.py). ``replace_changed``: pack the changed inputs too, retiring their old
+    records (packer/appendbase.py)."""
     check_request(dst, overwrite)
     if options.pop("staging", None) is not None:
         raise ValueError("--staging is for s3:// destinations (shards waiting for upload)")
     check_src_dst(src, dst)
     dst = os.path.abspath(dst)
-    base_.read_base(dst)  # no data set there: say so before taking the lock
+    appendbase.read_base(dst)  # no data set there: say so before taking the lock
     lock = journal.DstLock(dst)
     try:
         lock.acquire()
@@ -72,16 +69,16 @@ def convert_append(src, dst, *, list_file=None, resume: bool = False, overwrite:
         raise ConversionError(f"{dst}: cannot write the data set's folder "
                               f"({exc.strerror or exc}); appending needs write access") from None
     try:
-        base = base_.read_base(dst)  # under the lock: another append may have just landed
+        base = appendbase.read_base(dst)  # under the lock: another append may have just landed
         check_no_journal(dst, journal.read_journal(dst)[0], resume)
-        metas = base_.shard_metas(dst, base["shards"])
+        metas = appendbase.shard_metas(dst, base["shards"])
         app = plan_append(src, list_file, labels, options, base, metas,
-                          None if checksum else quickcheck.read_local(dst, base),
+                          None if checksum else appendbase.read_local(dst, base),
                           replace_changed)
         check_engine_fields(src, engine, app.inputs)
         if not app.inputs.paths:
             drop_leftovers(dst, base)
-            quickcheck.write_local(dst, app.split.stats, base)  # what was hashed, for next time
+            appendbase.write_local(dst, app.split.stats, base)  # what was hashed, for next time
             return nothing_new(dst, base, app)
         with engine_context(engine, ray_address, app.opts) as pack:
             return _append_locked(dst, base, app, pack, engine, provenance)
@@ -95,7 +92,7 @@ def drop_leftovers(dst: str, base: dict) -> None:
     if journal.read_journal(dst)[0] is None:
         return
     clear_outputs(dst, keep={s["name"] for s in base["shards"]}
-                  | {fmt.MANIFEST_NAME, fmt.REJECTS_NAME, quickcheck.NAME})
+                  | {fmt.MANIFEST_NAME, fmt.REJECTS_NAME, appendbase.NAME})
     journal.Journal(dst).remove()
 
 
@@ -119,21 +116,21 @@ def plan_append(src, list_file, labels: bool, options: dict, base: dict, metas,
     entry, its metadata) of the data set; ``recorded``: the input-stat record, None to
     hash every packed file; ``replace``: changed inputs are packed to replace their
     records) and plan packing it."""
-    opts, inputs = prepare_inputs(src, list_file, base_.append_options(base, options),
+    opts, inputs = prepare_inputs(src, list_file, appendbase.append_options(base, options),
                                   labels and bool(base["classes"]))
     if base["classes"] and not inputs.classes:
         raise ConversionError(f"{src}: no class folders, but the data set has classes; append "
                               f"class folders (or a --list with labels)")
-    base_.check_fields(base, inputs.fields, src)
+    appendbase.check_fields(base, inputs.fields, src)
     retired = fmt.retired_records(fmt.retired_pairs(base))
-    known = base_.known_inputs(metas, retired)
-    split = base_.split_inputs(inputs.root, inputs.paths, known, opts.num_workers, recorded,
-                               replace, base_.path_records(metas, retired) if replace else None,
+    known = appendbase.known_inputs(metas, retired)
+    split = appendbase.split_inputs(inputs.root, inputs.paths, known, opts.num_workers, recorded,
+                               replace, appendbase.path_records(metas, retired) if replace else None,
                                inputs.members)
     for path in split.changed[:CHANGED_SHOWN]:
         log.warning("%s: changed since it was packed (same path, other content); %s", path,
                     "packed again to replace it" if replace else "left as it is")
-    union, mapping = base_.union_classes(base["classes"], inputs.classes)
+    union, mapping = appendbase.union_classes(base["classes"], inputs.classes)
     sub = subset(inputs, split.todo, union, mapping)
     stats, plan = plan_inputs(sub, opts) if sub.paths else ([], {})
     if sub.paths:  # the plan names what it appends to: resume only onto the same data set
@@ -174,7 +171,7 @@ def subset(inputs, todo: list, classes: list, mapping: list):
 def seeded_state(base: dict, num_classes: int, retried=frozenset()) -> State:
     """The packing State of an append before it packs: the data set's shards (new ones are
     numbered after them), rejects (less those ``retried``: Appending.retried) and counts."""
-    rejects, reencoded, lossless = base_.base_counters(base)
+    rejects, reencoded, lossless = appendbase.base_counters(base)
     rejects = [r for r in rejects if r[0] not in retried]
     counts = np.zeros(num_classes, dtype=np.int64)
     counts[:len(base["class_counts"])] = base["class_counts"]
@@ -185,7 +182,7 @@ def seeded_state(base: dict, num_classes: int, retried=frozenset()) -> State:
 def _append_locked(dst: str, base: dict, app: Appending, pack, engine: str,
                    provenance: bool) -> dict:
     keep = {s["name"] for s in base["shards"]} | {fmt.MANIFEST_NAME, fmt.REJECTS_NAME,
-                                                   quickcheck.NAME}
+                                                   appendbase.NAME}
     state = None
     try:
         state = resume_state(dst, app.plan, app.inputs, app.opts,
@@ -193,11 +190,11 @@ def _append_locked(dst: str, base: dict, app: Appending, pack, engine: str,
         resumed_from = state.position
         progress = pack(dst, app.inputs, app.stats, app.opts, state, journal.Journal(dst))
         manifest = union_of(base, app, state, progress, engine, provenance)
-        quickcheck.write_local(dst, record_of(app, resumed_from), manifest)
+        appendbase.write_local(dst, record_of(app, resumed_from), manifest)
         finalize.write_dataset_files(dst, manifest, state.rejects)
     except BaseException as exc:
         if state is None or len(state.shards) == len(base["shards"]) or \
-                isinstance(exc, replacing.PairingError):  # nothing worth resuming
+                isinstance(exc, appendbase.PairingError):  # nothing worth resuming
             clear_outputs(dst, keep=keep)  # no new shard: leave the data set as it was
             journal.Journal(dst).remove()
         raise
@@ -221,18 +218,18 @@ def union_of(base: dict, app: Appending, state: State, progress, engine: str,
              provenance: bool) -> dict:
     """The manifest after the append (history entry included)."""
     new = state.shards[len(base["shards"]):]
-    pairs, app.replaced = replacing.replacements(
+    pairs, app.replaced = appendbase.replacements(
         base, app.inputs, app.opts, app.split.replacing, app.split.todo,
         state.rejects[len(base["rejects"]) - app.dropped:],
         sum(s["num_samples"] for s in new))
     root = shown(app.inputs.root) if provenance and app.inputs.root else None
-    entry = base_.history_entry(base, new, app.new_classes, split_counts(app), root)
+    entry = appendbase.history_entry(base, new, app.new_classes, split_counts(app), root)
     built = finalize.build_manifest(app.inputs, app.opts, state.shards, state.rejects,
                                     state.reencoded, state.class_counts.tolist(),
                                     progress.elapsed, state.lossless, provenance=provenance,
-                                    engine=engine, fields=union(base.get("fields"), settle(
+                                    engine=engine, fields=union_schema(base.get("fields"), settle_shapes(
                                         getattr(app.inputs, "fields", None), state.shapes)))
-    return base_.union_manifest(base, built, entry, pairs)
+    return appendbase.union_manifest(base, built, entry, pairs)
 
 
 def split_counts(app: Appending) -> dict:

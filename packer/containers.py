@@ -26,9 +26,9 @@ import re
 
 import numpy as np
 
-from dlpack_io.packer.names import field_name, shown
 from dlpack_io.packer.progress import Progress
 from dlpack_io.packer.records import Members, SourceFile, Spool, download
+from dlpack_io.packer.scan import field_name, shown
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def detect(src, given: str | None) -> str | None:
             raise ValueError(f"--from {given!r}: expected one of {', '.join(FORMATS)}")
         return None if given == "folder" else given
     text = os.fspath(src)
-    from dlpack_io.reader.remote.urls import is_remote
+    from dlpack_io.reader.remote.clouds import is_remote
 
     names = [text] if is_remote(text) or not os.path.isdir(text) else \
         [e.name for e in os.scandir(text) if e.is_file() and not e.name.startswith(".")]
@@ -151,7 +151,7 @@ def scan_container(src, kind: str, labels: bool, source: dict):
     --label-key, --spool); every bad sample is a reject naming file and offset."""
     from dlpack_io.packer.jsonlist import rows_inputs
     from dlpack_io.packer.scan import Inputs
-    from dlpack_io.reader.remote.urls import is_remote
+    from dlpack_io.reader.remote.clouds import is_remote
 
     spool, text = Spool(source.get("spool")), os.fspath(src)
     root, files = remote_files(text, kind, spool) if is_remote(text) else local_files(text, kind)

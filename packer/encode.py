@@ -34,17 +34,24 @@ import hashlib
 import io
 import os
 import stat
+import threading
+import warnings
 
 import numpy as np
 
 from dlpack_io.packer.options import PackOptions
-from dlpack_io.packer.pilimage import (draft_for, exif_orientation, full_decode, open_image,
-                                       resize, upright_rgb)
 from dlpack_io.packer.records import BAD_INPUT, EncodedRecord, RejectedInput
-from dlpack_io.reader.format import (COLOUR_CMYK, COLOUR_GRAY, COLOUR_YCC, KIND_FILE, KIND_JPEG,
-                                     KIND_RAW, crc32)
-from dlpack_io.reader.format.native import native_jpeg
-from dlpack_io.reader.format.regular import open_input
+from dlpack_io.reader.format import (
+    COLOUR_CMYK,
+    COLOUR_GRAY,
+    COLOUR_YCC,
+    KIND_FILE,
+    KIND_JPEG,
+    KIND_RAW,
+    crc32,
+)
+from dlpack_io.reader.format.checks import open_input, read_input
+from dlpack_io.reader.format.spec import native_jpeg
 
 # PIL mode of a JPEG -> the stored colour the reader converts from; other modes re-encode.
 _COLOURS = {"RGB": COLOUR_YCC, "L": COLOUR_GRAY, "CMYK": COLOUR_CMYK}
@@ -221,3 +228,152 @@ def encode_path(item: tuple, options: dict, ship_passthrough: bool = True):
         return "reject", f"cannot read file: {exc.strerror or exc}"
     except Exception as exc:  # a decoder bug must not kill a long conversion
         return "reject", f"{type(exc).__name__}: {exc}"
+
+
+
+# ---- pilimage --------------------------------------------------------------------------------
+# The PIL steps of encoding one input: open it behind the decompression-bomb guard,
+# decode it, turn it upright, convert it to RGB, resize it.
+#
+# The functions above decide *which* of these steps a record needs (the "same upright RGB
+# pixels" rule); here is only *how* each step is done with PIL. PIL is
+# imported inside the functions: the packer's parent process and ``dlpack --help`` must not
+# pay for it, and a missing PIL is reported by ``require_pil`` with the one-line fix.
+PIL_MISSING = ("no PIL provider is installed (dlpack needs one to read images): "
+               "pip install 'dlpack-io[pillow]', or pillow-simd for faster resizing")
+
+
+def require_pil() -> None:
+    """Raise RuntimeError with the one-line fix when no PIL provider can be imported.
+
+    Called before any work starts (``convert`` checks before scanning the folder)."""
+    try:
+        import PIL  # noqa: F401
+    except ImportError:
+        raise RuntimeError(PIL_MISSING) from None
+
+
+# PIL's bomb limit and the warning filters are process globals: threads opening images
+# at once (the field blocks made ahead, fields.py) must not interleave their save and
+# restore, which left PIL's guard off (None) for the rest of the process
+_GLOBALS = threading.Lock()
+
+
+def _new_lock() -> None:
+    """A forked worker starts with a free lock (a thread of the parent may hold it)."""
+    global _GLOBALS
+    _GLOBALS = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock)
+
+
+def open_image(data: bytes, max_pixels: int):
+    """PIL image of ``data`` (header only), rejected beyond ``max_pixels``."""
+    from PIL import Image, UnidentifiedImageError
+
+    if not data:
+        raise RejectedInput("empty file (0 bytes)")
+    try:
+        with _GLOBALS, warnings.catch_warnings():  # our limit below replaces Pillow's
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            limit, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None
+            try:
+                img = Image.open(io.BytesIO(data))
+            finally:
+                Image.MAX_IMAGE_PIXELS = limit
+    except UnidentifiedImageError:
+        raise RejectedInput("not an image PIL can identify") from None
+    except Exception as exc:  # PIL raises many types on a damaged header
+        raise RejectedInput(f"cannot read the image header: {exc}") from None
+    w, h = img.size
+    if w * h > max_pixels:
+        raise RejectedInput(f"{w} x {h} = {w * h} pixels is more than --max-pixels "
+                            f"{max_pixels} (decompression bomb guard); raise --max-pixels "
+                            f"to pack it")
+    return img
+
+
+def full_decode(img) -> None:
+    """Decode every pixel; raises RejectedInput on truncated or corrupt data."""
+    try:
+        img.load()
+    except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError...
+        raise RejectedInput(f"cannot decode {img.format or 'image'}: {exc}") from None
+
+
+def exif_orientation(img) -> int:
+    """The EXIF orientation (1..8) the reader must apply; 1 when absent or malformed."""
+    try:
+        value = int(img.getexif().get(0x0112, 1) or 1)
+    except Exception:  # malformed EXIF blocks are common; Pillow then leaves it as it is
+        return 1
+    return value if 1 <= value <= 8 else 1  # exif_transpose ignores other values too
+
+
+def upright_rgb(img):
+    """Fully decoded, EXIF-transposed RGB image: the pixels every record must decode to."""
+    from PIL import ImageOps
+
+    full_decode(img)
+    img = ImageOps.exif_transpose(img)
+    if img.mode != "RGB":
+        img = img.convert("RGB")
+    return img
+
+
+def target_size(w: int, h: int, size: int | None, max_side: int | None) -> tuple[int, int]:
+    """Size to resize to before any center crop: shorter side = size, or longer <= max_side."""
+    if size is not None:
+        scale = size / min(w, h)
+    elif max_side is not None and max(w, h) > max_side:
+        scale = max_side / max(w, h)
+    else:
+        return w, h
+    return max(1, round(w * scale)), max(1, round(h * scale))
+
+
+def resize(img, size: int | None, max_side: int | None):
+    """Resize as asked (bilinear), then center-crop to ``size`` x ``size`` when ``size``."""
+    from PIL import Image
+
+    w, h = img.size
+    tw, th = target_size(w, h, size, max_side)
+    if (tw, th) != (w, h):
+        img = img.resize((tw, th), Image.BILINEAR)
+    if size is not None:
+        left, top = (tw - size) // 2, (th - size) // 2
+        img = img.crop((left, top, left + size, top + size))
+    return img
+
+
+def draft_for(img, size, max_side) -> None:
+    """Let libjpeg decode at 1/2, 1/4 or 1/8 scale when the target is that much smaller."""
+    if img.format == "JPEG" and (size or max_side):
+        tw, th = target_size(*img.size, size, max_side)
+        img.draft("RGB", (tw, th))
+
+
+def image_bytes(image, where: str) -> tuple[bytes, str]:
+    """(file bytes, name for the shard metadata) of a path, encoded bytes, PIL image or
+    HWC uint8 array (pixels become a lossless PNG that the encoding rule then stores)."""
+    if isinstance(image, (str, os.PathLike)):
+        return read_input(image), os.fspath(image)  # a FIFO or device: OSError naming it
+    if isinstance(image, (bytes, bytearray, memoryview)):
+        return bytes(image), ""
+    if isinstance(image, np.ndarray):
+        if image.dtype != np.uint8 or image.ndim not in (2, 3) or \
+                (image.ndim == 3 and image.shape[2] not in (1, 3)):
+            raise ValueError(f"{where}: image array {image.dtype} {image.shape}: expected "
+                             f"uint8 HxWx3 (RGB), HxWx1 or HxW (grey)")
+        from PIL import Image
+
+        image = Image.fromarray(image[..., 0] if image.ndim == 3 and image.shape[2] == 1
+                                else image)
+    if hasattr(image, "save") and hasattr(image, "mode"):  # a PIL image
+        out = io.BytesIO()
+        image.save(out, format="PNG", compress_level=1)
+        return out.getvalue(), ""
+    raise ValueError(f"{where}: image is a {type(image).__name__}; expected a path, JPEG "
+                     f"(or PNG, ...) bytes, a PIL image or an HxWx3 uint8 array")

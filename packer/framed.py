@@ -21,8 +21,8 @@ import struct
 
 import numpy as np
 
-from dlpack_io.packer.names import field_name, shown
 from dlpack_io.packer.records import inflated
+from dlpack_io.packer.scan import field_name, shown
 
 MAX_RECORD_BYTES = 2**31  # one record is read whole (its image and its features)
 RECORDIO_MAGIC = 0xCED7230A

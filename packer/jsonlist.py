@@ -25,12 +25,18 @@ import json
 import os
 from pathlib import Path
 
-from dlpack_io.packer.names import (MAX_CLASS_CHARS, MAX_LIST_LABEL, MAX_PATH_CHARS, clipped,
-                                    shown, too_long)
-from dlpack_io.packer.scan import Inputs
+from dlpack_io.packer.scan import (
+    MAX_CLASS_CHARS,
+    MAX_LIST_LABEL,
+    MAX_PATH_CHARS,
+    Inputs,
+    clipped,
+    shown,
+    too_long,
+)
 from dlpack_io.packer.targets import TARGET_KEYS
 from dlpack_io.reader.format import FormatError
-from dlpack_io.reader.format.fieldschema import check_field_name
+from dlpack_io.reader.format.fields import check_field_name
 from dlpack_io.reader.format.schema import MAX_JSON_DEPTH, json_depth
 
 
@@ -193,7 +199,7 @@ def _merged(a: dict, b: dict) -> dict:
 def value_schema(rows: list) -> dict:
     """name -> spec of the fields of samples read out of other files (python and numpy
     values): the type all of them share; int and float: float; anything else mixed: json.
-    An array's shape is settled when packed (fieldshapes.py)."""
+    An array's shape is settled when packed (fields.py)."""
     from dlpack_io.reader.format.fields import spec_of
 
     specs: dict = {}
@@ -365,7 +371,7 @@ def extra_columns(header, rows, list_file):
         return None, None
     names = [n.strip() for n in header[3]] if header else []
     names += [f"column{k + 3}" for k in range(len(names), width)]
-    from dlpack_io.reader.format.fieldschema import check_field_name
+    from dlpack_io.reader.format.fields import check_field_name
 
     for name in names:
         check_field_name(name, f"{list_file}: header")

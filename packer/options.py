@@ -5,8 +5,10 @@ import os
 from dataclasses import asdict, dataclass, fields
 
 from dlpack_io.reader.format import DEFAULT_MAX_PIXELS, FORMATS, MODES
-from dlpack_io.reader.format.native import native_jpeg
-from dlpack_io.reader.format.units import parse_size  # noqa: F401  (packer.options.parse_size)
+from dlpack_io.reader.format.spec import (
+    native_jpeg,
+    parse_size,  # noqa: F401  (packer.options.parse_size)
+)
 
 # The choices of the options below; their one home (encode.py implements them).
 ON_ERROR = ("skip", "fail")
@@ -40,7 +42,7 @@ class PackOptions:
     workers: int = 0               # 0 = all cores
     on_error: str = "skip"         # skip bad inputs (listed as rejects) or fail on the first
     progress: bool = True
-    coco: str | None = None        # COCO instances JSON: boxes, categories (packer/coco.py)
+    coco: str | None = None        # COCO instances JSON: boxes, categories (packer/targetinputs.py)
     masks: str | None = None       # folder of PNG label maps mirroring SRC (sidecars: None)
     skip_empty: bool = False       # leave out images without any box
 

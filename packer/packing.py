@@ -1,40 +1,41 @@
 """What both engines share: the packing order, the state of a conversion, the Packer that
-cuts encoded inputs into shards (one rule, packer/cutting.py) and journals them, the local
+cuts encoded inputs into shards (one rule, packer/packing.py) and journals them, the local
 engine's loop (``pack_local``), and the inputs' scan and plan (the manifest and summary at
 the end are finalize.py's).
 
 The local engine (``pack_local``: worker processes on this machine) and the Ray engine
-(ray_engine.py) both drive a Packer, which is why their outputs are byte-identical;
+(engines.py) both drive a Packer, which is why their outputs are byte-identical;
 conversion.py chooses the engine and owns DST (lock, resume, manifest).
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import logging
+import multiprocessing
 import os
-from collections import Counter
+import signal
+from collections import Counter, deque
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from dlpack_io.packer import fieldshapes, journal
+from dlpack_io.packer import fields as fields_mod
+from dlpack_io.packer import journal
 from dlpack_io.packer.containers import SOURCE_OPTIONS, detect, scan_container
-from dlpack_io.packer.cutting import ShardCutter
-from dlpack_io.packer.fieldahead import fields_ahead
-from dlpack_io.packer.fieldsource import field_source, with_fields
-from dlpack_io.packer.options import PackOptions
-from dlpack_io.packer.pilimage import require_pil
-from dlpack_io.packer.encode import read_span
-from dlpack_io.packer.pipeline import ConversionError, encode_in_order
-from dlpack_io.packer.progress import Progress
+from dlpack_io.packer.encode import encode_path, read_span, require_pil
+from dlpack_io.packer.fields import field_source, fields_ahead, with_fields
 from dlpack_io.packer.jsonlist import read_list
-from dlpack_io.packer.scan import scan_image_folder, stat_inputs
+from dlpack_io.packer.options import PackOptions
+from dlpack_io.packer.progress import Progress
+from dlpack_io.packer.records import BAD_INPUT, ConversionError
+from dlpack_io.packer.scan import link_counts, scan_image_folder, shown, stat_inputs
 from dlpack_io.packer.writers import open_writer
-from dlpack_io.packer.names import link_counts, shown
-from dlpack_io.packer.records import BAD_INPUT
 from dlpack_io.reader import format as fmt
-from dlpack_io.reader.format.regular import NotRegularFile, open_input
-from dlpack_io.reader.format.units import parse_size
+from dlpack_io.reader.format.checks import NotRegularFile, open_input
+from dlpack_io.reader.format.spec import parse_size
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ class State:
     reencoded: Counter = field(default_factory=Counter)
     lossless: Counter = field(default_factory=Counter)
     class_counts: np.ndarray | None = None
-    shapes: dict | None = field(default_factory=dict)  # array field -> shared shape (fieldshapes)
+    shapes: dict | None = field(default_factory=dict)  # array field -> shared shape (fields.py)
 
     @property
     def next_sample(self) -> int:
@@ -63,7 +64,7 @@ class State:
         self.rejects += [tuple(r) for r in entry["rejects"]]
         self.reencoded.update(entry["reencoded"])
         self.lossless.update(entry.get("lossless", {}))
-        self.shapes = fieldshapes.merge(self.shapes, fieldshapes.journaled(entry.get("shapes")))
+        self.shapes = fields_mod.merge_shapes(self.shapes, fields_mod.journaled_shapes(entry.get("shapes")))
         self.class_counts += np.asarray(entry["class_counts"], dtype=np.int64)
 
 
@@ -88,7 +89,7 @@ class Packer:
         self.cutter = ShardCutter(options.format, options.shard_size)
         self.since = State(class_counts=np.zeros(len(inputs.classes), dtype=np.int64))
         targets = getattr(getattr(inputs, "targets", None), "schema", None) or ()
-        self.arrays = fieldshapes.array_names(getattr(inputs, "fields", None), skip=targets)
+        self.arrays = fields_mod.array_names(getattr(inputs, "fields", None), skip=targets)
 
     def reject(self, rel: str, reason: str) -> None:
         """Record an input that cannot be packed (or stop, with ``--on-error fail``)."""
@@ -113,8 +114,8 @@ class Packer:
             self.writer.add(record, label, rel, fields)
         self.count(label, record.reencoded, record.lossless)
         if self.arrays and fields is not None:
-            fieldshapes.merge(self.since.shapes,
-                              fieldshapes.block_shapes(fields, self.inputs.fields, self.arrays))
+            fields_mod.merge_shapes(self.since.shapes,
+                              fields_mod.block_shapes(fields, self.inputs.fields, self.arrays))
 
     def count(self, label: int, reencoded: str | None, lossless: str | None) -> None:
         """Account one packed record in the open shard's class, re-encode and lossless
@@ -149,7 +150,7 @@ class Packer:
         st.reencoded.update(since.reencoded)
         st.lossless.update(since.lossless)
         st.class_counts += since.class_counts
-        st.shapes = fieldshapes.merge(st.shapes, since.shapes)
+        st.shapes = fields_mod.merge_shapes(st.shapes, since.shapes)
 
     def has_open_shard(self) -> bool:
         """True while records wait to be written into a shard."""
@@ -210,7 +211,7 @@ def conversion_progress(dst, total: int, options: PackOptions, done: int) -> Pro
 
 
 def pack_local(dst, inputs, stats, options: PackOptions, state: State, journal_) -> Progress:
-    """The local engine: encode in worker processes on this machine (pipeline.py), in
+    """The local engine: encode in worker processes on this machine (packing.py), in
     packing order from ``state.position``, and cut and journal shards with a Packer."""
     order = packing_order(len(inputs.paths), options)
     todo = order[state.position:]
@@ -219,7 +220,7 @@ def pack_local(dst, inputs, stats, options: PackOptions, state: State, journal_)
     packer = Packer(dst, inputs, options, state, journal_)
     source, block = field_source(inputs), None
     fields = fields_ahead(source, todo, min(4, options.num_workers)) \
-        if source is not None else None  # made ahead, in threads: packer/fieldahead.py
+        if source is not None else None  # made ahead, in threads: packer/fields.py
     try:
         results = encode_in_order(files, encode_options(options), options.num_workers)
         for position, i, (status, value) in zip(range(state.position, len(order)), todo, results):
@@ -305,3 +306,111 @@ def plan_inputs(inputs, opts: PackOptions):
          for i, p in enumerate(inputs.paths)]
     _check_inputs_exist(inputs, stats)
     return stats, journal.plan_line(inputs, stats, opts.output_options(), fmt.FORMAT_VERSION)
+
+
+
+# ---- pipeline --------------------------------------------------------------------------------
+# Encode inputs in worker processes and hand results back in input order.
+#
+# Results come back in the order of the inputs whatever the number of workers, which is
+# what makes the packed bytes independent of ``--workers``. At most ``max_in_flight``
+# chunks are outstanding, so a slow writer never lets encoded pixels pile up in memory.
+# A worker that dies (OOM killer, segfault in a decoder) surfaces as ConversionError
+# instead of a hang: that is why this uses ProcessPoolExecutor and not multiprocessing.Pool.
+def _encode_chunk(items: list, options: dict) -> list:
+    return [encode_path(item, options, ship_passthrough=False) for item in items]
+
+
+def _worker_init(parent_pid: int) -> None:
+    """Make a worker die with the packer: after ``kill -9`` no orphan keeps running.
+
+    Ctrl-C is left to the parent, which shuts the pool down and removes its partial shard.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (Linux only)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _context():
+    # fork starts workers in milliseconds; elsewhere fall back to the platform default.
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("fork" if "fork" in methods else None)
+
+
+def encode_in_order(items, options: dict, workers: int, *, chunk: int = 8,
+                    max_in_flight: int | None = None):
+    """Yield ``(status, value)`` from encode_path for each (path, size, mtime) item, in order.
+
+    ``workers`` processes encode chunks of ``chunk`` files; ``workers == 0`` encodes in
+    this process (used by tests and tiny jobs).
+    """
+    if workers == 0:
+        for item in items:
+            yield encode_path(item, options)
+        return
+    max_in_flight = max_in_flight or 4 * workers
+    starts = iter(range(0, len(items), chunk))
+    pending: deque = deque()
+    with ProcessPoolExecutor(max_workers=workers, mp_context=_context(),
+                             initializer=_worker_init, initargs=(os.getpid(),)) as pool:
+        start = 0
+        try:
+            while True:
+                while len(pending) < max_in_flight:
+                    nxt = next(starts, None)
+                    if nxt is None:
+                        break
+                    pending.append((nxt, pool.submit(_encode_chunk, items[nxt:nxt + chunk], options)))
+                if not pending:
+                    return
+                start, future = pending.popleft()
+                yield from future.result()
+        except BrokenProcessPool:
+            raise ConversionError(
+                f"a worker process died while encoding {items[start][0]} .. "
+                f"{items[min(start + chunk, len(items)) - 1][0]} (killed, out of memory, "
+                f"or a crash in the image decoder); completed shards are kept, run "
+                f"again with --resume") from None
+        finally:
+            for _, future in pending:
+                future.cancel()
+
+
+
+# ---- cutting ---------------------------------------------------------------------------------
+# THE rule that decides where one shard ends and the next begins, for every engine.
+#
+# Shards are cut by encoded size in packing order: a record starts a new shard when the
+# current shard already holds a record and adding this one would pass ``shard_size`` bytes
+# of record data. The local engine applies it while writing; the Ray engine applies it to
+# the sizes its encode tasks report, before any shard is written. Both call this class, so
+# both cut at the same records and produce the same bytes.
+def footprint(data_format: str, payload_len: int) -> int:
+    """Bytes one record adds to a shard's record data: record shards align each record
+    (the writer pads it), LMDB shards store it as it is."""
+    return fmt.align_up(payload_len) if data_format == "record" else payload_len
+
+
+class ShardCutter:
+    """Feed it every packed record's payload length, in packing order."""
+
+    def __init__(self, data_format: str, shard_size: int):
+        self.data_format = data_format
+        self.shard_size = shard_size
+        self.records = 0    # records in the current shard
+        self.data_size = 0  # their footprint
+
+    def starts_new_shard(self, payload_len: int) -> bool:
+        """Account one record; True when the shard before it is full, so the record is
+        the first of a new shard (the caller finishes the current shard first)."""
+        new = self.records > 0 and self.data_size + payload_len > self.shard_size
+        if new:
+            self.records, self.data_size = 0, 0
+        self.records += 1
+        self.data_size += footprint(self.data_format, payload_len)
+        return new

@@ -4,7 +4,7 @@ inside another file lie (``Members``: a span of a tar, a TFRecord, ...; the ``Sp
 bytes that cannot be read where they are: remote objects, gzip'd files, Parquet pages).
 
 Apart from encode.py because the shard writers, the Ray tasks and the PIL steps
-(pilimage.py) all speak these two types, and none of them needs the encoding rule itself.
+(encode.py) all speak these two types, and none of them needs the encoding rule itself.
 """
 from __future__ import annotations
 
@@ -25,6 +25,10 @@ MAX_INFLATE, INFLATE_SLACK = 100, 64 * 2**20  # a gzip'd input inflates to at mo
 
 class RejectedInput(Exception):
     """An input file that cannot become a record; the message says why."""
+
+
+class ConversionError(Exception):
+    """A conversion cannot go on; the message names the file and the fix."""
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,9 @@ import json
 import os
 import re
 
-from dlpack_io.packer.fieldsource import MAX_SIDECAR_BYTES, decode_sidecar
-from dlpack_io.packer.names import field_name, shown
+from dlpack_io.packer.fields import MAX_SIDECAR_BYTES, decode_sidecar
 from dlpack_io.packer.records import RejectedInput, inflated
+from dlpack_io.packer.scan import field_name, shown
 
 BLOCK = 512
 MAX_META_BYTES = 2**20
@@ -243,7 +243,7 @@ def exported_info(root) -> tuple:
     if not isinstance(info, dict) or info.get("kind") != "dlpack-export":
         return None, None
     from dlpack_io.reader.format import FormatError
-    from dlpack_io.reader.format.fieldschema import check_field_schema
+    from dlpack_io.reader.format.fields import check_field_schema
 
     classes, fields = info.get("classes") or None, info.get("fields") or None
     try:

@@ -8,29 +8,35 @@ recorded in the journal, which lives in the bucket (``prefix/.dlpack-convert.jou
 rewritten whole after every shard) so ``--resume`` works from any machine. The manifest is
 uploaded last and the journal deleted after it: until then no reader sees a data set.
 With ``engine="ray"`` the Ray engine's shard tasks upload their shards themselves (see
-packer/ray_engine.py and ray_tasks.py) and this module keeps the rest: the journal, resume,
+packer/engines.py) and this module keeps the rest: the journal, resume,
 the manifest.
 """
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import shutil
 import tempfile
 import threading
 
-from dlpack_io.packer import accounting, finalize, journal, packing, quickcheck
-from dlpack_io.packer.dstfiles import not_empty_error
+from dlpack_io.packer import appendbase, appending, finalize, journal, packing
 from dlpack_io.packer.engines import engine_context
-from dlpack_io.packer.pipeline import ConversionError
-from dlpack_io.packer.names import shown
-from dlpack_io.packer.remoteshard import remote_shard_ok, remote_shard_paths, upload_shard
+from dlpack_io.packer.finalize import kept_shard_meta, not_empty_error
+from dlpack_io.packer.records import ConversionError
+from dlpack_io.packer.scan import shown
+from dlpack_io.packer.writers import (
+    remote_shard_meta,
+    remote_shard_ok,
+    remote_shard_paths,
+    upload_shard,
+)
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.remote.storage import StorageError, Store
 
 log = logging.getLogger(__name__)
 _OURS_PREFIXES = ("shard-", fmt.MANIFEST_NAME, fmt.REJECTS_NAME, journal.JOURNAL_NAME,
-                  quickcheck.NAME)
+                  appendbase.NAME)
 
 
 class RemoteJournal:
@@ -131,7 +137,7 @@ def resume_remote(store: Store, plan: dict, num_classes: int, state, inputs=None
     if refused:
         raise ConversionError(refused)
     kept = []
-    for entry in accounting.accounted(done, old_plan, num_classes, store.url) if old_plan else []:
+    for entry in journal.accounted(done, old_plan, num_classes, store.url) if old_plan else []:
         if not remote_shard_ok(store, entry["shard"]):
             log.warning("shard %s of the interrupted upload is missing or damaged; redoing "
                         "from there", entry["shard"]["name"])
@@ -158,7 +164,7 @@ def _disagrees(store: Store, entry: dict, inputs, opts, start: int) -> str | Non
         return None
     order = packing.packing_order(len(inputs.paths), opts)
     covered = [shown(inputs.paths[i]) for i in order[start:entry["end_input"]].tolist()]
-    return accounting.paths_problem(entry, covered, remote_shard_paths(store, entry["shard"]))
+    return journal.paths_problem(entry, covered, remote_shard_paths(store, entry["shard"]))
 
 
 def convert_remote(src, url: str, *, list_file=None, resume: bool = False,
@@ -196,13 +202,13 @@ def _convert_staged(store: Store, stage: str, inputs, opts, provenance: bool, pa
     state = packing.State(class_counts=np.zeros(len(inputs.classes), dtype=np.int64))
     kept = resume_remote(store, plan, len(inputs.classes), state, inputs, opts)
     resumed_from = state.position
-    seen = {} if resumed_from else quickcheck.stat_all(inputs)  # before a byte is read
+    seen = {} if resumed_from else appendbase.stat_all(inputs)  # before a byte is read
     ray = engine == "ray"
     extra = {"upload": (store.url, store.explicit_options)} if ray else {}
     if ray:  # before the journal: a node that cannot write leaves the bucket as it was
-        from dlpack_io.packer import ray_cluster
+        from dlpack_io.packer import engines
 
-        ray_cluster.probe_nodes(ray_cluster.import_ray(), *extra["upload"])
+        engines.probe_nodes(engines.import_ray(), *extra["upload"])
     journal_ = RemoteJournal(store, stage, plan, kept, uploaded=ray)
     try:
         progress = pack(stage, inputs, stats, opts, state, journal_, **extra)
@@ -213,13 +219,116 @@ def _convert_staged(store: Store, stage: str, inputs, opts, provenance: bool, pa
     manifest = finalize.final_manifest(inputs.root, inputs, opts, state, progress, engine,
                                        provenance)
     if seen:
-        quickcheck.write_remote(store, seen, manifest)
+        appendbase.write_remote(store, seen, manifest)
     data = finalize.manifest_bytes(manifest, store.url)
     store.put(fmt.REJECTS_NAME,
               finalize.rejects_tsv(state.rejects + finalize.annotation_rejects(inputs)))
     store.put(fmt.MANIFEST_NAME, data)  # last: now it is a data set
     store.delete(journal.JOURNAL_NAME)
     if ray:
-        ray_cluster.remove_probes(store)
+        engines.remove_probes(store)
     return dict(finalize.summary(store.url, manifest, state, inputs, progress, resumed_from),
                 engine=engine)
+
+
+# ---- upload_append ---------------------------------------------------------------------------
+# ``convert(src, "s3://bucket/prefix", append=True)``: the append of appending.py onto a
+# data set in object storage. The data set's manifest and its shards' metadata are read
+# from the bucket (record shards: two range requests each; LMDB shards, whose metadata is
+# not at a known range: downloaded once into the staging folder); the new shards are packed
+# locally and uploaded one by one with the journal in the bucket (as a fresh upload does), and the new
+# manifest is uploaded last: one PUT replaces the object whole, so a reader gets the old
+# manifest or the new one, never a part. Old shard objects are never written.
+
+
+def remote_base(store: Store) -> dict:
+    """The validated manifest of the data set at ``store``'s URL."""
+    if store.head(fmt.MANIFEST_NAME) is None:
+        raise ConversionError(f"{store.url}: no {fmt.MANIFEST_NAME}, so no data set to append "
+                              f"to; convert SRC into it without --append first")
+    data = store.get(fmt.MANIFEST_NAME, max_bytes=fmt.MAX_MANIFEST_BYTES)
+    return appendbase.parse_base(data, store.where(fmt.MANIFEST_NAME))
+
+
+def remote_metas(store: Store, shards: list, stage: str) -> list:
+    """(shard entry, its metadata or None) of every shard in the bucket."""
+    out = []
+    for entry in shards:
+        meta = remote_shard_meta(store, entry)
+        if meta is None and entry["name"].endswith(fmt.SHARD_SUFFIX["lmdb"]):
+            _download(store, entry, stage)
+            meta = kept_shard_meta(stage, entry)
+            os.unlink(os.path.join(stage, entry["name"]))
+        out.append((entry, meta))
+    return out
+
+
+def _download(store: Store, entry: dict, stage: str) -> None:
+    """One shard object into ``stage`` (its size as the manifest says, no more)."""
+    with open(os.path.join(stage, entry["name"]), "wb") as f:
+        f.write(store.get(entry["name"], max_bytes=entry["bytes"]))
+
+
+def append_remote(src, url: str, *, list_file=None, resume: bool = False,
+                  overwrite: bool = False, replace_changed: bool = False, checksum=False,
+                  staging=None,
+                  storage_options=None, labels: bool = True, provenance: bool = True,
+                  engine: str = "local", ray_address=None, **options) -> dict:
+    """Append the inputs of ``src`` not yet in the data set at ``url``; appending's summary."""
+    appending.check_request(url, overwrite)
+    if engine != "local":
+        raise ConversionError(f"{url}: appending to an s3:// data set runs on the local "
+                              f"engine; leave --engine out")
+    try:
+        store = Store(url, storage_options=storage_options)
+        base = remote_base(store)
+        appending.check_no_journal(url, journal.parse_journal(
+            store.get(journal.JOURNAL_NAME).decode("utf-8", "replace"))[0]
+            if store.head(journal.JOURNAL_NAME) else None, resume)
+        stage = tempfile.mkdtemp(prefix="dlpack-append-", dir=staging)
+        try:
+            app = appending.plan_append(src, list_file, labels, options, base,
+                                        remote_metas(store, base["shards"], stage),
+                                        None if checksum else appendbase.read_remote(store, base),
+                                        replace_changed)
+            if not app.inputs.paths:
+                appendbase.write_remote(store, app.split.stats, base)
+                if store.head(journal.JOURNAL_NAME):  # its append's manifest landed
+                    store.delete(journal.JOURNAL_NAME)
+                return appending.nothing_new(url, base, app)
+            with engine_context(engine, ray_address, app.opts) as pack:
+                return _append_staged(store, stage, base, app, pack, provenance)
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+    except StorageError as exc:
+        raise ConversionError(f"{exc}; the data set's manifest is unchanged until the new one "
+                              f"is uploaded: run again with --resume") from exc
+
+
+def _append_staged(store: Store, stage: str, base: dict, app, pack, provenance: bool) -> dict:
+    state = appending.seeded_state(base, len(app.inputs.classes), app.retried)
+    keep = {s["name"] for s in base["shards"]} | {fmt.MANIFEST_NAME, fmt.REJECTS_NAME}
+    kept = resume_remote(store, app.plan, len(app.inputs.classes), state, app.inputs,
+                         app.opts, keep)
+    resumed_from = state.position
+    journal_ = RemoteJournal(store, stage, app.plan, kept)
+    try:
+        progress = pack(stage, app.inputs, app.stats, app.opts, state, journal_)
+        journal_.finish()
+    except BaseException:
+        journal_.abort()
+        raise
+    try:
+        manifest = appending.union_of(base, app, state, progress, "local", provenance)
+    except appendbase.PairingError:  # nothing worth resuming: the data set stays as it was
+        for entry in state.shards[len(base["shards"]):]:
+            store.delete(entry["name"])
+        store.delete(journal.JOURNAL_NAME)
+        raise
+    appendbase.write_remote(store, appending.record_of(app, resumed_from), manifest)
+    data = finalize.manifest_bytes(manifest, store.url)
+    store.put(fmt.REJECTS_NAME, finalize.rejects_tsv(state.rejects))
+    store.put(fmt.MANIFEST_NAME, data)  # last: now readers see it
+    store.delete(journal.JOURNAL_NAME)
+    return appending.append_summary(store.url, manifest, state, app, progress, resumed_from,
+                                    "local")

@@ -7,6 +7,8 @@
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import logging
 import os
 import time
@@ -15,14 +17,19 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from dlpack_io.packer import appendbase as appendbase_mod
 from dlpack_io.packer.appendbase import base_counters
-from dlpack_io.packer.cutting import ShardCutter
+from dlpack_io.packer.encode import encode_file, image_bytes
 from dlpack_io.packer.finalize import build_manifest, write_dataset_files
 from dlpack_io.packer.options import PackOptions, parse_size
-from dlpack_io.packer.samples import encode_sample, first_schema, note_shapes
+from dlpack_io.packer.packing import ShardCutter
+from dlpack_io.packer.records import RejectedInput
+from dlpack_io.packer.scan import shown
 from dlpack_io.packer.targets import check_later_mask, target_schema, writer_targets
-from dlpack_io.packer.writer_append import AppendBase
 from dlpack_io.packer.writers import open_writer
+from dlpack_io.reader import format as fmt
+from dlpack_io.reader.format import crc32
+from dlpack_io.reader.format.fields import check_field_name, encode_fields, spec_of
 
 log = logging.getLogger(__name__)
 _ENCODE_KEYS = ("mode", "size", "max_side", "quality", "validate", "non_jpeg", "max_pixels")
@@ -31,19 +38,26 @@ _ENCODE_KEYS = ("mode", "size", "max_side", "quality", "validate", "non_jpeg", "
 class Writer:
     """Write samples one by one into a new data set at ``dst`` (a local folder that is
     empty or absent). ``classes``: names of labels 0..n-1 (default: "0".."max label").
-    Other keywords are ``dlpack convert``'s options (quality, max_side, size, non_jpeg,
-    max_pixels, validate, jpeg_restarts). Nothing is a data set until ``close()``.
+    The other keywords are ``dlpack convert``'s options of the same names (None: their
+    default, docs/convert.md; on append, the data set's own). Nothing is a data set until
+    ``close()``.
 
-    ``append=True``: add to the data set already at ``dst`` (packer/writer_append.py):
+    ``append=True``: add to the data set already at ``dst``:
     its options, classes (``classes`` may add names after them) and fields hold; new
     shards follow its own; a sample from a file already packed with the same content is
     not packed again (``write`` returns its index); close() writes the union manifest."""
 
     def __init__(self, dst, *, mode: str | None = None, format: str | None = None,
-                 shard_size=None, classes=None, provenance: bool = True, append: bool = False,
-                 **options):
+                 shard_size=None, quality: int | None = None, size: int | None = None,
+                 max_side: int | None = None, non_jpeg: str | None = None,
+                 max_pixels: int | None = None, validate: bool | None = None,
+                 jpeg_restarts: bool | None = None, classes=None, provenance: bool = True,
+                 append: bool = False):
         self.dst, self.classes, self.provenance = os.fspath(dst), classes, provenance
-        given = dict(options, mode=mode, format=format, shard_size=shard_size)
+        options = dict(quality=quality, size=size, max_side=max_side, non_jpeg=non_jpeg,
+                       max_pixels=max_pixels, validate=validate, jpeg_restarts=jpeg_restarts)
+        given = dict({k: v for k, v in options.items() if v is not None},  # None: not given
+                     mode=mode, format=format, shard_size=shard_size)
         self._base = AppendBase(self.dst, given, classes) if append else None
         if self._base is None:
             _check_empty(self.dst)
@@ -186,3 +200,139 @@ def _check_empty(dst: str) -> None:
     if os.path.lexists(dst) and (not os.path.isdir(dst) or os.listdir(dst)):
         raise FileExistsError(f"{dst}: exists and is not an empty folder; a Writer starts a "
                               f"new data set: give a new path or empty this one")
+
+
+
+# ---- writer_append ---------------------------------------------------------------------------
+# ``Writer(dst, append=True)``: what the Writer starts from when it adds samples to an
+# existing data set (packer/appendbase.py holds the rules it shares with ``convert
+# --append``): the data set's options, classes, field schema, shards and sample count; the
+# identity (source path + SHA-256) of every sample it holds, so that a sample written again
+# from the same file is not packed twice; and the union manifest with its history entry.
+class AppendBase:
+    """The data set a Writer appends to, read once when the Writer opens."""
+
+    def __init__(self, dst: str, given: dict, classes):
+        self.manifest = appendbase_mod.read_base(dst)
+        m = self.manifest
+        self.options = appendbase_mod.append_options(m, given)
+        old = list(m["classes"])
+        if classes is not None and [str(c) for c in classes][:len(old)] != old:
+            raise ValueError(f"{dst}: classes {list(classes)[:5]}... must start with the data "
+                             f"set's classes {old[:5]}... (old labels are never renumbered)")
+        self.classes = [str(c) for c in classes] if classes is not None else old
+        self.fields = m.get("fields") or None
+        self.has_label = bool(old)  # a data set without classes takes no labels
+        self.known = appendbase_mod.known_inputs(appendbase_mod.shard_metas(dst, m["shards"]),
+                                        fmt.retired_records(fmt.retired_pairs(m)))
+        self.duplicates = 0
+        self._sample_of = None  # record number -> sample index, when records are retired
+        records = fmt.sample_records(m["num_samples"], fmt.retired_pairs(m))
+        if records is not None:
+            self._sample_of = np.full(m["num_samples"], -1, dtype=np.int64)
+            self._sample_of[records] = np.arange(len(records))
+
+    def sample_of(self, record: int) -> int:
+        """The sample index readers give record number ``record`` (the same number unless
+        the data set retires records: reader/format/schema.py); a record written now
+        follows every old one."""
+        if self._sample_of is None:
+            return record
+        if record >= len(self._sample_of):
+            return record - len(fmt.retired_pairs(self.manifest))
+        return int(self._sample_of[record])
+
+    @property
+    def shards(self) -> list:
+        """The data set's shard entries (the new shards are numbered after them)."""
+        return list(self.manifest["shards"])
+
+    @property
+    def num_samples(self) -> int:
+        """Samples already in the data set (the first new sample's index)."""
+        return self.manifest["num_samples"]
+
+    def seen(self, path: str, sha: str, where: str) -> int | None:
+        """The index of the sample already packed from file ``path`` with content ``sha``
+        (None: not packed yet); ValueError when that path was packed with other content
+        (a Writer does not replace records: ``convert --append --replace-changed`` does)."""
+        if not path:
+            return None
+        hashes = self.known.get(shown(path))
+        if hashes is None:
+            return None
+        if sha in hashes:
+            self.duplicates += 1
+            return hashes[sha]
+        if None in hashes:  # packed before hashes were recorded: known by path only
+            self.duplicates += 1
+            return hashes[None]
+        raise ValueError(f"{where}: {path} was packed before with other content (sample "
+                         f"{min(hashes.values())}); a data set's samples are immutable: "
+                         f"write it under another name, or pack a new data set")
+
+    def note(self, path: str, sha: str, index: int) -> None:
+        """Remember a sample written now (the same file written twice is packed once)."""
+        if path:
+            self.known.setdefault(shown(path), {})[sha] = index
+
+    def class_counts(self, labels: np.ndarray) -> list:
+        """Counts per class of the union: the data set's plus the new samples'."""
+        counts = np.zeros(len(self.classes), dtype=np.int64)
+        counts[:len(self.manifest["class_counts"])] = self.manifest["class_counts"]
+        if len(labels) and self.classes:
+            counts += np.bincount(labels, minlength=len(self.classes))[:len(self.classes)]
+        return counts.tolist()
+
+    def union(self, built: dict, new_shards: list) -> dict:
+        """The manifest after the append (``built``: build_manifest over all shards)."""
+        new_classes = self.classes[len(self.manifest["classes"]):]
+        entry = appendbase_mod.history_entry(self.manifest, new_shards, new_classes,
+                                    {"inputs": sum(s["num_samples"] for s in new_shards),
+                                     "duplicates": self.duplicates, "changed": 0,
+                                     "unverified": 0}, None)
+        return appendbase_mod.union_manifest(self.manifest, built, entry)
+
+
+
+# ---- samples ---------------------------------------------------------------------------------
+# One sample from code (``Writer.write``) made ready for a shard: the image as record
+# bytes and the fields as a field block, every check done before anything is written.
+def first_schema(fields: dict, where: str) -> dict:
+    """The field schema the first sample fixes: name -> spec (arrays keep their shape
+    until a later sample differs)."""
+    schema = {}
+    for name in sorted(fields):
+        try:
+            check_field_name(name, where)
+        except Exception as exc:  # FormatError: say it as the value error it is here
+            raise ValueError(str(exc)) from None
+        schema[name] = spec_of(fields[name], f"{where} field {name!r}")
+    return schema
+
+
+def note_shapes(schema: dict, fields: dict) -> None:
+    """Forget an array field's fixed shape once a sample's differs (it becomes null)."""
+    for name, spec in schema.items():
+        if spec["type"] == "array" and spec["shape"] is not None \
+                and list(np.shape(fields[name])) != spec["shape"]:
+            spec["shape"] = None
+
+
+def encode_sample(image, fields: dict, schema: dict, options) -> tuple:
+    """(EncodedRecord with its CRC, field block or None, path) of one sample; ValueError
+    naming the sample and the field when anything does not fit."""
+    where = options["where"]
+    block = encode_fields(fields, schema, where) if schema else None
+    data, path = image_bytes(image, where)
+    encode = options["encode"]
+    if not isinstance(image, (str, os.PathLike, bytes, bytearray, memoryview)) and \
+            encode.get("non_jpeg") == "keep":  # pixels from code: raw records, as given
+        encode = dict(encode, non_jpeg="raw")
+    try:
+        record = encode_file(data, **encode)
+    except RejectedInput as exc:
+        raise ValueError(f"{where}: image {path or '(bytes)'} cannot be packed: {exc}") from None
+    record = dataclasses.replace(record, source_bytes=len(data), crc=crc32(record.payload),
+                                 source_sha=hashlib.sha256(data).hexdigest())
+    return record, block, path

@@ -6,13 +6,15 @@ always complete. Both writers share the index table and metadata of reader.forma
 """
 from __future__ import annotations
 
+import errno
 import os
+import stat
 
 import numpy as np
 
-from dlpack_io.packer.nofollow import create_new
+from dlpack_io.packer.scan import shown
 from dlpack_io.reader import format as fmt
-from dlpack_io.packer.names import shown
+from dlpack_io.reader.remote.storage import StorageError, Store
 
 PARTIAL_SUFFIX = ".partial"  # (after a leading dot) a shard still being written
 
@@ -196,3 +198,100 @@ def open_writer(data_format: str, dst, shard_number: int, first_sample: int, sha
     if data_format == "lmdb":
         return LmdbShardWriter(dst, shard_number, first_sample, shard_size)
     return RecordShardWriter(dst, shard_number, first_sample)
+
+
+
+# ---- nofollow --------------------------------------------------------------------------------
+# Create and append to files in DST without ever following a symlink.
+#
+# A destination folder may hold entries nobody on this machine made (a copied or shared
+# folder): a ``.dlpack-convert.lock`` that is a symlink to ``~/.bashrc`` must not make
+# ``dlpack convert`` truncate that file. Every file the packer creates goes through
+# ``create_new`` (O_CREAT | O_EXCL | O_NOFOLLOW: a fresh inode, whatever sat at that name
+# before is unlinked first, never written through), and files it reopens through
+# ``open_nofollow`` (O_NOFOLLOW: a symlink is an error naming the path).
+_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def create_new(path: str, mode: int = 0o644) -> int:
+    """A write-only fd of a brand-new regular file at ``path`` (any old entry is unlinked:
+    for a symlink that removes the link, never its target)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    return os.open(path, _NEW, mode)
+
+
+def open_nofollow(path: str, flags: int, mode: int = 0o644) -> int:
+    """os.open with O_NOFOLLOW | O_NONBLOCK; OSError naming the path unless it is a
+    regular file (a symlink, FIFO or device in DST is never ours to write)."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OSError(errno.ELOOP, f"{path} is a symbolic link; dlpack never writes "
+                                       f"through links in DST: remove it") from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, f"{path} is not a regular file; remove it")
+    os.set_blocking(fd, True)
+    return fd
+
+
+# ---- remoteshard -----------------------------------------------------------------------------
+# One shard in object storage: upload it and check the object against the journal's
+# entry. Used by the local engine's upload thread (upload.py) and by the Ray engine's shard
+# tasks (engines.py), which upload from their own node.
+def upload_shard(store: Store, staging: str, entry: dict) -> None:
+    """Upload one finished shard, check it on the server, delete the local copy."""
+    path = os.path.join(staging, entry["name"])
+    store.put_file(entry["name"], path)
+    if not remote_shard_ok(store, entry):
+        raise StorageError(f"{store.where(entry['name'])}: the uploaded object does not match "
+                           f"the shard that was written (size or header checksum)")
+    os.unlink(path)
+
+
+def remote_shard_ok(store: Store, entry: dict) -> bool:
+    """The object is the shard the journal describes: size, and header CRC for records."""
+    head = store.head(entry["name"])
+    if head is None or head["size"] != entry["bytes"]:
+        return False
+    if not entry["name"].endswith(fmt.SHARD_SUFFIX["record"]):
+        return True
+    page = store.get_range(entry["name"], 0, fmt.HEADER_SIZE)
+    try:
+        header = fmt.unpack_header(page, entry["bytes"], store.where(entry["name"]))
+    except fmt.FormatError:
+        return False
+    return header.header_crc == entry["crc"]
+
+
+def remote_shard_paths(store: Store, entry: dict) -> list | None:
+    """The source paths a record shard in the bucket lists in its own metadata (checked
+    against its header's CRC; two range requests, bounded by the header the journal's size
+    vouches for), or None when they cannot be read or the shard is LMDB (its metadata is
+    not at a known range)."""
+    meta = remote_shard_meta(store, entry)
+    paths = None if meta is None else meta.get("paths")
+    return paths if isinstance(paths, list) else None
+
+
+def remote_shard_meta(store: Store, entry: dict) -> dict | None:
+    """A record shard's metadata dict in the bucket (remote_shard_paths' two range
+    requests), or None when it cannot be read or the shard is LMDB."""
+    if not entry["name"].endswith(fmt.SHARD_SUFFIX["record"]):
+        return None
+    try:
+        page = store.get_range(entry["name"], 0, fmt.HEADER_SIZE)
+        header = fmt.unpack_header(page, entry["bytes"], store.where(entry["name"]))
+        meta = store.get_range(entry["name"], header.meta_offset,
+                               header.meta_offset + header.meta_size)
+        if fmt.crc32(meta) != header.meta_crc:
+            return None
+        return fmt.decode_json(meta, store.where(entry["name"]))
+    except (fmt.FormatError, StorageError):
+        return None

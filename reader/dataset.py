@@ -2,16 +2,193 @@
 from __future__ import annotations
 
 import os
+import posixpath
 
 import numpy as np
 
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.decode import decode_record
-from dlpack_io.reader.imagefolder import ImageFolderAttributes
-from dlpack_io.reader.manifest import load_manifest
-from dlpack_io.reader.nativecopy import guarded_array
-from dlpack_io.reader.shard import open_shard
-from dlpack_io.reader.remote.urls import is_remote
+from dlpack_io.reader.format import FormatError
+from dlpack_io.reader.format.fields import decode_fields
+from dlpack_io.reader.remote.clouds import is_remote
+from dlpack_io.reader.shard import guarded_array, open_shard, read_limited
+
+# torchvision ImageFolder's attributes on a Dataset: ``classes``, ``class_to_idx``,
+# ``targets``, ``samples`` and ``source(i)``, the file a sample was packed from.
+#
+# The source paths come from the shards' metadata (each shard lists the path of each of its
+# records relative to the source folder, always); the folder itself is in the manifest unless
+# the data set was packed with ``--no-provenance``. Both are read from files we do not trust:
+# every path is checked to be text, one per record, before it is handed out.
+
+class ImageFolderAttributes:
+    """Mixed into Dataset: reads ``self.manifest``, ``self.shards``, ``self.locate``,
+    ``self.record_of`` and ``self.labels``."""
+
+    @property
+    def class_to_idx(self) -> dict:
+        """{class name: label}, as ImageFolder's (empty for a data set without labels)."""
+        return {name: i for i, name in enumerate(self.classes)}
+
+    @property
+    def targets(self) -> list:
+        """The label of every sample in sample order, a list of ints as ImageFolder's
+        (``labels`` is the same as an int64 array)."""
+        return self.labels.tolist()
+
+    @property
+    def source_root(self) -> str | None:
+        """The source folder this data set was packed from, as it was named on the machine
+        that packed it; None when packed with ``--no-provenance``."""
+        return self.manifest["source"].get("root")
+
+    def source(self, i: int, *, relative: bool = False) -> str:
+        """The file sample ``i`` was packed from: its path joined to the source folder, or
+        with ``relative=True`` its path inside that folder (kept even with
+        ``--no-provenance``)."""
+        k, j = self.locate(i)
+        rel = self._shard_paths(k)[j]
+        return rel if relative else posixpath.join(self._root_or_raise(), rel)
+
+    @property
+    def samples(self) -> list:
+        """[(source path, label), ...] in sample order, as ImageFolder's ``samples``."""
+        root = self._root_or_raise()
+        paths = [posixpath.join(root, p) for k in range(len(self.shards))
+                 for p in self._shard_paths(k)]
+        if len(paths) != len(self):  # an append retired records: samples in sample order
+            paths = [paths[self.record_of(i)] for i in range(len(self))]
+        return list(zip(paths, self.targets))
+
+    def _root_or_raise(self) -> str:
+        root = self.source_root
+        if root is None:
+            raise ValueError(f"{self.path}: packed with --no-provenance, so the manifest does not "
+                             f"name the source folder and there are no full source paths; "
+                             f"ds.source(i, relative=True) gives a sample's path inside the "
+                             f"source folder, or re-pack without --no-provenance")
+        return root
+
+    def _shard_paths(self, k: int) -> list:
+        """Shard ``k``'s source paths (relative), checked: one text path per record."""
+        cache = self.__dict__.setdefault("_source_paths", {})
+        if k not in cache:
+            shard = self.shards[k]
+            paths = shard.meta().get("paths")
+            expected = self.manifest["shards"][k]["num_samples"]
+            if not isinstance(paths, list) or len(paths) != expected or \
+                    not all(isinstance(p, str) for p in paths):
+                got = f"{len(paths)} entries" if isinstance(paths, list) else repr(type(paths))
+                raise FormatError(f"{shard.path}: metadata 'paths' must list the source path of "
+                                  f"each of its {expected} records, got {got}: the shard does "
+                                  f"not record where its samples came from (or is damaged); "
+                                  f"dlpack verify checks it")
+            cache[k] = paths
+        return cache[k]
+
+
+# A sample's fields (format 3) read from its shard: the record's field block, copied
+# under the mapped-file guard, its CRC checked when asked, decoded with every length and
+# shape checked (reader/format/fields.py).
+
+def check_names(dataset, names) -> None:
+    """KeyError naming the data set unless every one of ``names`` is a field of it."""
+    unknown = [n for n in (names or ()) if n not in dataset.fields]
+    if unknown:
+        raise KeyError(f"{dataset.path}: no field {unknown[0]!r}; the data set has "
+                       f"{sorted(dataset.fields) or 'no fields'} besides image and label")
+
+
+def read_fields(dataset, i: int, names=None) -> dict:
+    """name -> value of sample ``i``'s fields (all of the schema, or ``names``)."""
+    check_names(dataset, names)
+    if not dataset.fields or names == ():
+        return {}
+    k, j = dataset.locate(i)
+    return read_record_fields(dataset, i, k, j, names)
+
+
+def read_record_fields(dataset, i: int, k: int, j: int, names=None) -> dict:
+    """The fields of sample ``i``, record ``j`` of shard ``k`` (located by the caller)."""
+    schema = dataset.fields
+    shard = dataset.shards[k]
+    if not shard.has_fields:
+        raise fmt.FormatError(f"{shard.path}: a format-2 shard in a data set whose manifest "
+                              f"declares fields {sorted(schema)}: the files are mixed up")
+    where = f"{shard.path} record {j} (sample {i})"  # cheap: built for every sample
+    try:
+        block = guarded_array(shard.fields_block(j))  # no bytes() copy: a mask is large
+    except ValueError as exc:  # MappedFileError: the shard changed under the map
+        raise fmt.FormatError(f"{where}: {exc}") from None
+    if dataset.verify_checksums:
+        crc = shard.fields_entry(j)[1]
+        if fmt.crc32(block) != crc:
+            raise fmt.FormatError(f"{where}: field block checksum mismatch (stored {crc:#010x}, "
+                                  f"computed {fmt.crc32(block):#010x}): damaged data")
+    entry = shard.index[j]  # the upright size bounds compressed values (masks) before inflating
+    return decode_fields(block, schema, where, names, (entry["height"], entry["width"]))
+
+
+# Load and validate a data set's manifest.json.
+
+# Names a conversion leaves in DST while it runs or after it was interrupted.
+_UNFINISHED = (".dlpack-convert.journal", ".dlpack-convert.lock")
+_IMAGE_SUFFIXES = (".jpg", ".jpeg", ".jfif", ".png", ".webp", ".bmp", ".gif", ".tif", ".tiff")
+
+
+class NotADatasetError(FileNotFoundError):
+    """The folder has no manifest.json: not a dlpack data set (or an unfinished one)."""
+
+
+def manifest_path(dataset_dir) -> str:
+    """Path of the manifest inside a data set folder."""
+    return os.path.join(os.fspath(dataset_dir), fmt.MANIFEST_NAME)
+
+
+def _looks_like_images(dataset_dir: str, names: list) -> bool:
+    if any(n.lower().endswith(_IMAGE_SUFFIXES) for n in names):
+        return True
+    subdirs = [n for n in names[:20] if os.path.isdir(os.path.join(dataset_dir, n))]
+    return any(any(m.lower().endswith(_IMAGE_SUFFIXES) for m in os.listdir(
+        os.path.join(dataset_dir, d))[:50]) for d in subdirs)
+
+
+def _not_a_dataset(dataset_dir: str) -> NotADatasetError:
+    """The error for a folder without a manifest, saying what the folder looks like."""
+    try:
+        names = sorted(os.listdir(dataset_dir))
+    except OSError:
+        names = []
+    if any(n in _UNFINISHED or (n.startswith(".shard-") and n.endswith(".partial")) for n in names):
+        why = ("a conversion into it is still running or was interrupted; finish it with "
+               "'dlpack convert SRC " + dataset_dir + " --resume'")
+    elif any(n.startswith("shard-") for n in names):
+        why = ("it holds shard files but no manifest: an interrupted conversion (finish it "
+               "with 'dlpack convert SRC " + dataset_dir + " --resume') or an incomplete copy "
+               "(copy manifest.json too)")
+    elif _looks_like_images(dataset_dir, names):
+        why = f"it looks like a folder of images: pack it with 'dlpack convert {dataset_dir} DST'"
+    else:
+        why = "point at the folder that 'dlpack convert' wrote (it holds manifest.json and shard files)"
+    return NotADatasetError(f"{dataset_dir} is not a dlpack data set (no {fmt.MANIFEST_NAME}): {why}")
+
+
+def load_manifest(dataset_dir) -> dict:
+    """Read, parse and validate ``dataset_dir/manifest.json``.
+
+    Raises NotADatasetError (a FileNotFoundError) when there is none, FileNotFoundError
+    when the folder does not exist, and FormatError when the manifest is damaged, is not a
+    regular file or is larger than MAX_MANIFEST_BYTES, naming the file every time.
+    """
+    dataset_dir = os.fspath(dataset_dir)
+    path = manifest_path(dataset_dir)
+    if not os.path.isdir(dataset_dir):
+        raise FileNotFoundError(f"{dataset_dir}: no such data set folder")
+    try:
+        data = read_limited(path, fmt.MAX_MANIFEST_BYTES)
+    except FileNotFoundError:
+        raise _not_a_dataset(dataset_dir) from None
+    return fmt.validate_manifest(fmt.decode_json(data, path), path)
 
 
 class Dataset(ImageFolderAttributes):
@@ -22,10 +199,10 @@ class Dataset(ImageFolderAttributes):
     each process, so a Dataset can be handed to torch's DataLoader workers. ``ds[i]``
     returns ``(HWC uint8 ndarray, int label)``; ``ds.classes`` lists the class names (empty
     for a data set packed with ``--no-labels``, whose labels are all -1). As ImageFolder:
-    ``class_to_idx``, ``targets``, ``samples`` and ``source(i)`` (reader/imagefolder.py).
+    ``class_to_idx``, ``targets``, ``samples`` and ``source(i)`` (reader/dataset.py).
 
     After ``dlpack convert --append --replace-changed`` the manifest retires records
-    (reader/format/retired.py): ``len(ds)`` counts the samples shown, a replaced sample
+    (reader/format/schema.py): ``len(ds)`` counts the samples shown, a replaced sample
     keeps its index, and ``locate``/``lookup``/``labels`` map sample indices to records.
 
     ``max_pixels``: a shard holding a record of more pixels (height x width) than this is
@@ -60,7 +237,7 @@ class Dataset(ImageFolderAttributes):
                         max_pixels=max_pixels) for e in self.manifest["shards"]]
         self._check_counts()
         self._starts = np.array([e["first_sample"] for e in self.manifest["shards"]], dtype=np.int64)
-        # record of each sample when an append retired records (reader/format/retired.py)
+        # record of each sample when an append retired records (reader/format/schema.py)
         self._records = fmt.sample_records(self.manifest["num_samples"],
                                            fmt.retired_pairs(self.manifest))
 
@@ -206,7 +383,6 @@ class Dataset(ImageFolderAttributes):
 
     def sample(self, i: int) -> dict:
         """Every field of sample ``i``: ``{"image": HWC uint8, "label": int, **fields}``."""
-        from dlpack_io.reader.samplefields import read_fields
 
         pixels, label = self[i]
         return {"image": pixels, "label": label, **read_fields(self, i)}

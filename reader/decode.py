@@ -6,7 +6,8 @@ import io
 import numpy as np
 
 from dlpack_io.reader import format as fmt
-from dlpack_io.reader.nativecopy import guarded_array
+from dlpack_io.reader.shard import guarded_array
+
 
 def decode_jpeg(payload, where: str = "record", orientation: int = 1,
                 max_pixels: int | None = None) -> np.ndarray:

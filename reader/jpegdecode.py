@@ -25,15 +25,15 @@ import math
 
 import numpy as np
 
-from dlpack_io.reader import nativecopy
 from dlpack_io.reader import resample as resample_mod
-from dlpack_io.reader.format.native import native_jpeg
+from dlpack_io.reader import shard
+from dlpack_io.reader.format.spec import native_jpeg
 from dlpack_io.reader.resample import DEFAULT as DEFAULT_RESAMPLE
 
 log = logging.getLogger(__name__)
 
 # Looked up once: the decoders below branch on it per record. DLPACK_IO_NO_JPEG_EXT=1 (the
-# rule lives in format/native.py, shared with the packer) forces the PIL path.
+# rule lives in format/spec.py, shared with the packer) forces the PIL path.
 _jpeg = native_jpeg()
 if _jpeg is None:
     log.debug("dlpack_io.reader._jpeg unavailable (not built, or DLPACK_IO_NO_JPEG_EXT=1): "
@@ -253,7 +253,7 @@ def resize_region(region: Region, box, out_size, within_box: bool = True,
     if into is None:
         return out
     dst, offset, flip_h, flip_v = into
-    nativecopy.to_chw_array(out, dst, offset, flip_h, flip_v)
+    shard.to_chw_array(out, dst, offset, flip_h, flip_v)
     return None
 
 

@@ -8,20 +8,155 @@ What the Loader sees is the face of a Dataset: a virtual concatenation of the se
 shards one list, ``lookup``, ``where``, ``check_unchanged``, ``start_prefetch``), indexed by
 *virtual indices* (reader/batch/sources.py: ``copy * total + offset[set] + index``), and
 an epoch order drawn there (``mixture_order``). Shares are fixed at construction
-(``counts``); docs/loader.md ("Mixing data sets") has the rules.
-"""
+(``counts``); docs/loader.md ("Mixing data sets") has the rules."""
 from __future__ import annotations
 
+import logging
 import math
 import numbers
 import os
+import time
 from fractions import Fraction
 
 import numpy as np
 
 from dlpack_io.reader.dataset import Dataset
-from dlpack_io.reader.mixlabels import remap, resolve_classes
-from dlpack_io.reader.mixprefetch import start_sets
+
+# A Mixture's labels: each set's own (the default), or remapped onto one class list.
+#
+# ``classes=None`` keeps every set's labels as it stored them: label 3 of set 0 and label 3
+# of set 1 are both 3, whatever their names (right for sets packed with the same class list,
+# or when the training loop tells sets apart itself). ``classes="union"`` builds one list:
+# the first set's classes in their order, then each later set's new names in its order, so
+# set 0's labels never change; the other sets' labels are remapped by name. ``classes=[...]``
+# is an explicit list that must name every class of every set. Unlabelled samples (-1) stay
+# -1 in every mode.
+
+log = logging.getLogger("dlpack_io.reader.mixture")
+
+
+def _keep(datasets) -> list[str]:
+    """The class list of ``classes=None``: the longest set's, when every other set's list is
+    a prefix of it; otherwise one name per label number, the sets' names joined by '|'."""
+    lists = [list(ds.classes) for ds in datasets]
+    longest = max(lists, key=len)
+    if all(c == longest[:len(c)] for c in lists):
+        return longest
+    log.warning("Mixture: the sets name their labels differently (%s); labels are kept as "
+                "each set stored them. Pass classes='union' to remap them by name",
+                "; ".join(f"set {s}: {c[:3]}{'...' if len(c) > 3 else ''}"
+                          for s, c in enumerate(lists)))
+    return ["|".join(dict.fromkeys(c[k] for c in lists if k < len(c)))
+            for k in range(len(longest))]
+
+
+def _union(datasets) -> list[str]:
+    names: dict[str, None] = {}
+    for ds in datasets:
+        names.update(dict.fromkeys(ds.classes))
+    return list(names)
+
+
+def resolve_classes(datasets, classes) -> tuple[list[str], list]:
+    """(the mixture's class names, per set a label lookup table or None for unchanged)."""
+    if classes is None:
+        return _keep(datasets), [None] * len(datasets)
+    if isinstance(classes, str):
+        if classes != "union":
+            raise ValueError(f"Mixture classes={classes!r}: expected None (keep each set's "
+                             f"labels), 'union' or a list of class names")
+        names = _union(datasets)
+    else:
+        names = list(classes)
+        if not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
+            raise ValueError(f"Mixture classes={classes!r}: expected distinct class names")
+    where = {n: k for k, n in enumerate(names)}
+    tables = []
+    for s, ds in enumerate(datasets):
+        missing = [n for n in ds.classes if n not in where]
+        if missing:
+            raise ValueError(f"Mixture set {s} ({ds.path}): class {missing[0]!r} is not in "
+                             f"classes= ({len(names)} names); add it, or pass "
+                             f"classes='union'")
+        table = np.array([where[n] for n in ds.classes], dtype=np.int64)
+        tables.append(None if np.array_equal(table, np.arange(len(table))) else table)
+    return names, tables
+
+
+def remap(labels: np.ndarray, table, where: str) -> np.ndarray:
+    """``labels`` (one set's, as stored) through ``table``; -1 (no label) stays -1.
+    ValueError naming ``where`` (the set) for a label past the set's class list."""
+    if table is None or not len(labels):
+        return labels
+    labelled = labels >= 0
+    if labelled.any() and int(labels[labelled].max()) >= len(table):
+        raise ValueError(f"{where}: label {int(labels[labelled].max())} but the set names "
+                         f"only {len(table)} classes: its manifest and shards disagree")
+    out = labels.copy()
+    out[labelled] = table[labels[labelled].astype(np.int64)]
+    return out
+
+
+# The remote prefetch of a ``Mixture``: one prefetch per s3:// set, one handle over them.
+#
+# The Loader hands ``start_prefetch`` this rank's upcoming batches of virtual indices; each
+# remote set gets, per batch, the distinct records of that batch that are its own (an empty
+# list where the batch holds none of it), so batch ``k`` of the mixture is batch ``k`` of
+# every set's prefetch and ``wait``/``ready``/``release`` go to all of them. A worker's
+# remote shard finds its own set's prefetch as it does for a single data set.
+
+def start_sets(mixture, batches, mode=None):
+    """A MixturePrefetch over the remote sets of ``mixture`` for ``batches``, or None."""
+    remote = [s for s, ds in enumerate(mixture.datasets) if ds.is_remote]
+    if not remote:
+        return None
+    split = [mixture.split(b)[:2] for b in batches]
+    handles = []
+    try:
+        for s in remote:
+            mine = [np.unique(local[sets == s]) for sets, local in split]
+            handles.append(mixture.datasets[s].start_prefetch(mine, mode=mode))
+    except BaseException:
+        for h in handles:
+            h.close()
+        raise
+    return MixturePrefetch(handles)
+
+
+class MixturePrefetch:
+    """``Prefetch``'s protocol (reader/remote/prefetch.py) over several sets' prefetches."""
+
+    def __init__(self, handles):
+        self.handles = list(handles)
+
+    @property
+    def stats(self) -> list[dict]:
+        """Each remote set's prefetch statistics, in set order."""
+        return [h.stats for h in self.handles]
+
+    def wait(self, k: int, timeout: float | None = None) -> None:
+        """Block until batch ``k``'s records of every remote set are in the cache;
+        TimeoutError once ``timeout`` seconds have passed in all (one deadline shared by
+        the sets, not ``timeout`` each); None: each set's own store deadline."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for h in self.handles:
+            # a set reached with no time left still answers: ready now, or TimeoutError
+            h.wait(k, None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+    def ready(self, k: int) -> bool:
+        """Non-blocking: batch ``k``'s records of every remote set are in the cache."""
+        return all(h.ready(k) for h in self.handles)
+
+    def release(self, k: int) -> None:
+        """Batch ``k`` was delivered: each set may evict what no later batch needs."""
+        for h in self.handles:
+            h.release(k)
+
+    def close(self) -> None:
+        """Stop every set's prefetch; idempotent."""
+        for h in self.handles:
+            h.close()
+
 
 EPOCH_RULES = ("sum", "largest", "smallest")
 MAX_SAMPLES_PER_EPOCH = 2**40   # as statecheck's epoch bound: far beyond any run
@@ -106,7 +241,7 @@ class Mixture:
     one number >= 0 per set (normalised; default: proportional to the sets' sizes). Epoch
     length: ``samples_per_epoch=N`` or ``epoch=`` "sum" (default), "largest" or "smallest"
     (see ``epoch_length``). ``classes``: None keeps each set's labels,
-    "union" or a list remaps them by name (reader/mixlabels.py).
+    "union" or a list remaps them by name (reader/mixture.py).
     """
 
     def __init__(self, datasets, weights=None, *, samples_per_epoch=None, epoch=None,

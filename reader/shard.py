@@ -2,12 +2,11 @@
 
 Shards open lazily, once per process (a forked worker re-opens its own): an LMDB
 environment must never cross a fork, and lazily opened mmaps cost nothing until read.
-Every structural check happens at open (reader/format/indexcheck.py), on a private copy of the
+Every structural check happens at open (reader/format/checks.py), on a private copy of the
 header and index read with ``pread``, so ``payload(i)`` is a bare slice and nothing a
 later change of the file does can make an index entry point elsewhere. What was mapped
 is remembered (device, inode, size, mtime): ``check_unchanged()`` says when the file
-changed under the map (the cause of SIGBUS), cheaply enough to call once per batch.
-"""
+changed under the map (the cause of SIGBUS), cheaply enough to call once per batch."""
 from __future__ import annotations
 
 import logging
@@ -17,12 +16,207 @@ import os
 import numpy as np
 
 from dlpack_io.reader import format as fmt
-from dlpack_io.reader.format.indexcheck import check_index
-from dlpack_io.reader.format.lmdbcheck import check_lmdb
-from dlpack_io.reader.format.regular import open_regular
-from dlpack_io.reader.nativecopy import guarded_copy
-from dlpack_io.reader.shardfields import FieldColumns
-from dlpack_io.reader.safeio import ShardChangedError, check_regular, identity, pread_all
+from dlpack_io.reader.format.checks import check_index, check_lmdb, open_regular
+from dlpack_io.reader.format.spec import native_jpeg
+
+# What a shard knows about its records' field blocks (format 3), apart from ``Shard`` so
+# that the image path stays as it was: the image columns of the index are kept as the
+# 32-byte INDEX_DTYPE every reader of images uses, the field columns beside them.
+
+class FieldColumns:
+    """Mixin of the shard classes: ``fields_entry(i)`` and how an index is kept."""
+
+    _fields = None  # format 3: (fields_length, fields_crc) per record; format 2: None
+
+    def fields_entry(self, i: int) -> tuple[int, int]:
+        """(length, CRC-32) of record ``i``'s field block; (0, 0) in a format-2 shard."""
+        self._ensure_open()
+        if self._fields is None:
+            return 0, 0
+        return int(self._fields["fields_length"][i]), int(self._fields["fields_crc"][i])
+
+    @property
+    def has_fields(self) -> bool:
+        """True for a format-3 shard (its records carry a field block, maybe empty)."""
+        self._ensure_open()
+        return self._fields is not None
+
+    def _keep_index(self, index: np.ndarray) -> None:
+        """Keep the image columns (what every image path reads) and, for format 3, the
+        field columns beside them (checked with the rest of the index at open)."""
+        self._index = fmt.image_index(index)
+        self._fields = None if index.dtype == fmt.INDEX_DTYPE else \
+            np.ascontiguousarray(index[["fields_length", "fields_crc"]])
+
+    def fields_block(self, i: int) -> memoryview:
+        """Zero-copy bytes of record ``i``'s field block (empty in a format-2 shard): in a
+        record shard they follow the image payload in the mapped file."""
+        length, _ = self.fields_entry(i)
+        start = int(self._index["offset"][i]) + int(self._index["length"][i])
+        return self.span(start, start + length)
+
+
+# Reading files of a data set that may come from anyone, and files that may change.
+#
+# Regular files only, never blocking; reads that cannot fault (``pread``) for what is
+# checked once at open. Copies of mapped memory are made under the native SIGBUS guard
+# (``guarded_array``, below).
+#
+# A FIFO opened for reading blocks until a writer appears, forever (tar keeps FIFOs); a
+# symlink to /dev/zero reads without end. Every file a reader opens goes through
+# ``format.regular.open_regular`` (O_NONBLOCK, then fstat: S_ISREG or a FormatError naming it).
+
+def read_limited(path: str, limit: int) -> bytes:
+    """The whole regular file ``path``, refusing one larger than ``limit`` bytes."""
+    fd, st = open_regular(path)
+    try:
+        if st.st_size > limit:
+            raise fmt.FormatError(f"{path}: {st.st_size} bytes, more than the {limit}-byte limit "
+                                  f"for this file: not a dlpack file")
+        chunks, total = [], 0
+        while True:  # st_size may lie (procfs-like files): read with the limit, not the size
+            chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > limit:
+                raise fmt.FormatError(f"{path}: more than the {limit}-byte limit for this file")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+class ShardChangedError(fmt.FormatError):
+    """A shard file changed (truncated, appended to, rewritten) while it was mapped."""
+
+    def __init__(self, path: str, change: str):
+        super().__init__(f"{path}: changed on disk while this process was reading it ({change}); "
+                         f"someone rewrote or truncated the data set in place: stop, let them "
+                         f"finish, and restart from a checkpoint")
+        self.path, self.change = path, change
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.change))
+
+
+def identity(st: os.stat_result) -> tuple:
+    """What identifies the version of a file that was opened: device, inode, size, mtime."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def pread_all(fd: int, size: int, offset: int, path: str) -> bytes:
+    """Exactly ``size`` bytes at ``offset`` (a read cannot fault, unlike a mapped page)."""
+    parts, done = [], 0
+    while done < size:
+        chunk = os.pread(fd, min(size - done, 1 << 28), offset + done)
+        if not chunk:
+            raise fmt.FormatError(f"{path}: file ended at {offset + done} while reading "
+                                  f"{size} bytes at {offset}: the shard is truncated")
+        parts.append(chunk)
+        done += len(chunk)
+    return b"".join(parts)
+
+
+def check_regular(path: str) -> None:
+    """FileNotFoundError naming the shard, or FormatError unless it is a regular file."""
+    try:
+        fd, _ = open_regular(path)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: shard listed in the manifest is missing") from None
+    os.close(fd)
+
+
+# Copies done by the C extension without the GIL, with numpy fallbacks of the same meaning:
+# a block of HWC pixels into CHW planes (flipped as asked), many such crops of one mapped shard
+# at once, byte ranges gathered into one buffer, and plain copies of mapped memory. The
+# extension turns a SIGBUS (a mapped file truncated under the read) into MappedFileError
+# (:func:`is_mapped_file_error`), so a shard cut short under a reader is an error naming it,
+# never a crash: every read of mapped memory that Python code keeps goes through here.
+
+_jpeg = native_jpeg()  # looked up once (see format/spec.py): branched on per record
+
+
+def to_chw(src, offset: int, row_stride: int, h: int, w: int, dst: np.ndarray,
+           dst_offset: int, flip_h: bool, flip_v: bool, pixel_size: int = 3) -> None:
+    """Copy the (h, w) block of RGB (``pixel_size`` 3) or RGBX (4) pixels at byte
+    ``offset`` of the contiguous buffer ``src`` (rows ``row_stride`` bytes apart) into the
+    contiguous uint8 array ``dst`` at byte ``dst_offset`` as three (h, w) planes, flipped
+    as asked."""
+    if _jpeg is not None:
+        _jpeg.to_chw(src, offset, row_stride, h, w, dst, dst_offset, bool(flip_h),
+                     bool(flip_v), pixel_size)
+        return
+    flat = np.frombuffer(src, dtype=np.uint8)
+    if min(h, w, offset) < 0 or row_stride < pixel_size * w or \
+            offset + (h - 1) * row_stride + pixel_size * w > flat.size:
+        raise ValueError(f"to_chw: a {h}x{w}x{pixel_size} block at offset {offset} (row "
+                         f"stride {row_stride}) does not fit in a {flat.size}-byte buffer")
+    block = np.lib.stride_tricks.as_strided(flat[offset:], (h, w, 3), (row_stride, pixel_size, 1),
+                                            writeable=False)
+    view = block[::-1] if flip_v else block
+    view = view[:, ::-1] if flip_h else view
+    out = dst.reshape(-1)[dst_offset:dst_offset + 3 * h * w].reshape(3, h, w)
+    out[...] = view.transpose(2, 0, 1)
+
+
+def to_chw_array(pixels: np.ndarray, dst: np.ndarray, dst_offset: int, flip_h, flip_v) -> None:
+    """:func:`to_chw` of a whole C-contiguous (h, w, 3 or 4) array."""
+    h, w, ps = pixels.shape
+    to_chw(pixels, 0, w * ps, h, w, dst, dst_offset, flip_h, flip_v, ps)
+
+
+def gather(src, src_offsets, lengths, dst: np.ndarray, dst_offsets) -> None:
+    """Copy byte ranges ``src[src_offsets[i]:+lengths[i]]`` to ``dst[dst_offsets[i]:]``
+    (one C call without the GIL; a numpy loop without the extension)."""
+    so = np.ascontiguousarray(src_offsets, dtype=np.int64)
+    ln = np.ascontiguousarray(lengths, dtype=np.int64)
+    do = np.ascontiguousarray(dst_offsets, dtype=np.int64)
+    if _jpeg is not None:
+        _jpeg.gather(src, so, ln, dst, do)
+        return
+    flat = np.frombuffer(src, dtype=np.uint8)
+    out = dst.reshape(-1)
+    for a, n, b in zip(so.tolist(), ln.tolist(), do.tolist()):
+        if a < 0 or b < 0 or a + n > flat.size or b + n > out.size:
+            raise ValueError(f"gather: {n} bytes from {a} to {b} do not fit")
+        out[b:b + n] = flat[a:a + n]
+
+
+def crop_chw(src, params: np.ndarray, h: int, w: int, dst: np.ndarray) -> None:
+    """:func:`to_chw` for many (h, w) RGB blocks of one buffer: ``params`` rows are
+    (src_offset, row_stride, flip_h, flip_v, dst_offset); one C call without the GIL."""
+    p = np.ascontiguousarray(params, dtype=np.int64)
+    if _jpeg is not None:
+        _jpeg.crop_chw(src, p, h, w, dst)
+        return
+    for off, stride, fh, fv, dst_off in p.tolist():
+        to_chw(src, off, stride, h, w, dst, dst_off, fh, fv)
+
+
+def is_mapped_file_error(exc: BaseException) -> bool:
+    """True for the extension's MappedFileError: a SIGBUS turned into an exception because
+    the mapped file was truncated under the read."""
+    mapped = getattr(_jpeg, "MappedFileError", None)
+    return mapped is not None and isinstance(exc, mapped)
+
+
+_ZERO = np.zeros(1, dtype=np.int64)
+
+
+def guarded_array(view) -> np.ndarray:
+    """A writable uint8 copy of ``view``, made by the native code that turns a SIGBUS
+    (the mapped file truncated under the read) into MappedFileError, a ValueError."""
+    out = np.empty(len(view), dtype=np.uint8)
+    if len(view):
+        gather(view, _ZERO, np.array([len(view)], dtype=np.int64), out, _ZERO)
+    return out
+
+
+def guarded_copy(view) -> bytes:
+    """bytes(view), copied under the SIGBUS guard (see guarded_array)."""
+    return guarded_array(view).tobytes()
+
 
 log = logging.getLogger(__name__)
 

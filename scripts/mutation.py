@@ -44,7 +44,7 @@ MODULES = {
     "format": (["reader/format/spec.py", "reader/format/schema.py"], ["tests/reader/test_format.py", "tests/reader/test_format_checks.py",
                                       "tests/reader/test_manifest_checks.py", "tests/reader/test_fuzz_format.py",
                                       "tests/tools/test_verify.py"]),
-    "indexcheck": (["reader/format/indexcheck.py"], ["tests/reader/test_format_checks.py",
+    "indexcheck": (["reader/format/checks.py"], ["tests/reader/test_format_checks.py",
                                               "tests/reader/test_fuzz_format.py"]),
     "shard": (["reader/shard.py"], ["tests/reader/test_format_checks.py", "tests/reader/test_shard_changes.py",
                                     "tests/tools/test_verify.py", "tests/reader/test_lmdb_structure.py"]),

@@ -16,6 +16,8 @@ TREES = PACKAGES + ("benchmarks",)                  # benchmarks/: run from the 
 # function that grew past what one reading holds, they are no target to cut towards.
 MAX_MODULE_LINES, MAX_FUNCTION_LINES = 600, 80
 MAX_BATCH_FLOORS = 6  # the batch wing (reader/batch + reader/transforms): import levels
+# Fewer, cohesive modules: a wing that needs more than this splits an idea too finely.
+MAX_MODULES = {"reader": 50, "packer": 25}
 
 
 def _module_name(path: Path) -> str:
@@ -100,6 +102,13 @@ def test_modules_and_functions_stay_small(name):
                 f"{path}:{node.lineno} {node.name}() is {size} lines, at most {MAX_FUNCTION_LINES}"
 
 
+@pytest.mark.parametrize("package", sorted(MAX_MODULES))
+def test_each_package_holds_few_modules(package):
+    modules = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / package).rglob("*.py"))
+    assert len(modules) <= MAX_MODULES[package], \
+        f"{package}/ holds {len(modules)} modules, at most {MAX_MODULES[package]}: {modules}"
+
+
 def test_no_import_circle():
     graph = {name: set(_edges(name, tree)) - {name} for name, (_, tree) in SOURCES.items()}
     state, stack = {}, []
@@ -122,7 +131,7 @@ def test_no_import_circle():
 
 
 ALLOWED_FROM_READER = ("dlpack_io.reader.format", "dlpack_io.reader.remote.storage",
-                       "dlpack_io.reader.remote.urls")
+                       "dlpack_io.reader.remote.clouds")
 
 
 @pytest.mark.parametrize("name", sorted(n for n in SOURCES if n.startswith("dlpack_io.packer")))

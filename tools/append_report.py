@@ -25,7 +25,7 @@ def append_lines(result: dict) -> list[str]:
              f"{plural(a['seen'], 'input')} in SRC: {a['duplicates']} already there "
              f"(same path and content), {a['changed']} changed, {a['unverified']} packed "
              f"before content hashes were recorded (skipped by path)"]
-    if "quick" in a:  # how the duplicates were found (packer/quickcheck.py)
+    if "quick" in a:  # how the duplicates were found (packer/appendbase.py)
         lines.append(f"{plural(a['quick'], 'file')} unchanged by size and mtime (not read), "
                      f"{plural(a['hashed'], 'file')} hashed" + ("" if a["hashed"] or not
                      a["quick"] else " (--checksum hashes every one)"))

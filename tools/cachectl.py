@@ -1,7 +1,7 @@
 """What ``dlpack cache ls|du|clear`` shows and frees: the data sets kept in a cache_dir.
 
 Returns data; tools/cli_cache.py prints it. The rules of the cache hold here too (see
-reader/remote/cachefs.py): only real folders of this user with the names dlpack gives
+reader/remote/cache.py): only real folders of this user with the names dlpack gives
 (``ds-<crc>-<sha>``) are counted or removed, links are never followed, and a data set that
 a running process has open (its ``.use`` lock is held, or a session lock is) is never
 removed: ``clear`` takes the exclusive lock, renames the folder out of the way while holding
@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass
 
 from dlpack_io.reader.remote import cache as cache_mod
-from dlpack_io.reader.remote import cachefs, keep
+from dlpack_io.reader.remote import keep
 
 KEY_RE = re.compile(r"ds-[0-9a-f]{8}-[0-9a-f]{16}")
 _TRASH_RE = re.compile(r"\.trash-ds-[0-9a-f]{8}-[0-9a-f]{16}-[0-9a-f]{12}")
@@ -64,7 +64,7 @@ def _url(root: str) -> str:
 
 def _pooled(root: str) -> int:
     pool = os.path.join(root, "shards")
-    if not cachefs.own_dir(pool):
+    if not cache_mod.own_dir(pool):
         return 0
     return sum(1 for n in os.listdir(pool) if not n.startswith(".")
                and stat.S_ISREG(os.lstat(os.path.join(pool, n)).st_mode))
@@ -73,10 +73,10 @@ def _pooled(root: str) -> int:
 def _sessions_alive(root: str) -> bool:
     """True when a session lock below ``root`` is held (a process has the data set open)."""
     sessions = os.path.join(root, "sessions")
-    if not cachefs.own_dir(sessions):
+    if not cache_mod.own_dir(sessions):
         return False
     for name in os.listdir(sessions):
-        opened = cachefs.open_regular(os.path.join(sessions, name, ".lock"))
+        opened = cache_mod.open_regular(os.path.join(sessions, name, ".lock"))
         if opened is None:
             continue
         try:
@@ -100,12 +100,12 @@ def _in_use(root: str) -> bool:
 
 def entries(cache_dir: str) -> list[Entry]:
     """The data sets cached in ``cache_dir``, by key (an empty list when there is none)."""
-    if not cachefs.own_dir(cache_dir):
+    if not cache_mod.own_dir(cache_dir):
         return []
     out = []
     for key in sorted(os.listdir(cache_dir)):
         root = os.path.join(cache_dir, key)
-        if not KEY_RE.fullmatch(key) or not cachefs.own_dir(root):
+        if not KEY_RE.fullmatch(key) or not cache_mod.own_dir(root):
             continue
         out.append(Entry(key, _url(root), folder_bytes(root),
                          keep.usage(os.path.join(root, "records"))[1], _pooled(root),
@@ -138,6 +138,6 @@ def clear(cache_dir: str, keys=None) -> tuple[list[Entry], list[Entry], list[str
         shutil.rmtree(trash)
         removed.append(entry)
     for name in os.listdir(cache_dir):  # debris of a clear that was interrupted
-        if _TRASH_RE.fullmatch(name) and cachefs.own_dir(os.path.join(cache_dir, name)):
+        if _TRASH_RE.fullmatch(name) and cache_mod.own_dir(os.path.join(cache_dir, name)):
             shutil.rmtree(os.path.join(cache_dir, name), ignore_errors=True)
     return removed, busy, [k for k in wanted if k not in found]

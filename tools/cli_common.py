@@ -28,7 +28,7 @@ class DatasetArg(click.ParamType):
     def convert(self, value, param, ctx):
         """The value itself; a local path must be an existing folder (click's usage error
         otherwise), a URL is left for the reader to open."""
-        from dlpack_io.reader.remote.urls import is_remote
+        from dlpack_io.reader.remote.clouds import is_remote
 
         try:
             if is_remote(value):

@@ -164,7 +164,7 @@ def convert(src, dst, list_file, source_format, image_key, label_key, spool, dat
     130 interrupted (Ctrl-C; the message names the command that resumes).
     """
     from dlpack_io.packer.conversion import convert as run
-    from dlpack_io.packer.pipeline import ConversionError
+    from dlpack_io.packer.records import ConversionError
     from dlpack_io.tools import convert_outcome as outcome
 
     try:

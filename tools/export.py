@@ -210,8 +210,8 @@ def export(dataset, out, *, to: str, shard_size="256MB", progress: bool = True) 
     WebDataset tars or Parquet files (``to``), in its order; return a summary dict."""
     from dlpack_io.packer.progress import Progress
     from dlpack_io.reader import Dataset
-    from dlpack_io.reader.format.units import parse_size
-    from dlpack_io.reader.samplefields import read_fields
+    from dlpack_io.reader.dataset import read_fields
+    from dlpack_io.reader.format.spec import parse_size
 
     shards_class = {"webdataset": TarShards, "parquet": ParquetShards}.get(to)
     if shards_class is None:

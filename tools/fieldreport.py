@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dlpack_io.reader.samplefields import read_fields
+from dlpack_io.reader.dataset import read_fields
 
 MAX_SUMMARY_SAMPLES = 2000  # spread evenly over the data set: a summary, not a scan
 

@@ -7,7 +7,7 @@ import numpy as np
 
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.dataset import Dataset
-from dlpack_io.reader.nativecopy import guarded_copy
+from dlpack_io.reader.shard import guarded_copy
 from dlpack_io.tools.fieldreport import field_summary, sample_fields
 
 
@@ -132,7 +132,7 @@ def _head(shard, j: int) -> bytes:
 
 def _sample_of(shown, record: int) -> int | None:
     """The sample index that shows global record ``record`` (``shown``: the record of each
-    sample, None when no record is retired: reader/format/retired.py); None if retired."""
+    sample, None when no record is retired: reader/format/schema.py); None if retired."""
     if shown is None:
         return record
     where = np.flatnonzero(shown == record)
@@ -191,7 +191,7 @@ def contact_sheet(path, out_png, *, count: int = 48, cell: int = 160, columns: i
     """
     from PIL import Image, ImageDraw
 
-    from dlpack_io.reader.samplefields import read_fields
+    from dlpack_io.reader.dataset import read_fields
     from dlpack_io.tools.captions import draw_caption
     from dlpack_io.tools.targetsheet import decorate, has_targets
 

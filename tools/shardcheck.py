@@ -4,10 +4,10 @@ both import this module; neither imports the other's internals).
 
 Per shard: a regular file of the size the manifest says, header/metadata checksums and the
 header CRC recorded in the manifest, index checksum, every index entry (reader/format/
-indexcheck.py: records in order, disjoint and covering the data section, sizes within the
+checks.py: records in order, disjoint and covering the data section, sizes within the
 pixel limit, labels in range), record count, every record's CRC, zero padding; with
 ``decode=True`` each image is also decoded and its size checked. LMDB shards have their
-B-tree checked (reader/format/lmdbcheck.py) before liblmdb opens them. Every record is
+B-tree checked (reader/format/checks.py) before liblmdb opens them. Every record is
 copied out of the map by the native guarded copy before it is checked, so a shard truncated
 while verify runs is reported, not a crash. Problems go into a :class:`VerifyReport`.
 """
@@ -21,10 +21,9 @@ import numpy as np
 
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.decode import decode_record
+from dlpack_io.reader.format.checks import describe_mode
 from dlpack_io.reader.format.fields import decode_fields
-from dlpack_io.reader.format.regular import describe_mode
-from dlpack_io.reader.nativecopy import guarded_copy
-from dlpack_io.reader.shard import open_shard
+from dlpack_io.reader.shard import guarded_copy, open_shard
 
 MAX_LISTED_PER_SHARD = 20
 EXIT_OK, EXIT_DAMAGED, EXIT_NOT_A_DATASET = 0, 1, 3  # 2 is click's usage error
@@ -207,7 +206,7 @@ def _note_retired_paths(meta: dict, entry: dict, manifest: dict, report) -> None
 
 
 def check_retired_sources(manifest: dict, where: str, report) -> None:
-    """Add a problem when a retired ``[old, new]`` pair (reader/format/retired.py) names
+    """Add a problem when a retired ``[old, new]`` pair (reader/format/schema.py) names
     records packed from two different source paths: ``--replace-changed`` packs the same
     input again, so such a pair would show another input's image at the sample's index."""
     if not report.ok:

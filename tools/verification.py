@@ -15,12 +15,20 @@ import os
 import numpy as np
 
 from dlpack_io.reader import format as fmt
-from dlpack_io.reader.manifest import NotADatasetError, load_manifest
+from dlpack_io.reader.dataset import NotADatasetError, load_manifest
+
 # The exit codes are imported to be read here too: verify's callers (the CLI, tests) know
 # this module, not where the report is defined.
-from dlpack_io.tools.shardcheck import (EXIT_DAMAGED, EXIT_NOT_A_DATASET, EXIT_OK,  # noqa: F401
-                                        VerifyReport, check_accounting, check_class_counts,
-                                        check_retired_sources, check_shard)
+from dlpack_io.tools.shardcheck import (  # noqa: F401
+    EXIT_DAMAGED,
+    EXIT_NOT_A_DATASET,
+    EXIT_OK,
+    VerifyReport,
+    check_accounting,
+    check_class_counts,
+    check_retired_sources,
+    check_shard,
+)
 
 
 def verify(dataset, *, decode: bool = False, progress: bool = True,
@@ -28,7 +36,7 @@ def verify(dataset, *, decode: bool = False, progress: bool = True,
     """Check a data set folder; return a VerifyReport (``report.ok`` when intact,
     ``report.not_a_dataset`` when the folder has no manifest at all)."""
     from dlpack_io.packer.progress import Progress
-    from dlpack_io.reader.remote.urls import is_remote
+    from dlpack_io.reader.remote.clouds import is_remote
 
     if is_remote(dataset):  # s3://: each shard streamed down and checked the same way
         # imported here: a local verify needs none of the object-storage wing

@@ -38,14 +38,20 @@ from typing import Callable
 import numpy as np
 
 from dlpack_io.reader import format as fmt
-from dlpack_io.reader import jpegdecode, nativecopy
+from dlpack_io.reader import jpegdecode
+from dlpack_io.reader import shard as shard_mod
 from dlpack_io.reader.batch.errors import skipped_from
-from dlpack_io.reader.batch.plan import (BatchPlan, Draws, TransformSpec, largest_output,
-                                         plan_batch, sample_error)
+from dlpack_io.reader.batch.plan import (
+    BatchPlan,
+    Draws,
+    TransformSpec,
+    largest_output,
+    plan_batch,
+    sample_error,
+)
 from dlpack_io.reader.batch.stats import STAGES
 from dlpack_io.reader.decode import decode_record
-from dlpack_io.reader.nativecopy import guarded_array
-from dlpack_io.reader.safeio import ShardChangedError
+from dlpack_io.reader.shard import ShardChangedError, guarded_array
 
 log = logging.getLogger(__name__)
 
@@ -167,7 +173,7 @@ def user_pixels(ctx: BuildContext, plan: BatchPlan, pos: int, epoch: int, payloa
 def shard_changed(exc: Exception) -> bool:
     """True for a shard changed or truncated under the reader: not one bad sample, so
     ``on_error="skip"`` must not skip it (every later read of that shard would fail too)."""
-    return isinstance(exc, ShardChangedError) or nativecopy.is_mapped_file_error(exc)
+    return isinstance(exc, ShardChangedError) or shard_mod.is_mapped_file_error(exc)
 
 
 def skip_or_raise(ctx: BuildContext, sample, exc: Exception, failed, pos: int) -> None:
@@ -234,7 +240,7 @@ def _fill_pixels(pixels: np.ndarray, pos: int, fh, fv, params, out, offset) -> N
                               resample=params.resample, into=(out, offset, fh, fv))
     else:
         cols = pixels.shape[1]
-        nativecopy.to_chw(pixels, (top * cols + left) * 3, cols * 3, h, w, out, offset, fh, fv)
+        shard_mod.to_chw(pixels, (top * cols + left) * 3, cols * 3, h, w, out, offset, fh, fv)
 
 
 def _fill_jpeg(ctx, payload, entry, pos, fh, fv, params, out, offset, scratch) -> None:
@@ -252,7 +258,7 @@ def _fill_jpeg(ctx, payload, entry, pos, fh, fv, params, out, offset, scratch) -
                                       orientation=int(entry["orientation"]))
     top, left = int(box[0]) - region.y0, int(box[1]) - region.x0
     cols = region.pixels.shape[1]
-    nativecopy.to_chw(region.pixels, (top * cols + left) * 3, cols * 3, oh, ow, out, offset,
+    shard_mod.to_chw(region.pixels, (top * cols + left) * 3, cols * 3, oh, ow, out, offset,
                       fh, fv)
 
 
@@ -300,7 +306,7 @@ def _raw_crops_at_once(ctx: BuildContext, plan: BatchPlan, a: int, b: int, flat)
                       np.arange(a, b, dtype=np.int64) * 3 * oh * ow], axis=1)
     try:
         for k, view in views.items():
-            nativecopy.crop_chw(view, table[shard_ids == k], oh, ow, flat)
+            shard_mod.crop_chw(view, table[shard_ids == k], oh, ow, flat)
     except ValueError:
         return False
     return True

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dlpack_io.reader.samplefields import check_names, read_record_fields
+from dlpack_io.reader.dataset import check_names, read_record_fields
 from dlpack_io.reader.transforms import geometry as tg
 
 DEFAULT_FIELDS = ("image", "label")

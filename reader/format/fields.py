@@ -6,20 +6,186 @@ order; first one u32 length per field, then the values back to back, so
 json UTF-8 JSON text (any JSON value); bytes as they are; array ``ndim`` u32 dimensions,
 then ``prod(shape)`` little-endian elements in C order. Decoding trusts nothing: every
 length, count and shape is checked against the bytes there are before anything is sized
-from it, and JSON gets the manifest's depth limit.
-"""
+from it, and JSON gets the manifest's depth limit."""
 from __future__ import annotations
 
 import json
 import math
+import re
 import struct
+import zlib
 
 import numpy as np
 
-from dlpack_io.reader.format.arraycodec import check_shape, compress, decompress
-from dlpack_io.reader.format.fieldschema import ARRAY_DTYPES, check_field_name
-from dlpack_io.reader.format.schema import MAX_JSON_DEPTH, json_depth
-from dlpack_io.reader.format.spec import FormatError
+from dlpack_io.reader.format.spec import MAX_JSON_DEPTH, FormatError, json_depth
+
+# The field schema of a data set whose samples carry more than an image and a label.
+#
+# A format-3 manifest holds ``"fields": {name: spec}``; every record then carries one value
+# of every field, in a field block after its image (encoded and decoded below).
+# A spec is ``{"type": T}`` with T one of FIELD_TYPES; arrays add ``"dtype"`` (one of
+# ARRAY_DTYPES), ``"ndim"`` and ``"shape"`` (the shape every record shares, or null when
+# records differ). Imported through :mod:`dlpack_io.reader.format`.
+
+# int: <i8; float: <f8; str: UTF-8 text; json: UTF-8 JSON text of any JSON value;
+# bytes: opaque bytes; array: ndim x <u4 shape, then the C-order little-endian elements.
+FIELD_TYPES = ("int", "float", "str", "json", "bytes", "array")
+# "codec" of an array spec: its elements stored compressed (lossless), e.g. masks (issue 25)
+ARRAY_CODECS = ("zlib",)
+MAX_NAMES, MAX_NAME_CHARS = 100_000, 256  # an id -> name table of an integer array field
+ARRAY_DTYPES = ("bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64",
+                "int64", "float16", "float32", "float64")
+MAX_NDIM = 8
+MAX_FIELDS = 256
+RESERVED_NAMES = ("image", "label", "index")  # what a sample already has, or a Loader adds
+FIELD_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+
+
+def check_field_name(name, where: str) -> str:
+    """Return ``name`` if it can name a field: an identifier of at most 64 characters that
+    is not one of RESERVED_NAMES; FormatError naming ``where`` otherwise."""
+    if not isinstance(name, str) or not FIELD_NAME_RE.match(name):
+        raise FormatError(f"{where}: field name {name!r:.70} is not an identifier of 1..64 "
+                          f"letters, digits and '_' (not starting with a digit)")
+    if name in RESERVED_NAMES:
+        raise FormatError(f"{where}: field name {name!r} clashes with the sample's own "
+                          f"{name!r}; rename the field (e.g. {name + '_2'!r})")
+    return name
+
+
+def _check_array_spec(spec: dict, where: str) -> None:
+    if spec.get("dtype") not in ARRAY_DTYPES:
+        raise FormatError(f"{where}: dtype {spec.get('dtype')!r:.40} is not one of {ARRAY_DTYPES}")
+    ndim = spec.get("ndim")
+    if not isinstance(ndim, int) or isinstance(ndim, bool) or not 0 <= ndim <= MAX_NDIM:
+        raise FormatError(f"{where}: ndim {ndim!r:.40}, expected an integer 0..{MAX_NDIM}")
+    if "codec" in spec and spec["codec"] not in ARRAY_CODECS:
+        raise FormatError(f"{where}: codec {spec['codec']!r:.40} is not one of {ARRAY_CODECS}")
+    if "names" in spec:
+        _check_names(spec["names"], spec["dtype"], where)
+    shape = spec.get("shape")
+    if shape is None:
+        return
+    if not isinstance(shape, list) or len(shape) != ndim or any(
+            not isinstance(d, int) or isinstance(d, bool) or not 0 <= d < 2**32 for d in shape):
+        raise FormatError(f"{where}: shape {shape!r:.60}, expected null or {ndim} integers "
+                          f"0..{2**32 - 1}")
+
+
+def _check_names(names, dtype: str, where: str) -> None:
+    """An id -> name table (COCO's categories): str(int) keys, short str names."""
+    if "int" not in dtype or not isinstance(names, dict) or len(names) > MAX_NAMES:
+        raise FormatError(f"{where}: names must be an object of at most {MAX_NAMES} "
+                          f"id -> name entries on an integer array")
+    for key, name in names.items():
+        if not re.fullmatch(r"-?[0-9]{1,19}", key) or not isinstance(name, str) \
+                or len(name) > MAX_NAME_CHARS:
+            raise FormatError(f"{where}: names entry {key!r:.30}: {name!r:.40}, expected a "
+                              f"decimal id and a name of at most {MAX_NAME_CHARS} characters")
+
+
+def check_field_schema(fields, where: str) -> dict:
+    """Validate a manifest's ``fields`` object; return it. FormatError names the field."""
+    if not isinstance(fields, dict) or len(fields) > MAX_FIELDS:
+        raise FormatError(f"{where}: fields must be an object of at most {MAX_FIELDS} "
+                          f"name -> spec entries")
+    for name, spec in fields.items():
+        at = f"{where}: fields[{name!r:.70}]"
+        check_field_name(name, at)
+        if not isinstance(spec, dict) or spec.get("type") not in FIELD_TYPES:
+            raise FormatError(f"{at}: expected an object with type one of {FIELD_TYPES}")
+        extra = set(spec) - ({"type", "dtype", "ndim", "shape", "codec", "names"}
+                             if spec["type"] == "array"
+                             else {"type"})
+        if extra:
+            raise FormatError(f"{at}: unknown keys {sorted(extra)} for type {spec['type']!r}")
+        if spec["type"] == "array":
+            _check_array_spec(spec, at)
+    return fields
+
+
+# Array field values stored compressed: the ``"codec"`` of an array spec (issue 25).
+#
+# Layout of such a value (docs/FORMAT.md, "Fields"): the ``ndim`` u32 dimensions as for
+# any array, then one zlib stream of the ``prod(shape)`` little-endian elements in C order.
+# zlib was chosen by measuring segmentation masks (benchmarks/mask_codec.py,
+# docs/detection.md): 65x smaller than raw at level 1, decoded faster than PNG, and in the
+# standard library. Level 1 because the packer compresses every mask: level 6 is ~2x
+# smaller still (1.5 vs 2.9 KB for a 500 x 375 mask, next to a ~60 KB JPEG) but 2.5x
+# slower to encode, and no faster to decode. The decoder reads any level. Decoding trusts nothing: the decoded size is computed from the shape
+# (Python ints, no overflow), bounded by MAX_DECODED_BYTES before any allocation, and the
+# stream is inflated with ``max_length`` so a decompression bomb stops at that size; a
+# stream that decodes to any other size, or has bytes after its end, is damaged.
+# When the caller knows the record's upright image size (its index entry), ``check_shape``
+# bounds the shape by it before anything is inflated: the image's segmentation mask must be
+# exactly (height, width), any other compressed value at most VALUES_PER_PIXEL elements per
+# pixel; so a hostile shard cannot make a small image's value inflate to 2 GiB.
+
+ZLIB_LEVEL = 1
+MAX_DECODED_BYTES = 2**31  # one field value: 2 GiB (a 32768 x 32768 uint16 mask is 2 GiB)
+# the packer compresses only masks (one element per pixel); 4 leaves room for a few
+# planes per pixel while keeping a value within 4 x the image's own pixel count
+VALUES_PER_PIXEL = 4
+MASK_FIELD, MASK_DTYPES = "mask", ("uint8", "uint16")
+
+
+def is_image_mask(name: str, spec: dict) -> bool:
+    """True when field ``name`` is the image's segmentation mask as the packer writes it
+    (packer/targets.py ``mask_spec``): a compressed 2-D uint8/uint16 ``"mask"``."""
+    return name == MASK_FIELD and bool(spec.get("codec")) and spec.get("ndim") == 2 \
+        and spec.get("dtype") in MASK_DTYPES
+
+
+def check_shape(shape: tuple, name: str, spec: dict, image_size, where: str) -> None:
+    """FormatError naming ``where`` unless the declared ``shape`` of compressed field
+    ``name`` fits the record's upright ``image_size`` (height, width); checked before
+    inflating. No check without an image size (a value decoded on its own)."""
+    if image_size is None:
+        return
+    height, width = (int(v) for v in image_size)
+    if is_image_mask(name, spec):
+        if tuple(shape) != (height, width):
+            raise FormatError(f"{where}: mask shape {tuple(shape)}, the record's image is "
+                              f"{height}x{width}: a mask must be its image's size; the "
+                              f"record is damaged or hostile, repack it")
+        return
+    count, budget = math.prod(shape), VALUES_PER_PIXEL * height * width
+    if count > budget:
+        raise FormatError(f"{where}: compressed array of shape {tuple(shape)} ({count} "
+                          f"elements) for a {height}x{width} image, at most {budget} "
+                          f"({VALUES_PER_PIXEL} per pixel): the record is damaged or hostile")
+
+
+def compress(data: bytes, codec: str) -> bytes:
+    """The stored bytes of an array's elements ``data`` under ``codec``."""
+    if codec != "zlib":
+        raise ValueError(f"codec {codec!r}: expected 'zlib'")
+    return zlib.compress(data, ZLIB_LEVEL)
+
+
+def decompress(stream, codec: str, expected: int, where: str) -> bytes:
+    """The ``expected`` bytes of elements that ``stream`` holds; FormatError naming
+    ``where`` when the stream is damaged, too large or decodes to another size."""
+    if codec != "zlib":
+        raise FormatError(f"{where}: codec {codec!r:.40}, this reader knows 'zlib'")
+    if expected > MAX_DECODED_BYTES:
+        raise FormatError(f"{where}: the shape asks for {expected} decoded bytes, more than "
+                          f"{MAX_DECODED_BYTES} per value: the record is damaged or hostile")
+    inflater = zlib.decompressobj()
+    try:
+        # stops at expected bytes; max_length 0 would mean "no limit", so an empty shape
+        # (an image without objects) asks for 1 byte: any byte at all is then refused
+        out = inflater.decompress(bytes(stream), max(expected, 1))
+    except zlib.error as exc:
+        raise FormatError(f"{where}: compressed array does not inflate ({exc})") from None
+    if len(out) != expected or not inflater.eof or inflater.unconsumed_tail \
+            or inflater.unused_data:
+        raise FormatError(f"{where}: compressed array decodes to "
+                          f"{'more than ' if inflater.unconsumed_tail else ''}{len(out)} "
+                          f"bytes{'' if inflater.eof else ' (stream cut short)'}, its shape "
+                          f"needs exactly {expected}: the record is damaged")
+    return out
+
 
 _I8, _F8 = struct.Struct("<q"), struct.Struct("<d")
 
@@ -56,7 +222,7 @@ def _array_bytes(value, spec: dict, where: str) -> bytes:
     if any(d >= 2**32 for d in value.shape):
         raise ValueError(f"{where}: shape {value.shape} has a dimension over {2**32 - 1}")
     data = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<")).tobytes()
-    if spec.get("codec"):  # e.g. masks: lossless and ~100x smaller (arraycodec.py)
+    if spec.get("codec"):  # e.g. masks: lossless and ~100x smaller (fields.py)
         data = compress(data, spec["codec"])
     return struct.pack(f"<{value.ndim}I", *value.shape) + data
 

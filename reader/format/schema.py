@@ -7,32 +7,186 @@ import re
 
 import numpy as np
 
-from dlpack_io.reader.format.fieldschema import check_field_schema
-from dlpack_io.reader.format.history import check_history
-from dlpack_io.reader.format.retired import RETIRING_VERSION, check_retired
-from dlpack_io.reader.format.spec import (FORMAT_VERSION, FORMATS, MAGIC, MANIFEST_KIND,
-                                          MAX_JSON_INT, MODES, PLAIN_VERSION, READABLE_VERSIONS,
-                                          SHARD_NAME_RE, SHARD_SUFFIX, FormatError, crc32,
-                                          index_dtype, max_shard_bytes, version_error)
+from dlpack_io.reader.format.fields import check_field_schema
+from dlpack_io.reader.format.spec import (
+    FORMAT_VERSION,
+    FORMATS,
+    MAGIC,
+    MANIFEST_KIND,
+    MAX_JSON_DEPTH,
+    MAX_JSON_INT,
+    MODES,
+    PLAIN_VERSION,
+    READABLE_VERSIONS,
+    SHARD_NAME_RE,
+    SHARD_SUFFIX,
+    FormatError,
+    crc32,
+    index_dtype,
+    json_depth,
+    max_shard_bytes,
+    version_error,
+)
+
+# What a data set records about its inputs' identity and its appends (format 2 and 3
+# alike: both are optional keys that older readers ignore).
+#
+# * Shard metadata ``"sources"``: beside ``"paths"``, the SHA-256 (hex) of every record's
+#   input file, in record order. ``dlpack convert --append`` compares (path, hash) with the
+#   files of SRC to pack only what is new. Shards packed before it was recorded lack it.
+# * Manifest ``"history"``: one entry per append, oldest first: when (``at``), from where
+#   (``source``), what it saw (``inputs``: the inputs it packed or rejected; ``duplicates``,
+#   ``changed``, ``unverified``: those it skipped; ``replaced``, optional: of the changed,
+#   those packed to retire their old record, reader/format/schema.py; ``retried``,
+#   optional: rejects of earlier runs whose input it tried again, dropped from ``rejects``
+#   and from ``source.num_inputs`` since this run's outcome replaces them), the samples it added (``first_sample``,
+#   ``num_samples``), the classes it added (``new_classes``) and the shards it wrote
+#   (``shards``). Covered by the manifest checksum like every other key.
+
+SOURCES_KEY = "sources"
+HISTORY_KEY = "history"
+SHA256_RE = re.compile(r"[0-9a-f]{64}")  # fullmatch: "$" would let a trailing newline in
+HISTORY_COUNTS = ("inputs", "duplicates", "changed", "unverified", "first_sample",
+                  "num_samples")
+
+
+def _count_ok(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_JSON_INT
+
+
+def _entry_problem(entry, names: set) -> str | None:
+    if not isinstance(entry, dict) or not isinstance(entry.get("at"), str):
+        return "is not an object with a time 'at'"
+    for key in HISTORY_COUNTS:
+        if not _count_ok(entry.get(key)):
+            return f"{key} is {entry.get(key)!r:.40}, expected a count"
+    for key in ("replaced", "retried"):
+        if key in entry and not _count_ok(entry[key]):
+            return f"{key} is {entry[key]!r:.40}, expected a count"
+    for key in ("shards", "new_classes"):
+        if not isinstance(entry.get(key), list) or \
+                not all(isinstance(x, str) for x in entry[key]):
+            return f"{key} is not a list of names"
+    missing = [s for s in entry["shards"] if s not in names]
+    if missing:
+        return f"lists shard {missing[0]!r:.60}, which the manifest does not"
+    return None
+
+
+def check_history(manifest: dict, where: str) -> None:
+    """FormatError naming ``where`` and the entry when a manifest's ``history`` (optional)
+    is not a list of append entries whose shards the manifest lists."""
+    history = manifest.get(HISTORY_KEY)
+    if history is None:
+        return
+    if not isinstance(history, list):
+        raise FormatError(f"{where}: history is {type(history).__name__}, expected a list of "
+                          f"appends")
+    names = {s["name"] for s in manifest["shards"]}
+    for i, entry in enumerate(history):
+        problem = _entry_problem(entry, names)
+        if problem:
+            raise FormatError(f"{where}: history[{i}] {problem}; the manifest was edited or "
+                              f"damaged: convert the source again")
+
+
+def sources_of(meta: dict, num_records: int) -> list | None:
+    """The input hashes a shard's metadata records (one per record), or None when it has
+    none (packed before they were recorded) or they do not fit (damaged: not trusted)."""
+    sources = meta.get(SOURCES_KEY)
+    if not isinstance(sources, list) or len(sources) != num_records or \
+            not all(isinstance(s, str) and SHA256_RE.fullmatch(s) for s in sources):
+        return None
+    return sources
+
+
+# Records retired by ``dlpack convert --append --replace-changed``: a changed input's new
+# content is packed into the append's new shards and its old record is retired, without a
+# byte of an old shard changing.
+#
+# * Manifest ``"retired"``: a list of ``[old, new]`` pairs of record numbers (the global
+#   record numbers of the shards' ``first_sample`` + position; the manifest's
+#   ``num_samples`` counts every record, retired ones included), sorted by ``old``: record
+#   ``old`` is retired and record ``new`` (packed later, so ``new > old``) takes its place.
+#   A later append may retire ``new`` in turn (a chain: the last record of it is served).
+# * A manifest with ``"retired"`` has version ``RETIRING_VERSION`` (4), which readers older
+#   than this key refuse with "upgrade dlpack" rather than silently serving the stale
+#   record beside its replacement. Shards keep their own versions (2 or 3); a version-4
+#   manifest declares its ``fields`` (maybe none), as version 3 does.
+#
+# Sample order (``sample_records``): the data set's sample ``i`` is the ``i``-th record that
+# no pair names as ``new``, with a retired record replaced by the last record of its chain.
+# So every sample that existed before an append keeps its index (a replaced one now shows its
+# new content), new samples follow in record order, and the indices stay dense:
+# ``len(dataset) == num_samples - len(retired)``.
+
+RETIRED_KEY = "retired"
+RETIRING_VERSION = 4  # manifest only: version 3 + "retired"
+
+
+def retired_pairs(manifest: dict) -> list:
+    """The manifest's ``[old, new]`` pairs (empty when it retires nothing)."""
+    return manifest.get(RETIRED_KEY) or []
+
+
+def check_retired(manifest: dict, where: str) -> None:
+    """FormatError naming ``where`` unless ``retired`` (present exactly when the version is
+    RETIRING_VERSION) is a sorted list of at most num_samples pairs of record numbers in
+    range, ``old < new``, no record retired twice and no record replacing two."""
+    pairs = manifest.get(RETIRED_KEY)
+    if (pairs is not None) != (manifest["version"] == RETIRING_VERSION):
+        raise FormatError(f"{where}: version {manifest['version']} with"
+                          f"{'' if pairs is not None else 'out'} a 'retired' list: only a "
+                          f"version-{RETIRING_VERSION} manifest retires records, and it must "
+                          f"list them; the manifest was edited or damaged: convert again")
+    if pairs is None:
+        return
+    n = manifest["num_samples"]
+    if not isinstance(pairs, list) or not pairs or len(pairs) > n:
+        raise FormatError(f"{where}: retired must be a list of 1..{n} [old, new] pairs (one "
+                          f"per record at most), found {type(pairs).__name__} of "
+                          f"{len(pairs) if isinstance(pairs, list) else '?'}")
+    for i, pair in enumerate(pairs):
+        if not (isinstance(pair, list) and len(pair) == 2 and all(
+                isinstance(x, int) and not isinstance(x, bool) for x in pair)
+                and 0 <= pair[0] < pair[1] < n):
+            raise FormatError(f"{where}: retired[{i}] is {pair!r:.60}, expected [old, new] "
+                              f"record numbers with 0 <= old < new < {n}")
+    olds, news = [p[0] for p in pairs], [p[1] for p in pairs]
+    if any(a >= b for a, b in zip(olds, olds[1:])):
+        raise FormatError(f"{where}: retired is not sorted by old record, or retires a "
+                          f"record twice; each record is retired once")
+    if len(set(news)) != len(news):
+        raise FormatError(f"{where}: retired names a record as the replacement of two; each "
+                          f"replacement replaces one record")
+
+
+def sample_records(num_records: int, pairs: list) -> np.ndarray | None:
+    """The record number of each sample (int64, ``num_records - len(pairs)`` of them) for
+    a manifest's checked ``pairs``; None when there are none (sample i is record i)."""
+    if not pairs:
+        return None
+    old = np.array([p[0] for p in pairs], dtype=np.int64)
+    new = np.array([p[1] for p in pairs], dtype=np.int64)
+    last = dict(zip(old.tolist(), new.tolist()))
+    for o in sorted(last, reverse=True):  # new > old: a chain's tail is settled first
+        last[o] = last.get(last[o], last[o])
+    shown = np.ones(num_records, dtype=bool)
+    shown[new] = False
+    records = np.flatnonzero(shown).astype(np.int64)
+    heads = old[shown[old]]  # retired records that hold a place (not themselves a new)
+    records[np.searchsorted(records, heads)] = [last[int(h)] for h in heads]
+    return records
+
+
+def retired_records(pairs: list) -> set:
+    """Record numbers no sample shows any more (every ``old``)."""
+    return {p[0] for p in pairs}
 
 
 def encode_meta(meta: dict) -> bytes:
     """Canonical JSON bytes for shard metadata or a manifest (sorted keys, compact)."""
     return json.dumps(meta, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-MAX_JSON_DEPTH = 32  # our manifests and shard metadata nest 3 deep
-_JSON_STRING_RE = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # unrolled: fast
-_BRACKET_STEP = np.zeros(256, dtype=np.int8)
-_BRACKET_STEP[[ord("["), ord("{")]], _BRACKET_STEP[[ord("]"), ord("}")]] = 1, -1
-
-
-def json_depth(data: bytes) -> int:
-    """How deep the brackets of JSON text ``data`` nest, strings left out (no recursion)."""
-    if data.count(b"[") + data.count(b"{") <= MAX_JSON_DEPTH:
-        return 0  # cannot nest deeper than that: the common small case costs nothing
-    bare = np.frombuffer(_JSON_STRING_RE.sub(b'""', data), dtype=np.uint8)
-    return int(np.cumsum(_BRACKET_STEP[bare], dtype=np.int64).max(initial=0))
 
 
 def decode_json(data, where: str) -> dict:
@@ -228,3 +382,83 @@ def _check_fields_entry(manifest: dict, where: str) -> None:
     if "fields" not in manifest:
         raise FormatError(f"{where}: missing required field 'fields' (format {FORMAT_VERSION})")
     check_field_schema(manifest["fields"], f"{where}: fields")
+
+
+# The input-stat record (``inputstat.json`` beside the manifest): the size and mtime
+# (nanoseconds) of every packed input file when it was packed, so that ``dlpack convert
+# --append`` can skip hashing the files that look unchanged (rsync's quick check).
+#
+# It lives outside the shards on purpose: a shard's bytes must not depend on file times (two
+# conversions of the same source give the same shards). Readers of the data set never open
+# it; an append reads it and treats it as untrusted input: size bounded before it is read,
+# JSON depth bounded, a CRC-32 over its canonical JSON, every number checked. It names the
+# checksum of the manifest it was written with (it is written just before that manifest):
+# a record naming another manifest (a crash between the two writes, a conversion that did
+# not write one) is stale and ignored, and the append hashes every file, as it always did.
+#
+# Layout: ``{"kind", "version", "manifest": manifest checksum, "paths": [...],
+# "size": [...], "mtime_ns": [...], "checksum": CRC-32 of the rest}``, the three lists in
+# step (paths as the shard metadata records them).
+
+INPUTSTAT_NAME = "inputstat.json"
+INPUTSTAT_KIND = "dlpack-input-stat"
+INPUTSTAT_VERSION = 1
+MAX_INPUTSTAT_BYTES = 512 * 2**20  # ~100 bytes an input: room for ~5 million inputs
+_FIX = "delete it (the next append hashes every file and writes it again) or pass --checksum"
+
+
+def encode_inputstat(stats: dict, manifest_checksum: int) -> bytes:
+    """The record's bytes: ``stats`` maps path -> (size, mtime_ns)."""
+    paths = sorted(stats)
+    body = {"kind": INPUTSTAT_KIND, "version": INPUTSTAT_VERSION,
+            "manifest": manifest_checksum, "paths": paths,
+            "size": [int(stats[p][0]) for p in paths],
+            "mtime_ns": [int(stats[p][1]) for p in paths]}
+    body["checksum"] = crc32(encode_meta(body))
+    return encode_meta(body)
+
+
+def _number_ok(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_JSON_INT
+
+
+def _time_ok(value) -> bool:  # before 1970 is negative (a restored backup can say so)
+    return isinstance(value, int) and not isinstance(value, bool) and \
+        -MAX_JSON_INT <= value <= MAX_JSON_INT
+
+
+def parse_inputstat(data: bytes, where: str, manifest_checksum: int) -> dict | None:
+    """path -> (size, mtime_ns) from a record's bytes; None when it is stale (names another
+    manifest); FormatError naming ``where``, the value and the fix when it is damaged,
+    edited or too large."""
+    if len(data) > MAX_INPUTSTAT_BYTES:
+        raise FormatError(f"{where}: {len(data)} bytes or more, more than an input-stat record "
+                          f"may have ({MAX_INPUTSTAT_BYTES}); {_FIX}")
+    rec = decode_json(data, where)
+    if rec.get("kind") != INPUTSTAT_KIND or rec.get("version") != INPUTSTAT_VERSION:
+        raise FormatError(f"{where}: kind {rec.get('kind')!r:.40} version "
+                          f"{rec.get('version')!r:.20}, expected {INPUTSTAT_KIND!r} version "
+                          f"{INPUTSTAT_VERSION}; {_FIX}")
+    body = {k: v for k, v in rec.items() if k != "checksum"}
+    if rec.get("checksum") != crc32(encode_meta(body)):
+        raise FormatError(f"{where}: checksum {rec.get('checksum')!r:.20} does not match its "
+                          f"contents (damaged or edited); {_FIX}")
+    if not _number_ok(rec.get("manifest")):
+        raise FormatError(f"{where}: manifest is {rec.get('manifest')!r:.40}, expected a "
+                          f"manifest checksum; {_FIX}")
+    if rec["manifest"] != manifest_checksum:
+        return None
+    return _entries(rec, where)
+
+
+def _entries(rec: dict, where: str) -> dict:
+    paths, sizes, times = rec.get("paths"), rec.get("size"), rec.get("mtime_ns")
+    if not all(isinstance(x, list) for x in (paths, sizes, times)) or \
+            not len(paths) == len(sizes) == len(times):
+        raise FormatError(f"{where}: paths, size and mtime_ns are not three lists of one "
+                          f"length; {_FIX}")
+    for path, size, mtime in zip(paths, sizes, times):
+        if not isinstance(path, str) or not _number_ok(size) or not _time_ok(mtime):
+            raise FormatError(f"{where}: entry ({path!r:.60}, {size!r:.24}, {mtime!r:.24}), "
+                              f"expected (path, size >= 0, mtime_ns) within int64; {_FIX}")
+    return {p: (s, t) for p, s, t in zip(paths, sizes, times)}

@@ -3,12 +3,64 @@ kinds and colours, and the limits every number read from disk is held to. Import
 :mod:`dlpack_io.reader.format`, which documents the whole layout."""
 from __future__ import annotations
 
+import os
 import re
 import struct
 import zlib
 from dataclasses import dataclass
 
 import numpy as np
+
+# Byte counts written by people: ``256MB``, ``1.5GiB``, ``4096`` (shard sizes, cache limits).
+#
+# Decimal units (KB, MB, GB, TB) are powers of 1000, binary ones (KiB, MiB...) powers of 1024.
+# It lives in the reader because both the packer (--shard-size) and the reader (cache_limit)
+# parse sizes, and the reader never imports the packer.
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+          "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
+
+
+def parse_size(text) -> int:
+    """Parse a byte count such as ``256MB``, ``1.5GiB`` or ``4096`` into an int."""
+    if isinstance(text, int):
+        return text
+    match = _SIZE_RE.match(str(text))
+    if not match:
+        raise ValueError(f"shard size {text!r} is not a size such as 256MB, 1GiB or 4096")
+    unit = (match.group(2) or "").upper().rstrip("B")
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+# The one accessor of the optional C extension ``dlpack_io.reader._jpeg`` (reader/_jpeg.c,
+# reader/_restarts.c, reader/_resize.c: libjpeg-turbo region decoding, restart-marker
+# rewriting, the antialiased bilinear resize).
+#
+# Both sides of the format use it: the reader decodes JPEG records with it
+# (reader/jpegdecode.py), and the packer uses it to prove that a JPEG decodes the way the
+# reader will decode it and to add restart markers. It lives beside the spec, not in the
+# reader's core, because the packer may import only ``dlpack_io.reader.format`` and the storage
+# seam; keeping the rule here means ``DLPACK_IO_NO_JPEG_EXT=1`` means the same on both sides.
+
+DISABLE_ENV = "DLPACK_IO_NO_JPEG_EXT"  # "1": behave as if the extension had not built
+
+
+def native_jpeg():
+    """The ``_jpeg`` extension module, or None where it did not build or
+    ``DLPACK_IO_NO_JPEG_EXT=1`` (forces the PIL paths: tests, debugging).
+
+    The variable is read on every call, not once at import, so a process (or a test) that
+    sets it before packing is honoured; a successful import is cached by Python itself.
+    """
+    if os.environ.get(DISABLE_ENV) == "1":
+        return None
+    try:
+        from dlpack_io.reader import _jpeg
+    except ImportError:  # the optional extension did not build (no libjpeg headers)
+        return None
+    return _jpeg
+
 
 MAGIC = b"DLPKSHRD"
 FORMAT_VERSION = 3     # 3: records may carry a typed field block after the image (40-byte index)
@@ -282,3 +334,17 @@ def check_index_fields(index: np.ndarray, where: str) -> None:
                           f"expected kind 0 (JPEG, orientation 1..8, colour 0..2) or 1 (raw, "
                           f"orientation 1, colour 0) or 2 (PNG/WebP file, orientation 1, "
                           f"colour 0)")
+
+
+MAX_JSON_DEPTH = 32  # our manifests and shard metadata nest 3 deep
+_JSON_STRING_RE = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # unrolled: fast
+_BRACKET_STEP = np.zeros(256, dtype=np.int8)
+_BRACKET_STEP[[ord("["), ord("{")]], _BRACKET_STEP[[ord("]"), ord("}")]] = 1, -1
+
+
+def json_depth(data: bytes) -> int:
+    """How deep the brackets of JSON text ``data`` nest, strings left out (no recursion)."""
+    if data.count(b"[") + data.count(b"{") <= MAX_JSON_DEPTH:
+        return 0  # cannot nest deeper than that: the common small case costs nothing
+    bare = np.frombuffer(_JSON_STRING_RE.sub(b'""', data), dtype=np.uint8)
+    return int(np.cumsum(_BRACKET_STEP[bare], dtype=np.int64).max(initial=0))

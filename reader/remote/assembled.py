@@ -32,7 +32,6 @@ import numpy as np
 
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.remote import cache as cache_mod
-from dlpack_io.reader.remote import cachefs
 
 log = logging.getLogger(__name__)
 
@@ -61,27 +60,27 @@ class WholeShards:
         unless ``recheck`` is False."""
         held = self._maps.get(k)
         if held is not None and held[0] == os.getpid() and \
-                (not recheck or cachefs.fd_stamp(held[4]) == held[1]):
+                (not recheck or cache_mod.fd_stamp(held[4]) == held[1]):
             return held[3]
         if self._lock[0] != os.getpid():  # forked: the parent's lock may be held for good
             self._lock = (os.getpid(), threading.Lock())
         with self._lock[1]:  # one thread maps (and verifies) a file; the others wait for it
             held = self._maps.get(k)
             if held is not None and held[0] == os.getpid() and \
-                    (not recheck or cachefs.fd_stamp(held[4]) == held[1]):
+                    (not recheck or cache_mod.fd_stamp(held[4]) == held[1]):
                 return held[3]
             self._maps.pop(k, None)
             return self._map(k)
 
     def _map(self, k: int):
         shard = self.source.shards[k]
-        opened = cachefs.open_regular(self.path(k))
+        opened = cache_mod.open_regular(self.path(k))
         if opened is None:
             return None
         fd, st = opened
         mm = None
         try:
-            sig = cachefs.stamp_of(st)
+            sig = cache_mod.stamp_of(st)
             if st.st_uid != os.geteuid():  # not ours: never used, never removed
                 log.warning("%s: belongs to user id %d, not to this user; ignored (its "
                             "records are fetched)", self.path(k), st.st_uid)
@@ -102,7 +101,7 @@ class WholeShards:
         if not stamped:
             self._write_stamp(k, sig)
         view = memoryview(mm)
-        self._maps[k] = (os.getpid(), sig, mm, view, cachefs.OwnedFd(fd))
+        self._maps[k] = (os.getpid(), sig, mm, view, cache_mod.OwnedFd(fd))
         return view
 
     def present(self, samples: np.ndarray, lookup, budget: int = 0) -> np.ndarray:
@@ -132,7 +131,7 @@ class WholeShards:
         self._busy.add(k)
         try:
             self._assemble(k, first, budget)
-        except (OSError, cachefs.CacheEntryError) as exc:  # the records stay: still correct
+        except (OSError, cache_mod.CacheEntryError) as exc:  # the records stay: still correct
             log.warning("%s: cannot assemble the kept records of shard %d into one file (%s);"
                         " they are read one by one", self.path(k), k, exc)
         finally:
@@ -152,13 +151,13 @@ class WholeShards:
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
             os.ftruncate(fd, shard.size)
-            cachefs.preallocate(fd, shard.size)  # no hole of a full tmpfs mapped (a SIGBUS)
-            cachefs.pwrite_all(fd, head[:fmt.HEADER_SIZE], 0)  # (pwrite may write less)
-            cachefs.pwrite_all(fd, head[fmt.HEADER_SIZE:], shard.header.index_offset)
+            cache_mod.preallocate(fd, shard.size)  # no hole of a full tmpfs mapped (a SIGBUS)
+            cache_mod.pwrite_all(fd, head[:fmt.HEADER_SIZE], 0)  # (pwrite may write less)
+            cache_mod.pwrite_all(fd, head[fmt.HEADER_SIZE:], shard.header.index_offset)
             if not self._copy_records(fd, k, first, index):
                 self.keeper.discard_bytes(extra)
                 return
-            self._write_stamp(k, cachefs.stamp_of(os.fstat(fd)))
+            self._write_stamp(k, cache_mod.stamp_of(os.fstat(fd)))
             try:
                 os.link(tmp, path)  # exclusive: another process's copy may be there already
             except FileExistsError:
@@ -182,7 +181,7 @@ class WholeShards:
         keeper, shard = self.keeper, self.source.shards[k]
         for j, e in enumerate(index):
             span = int(self.source.lengths[first + j])
-            opened = cachefs.open_regular(keeper.path(k, j))
+            opened = cache_mod.open_regular(keeper.path(k, j))
             if opened is None:
                 return False
             rfd, st = opened
@@ -194,7 +193,7 @@ class WholeShards:
                 tuple(keeper.sig[first + j]) == (st.st_ino, st.st_size, st.st_mtime_ns)
             if len(data) != span or (not known and not _intact(data, 0, e, shard, j)):
                 return False
-            cachefs.pwrite_all(fd, data, int(e["offset"]))
+            cache_mod.pwrite_all(fd, data, int(e["offset"]))
         return True
 
     def _drop_records(self, k: int, first: int, index) -> None:
@@ -221,9 +220,9 @@ class WholeShards:
         name (whatever ``grown`` names now stays on the ledger in its place); None: another
         file is the assembled shard."""
         st = os.fstat(fd)
-        self._write_stamp(k, cachefs.stamp_of(st))
+        self._write_stamp(k, cache_mod.stamp_of(st))
         try:
-            cachefs.link_open_file(fd, st, grown, self.path(k))
+            cache_mod.link_open_file(fd, st, grown, self.path(k))
         except FileExistsError:
             try:
                 return False if os.path.samestat(os.lstat(self.path(k)), st) else None
@@ -239,8 +238,8 @@ class WholeShards:
         """Stamp assembled shard ``k`` again after its names changed (a link or unlink sets
         its ctime), if ``path(k)`` names the verified file open as ``fd``."""
         st = os.fstat(fd)
-        if cachefs.path_stamp(self.path(k)) == cachefs.stamp_of(st):
-            self._write_stamp(k, cachefs.stamp_of(st))
+        if cache_mod.path_stamp(self.path(k)) == cache_mod.stamp_of(st):
+            self._write_stamp(k, cache_mod.stamp_of(st))
 
     def _stamp(self, k: int):
         """The signature of shard ``k``'s file as this process (or its parent, before the

@@ -2,7 +2,7 @@
 set fits ``cache_limit``), the planner writes each verified record straight into
 ``records/<k>.grow``, a file laid out like the shard in the bucket (header page, records at
 their index offsets, index and metadata at the end; its blocks reserved when it is made,
-cachefs.preallocate), and readers take its records from one ``mmap`` of it, like a local
+cache_mod.preallocate), and readers take its records from one ``mmap`` of it, like a local
 shard (one CRC per record, when it lands). Once every record is in, the file becomes the
 assembled shard ``records/<k>.shard`` (assembled.py) by an exclusive link: epoch 1 is unchanged.
 
@@ -25,8 +25,7 @@ import numpy as np
 
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.remote import cache as cache_mod
-from dlpack_io.reader.remote import cachefs
-from dlpack_io.reader.remote.recordspan import mismatch
+from dlpack_io.reader.remote.fetchplan import mismatch
 
 log = logging.getLogger(__name__)
 _CLOSE_AFTER_S = 10.0  # a finished shard's files stay open this long (threads still using them)
@@ -85,7 +84,7 @@ class GrowingShards:
         if held is None:  # assembled by another process: its verified bytes are there
             return
         fd, map_fd = held[:2]
-        cachefs.check_size(fd, self.source.shards[k].size, self.path(k))  # a cut file: no
+        cache_mod.check_size(fd, self.source.shards[k].size, self.path(k))  # a cut file: no
         offsets = entries["offset"].astype(np.int64)  # write extends it (zeros, verified)
         ends = offsets + self.source.lengths[self.source.first_sample(k) + local]
         order = np.argsort(offsets, kind="stable")
@@ -94,7 +93,7 @@ class GrowingShards:
             for i in range(1, len(order) + 1):
                 if i == len(order) or offsets[order[i]] != ends[order[i - 1]]:
                     lo, hi = int(offsets[order[a]]), int(ends[order[i - 1]])
-                    cachefs.pwrite_all(fd, data[lo - start:hi - start], lo)
+                    cache_mod.pwrite_all(fd, data[lo - start:hi - start], lo)
                     a = i
             for j in local.tolist():  # after the bytes: a reader seeing the 1 sees them
                 os.pwrite(map_fd, b"\x01", j)
@@ -157,13 +156,13 @@ class GrowingShards:
         head = self._head(k)
         if head is not None:  # our own verified copy of the header, index and metadata
             shard = self.source.shards[k]
-            cachefs.pwrite_all(fd, head[:fmt.HEADER_SIZE], 0)
-            cachefs.pwrite_all(fd, head[fmt.HEADER_SIZE:], shard.header.index_offset)
+            cache_mod.pwrite_all(fd, head[:fmt.HEADER_SIZE], 0)
+            cache_mod.pwrite_all(fd, head[fmt.HEADER_SIZE:], shard.header.index_offset)
         adopted = self.source.whole.adopt(k, self.path(k), fd)
         if adopted is None:  # another file is the assembled shard: ours goes off the ledger
             self.keeper.discard_bytes(self.source.shards[k].size)
         for path, held in ((self.path(k), fd), (self.path(k) + ".map", map_fd)):
-            cachefs.unlink_if_same(path, held)  # never a file swapped in under our names
+            cache_mod.unlink_if_same(path, held)  # never a file swapped in under our names
         if adopted:  # its ctime changed with its names: the stamp follows
             self.source.whole.restamp(k, fd)
         return bool(adopted)
@@ -198,7 +197,7 @@ class GrowingShards:
             return None
         data = os.pread(held[0], span, at)  # checked as read (a mapped page of a cut file
         if len(data) != span:  # would fault: SIGBUS), then served from the map
-            cachefs.check_size(held[0], self.source.shards[k].size, self.path(k))
+            cache_mod.check_size(held[0], self.source.shards[k].size, self.path(k))
         if mismatch(data, entry) is not None:
             log.warning("%s: record %d of shard %d fails its checksum (a writer was killed, "
                         "or the file was edited); fetched again", self.path(k), j, k)
@@ -218,7 +217,7 @@ class GrowingShards:
         self._made = None
         if create and not os.path.lexists(self.path(k)) and not self._create(k, budget):
             return False
-        opened = cachefs.open_regular(self.path(k), os.O_RDWR if create else os.O_RDONLY)
+        opened = cache_mod.open_regular(self.path(k), os.O_RDWR if create else os.O_RDONLY)
         if opened is None:
             return False
         fd, st = opened
@@ -229,12 +228,12 @@ class GrowingShards:
                         "shard %d are kept one file each", self.path(k), shard.size, k)
             return False
         map_fd = self._open_map(k, create)
-        mm = None if map_fd is None else cachefs.map_readonly(fd, shard.size, self.path(k))
+        mm = None if map_fd is None else cache_mod.map_readonly(fd, shard.size, self.path(k))
         if mm is None:  # a planted map, no mmap: files we made just now are not left behind
             for path, held in ((self.path(k), fd), (self.path(k) + ".map", map_fd)):
                 if held is not None:
                     if self._made == k:
-                        cachefs.unlink_if_same(path, held)
+                        cache_mod.unlink_if_same(path, held)
                     os.close(held)
             if self._made == k:
                 self.keeper.discard_bytes(shard.size)
@@ -244,7 +243,7 @@ class GrowingShards:
 
     def _open_map(self, k: int, create: bool):
         n = len(self.source.shards[k].index)
-        opened = cachefs.open_regular(self.path(k) + ".map") if not create else None
+        opened = cache_mod.open_regular(self.path(k) + ".map") if not create else None
         if create:
             try:
                 fd = os.open(self.path(k) + ".map", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW
@@ -271,14 +270,14 @@ class GrowingShards:
         shard, head = self.source.shards[k], self._head(k)
         if head is None or not self.keeper.admit([shard.size], budget)[0]:
             return False
-        cachefs.make_dirs(self.keeper.dir, self.keeper.dir)
+        cache_mod.make_dirs(self.keeper.dir, self.keeper.dir)
         tmp, fd = os.path.join(self.keeper.dir, f".tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}"), -1
         try:
             fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             os.ftruncate(fd, shard.size)
-            cachefs.preallocate(fd, shard.size)  # a full disk fails here, not mid-epoch
-            cachefs.pwrite_all(fd, head[:fmt.HEADER_SIZE], 0)
-            cachefs.pwrite_all(fd, head[fmt.HEADER_SIZE:], shard.header.index_offset)
+            cache_mod.preallocate(fd, shard.size)  # a full disk fails here, not mid-epoch
+            cache_mod.pwrite_all(fd, head[:fmt.HEADER_SIZE], 0)
+            cache_mod.pwrite_all(fd, head[fmt.HEADER_SIZE:], shard.header.index_offset)
             os.link(tmp, self.path(k))
             self._made = k  # ours: removed again if its map cannot be opened
         except OSError as exc:  # not ours on the ledger: another process's file, or none

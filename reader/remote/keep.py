@@ -17,10 +17,9 @@ How many bytes are kept is counted in ``records/.ledger`` (20 digits), updated u
 exclusive ``flock`` by every process, so ranks and jobs sharing the folder stay within the
 budget together. Kept files are never evicted by a planner: only ``dlpack cache clear`` (which
 skips data sets in use) removes them, and a file whose bytes fail their checksum is
-discarded (and fetched again). The cachefs rules hold: no link followed, nothing trusted
+discarded (and fetched again). The cache_mod rules hold: no link followed, nothing trusted
 before its checksum passed; a kept file is verified once per process and re-verified when
-its inode, size or modification time changes.
-"""
+its inode, size or modification time changes."""
 from __future__ import annotations
 
 import errno
@@ -32,11 +31,97 @@ import uuid
 
 import numpy as np
 
+from dlpack_io.reader import format as fmt
 from dlpack_io.reader.remote import cache as cache_mod
-from dlpack_io.reader.remote import cachefs
-from dlpack_io.reader.remote.fetchplan import ahead_masks, read_ahead  # noqa: F401 (moved)
-from dlpack_io.reader.remote.keptusage import counted_size, usage
-from dlpack_io.reader.remote.recordspan import extents, mismatch
+from dlpack_io.reader.remote.fetchplan import (  # noqa: F401 (moved)
+    ABSENT,
+    PRESENT,
+    REQUESTED,
+    ahead_masks,
+    extents,
+    first_use,
+    mismatch,
+    range_requests,
+    read_ahead,
+)
+
+# How many bytes and files are kept under a records folder, counted on disk:
+# regular files of ours only, nothing followed (a recount when the ledger is missing or
+# damaged, and ``dlpack cache``'s report). Entries removed while they are counted (another
+# process's ``dlpack cache clear``) are skipped, never an error.
+
+def usage(records_dir: str) -> tuple[int, int]:
+    """(bytes, files) of kept records under ``records_dir``: regular files of ours only,
+    temporary files and links not counted, nothing followed (a shard still growing counts
+    its size, as the ledger does, and no records)."""
+    try:
+        names = os.listdir(records_dir)
+    except FileNotFoundError:
+        return 0, 0
+    return usage_of(records_dir, names)
+
+
+def usage_of(records_dir: str, names) -> tuple[int, int]:
+    """(bytes, files) of the entries ``names`` listed in ``records_dir``. Another process
+    may have removed any of them since (``dlpack cache clear``): those count nothing. A
+    shard assembled as ``<k>.shard`` counts once, as the ledger does: its ``<k>.grow`` (a
+    second name of the same file) and ``<k>/`` (record files about to be removed) are not
+    counted again."""
+    total = files = 0
+    assembled = set()  # its .grow (the same file) and record files (being removed) count 0
+    for shard in sorted(names, key=lambda name: not name.endswith(".shard")):
+        folder = os.path.join(records_dir, shard)
+        st = _lstat(folder)
+        if st is None or shard.removesuffix(".grow") in assembled:
+            continue
+        if shard.endswith(".shard") and shard[:-6].isdigit():  # assembled (assembled.py)
+            if _regular_ours(st):
+                total, files = total + st.st_size, files + _records_in(folder, st.st_size)
+                assembled.add(shard[:-6])
+            continue
+        if shard.endswith(".grow") and shard[:-5].isdigit():  # filling (growing.py): bytes
+            total += st.st_size if _regular_ours(st) else 0  # on the ledger, records not yet
+            continue
+        if not shard.isdigit() or not stat.S_ISDIR(st.st_mode):
+            continue
+        try:
+            kept = os.listdir(folder)
+        except FileNotFoundError:
+            continue
+        for name in kept:
+            st = _lstat(os.path.join(folder, name)) if name.isdigit() else None
+            if st is not None and _regular_ours(st):
+                total, files = total + st.st_size, files + 1
+    return total, files
+
+
+def _lstat(path: str):
+    """``lstat`` of ``path``, or None when it was removed since it was listed."""
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        return None
+
+
+def _regular_ours(st) -> bool:
+    return stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid()
+
+
+def _records_in(path: str, size: int) -> int:
+    """Records of an assembled shard, from its header page (0 when it is not valid)."""
+    try:
+        with open(path, "rb", opener=lambda p, f: os.open(p, f | os.O_NOFOLLOW)) as f:
+            return fmt.unpack_header(f.read(fmt.HEADER_SIZE), size, path).num_records
+    except (OSError, fmt.FormatError):
+        return 0
+
+
+def counted_size(path: str) -> int:
+    """The bytes ``usage`` counts for the kept file at ``path``: its size when it is a
+    regular file of ours, else 0 (a link or a planted file is never on the ledger)."""
+    st = _lstat(path)
+    return st.st_size if st is not None and _regular_ours(st) else 0
+
 
 log = logging.getLogger(__name__)
 ROOM_BATCHES = 16  # room kept free for batches in flight when the data set does not fit
@@ -104,7 +189,7 @@ class KeptRecords:
     def __init__(self, cache, n_samples: int, *, owner: bool):
         self.dir = os.path.join(cache.root, "records")
         self.owner = owner
-        cachefs.make_dirs(cache.root, self.dir)
+        cache_mod.make_dirs(cache.root, self.dir)
         self.ledger = os.path.join(self.dir, ".ledger")
         n_samples = n_samples if owner else 0  # workers only read (and discard) kept files
         self.kept = np.zeros(n_samples, dtype=bool)  # verified here, with this signature:
@@ -144,7 +229,7 @@ class KeptRecords:
         """Read kept record (k, j), ``length`` bytes (its image and field block), and check
         it against ``entry``'s CRCs; remember it when it passes."""
         path = self.path(k, j)
-        opened = cachefs.open_regular(path)
+        opened = cache_mod.open_regular(path)
         self.looked[sample] = True
         if opened is None:
             return False
@@ -192,7 +277,7 @@ class KeptRecords:
         directory = os.path.dirname(path)
         try:
             if directory not in self._dirs:
-                cachefs.make_dirs(self.dir, directory)
+                cache_mod.make_dirs(self.dir, directory)
                 self._dirs.add(directory)
             tmp = os.path.join(directory, f".tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -228,12 +313,12 @@ class KeptRecords:
         """Remove a kept file whose bytes failed their checks and take it off the ledger,
         once: when a reader thread and the planner find the same damage, only the one whose
         unlink removed the file takes its bytes off."""
-        if cachefs.discard(path, why):
+        if cache_mod.discard(path, why):
             self.discard_bytes(length)
 
     def drop(self, samples, places, lengths, nbytes: int) -> int:
         """Remove kept files of ``samples`` (at (shard, record) ``places``, of ``lengths``)
-        until ``nbytes`` are freed (fullcache.py); returns the bytes freed."""
+        until ``nbytes`` are freed (keep.py); returns the bytes freed."""
         freed = 0
         for s, (k, j), length in zip(samples, places, lengths):
             if freed < nbytes and os.path.lexists(self.path(k, j)):
@@ -296,3 +381,139 @@ class KeptRecords:
         """Bytes of the kept files, counted on disk (a missing or damaged ledger)."""
         return usage(self.dir)[0]
 
+
+# Reading on when the cache_dir's file system is full (mixed into planner.Planner).
+#
+# A full disk (ENOSPC, a quota, a file size limit) is not the end of reading while the data can
+# still be streamed. In order: records stop being kept for later epochs (``KeptRecords`` says so once,
+# naming the folder and the fix), and pass through the session folder instead; a growing
+# shard that cannot be written switches the planner to a file per record; a range the session
+# has no room for waits (on the event loop: no thread, no place in flight is held) until room
+# comes: the consumer releasing a batch (its session files go), kept files of batches already
+# released (removed: they cannot stay anyway), or records of later batches that landed early
+# (removed, and fetched again once their turn is near). No more bytes are admitted in flight
+# than what fitted. Only when none of these can make room is it an OSError naming the folder
+# and the fix (free space there, another cache_dir).
+
+log = logging.getLogger(__name__)
+
+
+class FullCacheSide:
+    """Mixed into Planner (its attributes: planner.py)."""
+
+    _waiting: list | None = None  # the batches of ranges waiting for room (a multiset)
+    _roomless: np.ndarray | None = None  # their records: fetched, not landing by themselves
+
+    async def _land_later(self, full, k, data, start, samples, local, entries, pieces) -> None:
+        """Land records ``samples`` of a range (``data`` from shard offset ``start``) that
+        found no room (``full``) once there is room, as many times as it takes."""
+        need = int(first_use(self.plan)[samples].min())
+        with self.cond:
+            self._waiting = (self._waiting or []) + [need]
+            if self._roomless is None:
+                self._roomless = np.zeros(len(self.state), dtype=np.int32)
+            self._roomless[samples] += 1
+        try:
+            while len(samples):
+                await self._room(full, samples, need)
+                try:
+                    await self._loop.run_in_executor(None, self._land, k, data, start,
+                                                     samples, local, entries, pieces)
+                    return
+                except CacheFull as again:
+                    full, a = again, again.at
+                    samples, local, entries = samples[a:], local[a:], entries[a:]
+                    pieces = pieces[a:]
+        finally:
+            with self.cond:
+                self._waiting.remove(need)
+                self._roomless[samples] -= 1
+
+    async def _room(self, full, pending: np.ndarray, need: int) -> None:
+        """Wait for room for ``pending`` (records of batch ``need`` on: ``full``, a
+        keep.CacheFull); OSError naming the folder when none can come."""
+        with self.cond:
+            evicted = self.stats["evicted"]
+            if self.limit > self.held:  # what fits is what is held: admit no more than that
+                log.warning("%s: %s; at most %d bytes of batches in flight from now on (free "
+                            "space there, or pass another cache_dir)", full.folder,
+                            full.strerror, self.held)
+                self.limit, self._warned = max(1, self.held), True  # (not "raise cache_limit")
+        while True:  # clear first: a release() landing after the check wakes the wait
+            self._budget.clear()
+            with self.cond:
+                if self.closed or self.error is not None:
+                    raise full  # closed, or failed elsewhere: nothing lands any more
+                if self.stats["evicted"] != evicted or self._unkeep(pending):
+                    return
+                if self.released[:need].all():
+                    later = self._make_way(need)  # no release can come before ``need``
+                    landing = (self.state == REQUESTED) & (first_use(self.plan) > need) & \
+                        (self._roomless == 0)
+                    if len(later):
+                        self._spawn(self._tasks, ("again", later))
+                        return
+                    if not landing.any():
+                        raise OSError(full.errno, f"{full.strerror}: {full.folder} (in "
+                                                  f"cache_dir {self.source.cache_dir}) has no "
+                                                  f"room for the records of batch {need}, even "
+                                                  f"streamed; free space there, or pass "
+                                                  f"another cache_dir")
+            await self._budget.wait()
+
+    def _unkeep(self, pending: np.ndarray) -> bool:
+        """(Condition held) Remove kept record files of batches the consumer released, for
+        room for ``pending``; whether anything was freed (counted as evicted)."""
+        keeper = self.source.keeper
+        if self.plan.mode != "records" or not len(keeper.kept):
+            return False
+        last = self.plan.last_use
+        done = np.flatnonzero(keeper.kept[:len(last)] & (last >= 0) &
+                              self.released[np.maximum(last, 0)])
+        freed = keeper.drop(done.tolist(), [self.source.locate(s) for s in done.tolist()],
+                            self.plan.size[done], 2 * int(self.plan.size[pending].sum()))
+        if freed:
+            log.warning("%s: full; %d bytes of records kept for later epochs removed to stream "
+                        "this epoch (free space there, or pass another cache_dir)",
+                        keeper.dir, freed)
+            self.stats["evicted"] += 1
+        return freed > 0
+
+    def _make_way(self, need: int) -> np.ndarray:
+        """(Condition held) Remove the session files, else the kept files, of records first
+        needed after batch ``need`` (landed early); returns them, to be fetched again
+        (``_again``) when their turn comes."""
+        first, keeper = first_use(self.plan), self.source.keeper
+        later = np.flatnonzero(self.transient & (self.state == PRESENT) & (first > need))
+        if len(later):
+            self._evict(later)
+        elif self.plan.mode == "records" and len(keeper.kept):
+            later = np.flatnonzero(keeper.kept[:len(first)] & (self.state == PRESENT) &
+                                   (first > need))
+            keeper.drop(later.tolist(), [self.source.locate(s) for s in later.tolist()],
+                        self.plan.size[later], int(self.plan.size[later].sum()))
+            self.state[later] = ABSENT
+        if len(later):
+            log.warning("%s: full; %d records of later batches removed to make room for batch "
+                        "%d, fetched again when their turn comes", self.source.cache.root,
+                        len(later), need)
+        return later
+
+    async def _again(self, items: np.ndarray) -> None:
+        """Fetch ``items`` (removed by ``_make_way``) again once the consumer released the
+        batch before the first that needs them."""
+        first = int(first_use(self.plan)[items].min())
+        while True:
+            self._budget.clear()
+            with self.cond:
+                if self.closed or self.error is not None:
+                    return
+                if first == 0 or self.released[first - 1]:
+                    todo = items[self.state[items] == ABSENT]
+                    break
+            await self._budget.wait()
+        await self._admit(first, todo)
+        for request in range_requests(todo, first_use(self.plan)[todo],
+                                      self.source.dataset_lookup(todo), gap=self.gap,
+                                      max_bytes=self.max_request):
+            await self._fetch_range(*request[1:])

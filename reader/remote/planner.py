@@ -7,25 +7,50 @@ ranges (records kept by an earlier epoch or run are not fetched again, see keep.
 order and started when their bytes fit in ``cache_limit`` next to what unreleased batches
 hold; an item is evicted when the last batch needing it is released. Records are CRC-checked
 before they land (a file each, or in place: growing.py); a failed request fails every wait.
+
+The prefetch protocol of a remote Dataset (see docs/remote.md):
+
+    prefetch = dataset.start_prefetch(batches)   # this rank's upcoming batches, in order
+    prefetch.wait(k)      # every record of batch k is verified in the cache (or an error)
+    prefetch.ready(k)     # the same question, without blocking
+    prefetch.release(k)   # batch k delivered: what no later batch needs may be evicted
+    prefetch.close()      # stop; idempotent (also when the handle is garbage collected)
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from dlpack_io.reader.remote import fetchplan
 from dlpack_io.reader.remote.assembled import cached
-from dlpack_io.reader.remote.fetchplan import (ahead_masks, fill_first, fill_inflight,
-                                               first_use, range_requests, read_ahead)
-from dlpack_io.reader.remote.fullcache import FullCacheSide
-from dlpack_io.reader.remote.keep import (FILL_FIRST, FULL, READ_AHEAD, CacheFull,
-                                          publish_records, split_limit)
-from dlpack_io.reader.remote.planmsg import warn_overcommit
-from dlpack_io.reader.remote.planwaits import ABSENT, PRESENT, REQUESTED, ConsumerSide
-from dlpack_io.reader.remote.recordspan import fetch_spans
+from dlpack_io.reader.remote.fetchplan import (
+    ABSENT,
+    PRESENT,
+    REQUESTED,
+    ahead_masks,
+    fetch_spans,
+    fill_first,
+    fill_inflight,
+    first_use,
+    range_requests,
+    read_ahead,
+)
+from dlpack_io.reader.remote.keep import (
+    FILL_FIRST,
+    FULL,
+    READ_AHEAD,
+    CacheFull,
+    FullCacheSide,
+    publish_records,
+    split_limit,
+)
+from dlpack_io.reader.remote.prefetch import ConsumerSide, warn_overcommit
 
 log = logging.getLogger(__name__)
 HOLD_FILL = True  # a fill after batch 0 starts when batch 0's requests are done
@@ -33,8 +58,8 @@ HOLD_FILL = True  # a fill after batch 0 starts when batch 0's requests are done
 
 class Planner(ConsumerSide, FullCacheSide):
     """The state and thread behind a Prefetch handle (reader/remote/prefetch.py): this
-    class fetches; what consumers call (wait, ready, release, close) is in planwaits.py;
-    how reading goes on when the cache_dir's file system is full, in fullcache.py."""
+    class fetches; what consumers call (wait, ready, release, close) is in prefetch.py;
+    how reading goes on when the cache_dir's file system is full, in keep.py."""
 
     def __init__(self, source, plan, shards, *, max_inflight: int, gap: int, max_request: int,
                  bridge_gap: int = 0, fill_bytes: int = 0, fill_inflight: int = 4):
@@ -83,7 +108,7 @@ class Planner(ConsumerSide, FullCacheSide):
         self._loop, self._budget = asyncio.get_running_loop(), asyncio.Event()
         self._main = asyncio.current_task()
         sem, tasks = asyncio.Semaphore(self.max_inflight), set()
-        self._tasks = tasks  # fullcache.py adds its refetches
+        self._tasks = tasks  # keep.py adds its refetches
         filled = False
         for k, items in enumerate(self.plan.needs):
             if k == 0 and self.fill:  # a small data set: all of it first, batch 0 with it
@@ -196,7 +221,7 @@ class Planner(ConsumerSide, FullCacheSide):
         try:
             if request[0] == "shard":
                 await self._fetch_shard(request[1])
-            elif request[0] in ("again", "land"):  # fullcache.py
+            elif request[0] in ("again", "land"):  # keep.py
                 await (self._again(request[1]) if request[0] == "again" else
                        self._land_later(*request[1:]))
             else:
@@ -219,7 +244,7 @@ class Planner(ConsumerSide, FullCacheSide):
             await self._loop.run_in_executor(self._lander if self.grow is not None else None,
                                              self._land, k, data, start, samples, local,
                                              entries, pieces)
-        except CacheFull as full:  # the rest lands once there is room (fullcache.py), in a
+        except CacheFull as full:  # the rest lands once there is room (keep.py), in a
             a = full.at  # task of its own: this one ends, and frees its place in flight
             self._spawn(self._tasks, ("land", full, k, data, start, samples[a:], local[a:],
                                       entries[a:], pieces[a:]))
@@ -273,3 +298,72 @@ class Planner(ConsumerSide, FullCacheSide):
             self._evict(items[self.released[np.maximum(last, 0)] & (last >= 0)])  # released early
             self.cond.notify_all()
         self._wake()  # a record waiting for room in a full cache_dir may evict these
+
+
+def start(source, batches, *, mode=None) -> "Prefetch":
+    """Plan ``batches`` for RemoteSource ``source`` and start fetching (see the module doc)."""
+
+    if not source.session.owner or source.store.owner_pid not in (None, os.getpid()):
+        raise RuntimeError(f"{source.url}: start_prefetch must be called in the process that "
+                           f"opened the data set (pid {source.store.owner_pid}), not a worker")
+    active = source.active_prefetch()
+    if active is not None:
+        active.close()
+    batches = [np.asarray(b, dtype=np.int64) for b in batches]
+    n = len(source.lengths)
+    for b in batches:
+        if b.size and (b.min() < 0 or b.max() >= n):
+            raise IndexError(f"{source.url}: a batch holds sample {int(b.max())}, the data set "
+                             f"has {n}")
+    sizes = [e["bytes"] for e in source.manifest["shards"]]
+    mode = mode or source.fetch_mode or fetchplan.auto_mode(batches, source.shard_of, sizes,
+                                                            source.cache_limit)
+    plan = fetchplan.make_plan(mode, batches, source.shard_of, source.lengths, sizes)
+    fetchplan.check_limit(plan, source.cache_limit, source.url)
+    if mode == "records":  # files found in the records folder are counted before keeping
+        source.keeper.reconcile()
+    handle = Prefetch(Planner(source, plan, source.shards, **source.fetch_options))
+    source.set_active_prefetch(handle)
+    return handle
+
+
+class Prefetch:
+    """Handle returned by ``Dataset.start_prefetch``; dropping it stops the planner."""
+
+    def __init__(self, planner):
+        self._planner = planner
+        self._finalizer = weakref.finalize(self, planner.close)
+
+    @property
+    def mode(self) -> str:
+        """"records" or "shards"."""
+        return self._planner.plan.mode
+
+    @property
+    def stats(self) -> dict:
+        """Requests made, bytes fetched, bytes held now and at most, items evicted."""
+        return dict(self._planner.stats)
+
+    def wait(self, k: int, timeout: float | None = None) -> None:
+        """Block until every record of batch ``k`` is verified in the cache; raises the
+        fetch error, or TimeoutError after ``timeout`` (default: the store's deadline)."""
+        self._planner.wait(k, timeout)
+
+    def ready(self, k: int) -> bool:
+        """Non-blocking: True when every record of batch ``k`` is in the cache (raises the
+        fetch error if there was one). Lets a loader keep submitting ready batches while
+        waiting only for the one it must deliver next."""
+        return self._planner.ready(k)
+
+    def wait_record(self, shard: int, sample: int) -> bool:
+        """For a record read outside the batch order: True once the planner has it in the
+        cache (waiting while it is in flight), False when no planned batch holds it."""
+        return self._planner.wait_record(shard, sample)
+
+    def release(self, k: int) -> None:
+        """Batch ``k`` was delivered: evict what no later batch needs."""
+        self._planner.release(k)
+
+    def close(self) -> None:
+        """Stop the planner thread and drop what it holds in the cache; idempotent."""
+        self._finalizer()

@@ -17,7 +17,7 @@ import uuid
 import numpy as np
 
 from dlpack_io.reader import format as fmt
-from dlpack_io.reader.remote import cachefs
+from dlpack_io.reader.remote import cache as cache_mod
 
 log = logging.getLogger(__name__)
 PART = 8 * 2**20
@@ -26,7 +26,7 @@ PART = 8 * 2**20
 async def fetch_shard(store, shard, cache, session, limit: int, *, max_parts: int = 8) -> dict:
     """Make ``shard`` available at ``session.pin_path``; return {"requests", "bytes"}."""
     pool, pin = cache.pool_path(shard.name), session.pin_path(shard.name)
-    cachefs.make_dirs(session.dir, os.path.dirname(pin))
+    cache_mod.make_dirs(session.dir, os.path.dirname(pin))
     if _link(pool, pin, shard.size):
         return {"requests": 0, "bytes": 0}
     trim_pool(cache, limit - shard.size)
@@ -41,7 +41,7 @@ async def fetch_shard(store, shard, cache, session, limit: int, *, max_parts: in
             async with sem:
                 end = min(start + PART, shard.size)
                 data = await store.aget_range(shard.name, start, end, etag=shard.etag)
-                cachefs.pwrite_all(fd, data, start)  # (pwrite may write less)
+                cache_mod.pwrite_all(fd, data, start)  # (pwrite may write less)
         starts = list(range(0, shard.size, PART))
         # wait for every part even when one fails: none may write after fd is closed
         results = await asyncio.gather(*(part(s) for s in starts), return_exceptions=True)
@@ -67,7 +67,7 @@ def _reserve(fd: int, size: int, path: str) -> None:
     """Reserve the blocks of a shard about to be downloaded; an OSError naming the folder
     and the fix on a full disk (a mapped hole of a full tmpfs would be a SIGBUS)."""
     try:
-        cachefs.preallocate(fd, size)
+        cache_mod.preallocate(fd, size)
     except OSError as exc:
         raise OSError(exc.errno, f"{exc.strerror}: no room for a {size}-byte shard in "
                                  f"{os.path.dirname(path)}; free space there, pass a smaller "

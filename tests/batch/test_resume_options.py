@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from dlpack_io.packer import convert, journal
-from dlpack_io.packer.pipeline import ConversionError
+from dlpack_io.packer.records import ConversionError
 from dlpack_io.tools.verification import verify
 
 from helpers import convert_stopped_at, dataset_fingerprint

@@ -12,17 +12,16 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from helpers import convert_stopped_at, dataset_fingerprint, gone, wait_until
-
-from dlpack_io.reader import Output
 from dlpack_io.packer import Writer, convert, writers
-from dlpack_io.packer.pipeline import ConversionError
-from dlpack_io.reader import Dataset, Loader, RandomCrop
+from dlpack_io.packer.records import ConversionError
+from dlpack_io.reader import Dataset, Loader, Output, RandomCrop
 from dlpack_io.reader import format as fmt
-from dlpack_io.reader.format.inputstat import INPUTSTAT_NAME
+from dlpack_io.reader.format.schema import INPUTSTAT_NAME
 from dlpack_io.tools.cli import main
 from dlpack_io.tools.synth import make_image_folder
 from dlpack_io.tools.verification import verify
+
+from helpers import convert_stopped_at, dataset_fingerprint, gone, wait_until
 
 OPTS = dict(shard_size="40KB", workers=1, progress=False)
 

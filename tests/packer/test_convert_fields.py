@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from dlpack_io.packer import convert
-from dlpack_io.packer.pipeline import ConversionError
+from dlpack_io.packer.records import ConversionError
 from dlpack_io.reader import Dataset
 from dlpack_io.tools.cli import main
 from dlpack_io.tools.verification import verify

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from dlpack_io.packer import convert
-from dlpack_io.packer.pipeline import ConversionError
+from dlpack_io.packer.records import ConversionError
 from dlpack_io.reader import Dataset
 from dlpack_io.tools.cli import main
 
@@ -333,9 +333,9 @@ def test_deep_coco_is_measured_before_parsing_where_the_recursion_limit_is_high(
         tmp_path, monkeypatch):
     import sys
 
-    from dlpack_io.packer import coco
+    from dlpack_io.packer import targetinputs
 
-    monkeypatch.setattr(coco, "_CHUNK", 4096)  # several chunks, a carry across each
+    monkeypatch.setattr(targetinputs, "_CHUNK", 4096)  # several chunks, a carry across each
     (tmp_path / "src").mkdir()
     # a string of brackets ending in an escaped backslash, then the real nesting
     text = '{"images": [], "x": "' + "[" * 9000 + chr(92) * 2 + '"}' + "[" * 100_000 \

@@ -10,8 +10,9 @@ import pytest
 import torch
 from PIL import Image
 
+from dlpack_io.packer import convert, journal
+from dlpack_io.packer import fields as fields_mod
 from dlpack_io.reader import Dataset, Loader, Output, Resize
-from dlpack_io.packer import accounting, convert, fieldshapes, journal
 
 from helpers import convert_stopped_at, gone, wait_until
 
@@ -85,7 +86,7 @@ def test_resume_merges_the_journaled_shapes_and_an_old_journal_claims_none(tmp_p
     for line in lines:
         line.pop("shapes", None)
     (dst2 / journal.JOURNAL_NAME).write_text(
-        "".join(json.dumps(accounting.seal(accounting.unseal(e)) if "shard" in e else e,
+        "".join(json.dumps(journal.seal(journal.unseal(e)) if "shard" in e else e,
                            sort_keys=True) + "\n" for e in lines))
     out = convert(src2, dst2, resume=True, workers=1, progress=False, shard_size="2KB",
                   shuffle=False)
@@ -96,9 +97,9 @@ def test_resume_merges_the_journaled_shapes_and_an_old_journal_claims_none(tmp_p
 @pytest.mark.parametrize("value", [None, [1, 2], {"a": [True]}, {"a": [-1]}, {"a": [2**32]},
                                    {"a": "3"}, {1: [2]}])
 def test_malformed_journaled_shapes_claim_nothing(value):
-    assert fieldshapes.journaled(value) is None
-    assert fieldshapes.journaled({"a": [0, 3], "b": None}) == {"a": [0, 3], "b": None}
-    assert fieldshapes.settle({"a": {"type": "array", "dtype": "uint8", "ndim": 1}}, None) == \
+    assert fields_mod.journaled_shapes(value) is None
+    assert fields_mod.journaled_shapes({"a": [0, 3], "b": None}) == {"a": [0, 3], "b": None}
+    assert fields_mod.settle_shapes({"a": {"type": "array", "dtype": "uint8", "ndim": 1}}, None) == \
         {"a": {"type": "array", "dtype": "uint8", "ndim": 1, "shape": None}}
 
 

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from dlpack_io.packer import accounting, journal
+from dlpack_io.packer import journal
 from dlpack_io.packer.scan import Inputs
 
 
@@ -70,7 +70,7 @@ def test_torn_last_line_is_ignored(tmp_path):
     assert journal.read_journal(tmp_path) == (plan, shards)
     lines = (tmp_path / journal.JOURNAL_NAME).read_text().split("\n")
     assert [json.loads(line) for line in lines[:3]] == \
-        [dict(e, crc32=accounting.line_crc(e)) for e in [plan] + shards]  # each line sealed
+        [dict(e, crc32=journal.line_crc(e)) for e in [plan] + shards]  # each line sealed
 
 
 def test_an_option_only_one_run_had_is_named(tmp_path):

@@ -1,5 +1,5 @@
 """Opening image headers from several threads at once (the field blocks made ahead,
-packer/fieldahead.py) leaves PIL's process-wide decompression-bomb limit as it was."""
+packer/fields.py) leaves PIL's process-wide decompression-bomb limit as it was."""
 from __future__ import annotations
 
 import io
@@ -8,7 +8,7 @@ import threading
 
 from PIL import Image
 
-from dlpack_io.packer.pilimage import open_image
+from dlpack_io.packer.encode import open_image
 
 
 def test_concurrent_opens_restore_pils_bomb_limit():

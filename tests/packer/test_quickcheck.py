@@ -1,6 +1,6 @@
-"""The append's quick check (packer/quickcheck.py): a packed file whose size and mtime are
+"""The append's quick check (packer/appendbase.py): a packed file whose size and mtime are
 those recorded is a duplicate without being hashed; --checksum hashes every file; the
-record (reader/format/inputstat.py) is untrusted input."""
+record (reader/format/schema.py) is untrusted input."""
 from __future__ import annotations
 
 import json
@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from dlpack_io.packer import convert
-from dlpack_io.packer.pipeline import ConversionError
+from dlpack_io.packer.records import ConversionError
 from dlpack_io.reader import format as fmt
-from dlpack_io.reader.format.inputstat import INPUTSTAT_NAME, MAX_INPUTSTAT_BYTES
+from dlpack_io.reader.format.schema import INPUTSTAT_NAME, MAX_INPUTSTAT_BYTES
 from dlpack_io.tools.cli import main
 from dlpack_io.tools.synth import make_image_folder
 

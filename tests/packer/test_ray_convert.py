@@ -18,12 +18,13 @@ import pytest
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 pytest.importorskip("ray")
 
+from raycluster import module_cluster, session_pids  # noqa: E402
+
 from dlpack_io.packer import convert  # noqa: E402
 from dlpack_io.packer.journal import JOURNAL_NAME, DstLock  # noqa: E402
-from dlpack_io.packer.pipeline import ConversionError  # noqa: E402
+from dlpack_io.packer.records import ConversionError  # noqa: E402
 
 from helpers import dataset_fingerprint, in_forked_child, photo_folder  # noqa: E402
-from raycluster import module_cluster, session_pids  # noqa: E402
 
 SHARD = "60KB"
 
@@ -69,7 +70,7 @@ def _cli(cluster, src, dst, *extra):
 
 def _assert_finished_cleanly(dst, resumed: bool = False):
     """Shards, manifest, rejects and (not after a resume, which cannot know the times of
-    the files its killed run read: packer/quickcheck.py) the input-stat record; nothing else."""
+    the files its killed run read: packer/appendbase.py) the input-stat record; nothing else."""
     names = set(os.listdir(dst))
     assert {n for n in names if not n.startswith("shard-")} == \
         {"manifest.json", "rejects.tsv"} | (set() if resumed else {"inputstat.json"})
@@ -79,7 +80,7 @@ def _assert_finished_cleanly(dst, resumed: bool = False):
 @in_forked_child
 def test_two_node_cluster_is_byte_identical_to_local(cluster, source, reference, tmp_path,
                                                      data_format, caplog):
-    caplog.set_level("INFO", logger="dlpack_io.packer.ray_cluster")
+    caplog.set_level("INFO", logger="dlpack_io.packer.engines")
     dst = tmp_path / "ds"
     result = convert(source, dst, format=data_format, shard_size=SHARD, progress=False,
                      engine="ray", ray_address=cluster.address)
@@ -135,7 +136,7 @@ def test_a_stopped_conversion_lets_its_tasks_finish_instead_of_cancelling(
     of it runs once convert() has returned, and --resume finishes byte-identical."""
     import ray
 
-    from dlpack_io.packer import ray_planner
+    from dlpack_io.packer import engines
 
     cancelled, submitted = [], []
     ray.cancel = lambda ref, **kwargs: cancelled.append(ref)  # this forked child's Ray only
@@ -146,7 +147,7 @@ def test_a_stopped_conversion_lets_its_tasks_finish_instead_of_cancelling(
     with pytest.raises(ConversionError, match="--on-error fail stops at the first bad input"):
         convert(source, tmp_path / "fail", on_error="fail", shuffle=False, **kwargs)
 
-    poll = ray_planner.RayPlanner.poll
+    poll = engines.RayPlanner.poll
 
     def poll_then_ctrl_c(planner):
         poll(planner)
@@ -154,11 +155,11 @@ def test_a_stopped_conversion_lets_its_tasks_finish_instead_of_cancelling(
             submitted.extend(p[0] for p in planner.pending)
             raise KeyboardInterrupt
 
-    ray_planner.RayPlanner.poll = poll_then_ctrl_c
+    engines.RayPlanner.poll = poll_then_ctrl_c
     dst = tmp_path / "ctrl-c"
     with pytest.raises(KeyboardInterrupt):
         convert(source, dst, **kwargs)
-    ray_planner.RayPlanner.poll = poll
+    engines.RayPlanner.poll = poll
     assert submitted and cancelled == []
     _, running = ray.wait(submitted, num_returns=len(submitted), timeout=0, fetch_local=False)
     assert running == []
@@ -368,7 +369,7 @@ def test_a_task_that_keeps_dying_is_a_clear_error(cluster):
     """What the driver says when Ray gives up on a task whose worker dies every time."""
     import ray
 
-    from dlpack_io.packer.ray_results import task_result
+    from dlpack_io.packer.engines import task_result
 
     ray.init(address=cluster.address, log_to_driver=False, logging_level="WARNING")
     try:

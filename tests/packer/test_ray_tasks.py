@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from dlpack_io.packer import convert, ray_tasks
-from dlpack_io.packer.cutting import ShardCutter
-from dlpack_io.packer.pipeline import ConversionError
+from dlpack_io.packer import convert, engines
+from dlpack_io.packer.packing import ShardCutter
+from dlpack_io.packer.records import ConversionError
 from dlpack_io.packer.writers import open_writer
 from dlpack_io.reader.shard import RecordShard
 
@@ -47,7 +47,7 @@ def test_cutter_accounts_exactly_like_the_writer(tmp_path, data_format):
 
 
 def test_segment_size_balances_bounds_the_driver_and_spans_few_shards():
-    from dlpack_io.packer.ray_engine import segment_size
+    from dlpack_io.packer.engines import segment_size
 
     mb = 10**6
     assert segment_size(3000, 2, 256 * mb, 110e3) == 64         # at most 64 on a small cluster
@@ -72,7 +72,7 @@ def test_encode_segment_concatenates_payloads_and_keeps_rejects(image_folder, tm
     bad = tmp_path / "bad.jpg"
     bad.write_bytes(b"")
     items.insert(2, (str(bad), 0, bad.stat().st_mtime_ns))
-    outcomes, payloads = ray_tasks.encode_segment(items, OPTIONS)
+    outcomes, payloads = engines.encode_segment(items, OPTIONS)
     assert outcomes[2] == ("reject", "empty file (0 bytes)")
     kept = [o for o in outcomes if o[0] == "ok"]
     assert len(kept) == 5 and payloads.dtype == np.uint8
@@ -83,12 +83,12 @@ def test_encode_segment_concatenates_payloads_and_keeps_rejects(image_folder, tm
 
 
 def test_assemble_shard_writes_what_the_local_writer_writes(image_folder, tmp_path):
-    outcomes, payloads = ray_tasks.encode_segment(_items(image_folder), OPTIONS)
+    outcomes, payloads = engines.encode_segment(_items(image_folder), OPTIONS)
     # outcome: ok, offset, length, crc, height, width, kind, orientation, colour, ...
     items = [(0, o[1], o[2], k % 3, f"c/{k}.jpg", o[3], o[4], o[5], o[6], o[7], o[8])
              for k, o in enumerate(outcomes)]
     (tmp_path / ".shard-00004.rec.partial").write_bytes(b"left by a killed attempt")
-    entry = ray_tasks.assemble_shard(str(tmp_path), "record", 4, 40, 10**6, items, payloads)
+    entry = engines.assemble_shard(str(tmp_path), "record", 4, 40, 10**6, items, payloads)
     assert entry["name"] == "shard-00004.rec" and entry["num_samples"] == 5
     assert sorted(os.listdir(tmp_path)) == ["shard-00004.rec"]
     shard = RecordShard(str(tmp_path / "shard-00004.rec"))
@@ -97,11 +97,11 @@ def test_assemble_shard_writes_what_the_local_writer_writes(image_folder, tmp_pa
 
 
 def test_assemble_shard_failure_leaves_no_temp_file(image_folder, tmp_path):
-    outcomes, payloads = ray_tasks.encode_segment(_items(image_folder), OPTIONS)
+    outcomes, payloads = engines.encode_segment(_items(image_folder), OPTIONS)
     items = [(0, o[1], o[2], 0, "p", o[3], o[4], o[5], o[6], o[7], o[8]) for o in outcomes]
     items.append((1, 0, 10, 0, "p", 0, 1, 1, 0, 1, 0))  # a payload array that was not passed
     with pytest.raises(IndexError, match="list index out of range"):
-        ray_tasks.assemble_shard(str(tmp_path), "record", 0, 0, 10**6, items, payloads)
+        engines.assemble_shard(str(tmp_path), "record", 0, 0, 10**6, items, payloads)
     assert os.listdir(tmp_path) == []
 
 

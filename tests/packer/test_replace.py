@@ -1,5 +1,5 @@
 """``dlpack convert SRC DST --append --replace-changed``: a changed input's new content is
-packed into new shards and its old record retired (reader/format/retired.py): old shard
+packed into new shards and its old record retired (reader/format/schema.py): old shard
 bytes unchanged, the sample keeps its index and shows the new content, indices stay dense,
 the summary and history say what was replaced, kill -9 then --resume gives the same bytes,
 a reader of the old manifest keeps reading what it knew, s3:// too."""
@@ -14,15 +14,14 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from helpers import convert_stopped_at, dataset_fingerprint, gone, wait_until
-
-from dlpack_io.reader import Output
 from dlpack_io.packer import convert
-from dlpack_io.reader import Dataset, Loader, RandomCrop
+from dlpack_io.reader import Dataset, Loader, Output, RandomCrop
 from dlpack_io.reader import format as fmt
 from dlpack_io.tools.cli import main
 from dlpack_io.tools.synth import make_image_folder
 from dlpack_io.tools.verification import verify
+
+from helpers import convert_stopped_at, dataset_fingerprint, gone, wait_until
 
 OPTS = dict(shard_size="40KB", workers=1, progress=False)
 
@@ -224,7 +223,7 @@ def test_later_appends_keep_the_retired_records(tmp_path):
     ds = Dataset(dst)
     assert len(ds) == 39 and m["num_samples"] == 40 and ds.record_of(38) == 39
     assert np.array_equal(ds[38][0], ds[_index_of(ds, twin)][0])
-    from dlpack_io.packer.writer_append import AppendBase
+    from dlpack_io.packer.writer import AppendBase
 
     base = AppendBase(str(dst), {}, None)  # what a Writer returns for a duplicate's record
     assert [base.sample_of(ds.record_of(i)) for i in range(len(ds))] == list(range(39))

@@ -1,4 +1,4 @@
-"""Appends of a ``--list`` that names one path on two lines (packer/replacing.py,
+"""Appends of a ``--list`` that names one path on two lines (packer/appendbase.py,
 appendbase.split_inputs): a changed path replaces each of its records once, never one
 twice (two pairs retiring one record made a manifest every reader refuses) and none left
 stale (a path packed from two lines had only its last record replaced), and a plain
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from dlpack_io.packer import convert
-from dlpack_io.packer.pipeline import ConversionError
+from dlpack_io.packer.records import ConversionError
 from dlpack_io.reader import Dataset
 from dlpack_io.reader import format as fmt
 from dlpack_io.tools.synth import make_image_folder
@@ -84,7 +84,7 @@ def test_a_replacing_append_that_cannot_pair_its_records_writes_no_manifest(tmp_
 
 
 def test_a_union_retiring_a_record_twice_is_never_written():
-    from dlpack_io.packer.replacing import with_retired
+    from dlpack_io.packer.appendbase import with_retired
 
     union = {"version": 3, "num_samples": 4, "fields": {}}
     assert with_retired(union, {"retired": [[1, 2]]}, [[0, 3]])["retired"] == [[0, 3], [1, 2]]

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from dlpack_io.packer import convert
-from dlpack_io.packer.pipeline import ConversionError
+from dlpack_io.packer.records import ConversionError
 from dlpack_io.reader import Dataset
 from dlpack_io.tools.synth import make_image_folder
 

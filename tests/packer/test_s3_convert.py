@@ -8,9 +8,9 @@ import pytest
 from click.testing import CliRunner
 
 from dlpack_io.packer import convert
-from dlpack_io.packer.pipeline import ConversionError
+from dlpack_io.packer.records import ConversionError
 from dlpack_io.reader import format as fmt
-from dlpack_io.reader.format.inputstat import INPUTSTAT_NAME
+from dlpack_io.reader.format.schema import INPUTSTAT_NAME
 from dlpack_io.reader.remote.storage import Store
 from dlpack_io.tools.cli import main
 from dlpack_io.tools.synth import make_image_folder

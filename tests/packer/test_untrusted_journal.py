@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from dlpack_io.packer import accounting, convert, journal
+from dlpack_io.packer import convert, journal
 from dlpack_io.packer.finalize import atomic_write
 from dlpack_io.reader import format as fmt
 from dlpack_io.tools.verification import verify
@@ -54,7 +54,7 @@ def _lines(dst):
 
 
 def _write(dst, lines, *, reseal=True):
-    text = "".join(json.dumps(accounting.seal(e) if reseal else e, sort_keys=True) + "\n"
+    text = "".join(json.dumps(journal.seal(e) if reseal else e, sort_keys=True) + "\n"
                    for e in lines)
     (dst / journal.JOURNAL_NAME).write_text(text)
 
@@ -66,7 +66,7 @@ def _resume(source, dst):
 
 def test_an_honest_journal_is_kept_whole(source, reference, interrupted):
     plan, done = journal.read_journal(interrupted)
-    assert accounting.accounted(done, plan, 3, "x") == done
+    assert journal.accounted(done, plan, 3, "x") == done
     summary = _resume(source, interrupted)
     assert summary["resumed_from"] == done[-1]["end_input"] and summary["rejects"] == 1
     assert dataset_fingerprint(interrupted) == reference
@@ -112,7 +112,7 @@ def _lines_end(lines):
 
 
 def test_a_journal_without_checksums_is_not_trusted(source, reference, interrupted):
-    lines = [accounting.unseal(e) for e in _lines(interrupted)]
+    lines = [journal.unseal(e) for e in _lines(interrupted)]
     _write(interrupted, lines, reseal=False)
     assert journal.read_journal(interrupted) == (None, [])
     summary = _resume(source, interrupted)
@@ -138,21 +138,21 @@ def test_verify_reports_a_manifest_that_loses_an_input(source, tmp_path):
 def test_line_problems_are_named():
     entry = {"shard": {"num_samples": 3, "first_sample": 0}, "end_input": 4,
              "rejects": [["a.jpg", "bad"]], "class_counts": [2, 1]}
-    assert accounting.line_problem(entry, 0, 0, 10, 2) is None
-    assert accounting.line_problem(entry, 0, 0, 3, 2) == "end_input 4 outside (0, 3]"
-    assert accounting.line_problem(entry, 0, 5, 10, 2) == "first_sample 0, expected 5"
-    assert accounting.line_problem(dict(entry, end_input=5), 0, 0, 10, 2) == \
+    assert journal.line_problem(entry, 0, 0, 10, 2) is None
+    assert journal.line_problem(entry, 0, 0, 3, 2) == "end_input 4 outside (0, 3]"
+    assert journal.line_problem(entry, 0, 5, 10, 2) == "first_sample 0, expected 5"
+    assert journal.line_problem(dict(entry, end_input=5), 0, 0, 10, 2) == \
         "inputs 0-4 (5) != 3 samples + 1 rejects"
-    assert accounting.line_problem(dict(entry, end_input="4"), 0, 0, 10, 2).startswith(
+    assert journal.line_problem(dict(entry, end_input="4"), 0, 0, 10, 2).startswith(
         "malformed (ValueError: end_input is '4'")
-    assert accounting.line_problem(dict(entry, rejects=[["a.jpg"]]), 0, 0, 10, 2) == \
+    assert journal.line_problem(dict(entry, rejects=[["a.jpg"]]), 0, 0, 10, 2) == \
         "rejects is not a list of (path, reason) pairs"
 
 
 def test_a_consistent_lie_in_a_bucket_journal_is_redone(s3_env, source, caplog, monkeypatch):
     """The same proof for an s3:// DST: the kept shard's own paths are read by range."""
     from dlpack_io.packer import upload
-    from dlpack_io.packer.pipeline import ConversionError
+    from dlpack_io.packer.records import ConversionError
     from dlpack_io.reader.remote.storage import Store
 
     url, real, calls = "s3://dlpack-test/untrusted/journal", upload.upload_shard, []
@@ -171,7 +171,7 @@ def test_a_consistent_lie_in_a_bucket_journal_is_redone(s3_env, source, caplog, 
     lines = [json.loads(x) for x in store.get(journal.JOURNAL_NAME).decode().splitlines()]
     assert len(lines) == 4 and lines[1]["rejects"]  # plan + 3 shards; shard 0 has the reject
     _drop_reject(lines)
-    store.put(journal.JOURNAL_NAME, "".join(journal.journal_line(accounting.unseal(e))
+    store.put(journal.JOURNAL_NAME, "".join(journal.journal_line(journal.unseal(e))
                                             for e in lines).encode())
     with caplog.at_level(logging.WARNING):
         result = convert(source, url, resume=True, **kw)

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from dlpack_io.packer import convert
-from dlpack_io.packer.names import shown
+from dlpack_io.packer.scan import shown
 from dlpack_io.reader import Dataset
 from dlpack_io.reader import format as fmt
 from dlpack_io.tools.synth import make_image_folder

@@ -38,7 +38,7 @@ def test_index_entry_is_32_bytes_little_endian():
 
 
 def test_index_bounds_are_checked():
-    from dlpack_io.reader.format.indexcheck import check_layout
+    from dlpack_io.reader.format.checks import check_layout
 
     index = np.zeros(2, fmt.INDEX_DTYPE)
     index["offset"] = [4096, 4096 + 64]

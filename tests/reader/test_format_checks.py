@@ -4,7 +4,7 @@ Each case crafts a data set as an attacker (or a buggy writer) would: the fields
 changed and every CRC up to the manifest is recomputed (tests/crafted.py), so the check
 under test, and only it, can refuse the data. Each case expects that check's own message.
 docs/testing.md maps every ``raise FormatError`` / ``report.add`` of reader/format.py,
-indexcheck.py, shard.py, manifest.py, lmdbcheck.py and tools/verification.py to its test.
+checks.py, shard.py, dataset.py, checks.py and tools/verification.py to its test.
 """
 import json
 import os
@@ -12,15 +12,22 @@ import shutil
 
 import numpy as np
 import pytest
+from crafted import (
+    lmdb_index_and_meta,
+    load_manifest,
+    read_shard,
+    reseal_header,
+    reseal_lmdb,
+    reseal_shard,
+    store_lmdb_index,
+    write_manifest,
+)
 
 from dlpack_io.reader import Dataset
 from dlpack_io.reader import format as fmt
-from dlpack_io.reader.format.indexcheck import check_index
+from dlpack_io.reader.format.checks import check_index
 from dlpack_io.reader.shard import LmdbShard, RecordShard
 from dlpack_io.tools.verification import verify
-
-from crafted import (load_manifest, lmdb_index_and_meta, read_shard, reseal_header,
-                     reseal_lmdb, reseal_shard, store_lmdb_index, write_manifest)
 
 
 @pytest.fixture(scope="module")

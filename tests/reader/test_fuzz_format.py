@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from dlpack_io.packer import convert
 from dlpack_io.reader import format as fmt
-from dlpack_io.reader.format.indexcheck import check_index
+from dlpack_io.reader.format.checks import check_index
 from dlpack_io.reader.shard import LmdbShard, RecordShard
 
 EXAMPLES = int(os.environ.get("DLPACK_FUZZ_EXAMPLES", "150"))

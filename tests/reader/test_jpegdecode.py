@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from dlpack_io.reader import jpegdecode, nativecopy
+from dlpack_io.reader import jpegdecode, shard
 from dlpack_io.tools.synth import photo_like
 
 needs_ext = pytest.mark.skipif(not jpegdecode.have_extension(),
@@ -94,13 +94,13 @@ def test_to_chw_matches_numpy(flip_h, flip_v, monkeypatch):
         block = src[t:t + h, l:l + w]  # widths below, at and above the 16-pixel SIMD step
         ref = block[::-1] if flip_v else block
         ref = ref[:, ::-1] if flip_h else ref
-        for ext in ([nativecopy._jpeg, None] if jpegdecode.have_extension() else [None]):
-            monkeypatch.setattr(nativecopy, "_jpeg", ext)
+        for ext in ([shard._jpeg, None] if jpegdecode.have_extension() else [None]):
+            monkeypatch.setattr(shard, "_jpeg", ext)
             dst = np.zeros(3 * h * w + 7, np.uint8)
-            nativecopy.to_chw(src, (t * 61 + l) * 3, 61 * 3, h, w, dst, 7, flip_h, flip_v)
+            shard.to_chw(src, (t * 61 + l) * 3, 61 * 3, h, w, dst, 7, flip_h, flip_v)
             assert np.array_equal(dst[7:].reshape(3, h, w), ref.transpose(2, 0, 1))
             with pytest.raises(ValueError, match=r"to_chw: .*does not fit"):
-                nativecopy.to_chw(src, 0, 61 * 3, 10, 61, dst, 0, False, False)
+                shard.to_chw(src, 0, 61 * 3, 10, 61, dst, 0, False, False)
 
 
 def test_pil_fallback_gives_the_same_resized_crop(monkeypatch):
@@ -145,13 +145,13 @@ def test_decoder_is_thread_safe():
 
 def test_gather_copies_ranges(monkeypatch):
     src = np.arange(1000, dtype=np.int64).astype(np.uint8)
-    for ext in ([nativecopy._jpeg, None] if jpegdecode.have_extension() else [None]):
-        monkeypatch.setattr(nativecopy, "_jpeg", ext)
+    for ext in ([shard._jpeg, None] if jpegdecode.have_extension() else [None]):
+        monkeypatch.setattr(shard, "_jpeg", ext)
         dst = np.zeros(64, np.uint8)
-        nativecopy.gather(memoryview(src), [10, 500, 990], [5, 20, 10], dst, [0, 5, 30])
+        shard.gather(memoryview(src), [10, 500, 990], [5, 20, 10], dst, [0, 5, 30])
         assert np.array_equal(dst[:5], src[10:15]) and np.array_equal(dst[5:25], src[500:520])
         assert np.array_equal(dst[30:40], src[990:1000]) and not dst[25:30].any()
         with pytest.raises(ValueError, match=r"gather: .*10 bytes from 995 to 0.* not fit"):
-            nativecopy.gather(memoryview(src), [995], [10], dst, [0])
+            shard.gather(memoryview(src), [995], [10], dst, [0])
         with pytest.raises(ValueError, match=r"gather: .*10 bytes from 0 to 60.* not fit"):
-            nativecopy.gather(memoryview(src), [0], [10], dst, [60])
+            shard.gather(memoryview(src), [0], [10], dst, [60])

@@ -1,6 +1,6 @@
 """A crafted or broken LMDB shard never crashes the process (issue 13 item 6).
 
-liblmdb trusts its pages; reader/format/lmdbcheck.py walks them first. Every case opens the
+liblmdb trusts its pages; reader/format/checks.py walks them first. Every case opens the
 shard and reads every record in a forked child: its exit status is the verdict (0: a
 clean FormatError or a correct read; anything else: a crash, an abort or a hang).
 """
@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dlpack_io.reader import format as fmt
-from dlpack_io.reader.format import lmdbcheck
+from dlpack_io.reader.format import checks
 from dlpack_io.reader.shard import LmdbShard
 
 EXAMPLES = int(os.environ.get("DLPACK_FUZZ_EXAMPLES", "150"))
@@ -27,7 +27,7 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
 def lmdb_shard(image_folder, tmp_path_factory):
     from dlpack_io.packer import convert
 
-    dst = tmp_path_factory.mktemp("lmdbcheck") / "ds"
+    dst = tmp_path_factory.mktemp("checks") / "ds"
     convert(image_folder, dst, format="lmdb", shard_size="1MB", workers=0, progress=False)
     return (dst / "shard-00000.lmdb").read_bytes()
 
@@ -59,7 +59,7 @@ def _read_all(path: str) -> None:
     shard.meta()
 
 
-# What a refusal of a damaged LMDB shard may say: one of lmdbcheck's or LmdbShard's checks
+# What a refusal of a damaged LMDB shard may say: one of checks's or LmdbShard's checks
 # (a FormatError with any other text, e.g. a wrapped KeyError, fails the verdict).
 KNOWN_REFUSALS = re.compile(
     r"damaged LMDB structure at|not an LMDB file|not an LMDB 0.9 file|LMDB page size|"
@@ -228,15 +228,16 @@ CASES = {
 def test_damaged_structure_is_a_format_error(lmdb_shard, tmp_path, case):
     path = _write(tmp_path, _edit(lmdb_shard, _tree(lmdb_shard), case))
     with pytest.raises(fmt.FormatError, match=rf"^{path}: " + CASES[case]):
-        lmdbcheck.check_lmdb(path)
+        checks.check_lmdb(path)
     assert _verdict(path) == 0
 
 
 @pytest.fixture(scope="module")
 def deep_shard(tmp_path_factory):
     """An LMDB shard of 300 records: a two-level tree (a branch root over leaves)."""
-    from dlpack_io.reader import format as fmt_
     import lmdb
+
+    from dlpack_io.reader import format as fmt_
 
     path = tmp_path_factory.mktemp("deep") / "shard-00000.lmdb"
     env = lmdb.open(str(path), subdir=False, map_size=2**26, lock=False, meminit=True)
@@ -269,13 +270,13 @@ def test_damaged_branch_pages(deep_shard, tmp_path, case):
         match = rf"damaged LMDB structure at page {root}: 1 keys \(liblmdb asserts on such a page\)"
     path = _write(tmp_path, bytes(buf))
     with pytest.raises(fmt.FormatError, match=match):
-        lmdbcheck.check_lmdb(path)
+        checks.check_lmdb(path)
     assert _verdict(path) == 0
 
 
 def test_intact_shard_passes_and_counts_its_keys(lmdb_shard, tmp_path):
     path = _write(tmp_path, lmdb_shard)
-    assert lmdbcheck.check_lmdb(path) == 24 + 2  # the records, __index__ and __meta__
+    assert checks.check_lmdb(path) == 24 + 2  # the records, __index__ and __meta__
     _read_all(path)
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from dlpack_io.reader import Dataset
 from dlpack_io.reader import format as fmt
-from dlpack_io.reader.manifest import NotADatasetError, load_manifest
+from dlpack_io.reader.dataset import NotADatasetError, load_manifest
 from dlpack_io.tools.verification import verify
 
 

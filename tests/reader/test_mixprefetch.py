@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from dlpack_io.reader.mixprefetch import MixturePrefetch
+from dlpack_io.reader.mixture import MixturePrefetch
 
 
 class _SlowSet:

@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 
 from dlpack_io.reader import jpegdecode
-from dlpack_io.reader.format.native import native_jpeg
+from dlpack_io.reader.format.spec import native_jpeg
 
 needs_ext = pytest.mark.skipif(native_jpeg() is None, reason="C extension not built")
 TOLERANCE = 2  # grey levels between Pillow 13 and Pillow-SIMD / Pillow <= 12, at most
@@ -165,7 +165,7 @@ def test_the_scalar_code_gives_the_same_integers():
 def test_dlpack_io_no_avx2_switches_avx2_off_only_when_set_to_a_true_value():
     """``DLPACK_IO_NO_AVX2=1`` runs the scalar passes; ``0`` or empty is as if unset (it was
     any value at all, so ``=0`` silently switched AVX2 off)."""
-    code = "from dlpack_io.reader.format.native import native_jpeg; print(native_jpeg().resize_isa())"
+    code = "from dlpack_io.reader.format.spec import native_jpeg; print(native_jpeg().resize_isa())"
 
     def isa(value):
         env = {k: v for k, v in os.environ.items() if k != "DLPACK_IO_NO_AVX2"}

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from dlpack_io.reader.format.native import native_jpeg
+from dlpack_io.reader.format.spec import native_jpeg
 
 ext = native_jpeg()
 pytestmark = pytest.mark.skipif(ext is None, reason="C extension not built")

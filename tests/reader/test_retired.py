@@ -1,4 +1,4 @@
-"""Records retired by ``convert --append --replace-changed`` (reader/format/retired.py):
+"""Records retired by ``convert --append --replace-changed`` (reader/format/schema.py):
 the manifest's ``retired`` list read from disk is checked (pairs in range, sorted, no
 record retired twice or replacing two, present exactly in a version-4 manifest), and the
 sample order it gives: dense, every unretired sample at its old index, chains followed."""

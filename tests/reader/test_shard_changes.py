@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from dlpack_io.reader import Dataset
+from dlpack_io.reader import Dataset, jpegdecode
 from dlpack_io.reader import format as fmt
-from dlpack_io.reader import jpegdecode
 from dlpack_io.reader.shard import ShardChangedError
 
 from helpers import pack_jpeg_and_raw
@@ -220,10 +219,10 @@ def test_truncated_under_a_running_loader(packed, tmp_path, mode, kind):
 def test_a_changed_shard_is_not_skipped_like_a_bad_sample(packed):
     """on_error="skip" leaves bad samples out; a shard truncated or rewritten under the reader
     is no bad sample (every later read of it fails too): it is raised, not skipped."""
-    from dlpack_io.reader.batch.plan import compile_spec
-    from dlpack_io.reader.batch.errors import SampleError
     from dlpack_io.reader.batch.build import BuildContext, skip_or_raise
-    from dlpack_io.reader.safeio import ShardChangedError
+    from dlpack_io.reader.batch.errors import SampleError
+    from dlpack_io.reader.batch.plan import compile_spec
+    from dlpack_io.reader.shard import ShardChangedError
 
     ctx = BuildContext(Dataset(packed["raw"]), compile_spec([]), skip=True)
     failed = []

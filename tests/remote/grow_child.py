@@ -18,7 +18,7 @@ import sys
 def main() -> None:
     url, cache_dir, action = sys.argv[1:4]
     from dlpack_io.reader.dataset import Dataset
-    from dlpack_io.reader.remote import cachefs
+    from dlpack_io.reader.remote import cache
 
     ds = Dataset(url, cache_dir=cache_dir, fetch_mode="records")
     grow = ds._remote.growing
@@ -42,14 +42,14 @@ def main() -> None:
         assembled._intact = cut_then_check
         print("mapped" if ds._remote.whole.view(0) is not None else "discarded")
         return
-    real, head = cachefs.pwrite_all, ds.shards[0].header
+    real, head = cache.pwrite_all, ds.shards[0].header
 
     def half_then_die(fd, data, at):
         if head.data_offset <= at < head.index_offset:  # records, not header or index
             real(fd, memoryview(data)[:len(data) // 2], at)
             os.kill(os.getpid(), signal.SIGKILL)
         real(fd, data, at)
-    cachefs.pwrite_all = half_then_die
+    cache.pwrite_all = half_then_die
     prefetch = ds.start_prefetch([[0, 1, 2]], mode="records")
     prefetch.wait(0)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 
-from dlpack_io.reader.remote.keptusage import usage, usage_of
+from dlpack_io.reader.remote.keep import usage, usage_of
 
 
 def _kept(root, files: dict) -> None:

@@ -1,4 +1,4 @@
-"""The planner's error raised again in the waiting thread (reader/remote/planmsg.py): the
+"""The planner's error raised again in the waiting thread (reader/remote/prefetch.py): the
 same class, attributes and words, so a user's ``except ShardChangedError`` still works."""
 from __future__ import annotations
 
@@ -7,10 +7,9 @@ import pickle
 
 import pytest
 
-from dlpack_io.reader.remote.bounded import BodyOverrun
-from dlpack_io.reader.remote.failures import BucketNotFoundError
-from dlpack_io.reader.remote.planmsg import rewrap
-from dlpack_io.reader.safeio import ShardChangedError
+from dlpack_io.reader.remote.prefetch import rewrap
+from dlpack_io.reader.remote.storage import BodyOverrun, BucketNotFoundError
+from dlpack_io.reader.shard import ShardChangedError
 
 
 def test_a_shard_changed_error_stays_one():

@@ -1,10 +1,10 @@
-"""cachefs.preallocate: the blocks of a growing shard's file reserved when it is made."""
+"""cache.preallocate: the blocks of a growing shard's file reserved when it is made."""
 import errno
 import os
 
 import pytest
 
-from dlpack_io.reader.remote import cachefs
+from dlpack_io.reader.remote import cache
 
 
 def _file(tmp_path, size):
@@ -16,7 +16,7 @@ def _file(tmp_path, size):
 def test_reserves_the_blocks_and_reads_zeros(tmp_path):
     fd = _file(tmp_path, 1 << 20)
     try:
-        cachefs.preallocate(fd, 1 << 20)
+        cache.preallocate(fd, 1 << 20)
         st = os.fstat(fd)
         assert (st.st_size, os.pread(fd, 1 << 20, 0)) == (1 << 20, bytes(1 << 20))
         assert st.st_blocks * 512 >= 1 << 20  # reserved, not sparse
@@ -31,7 +31,7 @@ def test_a_file_system_that_cannot_is_left_sparse(tmp_path, monkeypatch, code):
     monkeypatch.setattr(os, "posix_fallocate", refuse)
     fd = _file(tmp_path, 4096)
     try:
-        cachefs.preallocate(fd, 4096)  # no error: the writes allocate as they come
+        cache.preallocate(fd, 4096)  # no error: the writes allocate as they come
         assert os.fstat(fd).st_size == 4096
     finally:
         os.close(fd)
@@ -44,7 +44,7 @@ def test_a_full_disk_raises(tmp_path, monkeypatch):
     fd = _file(tmp_path, 4096)
     try:
         with pytest.raises(OSError) as caught:
-            cachefs.preallocate(fd, 4096)
+            cache.preallocate(fd, 4096)
         assert caught.value.errno == errno.ENOSPC
     finally:
         os.close(fd)

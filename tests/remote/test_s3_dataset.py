@@ -301,7 +301,7 @@ def _crafted_copy(local: str, tmp_path, damage) -> str:
 ])
 def test_a_crafted_remote_data_set_is_refused_like_a_local_one(s3_env, packed, tmp_path, field,
                                                                 value, match):
-    """The open-path checks of untrusted data sets (reader/format/indexcheck.py) apply to shards
+    """The open-path checks of untrusted data sets (reader/format/checks.py) apply to shards
     fetched from a bucket too: damage behind resealed checksums is refused at open."""
     from dlpack_io.reader.format import FormatError
 

@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from dlpack_io.reader import Output, Workers
 from dlpack_io.packer import Writer
-from dlpack_io.reader import Loader, Resize
+from dlpack_io.reader import Loader, Output, Resize, Workers
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.dataset import Dataset
 from dlpack_io.reader.remote.storage import Store
@@ -119,8 +118,7 @@ def test_loader_fields_over_s3_equal_local_and_add_no_requests(s3_env, fielded, 
 
 
 def test_a_record_span_is_its_image_and_field_block_in_one_range():
-    from dlpack_io.reader.remote.fetchplan import range_requests
-    from dlpack_io.reader.remote.recordspan import extents, mismatch
+    from dlpack_io.reader.remote.fetchplan import extents, mismatch, range_requests
 
     entries = np.zeros(3, dtype=fmt.FIELDS_INDEX_DTYPE)
     entries["offset"], entries["length"] = [4096, 4224, 9000], [100, 60, 10]

@@ -15,7 +15,7 @@ import pytest
 
 from dlpack_io.reader import Loader, Output, RandomResizedCrop, Workers
 from dlpack_io.reader.dataset import Dataset
-from dlpack_io.reader.safeio import ShardChangedError
+from dlpack_io.reader.shard import ShardChangedError
 
 from helpers import batches_equal, pack_and_upload
 
@@ -176,16 +176,16 @@ def test_a_full_disk_while_records_land_names_the_file_and_reading_goes_on(
         s3_env, packed, tmp_path, monkeypatch, caplog):
     """A growing file that cannot take its records (a file system that reserved nothing):
     a warning names it and the fix, and the records land one file each (streamed)."""
-    from dlpack_io.reader.remote import cachefs
+    from dlpack_io.reader.remote import cache as cache_mod
 
     remote = _remote(tmp_path / "cache")
-    real, head = cachefs.pwrite_all, remote.shards[0].header
+    real, head = cache_mod.pwrite_all, remote.shards[0].header
 
     def full(fd, data, at):
         if head.data_offset <= at < head.index_offset:  # a record, not the header
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         real(fd, data, at)
-    monkeypatch.setattr(cachefs, "pwrite_all", full)
+    monkeypatch.setattr(cache_mod, "pwrite_all", full)
     with caplog.at_level("WARNING"):
         batches_equal(_epoch(Dataset(packed)), _epoch(remote))
     assert "No space left on device" in caplog.text and "cache_limit" in caplog.text
@@ -309,7 +309,7 @@ def test_a_growing_file_that_cannot_be_mapped_leaks_nothing(s3_env, packed, tmp_
     one file each."""
     import mmap as mmap_mod
 
-    from dlpack_io.reader.remote import cachefs
+    from dlpack_io.reader.remote import cache as cache_mod
 
     remote = _remote(tmp_path / "cache")
     grow = remote._remote.growing
@@ -319,7 +319,7 @@ def test_a_growing_file_that_cannot_be_mapped_leaks_nothing(s3_env, packed, tmp_
 
         def mmap(self, *args, **kwargs):
             raise OSError(errno.ENOMEM, os.strerror(errno.ENOMEM))
-    monkeypatch.setattr(cachefs, "mmap", NoMap())
+    monkeypatch.setattr(cache_mod, "mmap", NoMap())
     before = sorted(os.listdir("/proc/self/fd"))
     assert not grow.start(0, 1 << 30) and not grow.start(1, 1 << 30)
     assert sorted(os.listdir("/proc/self/fd")) == before

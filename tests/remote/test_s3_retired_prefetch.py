@@ -1,4 +1,4 @@
-"""An s3:// data set with retired records (reader/format/retired.py): a records-mode
+"""An s3:// data set with retired records (reader/format/schema.py): a records-mode
 prefetch of every sample fetches the live records, not the retired one, and the samples
 it serves are the local data set's."""
 from __future__ import annotations

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from dlpack_io.reader.remote import s3client
+from dlpack_io.reader.remote import clouds
+from dlpack_io.reader.remote.clouds import is_remote, parse_url
 from dlpack_io.reader.remote.storage import ObjectChangedError, Policy, StorageError, Store
-from dlpack_io.reader.remote.urls import is_remote, parse_url
 
 BUCKET = "dlpack-test"
 
@@ -43,24 +43,24 @@ def test_credentials_order_explicit_env_files(tmp_path, monkeypatch):
     config.write_text("[profile other]\nregion = eu-west-3\nendpoint_url = http://files:9000\n")
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
     monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
-    assert s3client.resolve_options()["access_key_id"] == "FILEKEY"
+    assert clouds.resolve_options()["access_key_id"] == "FILEKEY"
     monkeypatch.setenv("AWS_PROFILE", "other")
-    opts = s3client.resolve_options()
+    opts = clouds.resolve_options()
     assert (opts["access_key_id"], opts["region"], opts["endpoint"]) == \
         ("OTHERKEY", "eu-west-3", "http://files:9000")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "ENVKEY")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "ENVSECRET")
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://env:1")
-    opts = s3client.resolve_options()
+    opts = clouds.resolve_options()
     assert (opts["access_key_id"], opts["endpoint"]) == ("ENVKEY", "http://env:1")
-    opts = s3client.resolve_options({"access_key_id": "ARGKEY", "secret_access_key": "ARGSECRET"})
+    opts = clouds.resolve_options({"access_key_id": "ARGKEY", "secret_access_key": "ARGSECRET"})
     assert (opts["access_key_id"], opts["secret_access_key"]) == ("ARGKEY", "ARGSECRET")
-    shown = s3client.describe(opts)
+    shown = clouds.describe_s3(opts)
     assert "ARGSECRET" not in shown and "ARGKEY" not in shown and "endpoint=http://env:1" in shown
     with pytest.raises(ValueError, match="together"):
-        s3client.resolve_options({"access_key_id": "only-the-id"})
+        clouds.resolve_options({"access_key_id": "only-the-id"})
     with pytest.raises(ValueError, match="unknown keys"):
-        s3client.resolve_options({"password": "x"})
+        clouds.resolve_options({"password": "x"})
 
 
 def test_get_head_list_put_delete_roundtrip(s3_env):
@@ -164,8 +164,7 @@ def test_a_refused_connection_is_transient_whatever_its_timing_says():
     once read as HTTP 403, so the request was not retried and the advice named the
     credentials instead of the endpoint."""
     from dlpack_io.reader.remote.clouds import backend
-    from dlpack_io.reader.remote.failures import (CredentialsError, EndpointUnreachableError,
-                                                  classify)
+    from dlpack_io.reader.remote.storage import CredentialsError, EndpointUnreachableError, classify
 
     hints = backend("s3").hints
     refused = RuntimeError("Generic S3 error: Error performing GET http://127.0.0.1:48907/b/x in "

@@ -6,18 +6,20 @@ from __future__ import annotations
 
 import pytest
 from click.testing import CliRunner
+from emulators import AZURITE_ACCOUNT
 
 from dlpack_io.packer import convert
-from dlpack_io.packer.pipeline import ConversionError
+from dlpack_io.packer.records import ConversionError
 from dlpack_io.reader.dataset import Dataset
-from dlpack_io.reader.remote.storage import (BucketNotFoundError, CredentialsError,
-                                             EndpointUnreachableError)
+from dlpack_io.reader.remote.storage import (
+    BucketNotFoundError,
+    CredentialsError,
+    EndpointUnreachableError,
+)
 from dlpack_io.tools.bench.seaweed import free_ports
 from dlpack_io.tools.cli import main
 from dlpack_io.tools.synth import make_image_folder
 from dlpack_io.tools.verification import verify
-
-from emulators import AZURITE_ACCOUNT
 
 SERVERS = {"s3": "s3_server", "gs": "gcs_server", "az": "azure_server"}
 WRONG_KEY = "d3Jvbmcta2V5LW5vdC10aGUtZGV2ZWxvcG1lbnQtb25l"  # base64, not Azurite's key

@@ -22,7 +22,7 @@ from dlpack_io.packer import convert  # noqa: E402
 from dlpack_io.reader import format as fmt  # noqa: E402
 from dlpack_io.reader.dataset import Dataset  # noqa: E402
 from dlpack_io.reader.remote import cache as cache_mod  # noqa: E402
-from dlpack_io.reader.remote.cachefs import CacheEntryError  # noqa: E402
+from dlpack_io.reader.remote.cache import CacheEntryError  # noqa: E402
 from dlpack_io.reader.remote.storage import StorageError  # noqa: E402
 from dlpack_io.tools.remoteverify import verify_remote  # noqa: E402
 from dlpack_io.tools.synth import make_image_folder  # noqa: E402

@@ -1,4 +1,4 @@
-"""URLs as users type them (reader/remote/urls.py): one of ours mistyped, or without a
+"""URLs as users type them (reader/remote/clouds.py): one of ours mistyped, or without a
 bucket, is refused with words that say what to write, by the Dataset, convert and the CLI,
 before any request and never taken for a local folder name."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from dlpack_io.reader.dataset import Dataset
-from dlpack_io.reader.remote.urls import canonical, is_remote, parse_url
+from dlpack_io.reader.remote.clouds import canonical, is_remote, parse_url
 from dlpack_io.tools.cli import main
 
 

@@ -12,12 +12,12 @@ import numpy as np
 from click.testing import CliRunner
 from PIL import Image
 
-from helpers import convert_stopped_at
-
 from dlpack_io.packer import convert
-from dlpack_io.packer.pipeline import ConversionError
+from dlpack_io.packer.records import ConversionError
 from dlpack_io.tools.cli import main
 from dlpack_io.tools.synth import make_image_folder
+
+from helpers import convert_stopped_at
 
 
 def _cli(*args):

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from dlpack_io.packer import convert
 from dlpack_io.reader import Dataset
-from dlpack_io.reader.samplefields import read_fields
+from dlpack_io.reader.dataset import read_fields
 from dlpack_io.tools.cli import main
 from dlpack_io.tools.export import export
 from dlpack_io.tools.synth import make_image_folder

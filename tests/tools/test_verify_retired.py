@@ -1,4 +1,4 @@
-"""``dlpack verify`` of a data set with retired records (reader/format/retired.py): a
+"""``dlpack verify`` of a data set with retired records (reader/format/schema.py): a
 retired pair must name two records packed from the same source path (a replacement packs
 the changed input again), else the sample would silently show another input's image."""
 from __future__ import annotations

@@ -1,12 +1,4 @@
-"""Fields for ``dlpack convert``: sidecar files next to each image (WebDataset's
-convention) or the extra keys / columns of a list, made into each record's field block.
-
-Sidecars: for ``SRC/.../name.jpg`` the files ``name.txt`` (field "txt", UTF-8 text),
-``name.json`` ("json", any JSON value), ``name.cls`` ("cls", whitespace-separated integers:
-an int64 array, one or many labels) and ``name.npy`` ("npy", a numpy array, dtype and
-ndim of the first one found). A field exists when at least one image has that sidecar;
-an image lacking one, or whose sidecar is not what its type needs, is rejected with the
-file and the reason (``--on-error`` applies), and nothing is written for it.
+"""Fields of a conversion's inputs: read from sidecar files and list rows (``FieldSource``), made into field blocks ahead of the writer in threads, and the shape every record of an array field shares (so the manifest states it and the Loader stacks it).
 """
 from __future__ import annotations
 
@@ -14,14 +6,27 @@ import io
 import json
 import math
 import os
+import struct
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 from dlpack_io.packer.records import RejectedInput
-from dlpack_io.reader.format.fields import encode_fields, spec_of
-from dlpack_io.reader.format.regular import InputTooLarge, read_input
+from dlpack_io.reader.format.checks import InputTooLarge, read_input
+from dlpack_io.reader.format.fields import encode_fields, field_spans, spec_of
 from dlpack_io.reader.format.schema import MAX_JSON_DEPTH, json_depth
 
+# ---- fieldsource -----------------------------------------------------------------------------
+# Fields for ``dlpack convert``: sidecar files next to each image (WebDataset's
+# convention) or the extra keys / columns of a list, made into each record's field block.
+#
+# Sidecars: for ``SRC/.../name.jpg`` the files ``name.txt`` (field "txt", UTF-8 text),
+# ``name.json`` ("json", any JSON value), ``name.cls`` ("cls", whitespace-separated integers:
+# an int64 array, one or many labels) and ``name.npy`` ("npy", a numpy array, dtype and
+# ndim of the first one found). A field exists when at least one image has that sidecar;
+# an image lacking one, or whose sidecar is not what its type needs, is rejected with the
+# file and the reason (``--on-error`` applies), and nothing is written for it.
 SIDECARS = ("txt", "json", "cls", "npy")
 MAX_SIDECAR_BYTES = 256 * 2**20  # one sidecar is read whole
 MASK_SUFFIX = ".mask.png"  # x.mask.png beside x.jpg: x's segmentation mask (targets.py)
@@ -217,3 +222,141 @@ def check_engine_fields(src, engine: str, inputs) -> None:
         raise ValueError(f"{src}: --engine ray does not pack fields yet (found "
                          f"{sorted(inputs.fields or {}) or 'list fields'}); use --engine "
                          f"local, or --fields none to pack images and labels only")
+
+
+
+# ---- fieldahead ------------------------------------------------------------------------------
+# Field blocks made ahead, in threads, while the workers encode the images.
+#
+# The field block of an input (sidecars read, boxes checked, a mask PNG decoded and
+# compressed: packer/targets.py) is made in the packer's parent process. Made one by one
+# in the loop that writes the shards, it capped a conversion with masks at about half the
+# images/s of one without (benchmarks/convert_targets.py); PIL's decoders and zlib release
+# the GIL, so a few threads working ahead of the writer take that cost off its path. The
+# results come back in input order, at most ``depth`` ahead, so memory stays bounded.
+def field_result(source, i: int) -> tuple:
+    """("ok", field block) of input ``i``, or ("reject", why): whatever goes wrong with one
+    input's fields rejects that input, never ends the run."""
+    try:
+        return "ok", source.block(i)
+    except RejectedInput as exc:
+        return "reject", str(exc)
+    except Exception as exc:  # noqa: BLE001  (MemoryError, RecursionError, a decoder's bug)
+        return "reject", f"its fields could not be made: {type(exc).__name__}: {str(exc)[:300]}"
+
+
+def fields_ahead(source, todo, threads: int, depth: int = 64):
+    """Yield ``field_result(source, i)`` for each ``i`` of ``todo``, in that order, made
+    by ``threads`` threads at most ``depth`` inputs ahead (0 threads: made here, in turn)."""
+    if threads < 1:
+        for i in todo:
+            yield field_result(source, int(i))
+        return
+    todo = iter(todo)
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="dlpack-fields") as pool:
+        pending: deque = deque()
+        try:
+            for i in todo:
+                pending.append(pool.submit(field_result, source, int(i)))
+                if len(pending) >= depth:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()
+
+
+
+# ---- fieldshapes -----------------------------------------------------------------------------
+# The shape every record of an array field shares, found while packing, so that the
+# manifest states it and the Loader stacks the field into one tensor.
+#
+# ``dlpack convert`` packs in one streaming pass, so a sidecar's shape (``.npy``, ``.cls``)
+# is not known before the last record: each record's field block is read back for its array
+# shapes as it is added (``block_shapes``), the open shard's shapes are kept with its other
+# counts and journaled with it (a resumed run merges the kept shards' shapes), and the
+# manifest's schema gets ``"shape"`` only when every packed record agrees (``settle``).
+# A journal line without shapes (written by an older dlpack) or with malformed ones leaves
+# the shapes unknown: null, as before, never a shape some record does not have.
+_MAX_DIM = 2**32  # a dimension is stored as u4
+
+
+def array_names(schema, skip=()) -> tuple:
+    """The names of ``schema``'s array fields, sorted (empty for no schema), less those of
+    ``skip``: detection targets (boxes, categories, masks), per-sample arrays never stacked
+    (packer/targets.py)."""
+    return tuple(sorted(n for n, s in (schema or {}).items()
+                        if s["type"] == "array" and n not in skip))
+
+
+def block_shapes(block, schema: dict, names: tuple) -> dict:
+    """name -> shape (list) of the array fields ``names`` in a record's field ``block``."""
+    spans = field_spans(block, schema, "field block")
+    return {n: list(struct.unpack_from(f"<{schema[n]['ndim']}I", block, spans[n][0]))
+            for n in names}
+
+
+def merge_shapes(acc: dict | None, shapes: dict | None) -> dict | None:
+    """``acc`` with ``shapes`` merged in: a name whose shapes differ maps to None; None
+    (unknown) absorbs everything."""
+    if acc is None or shapes is None:
+        return None
+    for name, shape in shapes.items():
+        if name not in acc:
+            acc[name] = shape
+        elif acc[name] != shape:
+            acc[name] = None
+    return acc
+
+
+def journaled_shapes(value) -> dict | None:
+    """The shapes of a journal line (untrusted: written to disk by an earlier run); None
+    when absent or malformed (then nothing is claimed)."""
+    if not isinstance(value, dict):
+        return None
+    for name, shape in value.items():
+        if not isinstance(name, str) or not (shape is None or (
+                isinstance(shape, list) and len(shape) <= 32 and all(
+                    isinstance(d, int) and not isinstance(d, bool) and 0 <= d < _MAX_DIM
+                    for d in shape))):
+            return None
+    return dict(value)
+
+
+def settle_shapes(schema, shapes: dict | None):
+    """A copy of ``schema`` whose array fields have ``"shape"``: the one every record has
+    (from ``shapes``), else null; None stays None."""
+    if not schema:
+        return schema
+    out = {}
+    for name, spec in schema.items():
+        spec = dict(spec)
+        if spec["type"] == "array":
+            shape = None if shapes is None else shapes.get(name)
+            known = spec.get("shape")  # a list's arrays are checked before packing
+            spec["shape"] = shape if shape is not None and len(shape) == spec["ndim"] \
+                and known in (None, shape) else None
+        out[name] = spec
+    return out
+
+
+def without_shapes(fields) -> dict | None:
+    """``fields`` with the arrays' ``shape`` left out: what must agree for an append (the
+    shape is a finding about the records, not a choice)."""
+    return {n: {k: v for k, v in s.items() if k != "shape"} for n, s in fields.items()} \
+        if fields else None
+
+
+def union_schema(base, new):
+    """The schema of a data set after an append: ``new``'s (same fields as ``base``'s),
+    an array keeping a shape only where the old and the new records state the same one."""
+    if not new or not base:
+        return new
+    out = {}
+    for name, spec in new.items():
+        spec = dict(spec)
+        if spec["type"] == "array" and spec.get("shape") != base.get(name, {}).get("shape"):
+            spec["shape"] = None
+        out[name] = spec
+    return out
