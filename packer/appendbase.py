@@ -292,7 +292,7 @@ def base_counters(base: dict) -> tuple[list, Counter, Counter]:
 
 
 
-# ---- quickcheck ------------------------------------------------------------------------------
+# ---- the quick check: inputs unchanged by size and mtime -------------------------------------
 # rsync's quick check for ``convert --append``: an input whose path is packed already and
 # whose file has the size and mtime (ns) recorded when it was packed counts as a duplicate
 # without being read; only new or changed-looking files are hashed. ``--checksum`` (rsync's
@@ -404,7 +404,7 @@ def quick_duplicates(candidates: list, keys: list, recorded: dict | None, now: d
 
 
 
-# ---- replacing -------------------------------------------------------------------------------
+# ---- --replace-changed: the old records of changed inputs retired ----------------------------
 # ``dlpack convert SRC DST --append --replace-changed``: an input whose path is packed with
 # other content is packed again into the append's new shards, and its old record is retired
 # in the union manifest (reader/format/schema.py holds the rule readers follow). Old shard

@@ -231,7 +231,7 @@ def encode_path(item: tuple, options: dict, ship_passthrough: bool = True):
 
 
 
-# ---- pilimage --------------------------------------------------------------------------------
+# ---- PIL's steps -----------------------------------------------------------------------------
 # The PIL steps of encoding one input: open it behind the decompression-bomb guard,
 # decode it, turn it upright, convert it to RGB, resize it.
 #

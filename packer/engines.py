@@ -172,7 +172,7 @@ def pack(dst, inputs, stats, options, state, journal_, *, ray, cpus: int,
     return progress
 
 
-# ---- ray_planner -----------------------------------------------------------------------------
+# ---- Ray engine, phase 2: the driver's Packer ------------------------------------------------
 # Phase 2 of the Ray engine, in the driver: the local engine's Packer with shard writing
 # replaced by ``assemble_shard`` tasks (below).
 #
@@ -282,7 +282,7 @@ class RayPlanner(Packer):
             self.abort()
 
 
-# ---- ray_tasks -------------------------------------------------------------------------------
+# ---- Ray engine: the tasks -------------------------------------------------------------------
 # What the Ray engine's tasks run: plain functions of plain data (this module never
 # imports ray, so they are tested, and can be debugged, without a cluster).
 #
@@ -379,7 +379,7 @@ def _write_shard(dst, data_format, shard_number, first_sample, shard_size, items
         raise
 
 
-# ---- ray_results -----------------------------------------------------------------------------
+# ---- Ray engine: the tasks' results ----------------------------------------------------------
 # How the Ray engine's driver waits on its tasks: a task's result, or ConversionError
 # naming the work and the fix; and, when a conversion stops, waiting for the tasks it no
 # longer needs instead of cancelling them.
@@ -427,7 +427,7 @@ def task_result(ray, ref, doing: str):
                               f"completed shards are kept, run again with --resume") from None
 
 
-# ---- ray_cluster -----------------------------------------------------------------------------
+# ---- Ray engine: the cluster -----------------------------------------------------------------
 # The Ray cluster a conversion runs on: importing Ray, reaching the cluster, connecting
 # (or starting a private one) for the length of a conversion, and checking that every node
 # can write to an s3:// DST.

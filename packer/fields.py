@@ -17,7 +17,7 @@ from dlpack_io.reader.format.checks import InputTooLarge, read_input
 from dlpack_io.reader.format.fields import encode_fields, field_spans, spec_of
 from dlpack_io.reader.format.schema import MAX_JSON_DEPTH, json_depth
 
-# ---- fieldsource -----------------------------------------------------------------------------
+# ---- fields read from sidecars and list rows -------------------------------------------------
 # Fields for ``dlpack convert``: sidecar files next to each image (WebDataset's
 # convention) or the extra keys / columns of a list, made into each record's field block.
 #
@@ -225,7 +225,7 @@ def check_engine_fields(src, engine: str, inputs) -> None:
 
 
 
-# ---- fieldahead ------------------------------------------------------------------------------
+# ---- field blocks made ahead -----------------------------------------------------------------
 # Field blocks made ahead, in threads, while the workers encode the images.
 #
 # The field block of an input (sidecars read, boxes checked, a mask PNG decoded and
@@ -268,7 +268,7 @@ def fields_ahead(source, todo, threads: int, depth: int = 64):
 
 
 
-# ---- fieldshapes -----------------------------------------------------------------------------
+# ---- array shapes settled when packed --------------------------------------------------------
 # The shape every record of an array field shares, found while packing, so that the
 # manifest states it and the Loader stacks the field into one tensor.
 #

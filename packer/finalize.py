@@ -167,7 +167,7 @@ def summary(dst, manifest, state, inputs, progress, resumed_from) -> dict:
 
 
 
-# ---- dstfiles --------------------------------------------------------------------------------
+# ---- the files of DST ------------------------------------------------------------------------
 # What a conversion may find, keep and delete in its destination folder.
 #
 # Only files this tool writes are ever deleted: shards, their partial temp files, the
@@ -303,7 +303,7 @@ def check_src_dst(src, dst) -> None:
 
 
 
-# ---- resumestate -----------------------------------------------------------------------------
+# ---- what a resumed run keeps ----------------------------------------------------------------
 # What a resumed conversion (or append) keeps: the journaled shards that are still the
 # files that were written and whose journal lines add up; everything after the first that
 # does not is redone (conversion.py and appending.py share it).

@@ -200,7 +200,7 @@ class Journal:
             pass
 
 
-# ---- accounting ------------------------------------------------------------------------------
+# ---- what became of each input ---------------------------------------------------------------
 # Proof that a conversion journal accounts for every input it vouches for.
 #
 # A journal can be damaged (a disk, a copy) or edited. Each line carries a CRC-32 of its own

@@ -309,7 +309,7 @@ def plan_inputs(inputs, opts: PackOptions):
 
 
 
-# ---- pipeline --------------------------------------------------------------------------------
+# ---- the ordered parallel encode -------------------------------------------------------------
 # Encode inputs in worker processes and hand results back in input order.
 #
 # Results come back in the order of the inputs whatever the number of workers, which is
@@ -382,7 +382,7 @@ def encode_in_order(items, options: dict, workers: int, *, chunk: int = 8,
 
 
 
-# ---- cutting ---------------------------------------------------------------------------------
+# ---- where a shard ends ----------------------------------------------------------------------
 # THE rule that decides where one shard ends and the next begins, for every engine.
 #
 # Shards are cut by encoded size in packing order: a record starts a new shard when the

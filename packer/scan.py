@@ -207,7 +207,7 @@ def stat_inputs(inputs: Inputs) -> list[tuple[int, int]]:
 
 
 
-# ---- names -----------------------------------------------------------------------------------
+# ---- input names -----------------------------------------------------------------------------
 # Names from the wild as the data set records them.
 #
 # File and folder names are bytes on Linux; Python hands undecodable ones over with

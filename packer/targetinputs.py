@@ -137,7 +137,7 @@ def with_targets(inputs, opts):
     return inputs
 
 
-# ---- coco ------------------------------------------------------------------------------------
+# ---- COCO instances files --------------------------------------------------------------------
 # ``dlpack convert SRC DST --coco instances.json``: the inputs of a COCO object-detection
 # file (issue 25). Every image of ``images`` is an input, found under SRC by its
 # ``file_name``; its annotations become the fields "boxes" (COCO's x, y, w, h made

@@ -228,7 +228,7 @@ def target_schema(schema: dict, seg: bool) -> dict:
 
 
 
-# ---- boxes -----------------------------------------------------------------------------------
+# ---- boxes: the rule every box passes --------------------------------------------------------
 # Boxes and masks of a sample checked and turned upright like its image (issue 25).
 #
 # Every source of targets (COCO, a JSON Lines list, the Writer, mask files) ends here, so
@@ -352,7 +352,7 @@ def int_list(value, n: int, name: str, dtype, where: str) -> np.ndarray:
 
 
 
-# ---- listboxes -------------------------------------------------------------------------------
+# ---- boxes of a JSON Lines list --------------------------------------------------------------
 # The boxes of a JSON Lines list row checked one by one before packing: a bad
 # box (the rule above: non-finite, negative or zero size, outside the image) is left out
 # with its category and iscrowd, as a bad COCO annotation is (targetinputs.py), and its image is

@@ -231,7 +231,7 @@ def _convert_staged(store: Store, stage: str, inputs, opts, provenance: bool, pa
                 engine=engine)
 
 
-# ---- upload_append ---------------------------------------------------------------------------
+# ---- an append to a data set in object storage -----------------------------------------------
 # ``convert(src, "s3://bucket/prefix", append=True)``: the append of appending.py onto a
 # data set in object storage. The data set's manifest and its shards' metadata are read
 # from the bucket (record shards: two range requests each; LMDB shards, whose metadata is

@@ -203,7 +203,7 @@ def _check_empty(dst: str) -> None:
 
 
 
-# ---- writer_append ---------------------------------------------------------------------------
+# ---- Writer(append=True) ---------------------------------------------------------------------
 # ``Writer(dst, append=True)``: what the Writer starts from when it adds samples to an
 # existing data set (packer/appendbase.py holds the rules it shares with ``convert
 # --append``): the data set's options, classes, field schema, shards and sample count; the
@@ -295,7 +295,7 @@ class AppendBase:
 
 
 
-# ---- samples ---------------------------------------------------------------------------------
+# ---- a sample from code made into a record ---------------------------------------------------
 # One sample from code (``Writer.write``) made ready for a shard: the image as record
 # bytes and the fields as a field block, every check done before anything is written.
 def first_schema(fields: dict, where: str) -> dict:

@@ -201,7 +201,7 @@ def open_writer(data_format: str, dst, shard_number: int, first_sample: int, sha
 
 
 
-# ---- nofollow --------------------------------------------------------------------------------
+# ---- files opened without following links ----------------------------------------------------
 # Create and append to files in DST without ever following a symlink.
 #
 # A destination folder may hold entries nobody on this machine made (a copied or shared
@@ -241,7 +241,7 @@ def open_nofollow(path: str, flags: int, mode: int = 0o644) -> int:
     return fd
 
 
-# ---- remoteshard -----------------------------------------------------------------------------
+# ---- a shard uploaded to object storage ------------------------------------------------------
 # One shard in object storage: upload it and check the object against the journal's
 # entry. Used by the local engine's upload thread (upload.py) and by the Ray engine's shard
 # tasks (engines.py), which upload from their own node.

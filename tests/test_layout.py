@@ -222,3 +222,16 @@ def test_the_cli_imports_no_benchmark_until_bench_runs():
                           timeout=60, cwd="/")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_the_wheel_lists_every_package_of_the_tree():
+    """pyproject.toml names the packages one by one (its package-dir maps dlpack_io.X to
+    X/): a new sub-package left out of the list imports from the checkout and is missing
+    from every installed wheel."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+                 ["packages"])
+    found = {_module_name(init) for tree in PACKAGES for init in (ROOT / tree).rglob("__init__.py")}
+    assert found == listed, f"missing from pyproject.toml: {sorted(found - listed)}; " \
+                            f"listed but absent: {sorted(listed - found)}"

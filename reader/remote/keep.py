@@ -33,16 +33,14 @@ import numpy as np
 
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.remote import cache as cache_mod
-from dlpack_io.reader.remote.fetchplan import (  # noqa: F401 (moved)
+from dlpack_io.reader.remote.fetchplan import (
     ABSENT,
     PRESENT,
     REQUESTED,
-    ahead_masks,
     extents,
     first_use,
     mismatch,
     range_requests,
-    read_ahead,
 )
 
 # How many bytes and files are kept under a records folder, counted on disk:

@@ -14,7 +14,7 @@ import pytest
 
 from dlpack_io.reader import Loader, Output, RandomHorizontalFlip, RandomResizedCrop, Workers
 from dlpack_io.reader.dataset import Dataset
-from dlpack_io.reader.remote import keep
+from dlpack_io.reader.remote import fetchplan, keep
 
 from helpers import batches_equal, pack_and_upload
 
@@ -224,11 +224,11 @@ def test_a_limit_of_half_the_data_set_keeps_half_of_it(s3_env, packed):
 def test_read_ahead_takes_the_following_eligible_records_within_the_bytes():
     lengths = np.array([10, 10, 10, 10, 10, 10, 10, 10])
     eligible = np.array([0, 1, 1, 0, 1, 1, 1, 1], dtype=bool)
-    todo, pos = keep.read_ahead(np.array([0, 4]), np.array([3, 1]), eligible, lengths,
+    todo, pos = fetchplan.read_ahead(np.array([0, 4]), np.array([3, 1]), eligible, lengths,
                                 np.array([4, 8]), max_bytes=30)
     # 0 takes 1, 2 (3 not eligible); 4 takes 5, 6 (30 bytes in all), never past its shard
     assert todo.tolist() == [0, 4, 1, 2, 5, 6] and pos.tolist() == [3, 1, 3, 3, 1, 1]
-    todo, pos = keep.read_ahead(np.array([2]), np.array([0]), eligible, lengths,
+    todo, pos = fetchplan.read_ahead(np.array([2]), np.array([0]), eligible, lengths,
                                 np.array([4]), max_bytes=100)
     assert todo.tolist() == [2] and pos.tolist() == [0]  # shard ends at 4; 3 not eligible
 
@@ -269,13 +269,13 @@ def test_read_ahead_passes_over_records_already_fetched_when_all_are_ours():
     lengths = np.full(8, 10)
     absent = np.array([1, 1, 0, 1, 1, 1, 0, 1], dtype=bool)  # 2 and 6 fetched already
     last_use = np.array([1, 1, 0, 2, 3, 1, 0, 2])
-    eligible, passable = keep.ahead_masks(absent, last_use, 1, bridge=True)
+    eligible, passable = fetchplan.ahead_masks(absent, last_use, 1, bridge=True)
     assert eligible.tolist() == [0, 0, 0, 1, 1, 0, 0, 1]
     assert passable.tolist() == [1, 1, 1, 0, 0, 1, 1, 0]  # fetched, or for batch <= 1
-    todo, pos = keep.read_ahead(np.array([1]), np.array([0]), eligible, lengths,
+    todo, pos = fetchplan.read_ahead(np.array([1]), np.array([0]), eligible, lengths,
                                 np.array([8]), max_bytes=70, passable=passable)
     assert todo.tolist() == [1, 3, 4, 7] and pos.tolist() == [0, 0, 0, 0]  # over 2, 5, 6
-    assert keep.ahead_masks(absent, last_use, 1, bridge=False)[1] is None
-    todo, _ = keep.read_ahead(np.array([1]), np.array([0]), eligible, lengths,
+    assert fetchplan.ahead_masks(absent, last_use, 1, bridge=False)[1] is None
+    todo, _ = fetchplan.read_ahead(np.array([1]), np.array([0]), eligible, lengths,
                               np.array([8]), max_bytes=70)
     assert todo.tolist() == [1]  # without passing: 2 ends the run
