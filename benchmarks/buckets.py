@@ -12,6 +12,8 @@ about 500 px on the long side), packed into DIR/jpeg. Each round runs, one after
   of each image is decoded);
 * ``fixed-resize``: Loader, Resize(224) + RandomCrop(224) + flip: the whole image resized,
   a square cut out of it (three quarters of a 4:3 image decoded);
+* ``fixed-squash``: Loader, Resize((224, 224)) + flip: every image decoded whole and
+  squashed to 224 x 224 (the work a bucket does, without the buckets);
 * ``buckets``: Loader, AspectBuckets(area=224*224, multiple=32) + flip, batch 32, 2 threads
   (the same output area per image);
 * ``dataloader-buckets``: torch's DataLoader, 2 worker processes, a batch sampler that groups
@@ -75,6 +77,8 @@ def ours(path: str, kind: str):
     if kind == "fixed-resize":
         return Loader(Dataset(path), batch_size=BATCH,
                       transforms=[Resize(224), RandomCrop(224)] + flip)
+    if kind == "fixed-squash":
+        return Loader(Dataset(path), batch_size=BATCH, transforms=[Resize((224, 224))] + flip)
     buckets = AspectBuckets(area=AREA, multiple=MULTIPLE) if kind == "buckets" else \
         TokenBudget(tokens=4096, patch=16, max_side=384)
     return Loader(Dataset(path), batch_size=BATCH if kind == "buckets" else 256,
@@ -168,7 +172,7 @@ def main(argv=None) -> None:
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args(argv)
     path = prepare(args.root, args.count)
-    kinds = ("fixed", "fixed-resize", "buckets", "dataloader-buckets", "tokens")
+    kinds = ("fixed", "fixed-resize", "fixed-squash", "buckets", "dataloader-buckets", "tokens")
     loaders = {k: dataloader(os.path.join(args.root, "src")) if k.startswith("dataloader")
                else ours(path, k) for k in kinds}
     for k, loader in loaders.items():  # workers started, first epoch untimed
@@ -182,7 +186,12 @@ def main(argv=None) -> None:
             print(json.dumps({"round": r, "kind": k, **got, "load": os.getloadavg()[0]}),
                   flush=True)
     med = {k: statistics.median(g["images_per_s"] for g in v) for k, v in runs.items()}
+
+    def in_round(other):  # the median of the rounds' own ratios: steadier than the medians'
+        return statistics.median(b["images_per_s"] / o["images_per_s"]
+                                 for b, o in zip(runs["buckets"], runs[other]))
     print(json.dumps({"median_images_per_s": med,
+                      "in_round_buckets_over": {k: in_round(k) for k in kinds if k != "buckets"},
                       "buckets_over_fixed": med["buckets"] / med["fixed"],
                       "buckets_over_fixed_resize": med["buckets"] / med["fixed-resize"],
                       "buckets_over_dataloader": med["buckets"] / med["dataloader-buckets"],
