@@ -224,11 +224,12 @@ def union_of(base: dict, app: Appending, state: State, progress, engine: str,
         sum(s["num_samples"] for s in new))
     root = shown(app.inputs.root) if provenance and app.inputs.root else None
     entry = appendbase.history_entry(base, new, app.new_classes, split_counts(app), root)
+    fields = union_schema(base.get("fields"),
+                          settle_shapes(getattr(app.inputs, "fields", None), state.shapes))
     built = finalize.build_manifest(app.inputs, app.opts, state.shards, state.rejects,
                                     state.reencoded, state.class_counts.tolist(),
                                     progress.elapsed, state.lossless, provenance=provenance,
-                                    engine=engine, fields=union_schema(base.get("fields"), settle_shapes(
-                                        getattr(app.inputs, "fields", None), state.shapes)))
+                                    engine=engine, fields=fields)
     return appendbase.union_manifest(base, built, entry, pairs)
 
 

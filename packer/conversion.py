@@ -14,13 +14,8 @@ import os
 from dlpack_io.packer import appendbase, finalize, journal
 from dlpack_io.packer.engines import engine_context
 from dlpack_io.packer.fields import check_engine_fields
-from dlpack_io.packer.finalize import (
-    check_src_dst,
-    clear_outputs,
-    existing_entries,
-    not_empty_error,
-    resume_state,
-)
+from dlpack_io.packer.finalize import (check_src_dst, clear_outputs, existing_entries,
+                                       not_empty_error, resume_state)
 from dlpack_io.packer.options import PackOptions
 from dlpack_io.packer.packing import State, plan_inputs, prepare_inputs
 from dlpack_io.packer.records import ConversionError

@@ -41,15 +41,8 @@ import numpy as np
 
 from dlpack_io.packer.options import PackOptions
 from dlpack_io.packer.records import BAD_INPUT, EncodedRecord, RejectedInput
-from dlpack_io.reader.format import (
-    COLOUR_CMYK,
-    COLOUR_GRAY,
-    COLOUR_YCC,
-    KIND_FILE,
-    KIND_JPEG,
-    KIND_RAW,
-    crc32,
-)
+from dlpack_io.reader.format import (COLOUR_CMYK, COLOUR_GRAY, COLOUR_YCC, KIND_FILE, KIND_JPEG,
+                                     KIND_RAW, crc32)
 from dlpack_io.reader.format.checks import open_input, read_input
 from dlpack_io.reader.format.spec import native_jpeg
 

@@ -37,14 +37,8 @@ import numpy as np
 
 from dlpack_io.packer.encode import encode_path
 from dlpack_io.packer.options import PackOptions
-from dlpack_io.packer.packing import (
-    Packer,
-    conversion_progress,
-    encode_options,
-    input_item,
-    pack_local,
-    packing_order,
-)
+from dlpack_io.packer.packing import (Packer, conversion_progress, encode_options, input_item,
+                                      pack_local, packing_order)
 from dlpack_io.packer.progress import Progress
 from dlpack_io.packer.records import ConversionError, EncodedRecord
 from dlpack_io.packer.writers import open_writer, partial_name
@@ -139,7 +133,7 @@ def pack(dst, inputs, stats, options, state, journal_, *, ray, cpus: int,
     """The Ray engine's counterpart of packing.pack_local: same arguments, same effect on
     ``state`` and the journal, same Progress. ``upload``: ``(url, storage_options)`` of
     an s3:// DST, which the tasks write to directly (``dst`` is then the driver's staging
-    folder, unused; ray_cluster.probe_nodes has checked that every node can write there)."""
+    folder, unused; ``probe_nodes`` has checked that every node can write there)."""
     order = packing_order(len(inputs.paths), options)
     base = state.position
     todo = order[base:]

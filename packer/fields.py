@@ -1,4 +1,6 @@
-"""Fields of a conversion's inputs: read from sidecar files and list rows (``FieldSource``), made into field blocks ahead of the writer in threads, and the shape every record of an array field shares (so the manifest states it and the Loader stacks it).
+"""Fields of a conversion's inputs: read from sidecar files and list rows (``FieldSource``),
+made into field blocks ahead of the writer in threads, and the shape every record of an
+array field shares (so the manifest states it and the Loader stacks it).
 """
 from __future__ import annotations
 

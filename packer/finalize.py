@@ -1,5 +1,7 @@
 """The last step of a conversion: the manifest (built from the packing state), the rejects
-file, then the manifest file, atomically; and the summary ``convert`` returns.
+file, then the manifest file, atomically; and the summary ``convert`` returns. Also the
+files of DST (what may be there before a run, what ``--overwrite`` clears) and what a
+resumed run keeps of the interrupted one.
 """
 from __future__ import annotations
 

@@ -25,15 +25,8 @@ import json
 import os
 from pathlib import Path
 
-from dlpack_io.packer.scan import (
-    MAX_CLASS_CHARS,
-    MAX_LIST_LABEL,
-    MAX_PATH_CHARS,
-    Inputs,
-    clipped,
-    shown,
-    too_long,
-)
+from dlpack_io.packer.scan import (MAX_CLASS_CHARS, MAX_LIST_LABEL, MAX_PATH_CHARS, Inputs, clipped,
+                                   shown, too_long)
 from dlpack_io.packer.targets import TARGET_KEYS
 from dlpack_io.reader.format import FormatError
 from dlpack_io.reader.format.fields import check_field_name

@@ -5,10 +5,7 @@ import os
 from dataclasses import asdict, dataclass, fields
 
 from dlpack_io.reader.format import DEFAULT_MAX_PIXELS, FORMATS, MODES
-from dlpack_io.reader.format.spec import (
-    native_jpeg,
-    parse_size,  # noqa: F401  (packer.options.parse_size)
-)
+from dlpack_io.reader.format.spec import native_jpeg, parse_size  # noqa: F401 (re-exported)
 
 # The choices of the options below; their one home (encode.py implements them).
 ON_ERROR = ("skip", "fail")

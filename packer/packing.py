@@ -1,6 +1,6 @@
 """What both engines share: the packing order, the state of a conversion, the Packer that
-cuts encoded inputs into shards (one rule, packer/packing.py) and journals them, the local
-engine's loop (``pack_local``), and the inputs' scan and plan (the manifest and summary at
+cuts encoded inputs into shards (one rule, ``ShardCutter``) and journals them, the local
+engine's ordered parallel encode (``pack_local``), and the inputs' scan and plan (the manifest and summary at
 the end are finalize.py's).
 
 The local engine (``pack_local``: worker processes on this machine) and the Ray engine
@@ -64,7 +64,8 @@ class State:
         self.rejects += [tuple(r) for r in entry["rejects"]]
         self.reencoded.update(entry["reencoded"])
         self.lossless.update(entry.get("lossless", {}))
-        self.shapes = fields_mod.merge_shapes(self.shapes, fields_mod.journaled_shapes(entry.get("shapes")))
+        self.shapes = fields_mod.merge_shapes(self.shapes,
+                                              fields_mod.journaled_shapes(entry.get("shapes")))
         self.class_counts += np.asarray(entry["class_counts"], dtype=np.int64)
 
 

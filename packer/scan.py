@@ -1,4 +1,5 @@
-"""Find the inputs of a conversion in an ImageFolder tree (lists: packer/jsonlist.py).
+"""Find the inputs of a conversion in an ImageFolder tree (lists: packer/jsonlist.py), and
+turn their names into the escaped, bounded names a shard records.
 """
 from __future__ import annotations
 
@@ -107,7 +108,7 @@ class _Walk:
 
     def _count_loose(self, loose: list, stems: set) -> None:
         """Count a folder's files that are not images: a sidecar of one of its images
-        (``name.txt`` beside ``name.jpg``, fieldsource.SIDECARS) or an ignored file."""
+        (``name.txt`` beside ``name.jpg``, ``fields.SIDECARS``) or an ignored file."""
         for stem, suffix in loose:
             if suffix[1:] in SIDECARS and stem in stems:
                 self.sidecars[suffix[1:]] = self.sidecars.get(suffix[1:], 0) + 1

@@ -15,19 +15,9 @@ from pathlib import Path
 import numpy as np
 
 from dlpack_io.packer.scan import MAX_PATH_CHARS, too_long
-from dlpack_io.packer.targets import (
-    BOX_SPEC,
-    CATEGORY_SPEC,
-    ISCROWD_SPEC,
-    TARGET_KEYS,
-    TargetSource,
-    box_reason,
-    dir_masks,
-    mask_dtype,
-    mask_spec,
-    sidecar_masks,
-    subset,
-)
+from dlpack_io.packer.targets import (BOX_SPEC, CATEGORY_SPEC, ISCROWD_SPEC, TARGET_KEYS,
+                                      TargetSource, box_reason, dir_masks, mask_dtype, mask_spec,
+                                      sidecar_masks, subset)
 from dlpack_io.reader.format.checks import InputTooLarge, NotRegularFile, read_input
 from dlpack_io.reader.format.fields import MAX_NAMES
 from dlpack_io.reader.format.schema import MAX_JSON_DEPTH

@@ -1,4 +1,4 @@
-"""Detection and segmentation targets of a conversion (issue 25): boxes, categories,
+"""Detection and segmentation targets of a conversion: boxes, categories,
 iscrowd and image id (from COCO or a JSON Lines list) and semantic masks (a sidecar
 ``name.mask.png`` beside ``name.jpg``, or ``--masks DIR`` mirroring SRC), made into
 fields of each record.

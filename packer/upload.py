@@ -25,12 +25,8 @@ from dlpack_io.packer.engines import engine_context
 from dlpack_io.packer.finalize import kept_shard_meta, not_empty_error
 from dlpack_io.packer.records import ConversionError
 from dlpack_io.packer.scan import shown
-from dlpack_io.packer.writers import (
-    remote_shard_meta,
-    remote_shard_ok,
-    remote_shard_paths,
-    upload_shard,
-)
+from dlpack_io.packer.writers import (remote_shard_meta, remote_shard_ok, remote_shard_paths,
+                                      upload_shard)
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.remote.storage import StorageError, Store
 
@@ -236,8 +232,8 @@ def _convert_staged(store: Store, stage: str, inputs, opts, provenance: bool, pa
 # data set in object storage. The data set's manifest and its shards' metadata are read
 # from the bucket (record shards: two range requests each; LMDB shards, whose metadata is
 # not at a known range: downloaded once into the staging folder); the new shards are packed
-# locally and uploaded one by one with the journal in the bucket (as a fresh upload does), and the new
-# manifest is uploaded last: one PUT replaces the object whole, so a reader gets the old
+# locally and uploaded one by one with the journal in the bucket (as a fresh upload does),
+# and the new manifest is uploaded last: one PUT replaces the object whole, so a reader gets the old
 # manifest or the new one, never a part. Old shard objects are never written.
 
 

@@ -2,7 +2,9 @@
 
 A writer writes to a hidden temporary name (``.shard-NNNNN.rec.partial``) and only a
 finished, fsynced shard is renamed to its final name, so a file with a final shard name is
-always complete. Both writers share the index table and metadata of reader.format.
+always complete. Both writers share the index table and metadata of reader.format. Files
+are opened without following links, and a shard bound for object storage is uploaded and
+checked on the server (``upload_shard``).
 """
 from __future__ import annotations
 

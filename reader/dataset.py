@@ -1,4 +1,8 @@
-"""``Dataset(path)``: a packed data set as a random-access sequence of (pixels, label)."""
+"""``Dataset(path)``: a packed data set as a random-access sequence of (pixels, label).
+
+Also here: how its manifest is found and loaded (local or remote), the attributes
+torchvision's ImageFolder users reach for (``classes``, ``targets``, ``samples``...), and
+``ds.sample(i)``: one sample with its fields, as a dict."""
 from __future__ import annotations
 
 import os

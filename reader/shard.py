@@ -1,4 +1,6 @@
-"""Read-only access to one shard: the index table and zero-copy record payloads.
+"""Read-only access to one shard: the index table, zero-copy record payloads, their field
+blocks, and the safe reads they stand on (regular files only, ``pread`` for what is checked,
+copies of mapped memory under the C extension's SIGBUS guard).
 
 Shards open lazily, once per process (a forked worker re-opens its own): an LMDB
 environment must never cross a fork, and lazily opened mmaps cost nothing until read.
@@ -387,7 +389,7 @@ class RecordShard(_Shard):
 # lmdb refuses to open one environment twice in a process, so every LmdbShard of a
 # process over the same file shares one environment and one long read transaction.
 _LMDB_OPEN: dict = {}
-# Files whose structure lmdbcheck passed: realpath -> (identity, number of keys). Inherited
+# Files whose structure ``check_lmdb`` passed: realpath -> (identity, number of keys). Inherited
 # by forked workers, so the walk runs once per file per data set, not per process.
 _LMDB_CHECKED: dict = {}
 

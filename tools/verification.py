@@ -19,16 +19,9 @@ from dlpack_io.reader.dataset import NotADatasetError, load_manifest
 
 # The exit codes are imported to be read here too: verify's callers (the CLI, tests) know
 # this module, not where the report is defined.
-from dlpack_io.tools.shardcheck import (  # noqa: F401
-    EXIT_DAMAGED,
-    EXIT_NOT_A_DATASET,
-    EXIT_OK,
-    VerifyReport,
-    check_accounting,
-    check_class_counts,
-    check_retired_sources,
-    check_shard,
-)
+from dlpack_io.tools.shardcheck import (EXIT_DAMAGED, EXIT_NOT_A_DATASET, EXIT_OK,  # noqa: F401
+                                        VerifyReport, check_accounting, check_class_counts,
+                                        check_retired_sources, check_shard)
 
 
 def verify(dataset, *, decode: bool = False, progress: bool = True,

@@ -41,14 +41,8 @@ from dlpack_io.reader import format as fmt
 from dlpack_io.reader import jpegdecode
 from dlpack_io.reader import shard as shard_mod
 from dlpack_io.reader.batch.errors import skipped_from
-from dlpack_io.reader.batch.plan import (
-    BatchPlan,
-    Draws,
-    TransformSpec,
-    largest_output,
-    plan_batch,
-    sample_error,
-)
+from dlpack_io.reader.batch.plan import (BatchPlan, Draws, TransformSpec, largest_output,
+                                         plan_batch, sample_error)
 from dlpack_io.reader.batch.stats import STAGES
 from dlpack_io.reader.decode import decode_record
 from dlpack_io.reader.shard import ShardChangedError, guarded_array

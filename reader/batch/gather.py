@@ -13,35 +13,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dlpack_io.kernels.records import (
-    FLIP_H,
-    FLIP_V,
-    IDENTITY_ORDER,
-    JITTER_OPS,
-    NEUTRAL_FACTORS,
-    ORDER_SHIFTS,
-    RECORD_BYTES,
-    RECORD_PLACEMENT,
-    host_records,
-)
+from dlpack_io.kernels.records import (FLIP_H, FLIP_V, IDENTITY_ORDER, JITTER_OPS, NEUTRAL_FACTORS,
+                                       ORDER_SHIFTS, RECORD_BYTES, RECORD_PLACEMENT, host_records)
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader import jpegdecode
 from dlpack_io.reader import shard as shard_mod
-from dlpack_io.reader.batch.build import (
-    DECODE,
-    PLAN,
-    BuildContext,
-    HostBatch,
-    Scratch,
-    largest_image,
-    plan_checked,
-    record_payload,
-    scratch_of,
-    skip_or_raise,
-    stage_table,
-    stage_totals,
-    user_pixels,
-)
+from dlpack_io.reader.batch.build import (DECODE, PLAN, BuildContext, HostBatch, Scratch,
+                                          largest_image, plan_checked, record_payload, scratch_of,
+                                          skip_or_raise, stage_table, stage_totals, user_pixels)
 from dlpack_io.reader.batch.plan import BatchPlan
 from dlpack_io.reader.decode import decode_record
 

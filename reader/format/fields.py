@@ -1,4 +1,6 @@
-"""The field block of a format-3 record: how a sample's fields become bytes and back.
+"""Fields of a format-3 data set: the schema a manifest declares for them (types, names,
+array dtypes and shapes), and the field block of a record: how a sample's fields become
+bytes and back (arrays optionally compressed, e.g. masks).
 
 Layout (docs/FORMAT.md, "Fields"): the fields of the manifest's schema in sorted name
 order; first one u32 length per field, then the values back to back, so

@@ -8,25 +8,11 @@ import re
 import numpy as np
 
 from dlpack_io.reader.format.fields import check_field_schema
-from dlpack_io.reader.format.spec import (
-    FORMAT_VERSION,
-    FORMATS,
-    MAGIC,
-    MANIFEST_KIND,
-    MAX_JSON_DEPTH,
-    MAX_JSON_INT,
-    MODES,
-    PLAIN_VERSION,
-    READABLE_VERSIONS,
-    SHARD_NAME_RE,
-    SHARD_SUFFIX,
-    FormatError,
-    crc32,
-    index_dtype,
-    json_depth,
-    max_shard_bytes,
-    version_error,
-)
+from dlpack_io.reader.format.spec import (FORMAT_VERSION, FORMATS, MAGIC, MANIFEST_KIND,
+                                          MAX_JSON_DEPTH, MAX_JSON_INT, MODES, PLAIN_VERSION,
+                                          READABLE_VERSIONS, SHARD_NAME_RE, SHARD_SUFFIX,
+                                          FormatError, crc32, index_dtype, json_depth,
+                                          max_shard_bytes, version_error)
 
 # What a data set records about its inputs' identity and its appends (format 2 and 3
 # alike: both are optional keys that older readers ignore).

@@ -1,5 +1,7 @@
 """The byte layout of a shard: magic, version, header page, index entries, record offsets,
-kinds and colours, and the limits every number read from disk is held to. Imported through
+kinds and colours, and the limits every number read from disk is held to; byte counts as
+people write them (``parse_size``) and the C extension's one accessor (``native_jpeg``),
+which both sides of the format share. Imported through
 :mod:`dlpack_io.reader.format`, which documents the whole layout."""
 from __future__ import annotations
 

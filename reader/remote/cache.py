@@ -17,7 +17,7 @@ between sessions, so one process's eviction cannot pull a file from under anothe
 shards are shared through hard links (a pinned shard's inode lives on while any session
 links it), and sessions of dead processes are removed by the next one to start. Nothing
 secret is ever written here: no credentials, no signed URLs. Nothing found here is trusted
-either (another user or job may have planted it): see cachefs for the rules."""
+either (another user or job may have planted it): the file rules below say how."""
 from __future__ import annotations
 
 import errno

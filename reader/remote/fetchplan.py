@@ -1,6 +1,7 @@
 """Pure planning for the prefetcher: what each batch needs, how to coalesce byte ranges,
 when each item may be evicted, whether ``cache_limit`` can hold one batch, and which records
-a later batch needs may come with this one's (the read-ahead).
+a later batch needs may come with this one's (the read-ahead), and which bytes of a fetched
+span are each record's (``extents``) and whether they are the bytes the index promised.
 
 No I/O here, so every rule is tested on its own (tests/remote/test_s3_plan.py)."""
 from __future__ import annotations

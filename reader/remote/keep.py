@@ -17,7 +17,7 @@ How many bytes are kept is counted in ``records/.ledger`` (20 digits), updated u
 exclusive ``flock`` by every process, so ranks and jobs sharing the folder stay within the
 budget together. Kept files are never evicted by a planner: only ``dlpack cache clear`` (which
 skips data sets in use) removes them, and a file whose bytes fail their checksum is
-discarded (and fetched again). The cache_mod rules hold: no link followed, nothing trusted
+discarded (and fetched again). cache.py's rules hold: no link followed, nothing trusted
 before its checksum passed; a kept file is verified once per process and re-verified when
 its inode, size or modification time changes."""
 from __future__ import annotations
@@ -33,15 +33,8 @@ import numpy as np
 
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.remote import cache as cache_mod
-from dlpack_io.reader.remote.fetchplan import (
-    ABSENT,
-    PRESENT,
-    REQUESTED,
-    extents,
-    first_use,
-    mismatch,
-    range_requests,
-)
+from dlpack_io.reader.remote.fetchplan import (ABSENT, PRESENT, REQUESTED, extents, first_use,
+                                               mismatch, range_requests)
 
 # How many bytes and files are kept under a records folder, counted on disk:
 # regular files of ours only, nothing followed (a recount when the ledger is missing or
@@ -383,8 +376,8 @@ class KeptRecords:
 # Reading on when the cache_dir's file system is full (mixed into planner.Planner).
 #
 # A full disk (ENOSPC, a quota, a file size limit) is not the end of reading while the data can
-# still be streamed. In order: records stop being kept for later epochs (``KeptRecords`` says so once,
-# naming the folder and the fix), and pass through the session folder instead; a growing
+# still be streamed. In order: records stop being kept for later epochs (``KeptRecords``
+# says so once, naming the folder and the fix), and pass through the session folder instead; a growing
 # shard that cannot be written switches the planner to a file per record; a range the session
 # has no room for waits (on the event loop: no thread, no place in flight is held) until room
 # comes: the consumer releasing a batch (its session files go), kept files of batches already

@@ -29,27 +29,11 @@ import numpy as np
 
 from dlpack_io.reader.remote import fetchplan
 from dlpack_io.reader.remote.assembled import cached
-from dlpack_io.reader.remote.fetchplan import (
-    ABSENT,
-    PRESENT,
-    REQUESTED,
-    ahead_masks,
-    fetch_spans,
-    fill_first,
-    fill_inflight,
-    first_use,
-    range_requests,
-    read_ahead,
-)
-from dlpack_io.reader.remote.keep import (
-    FILL_FIRST,
-    FULL,
-    READ_AHEAD,
-    CacheFull,
-    FullCacheSide,
-    publish_records,
-    split_limit,
-)
+from dlpack_io.reader.remote.fetchplan import (ABSENT, PRESENT, REQUESTED, ahead_masks, fetch_spans,
+                                               fill_first, fill_inflight, first_use, range_requests,
+                                               read_ahead)
+from dlpack_io.reader.remote.keep import (FILL_FIRST, FULL, READ_AHEAD, CacheFull, FullCacheSide,
+                                          publish_records, split_limit)
 from dlpack_io.reader.remote.prefetch import ConsumerSide, warn_overcommit
 
 log = logging.getLogger(__name__)

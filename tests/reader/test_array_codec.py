@@ -9,14 +9,8 @@ import numpy as np
 import pytest
 
 from dlpack_io.reader.format import FormatError
-from dlpack_io.reader.format.fields import (
-    MAX_DECODED_BYTES,
-    VALUES_PER_PIXEL,
-    check_field_schema,
-    decode_fields,
-    decode_value,
-    encode_value,
-)
+from dlpack_io.reader.format.fields import (MAX_DECODED_BYTES, VALUES_PER_PIXEL, check_field_schema,
+                                            decode_fields, decode_value, encode_value)
 
 SPEC = {"type": "array", "dtype": "uint16", "ndim": 2, "shape": None, "codec": "zlib"}
 

@@ -12,16 +12,8 @@ import shutil
 
 import numpy as np
 import pytest
-from crafted import (
-    lmdb_index_and_meta,
-    load_manifest,
-    read_shard,
-    reseal_header,
-    reseal_lmdb,
-    reseal_shard,
-    store_lmdb_index,
-    write_manifest,
-)
+from crafted import (lmdb_index_and_meta, load_manifest, read_shard, reseal_header, reseal_lmdb,
+                     reseal_shard, store_lmdb_index, write_manifest)
 
 from dlpack_io.reader import Dataset
 from dlpack_io.reader import format as fmt

@@ -11,11 +11,8 @@ from emulators import AZURITE_ACCOUNT
 from dlpack_io.packer import convert
 from dlpack_io.packer.records import ConversionError
 from dlpack_io.reader.dataset import Dataset
-from dlpack_io.reader.remote.storage import (
-    BucketNotFoundError,
-    CredentialsError,
-    EndpointUnreachableError,
-)
+from dlpack_io.reader.remote.storage import (BucketNotFoundError, CredentialsError,
+                                             EndpointUnreachableError)
 from dlpack_io.tools.bench.seaweed import free_ports
 from dlpack_io.tools.cli import main
 from dlpack_io.tools.synth import make_image_folder

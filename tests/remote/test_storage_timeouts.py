@@ -15,13 +15,8 @@ from hostile_s3 import HostileS3  # noqa: E402
 from dlpack_io.packer import convert  # noqa: E402
 from dlpack_io.reader import format as fmt  # noqa: E402
 from dlpack_io.reader.dataset import Dataset  # noqa: E402
-from dlpack_io.reader.remote.storage import (  # noqa: E402
-    EndpointUnreachableError,
-    StorageTimeoutError,
-    Store,
-    classify,
-    run_sync,
-)
+from dlpack_io.reader.remote.storage import (EndpointUnreachableError,  # noqa: E402
+                                             StorageTimeoutError, Store, classify, run_sync)
 from dlpack_io.tools.synth import make_image_folder  # noqa: E402
 
 URL = "s3://hostile-bucket/set"
