@@ -181,7 +181,7 @@ def convert(src, dst, list_file, source_format, image_key, label_key, spool, dat
     try:
         result = run(src, dst, list_file=list_file, resume=resume, overwrite=overwrite,
                      labels=not no_labels, provenance=not no_provenance,
-                     **{k: v for k, v in packing.items() if v is not None or k != "max_pixels"},
+                     **packing,  # None: not given (the default, or on --append the set's)
                      workers=workers, on_error=on_error, progress=not quiet, engine=engine,
                      ray_address=ray_address, append=append,
                      **({"staging": staging} if staging else {}))
