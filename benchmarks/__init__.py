@@ -10,11 +10,13 @@ the current directory), with the project installed in the same environment::
     python -m benchmarks.remote_clients     which S3 client the prefetch planner should use
     python -m benchmarks.cost_of_checks     what the untrusted-input checks cost
     python -m benchmarks.fidelity           read-time cost of original JPEG bytes; photo data
+    python -m benchmarks.loader_overhead    the Loader's CPU per image against the bare decode
+    python -m benchmarks.buckets            aspect buckets and token budgets against fixed sizes
 
 ``dlpack bench`` (the contests of contenders: convert, loader, remote) is part of the
-product and lives in ``dlpack_io.tools.bench``; every contender of every benchmark, these
-included, is named in its registry (``tools/bench/families.py``). docs/benchmarks.md holds
-the results and the commands that produced them.
+product and lives in ``dlpack_io.tools.bench``, its contenders named in one registry
+(``tools/bench/families.py``); each module here names its own contenders in its docstring.
+docs/benchmarks.md holds the results and the commands that produced them.
 """
 from __future__ import annotations
 

@@ -44,15 +44,8 @@ def _tree(pid: int) -> list[int]:
 def _cpu() -> float:
     """CPU seconds of this process and its live descendants (from /proc: children that
     are still running count, which ``os.times`` leaves out until they are reaped)."""
-    total = 0
-    for pid in _tree(os.getpid()):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime (clock ticks)
-        except OSError:
-            pass
-    return total / os.sysconf("SC_CLK_TCK")
+    from dlpack_io.reader.batch.stats import proc_cpu
+    return proc_cpu(_tree(os.getpid()))
 
 
 def _recipe():
