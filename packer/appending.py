@@ -57,8 +57,6 @@ def convert_append(src, dst, *, list_file=None, resume: bool = False, overwrite:
     (appendbase.py). ``replace_changed``: pack the changed inputs too, retiring their old
     records (packer/appendbase.py)."""
     check_request(dst, overwrite)
-    if options.pop("staging", None) is not None:
-        raise ValueError("--staging is for s3:// destinations (shards waiting for upload)")
     check_src_dst(src, dst)
     dst = os.path.abspath(dst)
     appendbase.read_base(dst)  # no data set there: say so before taking the lock

@@ -117,6 +117,9 @@ def convert(src, dst, *,
                  skip_empty=skip_empty, workers=workers, on_error=on_error, progress=progress,
                  storage_options=storage_options, staging=staging)
     options = {k: v for k, v in given.items() if v is not None}  # None: not given
+    if not is_remote(dst) and (storage_options is not None or staging is not None):
+        raise ValueError(f"{dst}: storage_options and staging (where shards wait for upload) "
+                         f"are for s3://, gs://, az:// DSTs")
     if append:
         options.update(replace_changed=replace_changed, checksum=checksum)
     elif replace_changed or checksum:
@@ -134,10 +137,6 @@ def _convert(src, dst, *, list_file, resume: bool, overwrite: bool, labels: bool
         return route(
             src, dst, list_file=list_file, resume=resume, overwrite=overwrite, labels=labels,
             provenance=provenance, engine=engine, ray_address=ray_address, **options)
-    if options.pop("storage_options", None) is not None:
-        raise ValueError("storage_options are for s3://, gs://, az:// DSTs")
-    if options.pop("staging", None) is not None:
-        raise ValueError("--staging is for s3://, gs://, az:// DSTs (shards waiting for upload)")
     check_src_dst(src, dst)
     opts, inputs = prepare_inputs(src, list_file, options, labels)
     check_engine_fields(src, engine, inputs)

@@ -183,8 +183,7 @@ def convert(src, dst, list_file, source_format, image_key, label_key, spool, dat
                      labels=not no_labels, provenance=not no_provenance,
                      **packing,  # None: not given (the default, or on --append the set's)
                      workers=workers, on_error=on_error, progress=not quiet, engine=engine,
-                     ray_address=ray_address, append=append,
-                     **({"staging": staging} if staging else {}))
+                     ray_address=ray_address, append=append, staging=staging)
     except (ConversionError, ValueError, RuntimeError, FileNotFoundError, ImportError) as exc:
         fail(str(exc))
     except KeyboardInterrupt:

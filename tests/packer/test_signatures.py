@@ -49,3 +49,10 @@ def test_a_misspelt_option_is_a_typeerror_naming_it(tmp_path):
         packer.Writer(tmp_path / "w", qualty=90)
     with pytest.raises(ValueError, match="append"):
         packer.convert(tmp_path, tmp_path / "ds", replace_changed=True)
+
+
+@pytest.mark.parametrize("append", [False, True])
+@pytest.mark.parametrize("option", [{"storage_options": {"region": "x"}}, {"staging": "/tmp/x"}])
+def test_object_storage_options_with_a_local_dst_are_refused_by_name(tmp_path, option, append):
+    with pytest.raises(ValueError, match=r"ds: storage_options and staging .* are for s3://"):
+        packer.convert(tmp_path, tmp_path / "ds", append=append, **option)
