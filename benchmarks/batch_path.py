@@ -21,6 +21,8 @@ import json
 import os
 import time
 
+from benchmarks import warm_page_cache
+
 SIZE = 224
 BATCH = 64
 
@@ -49,13 +51,6 @@ def _loader(root: str, kind: str, workers: int, seed: int = 0):
                   **kw)
 
 
-def _warm(root: str) -> None:
-    for name in sorted(os.listdir(os.path.join(root, "jpeg"))):
-        with open(os.path.join(root, "jpeg", name), "rb") as f:
-            while f.read(1 << 24):
-                pass
-
-
 def epochs(root: str, rounds: int, kinds: list[str]) -> None:
     """One JSON line per timed epoch: kind, images/s, CPU-ms per image, load."""
     import warnings
@@ -67,7 +62,7 @@ def epochs(root: str, rounds: int, kinds: list[str]) -> None:
             pass
     for r in range(rounds):
         for kind, loader in loaders.items():
-            _warm(root)
+            warm_page_cache(os.path.join(root, "jpeg"))
             for _ in loader:
                 pass
             s = loader.stats()

@@ -34,6 +34,8 @@ import time
 
 import numpy as np
 
+from benchmarks import warm_page_cache
+
 AREA, MULTIPLE, BATCH = 224 * 224, 32, 32
 RATIOS = ((375, 500), (500, 375), (281, 500), (500, 281), (400, 400))
 
@@ -56,14 +58,6 @@ def prepare(root: str, count: int) -> str:
     if not os.path.exists(os.path.join(dst, "manifest.json")):
         convert(os.path.join(root, "src"), dst, workers=2, progress=False)
     return dst
-
-
-def _warm(root: str) -> None:
-    for base, _, files in os.walk(root):
-        for name in files:
-            with open(os.path.join(base, name), "rb") as f:
-                while f.read(1 << 24):
-                    pass
 
 
 def ours(path: str, kind: str):
@@ -180,7 +174,7 @@ def main(argv=None) -> None:
     runs = {k: [] for k in kinds}
     for r in range(args.rounds):
         for k, loader in loaders.items():
-            _warm(args.root)
+            warm_page_cache(args.root)
             got = epoch(loader, k)
             runs[k].append(got)
             print(json.dumps({"round": r, "kind": k, **got, "load": os.getloadavg()[0]}),

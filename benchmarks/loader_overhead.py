@@ -26,6 +26,8 @@ import time
 
 import numpy as np
 
+from benchmarks import warm_page_cache
+
 BATCH, SIZE = 64, 224
 
 
@@ -95,14 +97,6 @@ def loader(path: str, epochs: int, workers: int, kind: str) -> tuple[float, floa
         return _cpu() - start, time.perf_counter() - wall, n
 
 
-def _warm(root: str) -> None:
-    for base, _, files in os.walk(root):
-        for name in files:
-            with open(os.path.join(base, name), "rb") as f:
-                while f.read(1 << 24):
-                    pass
-
-
 def main(argv=None) -> None:
     """Print one JSON line per run and a summary of medians."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -118,7 +112,7 @@ def main(argv=None) -> None:
     per_image = {k: [] for k in runs}
     for r in range(args.rounds):
         for kind, run in runs.items():
-            _warm(path)
+            warm_page_cache(path)
             cpu, wall, n = run()
             per_image[kind].append(1000 * cpu / n)
             print(json.dumps({"round": r, "kind": kind, "cpu_ms_per_image": round(1000 * cpu / n, 4),
