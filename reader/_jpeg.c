@@ -59,6 +59,8 @@
 #include <jpeglib.h>
 #include <jerror.h>
 
+#include "_planes.h"
+
 /* ---- SIGBUS guard ----------------------------------------------------------------------
  * A thread inside a guarded read points tls_bus at its BusGuard; the handler jumps back to
  * it. initial-exec TLS: reading it in the handler never allocates. */
@@ -175,7 +177,8 @@ static void on_emit_message(j_common_ptr cinfo, int level) {
 
 static void on_output_message(j_common_ptr cinfo) { (void)cinfo; }
 
-enum { OK = 0, ERR_JPEG = 1, ERR_OUT = 2, ERR_BOX = 3, ERR_TRUNCATED = 4, ERR_BOMB = 5 };
+enum { OK = 0, ERR_JPEG = 1, ERR_OUT = 2, ERR_BOX = 3, ERR_TRUNCATED = 4, ERR_BOMB = 5,
+       ERR_PLANES = 6 };
 
 typedef struct {
     long top, left, height, width; /* requested box, full-size pixel coordinates */
@@ -188,6 +191,11 @@ typedef struct {
     long y0, x0, rows, cols, scaled_h, scaled_w, image_h, image_w;
     int status;
     char message[JMSG_LENGTH_MAX];
+    /* Set by a caller that decodes a planes record straight from (mapped) memory under the
+       SIGBUS guard: buffers allocated before the guard, so a fault leaks nothing. */
+    void *work;                     /* planes_work_bytes of the widest row, or NULL */
+    unsigned char *tmp;             /* decode_oriented's stored block, or NULL */
+    size_t tmp_size;
 } Region;
 
 static void setup_errors(struct jpeg_decompress_struct *cinfo, ErrorMgr *err, char *message) {
@@ -380,8 +388,74 @@ static unsigned char *sub_stream(const unsigned char *s, size_t len, const Layou
 /* Runs without the GIL. */
 static void decode_stream(const unsigned char *src, size_t len, Region *r);
 
+/* The box of a decoded-planes record (_planes.c), at full scale only; the same contract
+   as a JPEG's (the caller's buffer holds the whole image, or it is a bomb). */
+static void planes_region(const unsigned char *src, size_t len, Region *r) {
+    PlanesInfo p;
+    const char *why = planes_parse(src, len, &p);
+    int *work;
+    if (why == NULL && r->scale_num != 8)
+        why = "planes records decode at full scale only (scale_num 8)";
+    if (why != NULL) {
+        snprintf(r->message, sizeof(r->message), "%s", why);
+        r->status = ERR_PLANES;
+        return;
+    }
+    r->image_h = r->scaled_h = p.height;
+    r->image_w = r->scaled_w = p.width;
+    if (!box_ok(r)) {
+        r->status = ERR_BOX;
+        return;
+    }
+    if ((unsigned long long)p.height * p.width * r->pixel_size > (unsigned long long)r->limit) {
+        r->status = ERR_BOMB;
+        return;
+    }
+    /* The columns a JPEG region decode of this box returns (plan_region, then
+       jpeg_crop_scanline's alignment to the iMCU: 8 pixels, 16 for 2:1 chroma): a filter
+       allowed to read around the box (Resize + crop) then sees the same block with the
+       same origin, so its arithmetic is the JPEG record's to the bit. */
+    {
+        long align = 8L * (p.comps == 3 ? p.hf : 1), sx0 = r->left, sx1 = r->left + r->width;
+        if (sx0 > 0) sx0--;
+        if (++sx1 > p.width) sx1 = p.width;
+        if (sx1 - sx0 < 3 * align) {
+            sx1 = sx0 + 3 * align;
+            if (sx1 > p.width) {
+                sx1 = p.width;
+                sx0 = sx1 - 3 * align;
+                if (sx0 < 0) sx0 = 0;
+            }
+        }
+        if (sx0 != 0 || sx1 != p.width)
+            sx0 = sx0 / align * align;
+        r->x0 = sx0;
+        r->cols = sx1 - sx0;
+    }
+    r->y0 = r->top;
+    r->rows = r->height;
+    if ((unsigned long long)r->rows * r->cols * r->pixel_size > (unsigned long long)r->out_size) {
+        r->status = ERR_OUT;
+        return;
+    }
+    work = (int *)r->work;
+    if (work == NULL && (work = (int *)malloc(planes_work_bytes(r->cols))) == NULL) {
+        strcpy(r->message, "out of memory");
+        r->status = ERR_PLANES;
+        return;
+    }
+    planes_rgb(&p, r->y0, r->x0, r->rows, r->cols, r->pixel_size, r->out, work);
+    if (work != r->work)
+        free(work);
+    r->status = OK;
+}
+
 static void decode_region_nogil(const unsigned char *src, size_t len, Region *r) {
     Layout L;
+    if (planes_magic(src, len)) {
+        planes_region(src, len, r);
+        return;
+    }
     if (parse_layout(src, len, &L) && r->top >= 0 && r->height >= 1 && r->left >= 0 &&
         r->width >= 1 && r->top + r->height <= L.height && r->left + r->width <= L.width) {
         /* In scaled pixels (n/8): the box is rows ys..ye-1, columns xs..xe-1; an MCU is
@@ -531,6 +605,18 @@ static const int ORIENT_FX[9] = {0, 0, 1, 1, 0, 0, 0, 1, 1};
 static int stored_dims(const unsigned char *src, size_t len, Region *r, long *h, long *w) {
     struct jpeg_decompress_struct cinfo;
     ErrorMgr err;
+    if (planes_magic(src, len)) {
+        PlanesInfo p;
+        const char *why = planes_parse(src, len, &p);
+        if (why != NULL) {
+            snprintf(r->message, sizeof(r->message), "%s", why);
+            r->status = ERR_PLANES;
+            return 0;
+        }
+        *h = p.height;
+        *w = p.width;
+        return 1;
+    }
     setup_errors(&cinfo, &err, r->message);
     jpeg_create_decompress(&cinfo);
     if (setjmp(err.jump)) {
@@ -599,7 +685,8 @@ static void decode_oriented(const unsigned char *src, size_t len, Region *r, int
            (size_t)s.pixel_size;
     if (need > (size_t)r->out_size) need = (size_t)r->out_size;
     s.out_size = (Py_ssize_t)need;
-    s.out = (unsigned char *)malloc(need ? need : 1);
+    s.out = r->tmp != NULL && need <= r->tmp_size ? r->tmp
+                                                   : (unsigned char *)malloc(need ? need : 1);
     if (s.out == NULL) {
         strcpy(r->message, "out of memory");
         r->status = ERR_JPEG;
@@ -620,9 +707,52 @@ static void decode_oriented(const unsigned char *src, size_t len, Region *r, int
         r->rows = t ? s.cols : s.rows;
         r->cols = t ? s.rows : s.cols;
     }
-    free(s.out);
+    if (s.out != r->tmp)
+        free(s.out);
     memcpy(r->message, s.message, sizeof(r->message));
     r->status = s.status;
+}
+
+/* A planes record is decoded straight from the caller's (possibly mapped) memory, with
+   no copy: every read runs under the SIGBUS guard, and the buffers are allocated before
+   it (sized from the 16-byte header copy `head`), so a fault leaks nothing. NULL, or the
+   faulting address. */
+static const char *planes_in_place(const unsigned char *src, size_t len,
+                                   const unsigned char *head, Region *r, int orient) {
+    BusGuard g;
+    unsigned long h = (unsigned long)head[8] | (unsigned long)head[9] << 8 |
+                      (unsigned long)head[10] << 16 | (unsigned long)head[11] << 24;
+    unsigned long w = (unsigned long)head[12] | (unsigned long)head[13] << 8 |
+                      (unsigned long)head[14] << 16 | (unsigned long)head[15] << 24;
+    unsigned long side = h > w ? h : w, box = r->height > r->width ? r->height : r->width;
+    if (side > PLANES_MAX_SIDE) side = 1; /* refused by planes_parse inside */
+    r->work = malloc(planes_work_bytes((long)side));
+    if (orient != 1) { /* decode_oriented's block: box rows + 2 by stored width + 1 */
+        r->tmp_size = (size_t)(box + 2) * (size_t)(side + 1) * (size_t)r->pixel_size;
+        if (r->tmp_size > (size_t)r->out_size) r->tmp_size = (size_t)r->out_size;
+        r->tmp = (unsigned char *)malloc(r->tmp_size ? r->tmp_size : 1);
+    }
+    if (r->work == NULL || (orient != 1 && r->tmp == NULL)) {
+        free(r->work);
+        free(r->tmp);
+        strcpy(r->message, "out of memory");
+        r->status = ERR_PLANES;
+        return NULL;
+    }
+    g.addr = NULL;
+    if (sigsetjmp(g.env, 1) != 0) {
+        free(r->work);
+        free(r->tmp);
+        return g.addr != NULL ? g.addr : (const char *)src;
+    }
+    tls_bus = &g;
+    decode_oriented(src, len, r, orient);
+    tls_bus = NULL;
+    free(r->work);
+    free(r->tmp);
+    r->work = NULL;
+    r->tmp = NULL;
+    return NULL;
 }
 
 static PyObject *region_error(const Region *r) {
@@ -631,9 +761,11 @@ static PyObject *region_error(const Region *r) {
         return PyErr_Format(PyExc_ValueError, "JPEG decode error: %s", r->message);
     case ERR_TRUNCATED:
         return PyErr_Format(PyExc_ValueError, "truncated JPEG data: %s", r->message);
+    case ERR_PLANES:
+        return PyErr_Format(PyExc_ValueError, "decoded-planes record: %s", r->message);
     case ERR_BOMB:
         return PyErr_Format(PyExc_ValueError,
-                            "the JPEG header claims %ld x %ld pixels: the %zd-byte output "
+                            "the record header claims %ld x %ld pixels: the %zd-byte output "
                             "buffer is smaller than the whole image at the decode scale (a "
                             "decompression bomb, or "
                             "an index entry that does not match the record)",
@@ -682,6 +814,29 @@ static PyObject *py_decode_region(PyObject *self, PyObject *args) {
     }
     r.out = (unsigned char *)out.buf;
     r.out_size = r.limit = out.len;
+    if (src.len >= PLANES_HEADER_SIZE) {
+        unsigned char head[PLANES_HEADER_SIZE];
+        keep_sigbus_handler();
+        fault = copy_guarded(head, (const unsigned char *)src.buf, sizeof(head));
+        if (fault == NULL && planes_magic(head, sizeof(head))) {
+            Py_BEGIN_ALLOW_THREADS
+            fault = planes_in_place((const unsigned char *)src.buf, (size_t)src.len, head,
+                                    &r, orientation);
+            Py_END_ALLOW_THREADS
+        }
+        if (fault != NULL || planes_magic(head, sizeof(head))) {
+            if (fault != NULL)
+                bus_error("decode_region", src.buf, src.len, fault);
+            PyBuffer_Release(&src);
+            PyBuffer_Release(&out);
+            if (fault != NULL)
+                return NULL;
+            if (r.status != OK)
+                return region_error(&r);
+            return Py_BuildValue("llllllll", r.y0, r.x0, r.rows, r.cols, r.scaled_h,
+                                 r.scaled_w, r.image_h, r.image_w);
+        }
+    }
     copy = (unsigned char *)malloc(src.len > 0 ? (size_t)src.len : 1);
     if (copy == NULL) {
         PyBuffer_Release(&src);
@@ -1276,6 +1431,183 @@ static PyObject *py_resize(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ---- Decoded planes (the packer's --mode planes) ----------------------------------------
+ * to_planes(src, max_pixels) -> bytes or None: the record payload of _planes.h (header +
+ * Y, Cb, Cr planes) read with libjpeg's raw data output (after the IDCT, before upsampling
+ * and colour conversion), or None for a JPEG whose layout the planes reader does not
+ * reproduce (CMYK/YCCK, Adobe RGB, chroma sampled other than 1x1 against Y's 1 or 2, a
+ * subsampled width libjpeg would not upsample with its fancy filter). */
+typedef struct {
+    const unsigned char *src;
+    size_t len;
+    unsigned long long max_pixels;
+    unsigned char *out; /* malloc'd payload */
+    size_t out_len;
+    int status;         /* OK, ERR_JPEG, ERR_TRUNCATED, ERR_BOMB, or -1: not supported */
+    long height, width;
+    char message[JMSG_LENGTH_MAX];
+} PlanesJob;
+
+static int planes_layout_ok(const struct jpeg_decompress_struct *c) {
+    const jpeg_component_info *y = &c->comp_info[0];
+    if (c->num_components == 1)
+        return c->jpeg_color_space == JCS_GRAYSCALE;
+    if (c->num_components != 3 || c->jpeg_color_space != JCS_YCbCr)
+        return 0;
+    if (y->h_samp_factor < 1 || y->h_samp_factor > 2 || y->v_samp_factor < 1 ||
+        y->v_samp_factor > 2)
+        return 0;
+    if (c->comp_info[1].h_samp_factor != 1 || c->comp_info[1].v_samp_factor != 1 ||
+        c->comp_info[2].h_samp_factor != 1 || c->comp_info[2].v_samp_factor != 1)
+        return 0;
+    /* libjpeg upsamples 2:1 horizontally with the fancy filter only beyond 2 samples */
+    return y->h_samp_factor == 1 || (c->image_width + 1) / 2 > 2;
+}
+
+static void to_planes_nogil(PlanesJob *j) {
+    struct jpeg_decompress_struct cinfo;
+    ErrorMgr err;
+    unsigned char *volatile plane[3] = {NULL, NULL, NULL}; /* padded component buffers */
+    JSAMPROW *volatile ptrs = NULL;
+    size_t stride[3], prows[3];
+    long rows_per[3], dh[3], dw[3];
+    int c, ncomp;
+    setup_errors(&cinfo, &err, j->message);
+    jpeg_create_decompress(&cinfo);
+    if (setjmp(err.jump)) {
+        jpeg_destroy_decompress(&cinfo);
+        for (c = 0; c < 3; c++) free(plane[c]);
+        free(ptrs);
+        free(j->out);
+        j->out = NULL;
+        if (j->status == OK) j->status = ERR_JPEG;
+        return;
+    }
+    jpeg_mem_src(&cinfo, (unsigned char *)j->src, (unsigned long)j->len);
+    jpeg_read_header(&cinfo, TRUE);
+    j->height = cinfo.image_height;
+    j->width = cinfo.image_width;
+    if ((unsigned long long)j->height * j->width > j->max_pixels) {
+        jpeg_destroy_decompress(&cinfo);
+        j->status = ERR_BOMB;
+        return;
+    }
+    if (!planes_layout_ok(&cinfo)) {
+        jpeg_destroy_decompress(&cinfo);
+        j->status = -1;
+        return;
+    }
+    ncomp = cinfo.num_components;
+    cinfo.raw_data_out = TRUE;
+    jpeg_start_decompress(&cinfo);
+    j->out_len = PLANES_HEADER_SIZE;
+    for (c = 0; c < ncomp; c++) {
+        jpeg_component_info *ci = &cinfo.comp_info[c];
+        long blocks_w = (long)(ci->width_in_blocks + ci->h_samp_factor - 1) /
+                        ci->h_samp_factor * ci->h_samp_factor;
+        rows_per[c] = (long)ci->v_samp_factor * DCTSIZE;
+        stride[c] = (size_t)blocks_w * DCTSIZE;
+        prows[c] = (size_t)cinfo.total_iMCU_rows * (size_t)rows_per[c];
+        dh[c] = (long)ci->downsampled_height;
+        dw[c] = (long)ci->downsampled_width;
+        if ((plane[c] = (unsigned char *)malloc(stride[c] * prows[c])) == NULL)
+            ERREXIT1(&cinfo, JERR_OUT_OF_MEMORY, 1);
+        j->out_len += (size_t)dh[c] * (size_t)dw[c];
+    }
+    if ((ptrs = (JSAMPROW *)malloc(sizeof(JSAMPROW) * 3 * 2 * DCTSIZE)) == NULL ||
+        (j->out = (unsigned char *)malloc(j->out_len)) == NULL)
+        ERREXIT1(&cinfo, JERR_OUT_OF_MEMORY, 2);
+    while (cinfo.output_scanline < cinfo.output_height) {
+        JSAMPARRAY arrays[3];
+        size_t imcu = cinfo.output_scanline / ((size_t)cinfo.max_v_samp_factor * DCTSIZE);
+        for (c = 0; c < ncomp; c++) {
+            long k;
+            arrays[c] = ptrs + c * 2 * DCTSIZE;
+            for (k = 0; k < rows_per[c]; k++)
+                arrays[c][k] = plane[c] + (imcu * (size_t)rows_per[c] + (size_t)k) * stride[c];
+        }
+        if (jpeg_read_raw_data(&cinfo, arrays, (JDIMENSION)(cinfo.max_v_samp_factor * DCTSIZE)) == 0)
+            break; /* suspended: cannot happen with a memory source, which never suspends */
+    }
+    {
+        unsigned char *o = j->out;
+        memcpy(o, PLANES_MAGIC, 4);
+        o[4] = PLANES_VERSION;
+        o[5] = (unsigned char)ncomp;
+        o[6] = (unsigned char)(ncomp == 3 ? cinfo.comp_info[0].h_samp_factor : 1);
+        o[7] = (unsigned char)(ncomp == 3 ? cinfo.comp_info[0].v_samp_factor : 1);
+        for (c = 0; c < 4; c++) {
+            o[8 + c] = (unsigned char)((unsigned long)j->height >> (8 * c));
+            o[12 + c] = (unsigned char)((unsigned long)j->width >> (8 * c));
+        }
+        o += PLANES_HEADER_SIZE;
+        for (c = 0; c < ncomp; c++) {
+            long y;
+            for (y = 0; y < dh[c]; y++, o += dw[c])
+                memcpy(o, plane[c] + (size_t)y * stride[c], (size_t)dw[c]);
+        }
+    }
+    jpeg_abort_decompress(&cinfo);
+    jpeg_destroy_decompress(&cinfo);
+    for (c = 0; c < 3; c++) free(plane[c]);
+    free(ptrs);
+    j->status = err.truncated ? ERR_TRUNCATED : OK;
+    if (j->status != OK) {
+        free(j->out);
+        j->out = NULL;
+    }
+}
+
+static PyObject *py_to_planes(PyObject *self, PyObject *args) {
+    Py_buffer src;
+    PlanesJob j;
+    unsigned long long max_pixels;
+    unsigned char *copy;
+    const char *fault;
+    PyObject *result;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*K", &src, &max_pixels))
+        return NULL;
+    memset(&j, 0, sizeof(j));
+    j.len = (size_t)src.len;
+    j.max_pixels = max_pixels;
+    copy = (unsigned char *)malloc(src.len > 0 ? (size_t)src.len : 1);
+    if (copy == NULL) {
+        PyBuffer_Release(&src);
+        return PyErr_NoMemory();
+    }
+    keep_sigbus_handler();
+    Py_BEGIN_ALLOW_THREADS
+    fault = copy_guarded(copy, (const unsigned char *)src.buf, (size_t)src.len);
+    if (fault == NULL) {
+        j.src = copy;
+        to_planes_nogil(&j);
+    }
+    Py_END_ALLOW_THREADS
+    free(copy);
+    if (fault != NULL) {
+        bus_error("to_planes", src.buf, src.len, fault);
+        PyBuffer_Release(&src);
+        return NULL;
+    }
+    PyBuffer_Release(&src);
+    switch (j.status) {
+    case OK:
+        result = PyBytes_FromStringAndSize((const char *)j.out, (Py_ssize_t)j.out_len);
+        free(j.out);
+        return result;
+    case -1:
+        Py_RETURN_NONE;
+    case ERR_BOMB:
+        return PyErr_Format(PyExc_ValueError, "the JPEG header claims %ld x %ld pixels, more "
+                            "than the %llu allowed", j.height, j.width, j.max_pixels);
+    case ERR_TRUNCATED:
+        return PyErr_Format(PyExc_ValueError, "truncated JPEG data: %s", j.message);
+    default:
+        return PyErr_Format(PyExc_ValueError, "JPEG decode error: %s", j.message);
+    }
+}
+
 static PyMethodDef methods[] = {
     {"add_restarts", py_add_restarts, METH_VARARGS,
      "add_restarts(src, interval=0) -> bytes or None: lossless rewrite with a restart marker "
@@ -1294,6 +1626,9 @@ static PyMethodDef methods[] = {
      "dst, dst_offset, flip_h, flip_v, chw=True): Pillow's antialiased BILINEAR of a box"},
     {"resize_isa", py_resize_isa, METH_NOARGS,
      "resize_isa() -> 'avx2' or 'scalar': the passes resize runs (DLPACK_IO_NO_AVX2=1: scalar)"},
+    {"to_planes", py_to_planes, METH_VARARGS,
+     "to_planes(src, max_pixels) -> bytes or None: a JPEG's Y/Cb/Cr planes as libjpeg leaves "
+     "them before upsampling (a decoded-planes record), None where the layout is not kept"},
     {"to_chw", py_to_chw, METH_VARARGS,
      "to_chw(src, offset, row_stride, height, width, dst, dst_offset, flip_h, flip_v, "
      "pixel_size=3)"},
@@ -1316,6 +1651,7 @@ PyMODINIT_FUNC PyInit__jpeg(void) {
             return MappedFileError == NULL ? NULL : PyErr_SetFromErrno(PyExc_OSError);
         }
     }
+    planes_init();
     Py_INCREF(MappedFileError);
     if (PyModule_AddObject(m, "MappedFileError", MappedFileError) < 0) {
         Py_DECREF(MappedFileError);

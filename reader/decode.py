@@ -34,7 +34,8 @@ def decode_jpeg(payload, where: str = "record", orientation: int = 1,
     return np.asarray(img)
 
 
-def _decode_jpeg_fast(payload, h: int, w: int, orientation: int, where: str):
+def _decode_jpeg_fast(payload, h: int, w: int, orientation: int, where: str,
+                      what: str = "JPEG"):
     """Full decode with the C region decoder (same pixels as PIL), or None without it."""
     from dlpack_io.reader import jpegdecode
 
@@ -45,11 +46,26 @@ def _decode_jpeg_fast(payload, h: int, w: int, orientation: int, where: str):
         region = jpegdecode.decode_region(payload, (0, 0, h, w), 8, out.reshape(-1),
                                           orientation=orientation)
     except ValueError as exc:
-        raise fmt.FormatError(f"{where}: cannot decode JPEG payload ({exc})") from None
+        raise fmt.FormatError(f"{where}: cannot decode {what} payload ({exc})") from None
     if region.pixels.shape[:2] != (h, w):
         raise fmt.FormatError(f"{where}: decoded to {region.pixels.shape}, the index says "
                               f"{(h, w, 3)}")
     return out
+
+
+def decode_planes(payload, h: int, w: int, orientation: int, where: str = "record") -> np.ndarray:
+    """Pixels of a KIND_PLANES record (a JPEG's decoded Y/Cb/Cr planes): upsampled and
+    converted as libjpeg-turbo does, turned upright by ``orientation``, so exactly the
+    pixels of the JPEG it was made from. Needs the C extension (the packer writes planes
+    records only with it). A fresh HWC uint8 array of the index's ``h`` x ``w``."""
+    if not 1 <= orientation <= 8:
+        raise fmt.FormatError(f"{where}: EXIF orientation {orientation}, expected 1..8")
+    fast = _decode_jpeg_fast(payload, h, w, orientation, where, "decoded-planes")
+    if fast is None:
+        raise fmt.FormatError(f"{where}: a decoded-planes record needs the C extension "
+                              f"dlpack_io.reader._jpeg, which is not built here (install the "
+                              f"libjpeg headers and reinstall dlpack-io)")
+    return fast
 
 
 def decode_file(payload, h: int, w: int, where: str = "record") -> np.ndarray:
@@ -88,6 +104,8 @@ def decode_record(payload, entry, where: str = "record") -> np.ndarray:
         return guarded_array(payload).reshape(h, w, c)
     if entry["kind"] == fmt.KIND_FILE:
         return decode_file(payload, h, w, where)
+    if entry["kind"] == fmt.KIND_PLANES:
+        return decode_planes(payload, h, w, int(entry["orientation"]), where)
     if entry["kind"] != fmt.KIND_JPEG:
         raise fmt.FormatError(f"{where}: unknown record kind {int(entry['kind'])}")
     orientation = int(entry["orientation"])

@@ -27,7 +27,7 @@ import numpy as np
 
 from dlpack_io.reader import resample as resample_mod
 from dlpack_io.reader import shard
-from dlpack_io.reader.format.spec import native_jpeg
+from dlpack_io.reader.format.spec import PLANES_MAGIC, native_jpeg
 from dlpack_io.reader.resample import DEFAULT as DEFAULT_RESAMPLE
 
 log = logging.getLogger(__name__)
@@ -133,6 +133,9 @@ def decode_region(payload, box, n: int, scratch: np.ndarray, pixel_size: int = 3
                   orientation: int = 1) -> Region:
     """Decode the full-size ``box`` (top, left, h, w) at scale n/8.
 
+    ``payload`` is a JPEG record's, or a decoded-planes record's (KIND_PLANES: ``n`` must
+    be 8, the C extension is needed; the pixels are the very ones of its JPEG).
+
     ``orientation`` is the record's EXIF orientation (its index entry's ``orientation``):
     the box and the result are in the upright image, pixel-identical to Pillow's
     ``ImageOps.exif_transpose``; grayscale, CMYK and YCCK JPEGs come out as RGB exactly as
@@ -152,6 +155,10 @@ def decode_region(payload, box, n: int, scratch: np.ndarray, pixel_size: int = 3
 
 
 def _decode_region_pil(payload, top, left, h, w, n, orientation=1) -> Region:
+    if bytes(payload[:len(PLANES_MAGIC)]) == PLANES_MAGIC:
+        raise ValueError("decoded-planes record: reading one needs the C extension "
+                         "dlpack_io.reader._jpeg, which is not built here (install the libjpeg "
+                         "headers and reinstall dlpack-io)")
     try:
         return _decode_region_pil_unchecked(payload, top, left, h, w, n, orientation)
     except (OSError, SyntaxError, ValueError) as exc:  # what PIL raises on bad data

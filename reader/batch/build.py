@@ -244,7 +244,8 @@ def _fill_jpeg(ctx, payload, entry, pos, fh, fv, params, out, offset, scratch) -
     if params.resize:
         exact = None if params.exact is None else params.exact[pos]
         window = box if exact is None else params.windows[pos]
-        jpegdecode.decode_resized(payload, window, (oh, ow), buf, ctx.spec.reduced_decode,
+        reduce = ctx.spec.reduced_decode and int(entry["kind"]) == fmt.KIND_JPEG
+        jpegdecode.decode_resized(payload, window, (oh, ow), buf, reduce,
                                   exact_box=exact, orientation=int(entry["orientation"]),
                                   resample=params.resample, into=(out, offset, fh, fv))
         return
@@ -274,7 +275,7 @@ def fill_sample(ctx, plan: BatchPlan, pos: int, epoch: int, flat, offset, scratc
         raw = guarded_array(payload) if copy else np.frombuffer(payload, np.uint8)
         _fill_pixels(raw.reshape(int(entry["height"]), int(entry["width"]), 3), pos, fh, fv,
                      params, flat, offset)
-    elif kind == fmt.KIND_JPEG:
+    elif kind == fmt.KIND_JPEG or kind == fmt.KIND_PLANES:  # planes: as the JPEG decodes
         _fill_jpeg(ctx, payload, entry, pos, fh, fv, params, flat, offset, scratch)
     else:  # a PNG/WebP file record: decoded whole by reader core (which refuses other kinds)
         _fill_pixels(decode_record(payload, entry), pos, fh, fv, params, flat, offset)

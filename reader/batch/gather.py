@@ -66,7 +66,7 @@ def _place_jpeg(ctx, payload, entry, box, params, buf, offset, scratch):
     """Decode the box's region (upright: the record's EXIF orientation applied) into buf at
     offset; return (bytes, (h, w), box in region)."""
     n, orientation = 8, int(entry["orientation"])
-    if params.resize and ctx.spec.reduced_decode:
+    if params.resize and ctx.spec.reduced_decode and int(entry["kind"]) == fmt.KIND_JPEG:
         n = jpegdecode.choose_scale(int(box[2]), int(box[3]), *params.out_size)
     if jpegdecode.have_extension():
         region = jpegdecode.decode_region(payload, box, n, buf[offset:], orientation=orientation)
@@ -108,7 +108,7 @@ def _place_one(ctx, plan, pos, epoch, geo, buf, offset, scratch) -> int:
         geo[pos, 6:9] = offset, pixels.shape[0], pixels.shape[1]
         return pixels.size
     geo[pos, 6:9] = offset, entry["height"], entry["width"]
-    if int(entry["kind"]) != fmt.KIND_JPEG:  # raw; a PNG/WebP file decoded whole by reader core
+    if int(entry["kind"]) not in (fmt.KIND_JPEG, fmt.KIND_PLANES):  # raw; a PNG/WebP file
         data = np.frombuffer(payload, dtype=np.uint8) if int(entry["kind"]) == fmt.KIND_RAW \
             else decode_record(payload, entry).reshape(-1)
         buf[offset:offset + data.size] = data

@@ -38,8 +38,9 @@ def check_pixels(index: np.ndarray, where: str, max_pixels: int) -> None:
     side, height x width <= ``max_pixels``, raw payloads exactly height x width x 3."""
     h, w = index["height"].astype(np.uint64), index["width"].astype(np.uint64)
     checks = (
-        (index["kind"] > max(fmt.KINDS),  # kinds are 0, 1 and 2
-         lambda e: f"unknown record kind {int(e['kind'])} (0 JPEG, 1 raw, 2 PNG/WebP file)"),
+        (index["kind"] > max(fmt.KINDS),  # kinds are 0, 1, 2 and 3
+         lambda e: f"unknown record kind {int(e['kind'])} (0 JPEG, 1 raw, 2 PNG/WebP file, "
+                   f"3 decoded planes)"),
         (index["channels"] != 3, lambda e: f"{int(e['channels'])} channels, the format stores RGB (3)"),
         ((h < 1) | (w < 1) | (h > fmt.MAX_SIDE) | (w > fmt.MAX_SIDE),
          lambda e: f"height and width must be 1..{fmt.MAX_SIDE}"),

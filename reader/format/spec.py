@@ -75,7 +75,7 @@ REJECTS_NAME = "rejects.tsv"
 MANIFEST_KIND = "dlpack-dataset"
 
 FORMATS = ("record", "lmdb")
-MODES = ("jpeg", "raw")
+MODES = ("jpeg", "raw", "planes")
 SHARD_SUFFIX = {"record": ".rec", "lmdb": ".lmdb"}
 SHARD_NAME_RE = re.compile(r"^shard-\d{5,}\.(rec|lmdb)$")
 
@@ -86,7 +86,12 @@ KIND_FILE = 2   # payload is a complete PNG or WebP file, kept as it was packed 
 #                 compression kept): decoded with PIL, turned upright by its own EXIF and
 #                 converted to RGB (ImageOps.exif_transpose(img).convert("RGB")), exactly
 #                 the pixels a raw record of it holds; index orientation 1, colour 0
-KINDS = (KIND_JPEG, KIND_RAW, KIND_FILE)
+KIND_PLANES = 3  # payload is a JPEG's decoded Y/Cb/Cr planes as libjpeg leaves them after the
+#                 IDCT, before chroma upsampling and colour conversion (PLANES_HEADER, then
+#                 the planes); the reader upsamples and converts exactly as libjpeg-turbo
+#                 does, so the pixels are the JPEG's; orientation 1..8 as a JPEG record's,
+#                 colour COLOUR_YCC (3 planes) or COLOUR_GRAY (1)
+KINDS = (KIND_JPEG, KIND_RAW, KIND_FILE, KIND_PLANES)
 FILE_FORMATS = {b"\x89PNG\r\n\x1a\n": "PNG", b"RIFF": "WEBP"}  # a KIND_FILE payload starts so
 
 # INDEX_DTYPE["colour"]: how a JPEG record's pixels are stored (all decode to RGB; raw and
@@ -95,6 +100,23 @@ COLOUR_YCC = 0    # 3 components: YCbCr (or RGB by Adobe marker): decoded as is
 COLOUR_GRAY = 1   # 1 component: grey replicated to R = G = B
 COLOUR_CMYK = 2   # 4 components (CMYK or YCCK, Adobe-inverted): Pillow's CMYK -> RGB
 COLOURS = (COLOUR_YCC, COLOUR_GRAY, COLOUR_CMYK)
+
+# A KIND_PLANES payload: magic, version, components (1 or 3), chroma subsampling h and v
+# (1 or 2 each; 1 and 1 for one component), then the stored (not upright) image's height
+# and width; the Y plane (height x width bytes) follows, then Cb and Cr, each
+# ceil(height / v) x ceil(width / h) bytes, every plane's rows back to back. reader/_planes.h
+# mirrors this for the C reader; planes_payload_size is the length formula.
+PLANES_HEADER = struct.Struct("<4sBBBBII")
+PLANES_MAGIC = b"DLYP"
+PLANES_VERSION = 1
+
+
+def planes_payload_size(components: int, h_sub: int, v_sub: int, height: int,
+                        width: int) -> int:
+    """Bytes of a KIND_PLANES payload with this header (exact: the reader refuses others)."""
+    chroma = -(-height // v_sub) * -(-width // h_sub) if components == 3 else 0
+    return PLANES_HEADER.size + height * width + 2 * chroma
+
 
 # magic, version, header_size, num_records, data_offset, data_size, index_offset,
 # index_size, meta_offset, meta_size, record_align, index_entry_size, index_crc,
@@ -109,7 +131,7 @@ INDEX_DTYPE = np.dtype([
     ("height", "<u4"),    # image height in pixels (after any packing transform)
     ("width", "<u4"),     # image width in pixels
     ("channels", "u1"),   # 3 (every record decodes to RGB)
-    ("kind", "u1"),       # KIND_JPEG or KIND_RAW
+    ("kind", "u1"),       # KIND_JPEG, KIND_RAW, KIND_FILE or KIND_PLANES
     ("orientation", "u1"),  # EXIF orientation 1..8 the reader applies (1: upright; raw: 1)
     ("colour", "u1"),     # COLOUR_* of a JPEG record's stored pixels (raw: 0)
 ])
@@ -325,17 +347,20 @@ def record_offsets(lengths: np.ndarray, data_offset: int = HEADER_SIZE) -> tuple
 def check_index_fields(index: np.ndarray, where: str) -> None:
     """Raise FormatError unless every entry's kind, orientation and colour are known."""
     jpeg = index["kind"] == KIND_JPEG
-    bad = np.flatnonzero(~jpeg & (index["kind"] != KIND_RAW) & (index["kind"] != KIND_FILE)
+    planes = index["kind"] == KIND_PLANES
+    oriented = jpeg | planes  # the kinds that store the image as shot, turned when read
+    bad = np.flatnonzero(~oriented & (index["kind"] != KIND_RAW) & (index["kind"] != KIND_FILE)
                          | (index["orientation"] < 1) | (index["orientation"] > 8)
-                         | (~jpeg & (index["orientation"] != 1))
-                         | (index["colour"] > max(COLOURS)) | (~jpeg & (index["colour"] != 0)))
+                         | (~oriented & (index["orientation"] != 1))
+                         | (index["colour"] > max(COLOURS)) | (~oriented & (index["colour"] != 0))
+                         | (planes & (index["colour"] == COLOUR_CMYK)))
     if bad.size:
         i = int(bad[0])
         raise FormatError(f"{where}: record {i} has kind {int(index['kind'][i])}, orientation "
                           f"{int(index['orientation'][i])}, colour {int(index['colour'][i])}; "
                           f"expected kind 0 (JPEG, orientation 1..8, colour 0..2) or 1 (raw, "
                           f"orientation 1, colour 0) or 2 (PNG/WebP file, orientation 1, "
-                          f"colour 0)")
+                          f"colour 0) or 3 (decoded planes, orientation 1..8, colour 0..1)")
 
 
 MAX_JSON_DEPTH = 32  # our manifests and shard metadata nest 3 deep
