@@ -17,6 +17,13 @@ Pillow gives for the input**, ``ImageOps.exif_transpose(Image.open(f)).convert("
     RGB pixels losslessly as a raw record (no decode on read, larger), ``jpeg`` re-encodes
     them at --quality, ``reject`` skips them.
   * ``raw`` mode stores the same upright RGB pixels, resized as asked.
+  * ``planes`` mode stores each JPEG's decoded Y/Cb/Cr planes as libjpeg leaves them after
+    the IDCT (KIND_PLANES): the reader skips Huffman decoding and the IDCT and upsamples and
+    converts exactly as libjpeg-turbo does, so a record decodes to the JPEG's own pixels
+    (proven here per image: both decodes are compared, and a JPEG whose planes would not
+    give its pixels, CMYK/YCCK, Adobe RGB or unusual chroma sampling among them, is stored
+    as ``jpeg`` mode would store it); counted under ``lossless``. A JPEG over --max-side
+    and every other image format are stored as ``raw`` mode stores them.
   * An image over --max-pixels (width x height) is rejected before any pixel is decoded;
     a file that cannot be decoded (truncated, zero bytes, not an image) is rejected with
     the reason; with validation on, JPEG bytes are fully entropy-decoded by the reader's own
@@ -42,7 +49,7 @@ import numpy as np
 from dlpack_io.packer.options import PackOptions
 from dlpack_io.packer.records import BAD_INPUT, EncodedRecord, RejectedInput
 from dlpack_io.reader.format import (COLOUR_CMYK, COLOUR_GRAY, COLOUR_YCC, KIND_FILE, KIND_JPEG,
-                                     KIND_RAW, crc32)
+                                     KIND_PLANES, KIND_RAW, crc32)
 from dlpack_io.reader.format.checks import open_input, read_input
 from dlpack_io.reader.format.spec import native_jpeg
 
@@ -98,6 +105,32 @@ def _keep_jpeg(data: bytes, img, orientation: int, validate: bool, restarts: boo
     return EncodedRecord(data, **keep)
 
 
+PLANES_KEPT = "decoded planes (the JPEG's own pixels)"
+
+
+def _planes_record(data: bytes, img, max_pixels: int):
+    """The KIND_PLANES record of a JPEG, or None when its planes would not decode to its
+    own pixels (the caller stores it as jpeg mode does). Decodes the JPEG twice, as libjpeg
+    and from its planes, and compares every pixel: packing pays so reading never differs."""
+    jpeg = native_jpeg()
+    width, height = img.size
+    try:
+        planes = jpeg.to_planes(data, max_pixels)
+        if planes is None:
+            return None
+        want, got = (np.empty(height * width * 3, dtype=np.uint8) for _ in range(2))
+        jpeg.decode_region(data, want, 0, 0, height, width, 8, 3, 1)
+        jpeg.decode_region(planes, got, 0, 0, height, width, 8, 3, 1)
+    except ValueError:  # the jpeg-mode path names what is wrong with it
+        return None
+    if not np.array_equal(want, got):
+        return None
+    orientation = exif_orientation(img)
+    upright = (height, width) if orientation < 5 else (width, height)
+    return EncodedRecord(planes, upright[0], upright[1], KIND_PLANES, lossless=PLANES_KEPT,
+                         orientation=orientation, colour=_COLOURS[img.mode])
+
+
 def _reencode_jpeg(img, why: str, max_side, quality: int, restarts: bool) -> EncodedRecord:
     """Decode, turn upright, convert to RGB, resize as asked, encode at ``quality``."""
     draft_for(img, None, max_side)
@@ -120,7 +153,7 @@ def _non_jpeg(img, data: bytes, *, mode, size, max_side, quality, non_jpeg) -> E
     upright = upright_rgb(img)  # every pixel decoded: the file is proven whole
     pixels = resize(upright, size, max_side)
     resized = pixels.size != upright.size
-    if mode == "raw":
+    if mode in ("raw", "planes"):  # planes mode keeps other formats decoded too
         return EncodedRecord(pixels.tobytes(), pixels.size[1], pixels.size[0], KIND_RAW)
     if non_jpeg == "keep" and not resized and kind in KEPT_FORMATS and \
             len(data) < 3 * pixels.size[0] * pixels.size[1]:
@@ -149,8 +182,14 @@ def encode_file(data: bytes, *, mode: str, size=None, max_side=None,
     if img.format != "JPEG":
         return _non_jpeg(img, data, mode=mode, size=size, max_side=max_side, quality=quality,
                          non_jpeg=non_jpeg)
+    oversize = max_side is not None and max(img.size) > max_side
+    if mode == "planes" and not oversize:
+        record = _planes_record(data, img, max_pixels) if img.mode in _COLOURS else None
+        if record is not None:
+            return record
+        mode = "jpeg"  # CMYK, Adobe RGB, unusual sampling: stored as jpeg mode stores them
     if mode == "jpeg":
-        if max_side is not None and max(img.size) > max_side:
+        if oversize:
             why = "resized (--max-side)"
         elif img.mode not in _COLOURS:
             why = f"{img.mode} JPEG"
@@ -162,7 +201,8 @@ def encode_file(data: bytes, *, mode: str, size=None, max_side=None,
         return _reencode_jpeg(img, why, max_side, quality, restarts)
     draft_for(img, size, max_side)
     img = resize(upright_rgb(img), size, max_side)
-    return EncodedRecord(img.tobytes(), img.size[1], img.size[0], KIND_RAW)
+    why = "resized (--max-side), stored as raw pixels" if mode == "planes" else None
+    return EncodedRecord(img.tobytes(), img.size[1], img.size[0], KIND_RAW, why)
 
 
 def _read_unchanged(path: str, size: int, mtime_ns: int, *span) -> bytes:

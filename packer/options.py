@@ -48,6 +48,10 @@ class PackOptions:
             raise ValueError(f"format {self.format!r}: expected one of {FORMATS}")
         if self.mode not in MODES:
             raise ValueError(f"mode {self.mode!r}: expected one of {MODES}")
+        if self.mode == "planes" and native_jpeg() is None:
+            raise ValueError("--mode planes needs the C extension dlpack_io.reader._jpeg "
+                             "(libjpeg's raw planes), which is not built here: install the "
+                             "libjpeg headers and reinstall dlpack-io")
         if self.non_jpeg not in NON_JPEG:
             raise ValueError(f"non_jpeg {self.non_jpeg!r}: expected one of {NON_JPEG}")
         if not isinstance(self.max_pixels, int) or self.max_pixels < 1:

@@ -56,14 +56,26 @@ def member_bytes(value, spec: dict) -> bytes:
 
 
 def image_of(payload, entry) -> tuple[bytes, str]:
-    """(file bytes, extension) of a record: a JPEG's own bytes, raw pixels as PNG."""
+    """(file bytes, extension) of a record: a JPEG's own bytes, a kept PNG/WebP file's own
+    bytes, raw pixels as PNG, decoded planes as the PNG of their (upright) pixels."""
     from dlpack_io.reader import format as fmt
 
-    if int(entry["kind"]) != fmt.KIND_RAW:
+    kind = int(entry["kind"])
+    if kind == fmt.KIND_JPEG:
         return bytes(payload), "jpg"
+    if kind == fmt.KIND_FILE:
+        data = bytes(payload)
+        return data, next((name.lower() for magic, name in fmt.FILE_FORMATS.items()
+                           if data.startswith(magic)), "bin")
     from PIL import Image
 
-    pixels = np.frombuffer(payload, np.uint8).reshape(int(entry["height"]), int(entry["width"]), 3)
+    if kind == fmt.KIND_PLANES:
+        from dlpack_io.reader.decode import decode_record
+
+        pixels = decode_record(payload, entry)
+    else:
+        pixels = np.frombuffer(payload, np.uint8).reshape(int(entry["height"]),
+                                                          int(entry["width"]), 3)
     out = io.BytesIO()
     Image.fromarray(pixels).save(out, format="PNG")
     return out.getvalue(), "png"

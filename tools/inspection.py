@@ -25,15 +25,18 @@ def _storage(m: dict, indices: list) -> dict:
     the reasons), and what the reader does at decode time for the original-bytes ones."""
     index = np.concatenate(indices) if indices else np.zeros(0, dtype=fmt.INDEX_DTYPE)
     jpeg, files = index["kind"] == fmt.KIND_JPEG, int((index["kind"] == fmt.KIND_FILE).sum())
+    planes = int((index["kind"] == fmt.KIND_PLANES).sum())
+    oriented = jpeg | (index["kind"] == fmt.KIND_PLANES)  # kinds turned upright when read
     lossless, reencoded = m.get("lossless", {}), m["reencoded"]
     return {"original_bytes": m["num_samples"] - sum(lossless.values()) - sum(reencoded.values()),
             "lossless": lossless, "reencoded": reencoded,
-            "at_decode": {"EXIF orientation applied": int((jpeg & (index["orientation"] != 1)).sum()),
-                          "grayscale to RGB": int((jpeg & (index["colour"] == fmt.COLOUR_GRAY)).sum()),
+            "at_decode": {"EXIF orientation applied": int((oriented & (index["orientation"] != 1)).sum()),
+                          "grayscale to RGB": int((oriented & (index["colour"] == fmt.COLOUR_GRAY)).sum()),
                           "CMYK/YCCK to RGB": int((jpeg & (index["colour"] == fmt.COLOUR_CMYK)).sum()),
                           **({"PNG/WebP decoded with PIL": files} if files else {})},
             "raw_records": int((index["kind"] == fmt.KIND_RAW).sum()),
             "file_records": files,
+            **({"planes_records": planes} if planes else {}),
             "jpeg_records": int(jpeg.sum())}
 
 
@@ -54,13 +57,14 @@ def kind_name(entry, payload=b"") -> str:
         head = bytes(payload[:8])
         return next((name.lower() for magic, name in fmt.FILE_FORMATS.items()
                      if head.startswith(magic)), "file")
-    return {fmt.KIND_JPEG: "jpeg", fmt.KIND_RAW: "raw"}.get(kind, f"kind {kind}")
+    return {fmt.KIND_JPEG: "jpeg", fmt.KIND_RAW: "raw",
+            fmt.KIND_PLANES: "planes"}.get(kind, f"kind {kind}")
 
 
 def colour_name(entry) -> str:
     """The colour the record's bytes hold: a JPEG's stored colour; raw pixels are RGB; a
     kept file is decoded (and converted) to RGB."""
-    if int(entry["kind"]) == fmt.KIND_JPEG:
+    if int(entry["kind"]) in (fmt.KIND_JPEG, fmt.KIND_PLANES):
         return ("ycbcr", "grayscale", "cmyk")[min(int(entry["colour"]), 2)]
     return "rgb" if int(entry["kind"]) == fmt.KIND_RAW else "converted to rgb when decoded"
 

@@ -88,7 +88,8 @@ def _storage_text(st: dict, mode: str = "jpeg", options: dict | None = None) -> 
 def _kinds_text(st: dict) -> str:
     """The records by kind, when they are not all what the mode's name says."""
     kinds = {"JPEG": st.get("jpeg_records", 0), "raw": st.get("raw_records", 0),
-             "PNG/WebP file": st.get("file_records", 0)}
+             "PNG/WebP file": st.get("file_records", 0),
+             "decoded-planes": st.get("planes_records", 0)}
     if sum(1 for n in kinds.values() if n) <= 1 and not st.get("file_records") and \
             (kinds["JPEG"] or not kinds["raw"]):
         return ""
