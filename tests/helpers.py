@@ -39,15 +39,17 @@ def random_images(n, h, w, c=3, seed=0):
     return torch.randint(0, 256, (n, h, w, c), dtype=torch.uint8, generator=g)
 
 
-def pack_jpeg_and_raw(root, count: int, classes: int, seed: int, shard_size: str) -> dict:
+def pack_jpeg_and_raw(root, count: int, classes: int, seed: int, shard_size: str,
+                      modes=("jpeg", "raw")) -> dict:
     """Pack ``count`` small JPEGs (48x64) as a jpeg-mode and a raw (40x40) data set under
-    ``root``; return {"jpeg": path, "raw": path}."""
+    ``root`` (and a planes-mode one when ``modes`` asks); return {"jpeg": path, ...}."""
     from dlpack_io.packer import convert
     from dlpack_io.tools.synth import make_image_folder
 
     make_image_folder(root / "src", count, classes, seed=seed, size=(48, 64))
     out = {}
-    for mode, size in (("jpeg", None), ("raw", 40)):
+    for mode in modes:
+        size = 40 if mode == "raw" else None
         out[mode] = str(root / mode)
         convert(root / "src", out[mode], mode=mode, size=size, shard_size=shard_size, workers=1,
                 progress=False, overwrite=True)

@@ -183,7 +183,8 @@ def _edit_index(ds, k, **fields):
 
 ENTRY = r"shard-00001.rec: record 2 \(offset \d+, length \d+, \d+x\d+x\d+, kind \d+, label -?\d+\): "
 INDEX_CASES = {
-    "kind": (dict(kind=3), "unknown record kind 3 \\(0 JPEG, 1 raw, 2 PNG/WebP file\\)"),
+    "kind": (dict(kind=4), "unknown record kind 4 \\(0 JPEG, 1 raw, 2 PNG/WebP file, 3 "
+                           "decoded planes\\)"),
     "channels": (dict(channels=4), "4 channels, the format stores RGB \\(3\\)"),
     "height-0": (dict(height=0), "height and width must be 1..65535"),
     "width-65536": (dict(width=65536), "height and width must be 1..65535"),

@@ -236,7 +236,7 @@ def index_problem(index, data_offset, data_end, num_classes=None,
     first failing check), or None; plain Python ints, one entry at a time."""
     rows = [{k: int(e[k]) for k in fmt.INDEX_DTYPE.names} for e in index]
     checks = [
-        (lambda e: e["kind"] > 2, "unknown record kind"),
+        (lambda e: e["kind"] > 3, "unknown record kind"),
         (lambda e: e["channels"] != 3, "channels, the format stores RGB"),
         (lambda e: not (1 <= e["height"] <= 65535 and 1 <= e["width"] <= 65535),
          "height and width must be 1..65535"),
@@ -245,7 +245,8 @@ def index_problem(index, data_offset, data_end, num_classes=None,
         (lambda e: e["kind"] == 1 and e["height"] * e["width"] * 3 != e["length"],
          "a raw record of"),
         (lambda e: not 1 <= e["orientation"] <= 8 or e["colour"] > 2 or
-         (e["kind"] in (1, 2) and (e["orientation"] != 1 or e["colour"] != 0)),
+         (e["kind"] in (1, 2) and (e["orientation"] != 1 or e["colour"] != 0)) or
+         (e["kind"] == 3 and e["colour"] == 2),  # planes: YCbCr or grey, never CMYK
          "has kind .*, orientation .*, colour .*; expected kind 0"),
     ]
     for bad, message in checks:
@@ -266,7 +267,7 @@ def index_problem(index, data_offset, data_end, num_classes=None,
     return None
 
 
-FAULTS = {"kind": [3, 255], "channels": [1, 4], "height": [0, 65536], "width": [0, 2**32 - 1],
+FAULTS = {"kind": [4, 255], "channels": [1, 4], "height": [0, 65536], "width": [0, 2**32 - 1],
           "length": [0], "pixels": [10_000], "raw_length": [1], "orientation": [0, 9, 6],
           "colour": [3, 1], "offset": [64], "label": [3, -1]}
 

@@ -29,8 +29,9 @@ from helpers import pack_jpeg_and_raw
 
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory):
+    modes = ("jpeg", "raw", "planes") if jpegdecode.have_extension() else ("jpeg", "raw")
     return pack_jpeg_and_raw(tmp_path_factory.mktemp("changes"), 64, 4, seed=9,
-                             shard_size="60KB")
+                             shard_size="60KB", modes=modes)
 
 
 @pytest.fixture
@@ -171,6 +172,34 @@ def test_dataset_survives_a_truncation_after_open(packed, tmp_path):
     assert "shard-00000.rec record 1 (sample 1): gather: bus error reading byte 0" in done.stdout
 
 
+@pytest.mark.skipif(not jpegdecode.have_extension(), reason="the SIGBUS guard is in the C extension")
+def test_planes_read_in_place_survive_a_truncation(packed, tmp_path):
+    """A planes record is decoded straight from the mapped shard (no copy): a truncation
+    after open is still an error naming the shard and the record, not a SIGBUS."""
+    path = tmp_path / "planes"
+    shutil.copytree(packed["planes"], path)
+    code = textwrap.dedent('''
+        import os, sys
+        from dlpack_io.reader import Dataset
+        from dlpack_io.reader import format as fmt
+        from dlpack_io.reader.format import FormatError
+        ds = Dataset(sys.argv[1])
+        assert int(ds.record(1)[1]["kind"]) == fmt.KIND_PLANES
+        ds[0]
+        os.truncate(ds.shards[0].path, 4096)
+        try:
+            ds[1]
+        except FormatError as exc:
+            print("RAISED", exc)
+    ''')
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("RAISED "), done.stdout
+    assert "shard-00000.rec record 1 (sample 1): cannot decode decoded-planes payload " \
+           "(decode_region: bus error reading byte 0" in done.stdout, done.stdout
+
+
 CHILD = textwrap.dedent('''
     import os, sys
     from dlpack_io.reader import Dataset, Loader, RandomCrop, RandomResizedCrop
@@ -197,7 +226,7 @@ CHILD = textwrap.dedent('''
 @pytest.mark.skipif(not jpegdecode.have_extension(), reason="the SIGBUS guard is in the C extension")
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["thread", "process"])
-@pytest.mark.parametrize("mode", ["raw", "jpeg"])
+@pytest.mark.parametrize("mode", ["raw", "jpeg", "planes"])
 def test_truncated_under_a_running_loader(packed, tmp_path, mode, kind):
     """Before: "Bus error", exit 135, no message (2 thread workers, shards truncated after
     the first batch)."""

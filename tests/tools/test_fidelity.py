@@ -8,7 +8,7 @@ import warnings
 
 import numpy as np
 import pytest
-from PIL import Image, ImageOps, features
+from PIL import Image, features
 
 from dlpack_io.reader import Output, Workers
 from dlpack_io.packer import convert
@@ -17,56 +17,10 @@ from dlpack_io.reader import Dataset, jpegdecode
 from dlpack_io.reader import format as fmt
 from dlpack_io.tools.inspection import record_detail, summary
 from dlpack_io.tools.synth import photo_like
+from jpegcases import collection, exif_with, reference, save
 
 FAST = dict(workers=1, progress=False)
 BACKENDS = ["c", "pil"] if jpegdecode.have_extension() else ["pil"]
-
-
-def _save(img, **kw) -> bytes:
-    out = io.BytesIO()
-    img.save(out, format=kw.pop("format", "JPEG"), **kw)
-    return out.getvalue()
-
-
-def _exif(orientation):
-    exif = Image.Exif()
-    exif[0x0112] = orientation
-    return exif
-
-
-def _ycck(cmyk_jpeg: bytes) -> bytes:
-    """A YCCK JPEG: Pillow writes CMYK with an Adobe APP14 marker whose transform byte
-    (offset 11 of its data) is 0; 2 makes every decoder read the components as YCCK."""
-    data = bytearray(cmyk_jpeg)
-    at = data.find(b"Adobe")
-    assert at > 0 and data[at + 11] == 0
-    data[at + 11] = 2
-    return bytes(data)
-
-
-def collection() -> dict:
-    """name -> JPEG bytes: the cases real photo collections hold (odd sizes on purpose)."""
-    rng = np.random.default_rng(11)
-    rgb = Image.fromarray(photo_like(rng, 45, 70))
-    cases = {}
-    for o in range(1, 9):
-        for name, sub in (("420", 2), ("422", 1), ("444", 0)):
-            cases[f"rgb{name}_o{o}"] = _save(rgb, quality=90, subsampling=sub, exif=_exif(o))
-        cases[f"gray_o{o}"] = _save(rgb.convert("L"), exif=_exif(o))
-        cases[f"progressive_o{o}"] = _save(rgb, progressive=True, exif=_exif(o))
-    cmyk = _save(rgb.convert("CMYK"), quality=92)
-    cases.update(cmyk=cmyk, ycck=_ycck(cmyk), cmyk_o6=_save(rgb.convert("CMYK"), exif=_exif(6)),
-                 ycck_o3=_ycck(_save(rgb.convert("CMYK"), exif=_exif(3))),
-                 restart_rows_o8=_save(rgb, restart_marker_rows=1, exif=_exif(8)),
-                 restart_blocks=_save(rgb, restart_marker_blocks=5),
-                 gray_progressive=_save(rgb.convert("L"), progressive=True),
-                 tiny_o7=_save(rgb.resize((3, 2)), exif=_exif(7)),
-                 bad_orientation_9=_save(rgb, exif=_exif(9)))
-    return cases
-
-
-def reference(data: bytes) -> np.ndarray:
-    return np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB"))
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +106,7 @@ def test_reduced_scale_resized_crops_match_between_backends(packed, n, monkeypat
     _, cases, _ = packed
     big = Image.fromarray(photo_like(np.random.default_rng(5), 101, 157))
     for o in range(1, 9):
-        data = _save(big, exif=_exif(o))
+        data = save(big, exif=exif_with(o))
         ref = reference(data)
         H, W = ref.shape[:2]
         scratch = np.empty(jpegdecode.scratch_bytes(H, W), np.uint8)
@@ -169,7 +123,7 @@ def test_reduced_scale_resized_crops_match_between_backends(packed, n, monkeypat
 
 
 def test_bad_orientation_is_refused():
-    data = _save(Image.new("RGB", (8, 8)))
+    data = save(Image.new("RGB", (8, 8)))
     with pytest.raises(ValueError, match="orientation 9"):
         jpegdecode.decode_region(data, (0, 0, 8, 8), 8, np.empty(1024, np.uint8), orientation=9)
 
@@ -190,10 +144,10 @@ def mixed(tmp_path_factory):
     folder = root / "src" / "x"
     folder.mkdir(parents=True)
     for ext, kw in FORMATS.items():
-        (folder / f"a.{ext}").write_bytes(_save(rgb, **kw))
-        (folder / f"{ext}_lies.jpg").write_bytes(_save(rgb, **kw))
-    (folder / "rgba_o6.png").write_bytes(_save(rgb.convert("RGBA"), format="PNG", exif=_exif(6)))
-    (folder / "jpeg_lies.png").write_bytes(_save(rgb, quality=90))
+        (folder / f"a.{ext}").write_bytes(save(rgb, **kw))
+        (folder / f"{ext}_lies.jpg").write_bytes(save(rgb, **kw))
+    (folder / "rgba_o6.png").write_bytes(save(rgb.convert("RGBA"), format="PNG", exif=exif_with(6)))
+    (folder / "jpeg_lies.png").write_bytes(save(rgb, quality=90))
     (folder / "notes.txt").write_text("not an image")
     (folder / "meta.json").write_text("{}")
     return root / "src"
@@ -239,8 +193,8 @@ def test_non_jpeg_jpeg_and_reject_policies(mixed, tmp_path):
 def test_max_pixels_rejects_before_decoding_and_silences_pillow(tmp_path):
     folder = tmp_path / "src" / "x"
     folder.mkdir(parents=True)
-    (folder / "small.jpg").write_bytes(_save(Image.new("RGB", (20, 10))))
-    (folder / "big.jpg").write_bytes(_save(Image.new("RGB", (200, 100))))
+    (folder / "small.jpg").write_bytes(save(Image.new("RGB", (20, 10))))
+    (folder / "big.jpg").write_bytes(save(Image.new("RGB", (200, 100))))
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no DecompressionBombWarning (nor any other)
         result = convert(tmp_path / "src", tmp_path / "ds", max_pixels=19_999, **FAST)
@@ -287,7 +241,7 @@ def test_loader_crops_are_upright(tmp_path, device_transforms):
     folder.mkdir(parents=True)
     for o in range(1, 9):  # stored so that every image is 30 x 40 when upright
         px = photo_like(rng, 40, 30) if o >= 5 else photo_like(rng, 30, 40)
-        (folder / f"o{o}.jpg").write_bytes(_save(Image.fromarray(px), exif=_exif(o)))
+        (folder / f"o{o}.jpg").write_bytes(save(Image.fromarray(px), exif=exif_with(o)))
     ds = Dataset(convert(tmp_path / "src", tmp_path / "ds", **FAST)["dst"])
     loader = Loader(ds, batch_size=8, shuffle=False, num_workers=0,
                     output=Output(return_index=True),

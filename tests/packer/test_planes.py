@@ -1,0 +1,267 @@
+"""--mode planes: each JPEG stored as its decoded Y/Cb/Cr planes (KIND_PLANES) loads back to
+the very pixels of its JPEG, through Dataset[i], the region decoder (every orientation,
+subsampling, grey, progressive) and the Loader (threads and processes, record and LMDB),
+batch for batch equal to jpeg mode's; what planes cannot reproduce is stored as jpeg or raw
+mode stores it; a hostile planes record is refused by name, behind a valid checksum."""
+import io
+import shutil
+import warnings
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from dlpack_io.packer import convert
+from dlpack_io.packer.encode import PLANES_KEPT
+from dlpack_io.reader import (Dataset, Loader, RandomHorizontalFlip, RandomResizedCrop, Resize,
+                              CenterCrop, jpegdecode)
+from dlpack_io.reader import format as fmt
+from dlpack_io.tools.inspection import record_detail, summary
+from dlpack_io.tools.synth import photo_like
+
+from crafted import assert_refused, one_record_shard, run_consumers
+from jpegcases import collection, reference, save
+
+pytestmark = pytest.mark.skipif(not jpegdecode.have_extension(),
+                                reason="decoded planes need the C extension")
+FAST = dict(workers=1, progress=False)
+_jpeg = jpegdecode._jpeg
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    """The fidelity collection (every orientation, colour, subsampling) plus a PNG and a
+    photo over --max-side, packed in jpeg and planes modes."""
+    root = tmp_path_factory.mktemp("planes")
+    cases = collection()
+    photos = root / "src" / "photos"
+    photos.mkdir(parents=True)
+    for name, data in cases.items():
+        (photos / f"{name}.jpg").write_bytes(data)
+    rng = np.random.default_rng(4)
+    (photos / "drawing.png").write_bytes(save(Image.fromarray(photo_like(rng, 30, 41)),
+                                              format="PNG"))
+    (photos / "big.jpg").write_bytes(save(Image.fromarray(photo_like(rng, 90, 130))))
+    results = {mode: convert(root / "src", root / mode, mode=mode, max_side=100, **FAST)
+               for mode in ("jpeg", "planes")}
+    return root, cases, results
+
+
+def _names(dst):
+    return [record_detail(dst, i)["source"].split("/")[-1] for i in range(len(Dataset(dst)))]
+
+
+def test_planes_records_hold_the_jpeg_pixels_and_the_rest_falls_back(packed):
+    root, cases, results = packed
+    ds = Dataset(root / "planes", verify_checksums=True)
+    kinds = {}
+    for i, name in enumerate(_names(root / "planes")):
+        pixels, _ = ds[i]
+        payload, entry = ds.record(i)
+        kinds[name] = int(entry["kind"])
+        if name in ("drawing.png", "big.jpg"):
+            continue
+        np.testing.assert_array_equal(pixels, reference(cases[name[:-4]]), err_msg=name)
+    # CMYK/YCCK have no planes the reader converts: stored as jpeg mode stores them
+    for name in ("cmyk.jpg", "ycck.jpg", "cmyk_o6.jpg", "ycck_o3.jpg"):
+        assert kinds.pop(name) == fmt.KIND_JPEG, name
+    # another format and a JPEG over --max-side: raw pixels, as raw mode stores them
+    assert kinds.pop("drawing.png") == fmt.KIND_RAW and kinds.pop("big.jpg") == fmt.KIND_RAW
+    assert ds[_names(root / "planes").index("big.jpg")][0].shape == (69, 100, 3)
+    # tiny_o7 (3 x 2 pixels: a 4:2:0 width libjpeg upsamples without its fancy filter)
+    # falls back too; every other JPEG is a planes record
+    assert kinds.pop("tiny_o7.jpg") == fmt.KIND_JPEG
+    assert set(kinds.values()) == {fmt.KIND_PLANES}, kinds
+    planes = results["planes"]
+    assert planes["lossless"] == {PLANES_KEPT: len(kinds)}
+    assert planes["reencoded"] == {"resized (--max-side), stored as raw pixels": 1}
+    assert summary(root / "planes")["mode"] == "planes"
+    assert summary(root / "planes")["storage"]["planes_records"] == len(kinds)
+
+
+def test_payload_header_is_the_spec_and_sizes_are_exact(packed):
+    _, cases, _ = packed
+    for name, subs in (("rgb420_o1", (2, 2)), ("rgb422_o1", (2, 1)), ("rgb444_o1", (1, 1)),
+                       ("gray_o1", (1, 1))):
+        data = cases[name]
+        h, w, comps = _jpeg.header(data)
+        planes = _jpeg.to_planes(data, 1 << 40)
+        assert planes[:fmt.PLANES_HEADER.size] == fmt.PLANES_HEADER.pack(
+            fmt.PLANES_MAGIC, fmt.PLANES_VERSION, comps, *subs, h, w), name
+        assert len(planes) == fmt.planes_payload_size(comps, *subs, h, w), name
+        # the Y plane is libjpeg's own luma: grey JPEGs decode to it exactly
+        if comps == 1:
+            y = np.frombuffer(planes, np.uint8, h * w, fmt.PLANES_HEADER.size).reshape(h, w)
+            np.testing.assert_array_equal(y, np.asarray(Image.open(io.BytesIO(data))))
+    assert _jpeg.to_planes(cases["cmyk"], 1 << 40) is None
+    with pytest.raises(ValueError, match="claims 45 x 70 pixels, more than the 100"):
+        _jpeg.to_planes(cases["rgb420_o1"], 100)
+
+
+def test_region_boxes_match_the_jpeg_decoder_for_every_orientation(packed):
+    """Random upright boxes, RGB and RGBX: the planes give the JPEG decoder's pixels."""
+    _, cases, _ = packed
+    rng = np.random.default_rng(8)
+    for name, data in cases.items():
+        planes = _jpeg.to_planes(data, 1 << 40)
+        if planes is None or name.startswith("tiny"):
+            continue
+        orientation = Image.open(io.BytesIO(data)).getexif().get(0x0112, 1)
+        orientation = orientation if 1 <= orientation <= 8 else 1
+        ref = reference(data)
+        H, W = ref.shape[:2]
+        scratch = np.empty(jpegdecode.scratch_bytes(H, W), np.uint8)
+        for _ in range(8):
+            top, left = int(rng.integers(0, H)), int(rng.integers(0, W))
+            h, w = int(rng.integers(1, H - top + 1)), int(rng.integers(1, W - left + 1))
+            for ps in (3, 4):
+                r = jpegdecode.decode_region(planes, (top, left, h, w), 8, scratch, ps,
+                                             orientation=orientation)
+                got = r.pixels[top - r.y0:top - r.y0 + h, left - r.x0:left - r.x0 + w]
+                np.testing.assert_array_equal(got[..., :3], ref[top:top + h, left:left + w],
+                                              err_msg=f"{name} box {(top, left, h, w)}")
+                if ps == 4:
+                    assert (got[..., 3] == 255).all()
+
+
+def test_odd_sizes_and_subsamplings_decode_exactly():
+    """Widths and heights odd and even around the MCU, every subsampling, baseline and
+    progressive: the whole image from its planes equals Pillow's decode of the JPEG."""
+    rng = np.random.default_rng(21)
+    for h, w in [(17, 33), (16, 16), (9, 5), (1, 9), (31, 6), (40, 57)]:
+        img = Image.fromarray(photo_like(rng, h, w))
+        for sub in (0, 1, 2):
+            for progressive in (False, True):
+                data = save(img, quality=85, subsampling=sub, progressive=progressive)
+                planes = _jpeg.to_planes(data, 1 << 40)
+                if planes is None:  # a subsampled width of <= 2: not upsampled fancily
+                    assert sub != 0 and (w + 1) // 2 <= 2
+                    continue
+                out = np.empty(h * w * 3, np.uint8)
+                _jpeg.decode_region(planes, out, 0, 0, h, w, 8, 3, 1)
+                np.testing.assert_array_equal(out.reshape(h, w, 3), reference(data),
+                                              err_msg=f"{h}x{w} sub {sub} prog {progressive}")
+
+
+def _batches(dst, transforms, **kw):
+    out = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the legacy keyword reduced_decode
+        with Loader(Dataset(dst), batch_size=16, shuffle="global", seed=5,
+                    transforms=transforms, **kw) as loader:
+            for epoch in range(2):
+                loader.set_epoch(epoch)
+                out += [(x.numpy().copy(), y.numpy().copy()) for x, y in loader]
+    return out
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    """Small photos of every subsampling packed in both modes, record and LMDB."""
+    root = tmp_path_factory.mktemp("planes-photos")
+    rng = np.random.default_rng(2)
+    for i in range(24):
+        d = root / "src" / f"c{i % 3}"
+        d.mkdir(parents=True, exist_ok=True)
+        h, w = int(rng.integers(40, 90)), int(rng.integers(40, 90))
+        (d / f"{i}.jpg").write_bytes(save(Image.fromarray(photo_like(rng, h, w)), quality=90,
+                                          subsampling=int(i % 3)))
+    for mode in ("jpeg", "planes"):
+        for form in ("record", "lmdb"):
+            convert(root / "src", root / f"{mode}-{form}", mode=mode, format=form, **FAST)
+    return root
+
+
+@pytest.mark.parametrize("form", ["record", "lmdb"])
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_loader_batches_equal_jpeg_mode_batches(photos, form, kind):
+    """Same seeds, same batches as jpeg mode's, labels too: RandomResizedCrop + flip (jpeg
+    mode at full DCT scale: planes have no reduced scale) and Resize + CenterCrop."""
+    work = dict(num_workers=2, worker_kind=kind)
+    crop = [RandomResizedCrop(40), RandomHorizontalFlip()]
+    jpeg = _batches(photos / f"jpeg-{form}", crop, reduced_decode=False, **work)
+    planes = _batches(photos / f"planes-{form}", crop, **work)
+    assert len(jpeg) == len(planes) == 4
+    for (xa, ya), (xb, yb) in zip(jpeg, planes):
+        np.testing.assert_array_equal(xa, xb)
+        np.testing.assert_array_equal(ya, yb)
+    # Resize + CenterCrop: the filter reads around the box, in the block the decoder hands
+    # it; the planes block has the JPEG block's origin, so the arithmetic is the same
+    resize = [Resize(48), CenterCrop(40)]
+    jpeg = np.concatenate([x for x, _ in _batches(photos / f"jpeg-{form}", resize, **work)])
+    planes = np.concatenate([x for x, _ in _batches(photos / f"planes-{form}", resize, **work)])
+    np.testing.assert_array_equal(jpeg, planes)
+
+
+def test_planes_refuse_a_reduced_scale():
+    data = save(Image.fromarray(photo_like(np.random.default_rng(1), 32, 32)))
+    planes = _jpeg.to_planes(data, 1 << 40)
+    with pytest.raises(ValueError, match="full scale only"):
+        _jpeg.decode_region(planes, np.empty(32 * 32 * 4, np.uint8), 0, 0, 32, 32, 4, 3, 1)
+
+
+def _hostile(planes: bytes) -> dict:
+    """name -> payload: planes records that lie, each sealed with a valid checksum."""
+    head = fmt.PLANES_HEADER.unpack_from(planes)
+    body = planes[fmt.PLANES_HEADER.size:]
+
+    def header(**change):
+        fields = dict(zip(("magic", "version", "comps", "h", "v", "height", "width"), head))
+        fields.update(change)
+        return fmt.PLANES_HEADER.pack(*fields.values())
+
+    return {"truncated": planes[:-1], "longer": planes + b"\0",
+            "version": header(version=2) + body, "comps": header(comps=2) + body,
+            "subsampling": header(h=3) + body, "zero_side": header(width=0) + body,
+            "claims_huge": header(height=65535, width=65535) + body,
+            "grey_subsampled": header(comps=1) + body}
+
+
+def test_hostile_planes_records_are_refused_by_name(packed, tmp_path):
+    """Every consumer (Dataset, Loader threads/processes, inspect, verify) refuses each
+    lying record with an error naming it; nothing crashes, hangs or allocates wildly."""
+    root, _, _ = packed
+    ds = Dataset(root / "planes")
+    records = [(bytes(p), e) for p, e in (ds.record(i) for i in range(len(ds)))]
+    # an upright 4:2:0 record of a photo that is not square: its sides swapped keep its length
+    payload, entry = next((p, e) for p, e in records if int(e["kind"]) == fmt.KIND_PLANES
+                          and int(e["orientation"]) == 1
+                          and fmt.PLANES_HEADER.unpack_from(p)[3:5] == (2, 2))
+    cases = {}
+    for name, bad in _hostile(payload).items():
+        dst = tmp_path / name
+        shutil.copytree(root / "planes", dst)
+        one_record_shard(dst, bad, height=int(entry["height"]), width=int(entry["width"]),
+                         kind=fmt.KIND_PLANES)
+        cases[name] = dst
+    # a header that agrees with its length but not with the index (sides swapped)
+    dst = tmp_path / "swapped"
+    shutil.copytree(root / "planes", dst)
+    magic, version, comps, hs, vs, height, width = fmt.PLANES_HEADER.unpack_from(payload)
+    swapped = fmt.PLANES_HEADER.pack(magic, version, comps, hs, vs, width, height)
+    one_record_shard(dst, swapped + payload[fmt.PLANES_HEADER.size:],
+                     height=int(entry["height"]), width=int(entry["width"]), kind=fmt.KIND_PLANES)
+    results = run_consumers({**cases, "swapped": dst}, tmp_path)
+    for name in cases:
+        assert_refused(results[name], "planes", modes=("dataset", "serial", "threads",
+                                                        "processes", "verify"))
+    assert_refused(results["swapped"], "is not inside the 70 x 45 image",
+                   modes=("dataset", "verify"))
+
+
+def test_export_writes_planes_as_the_png_of_their_pixels(packed):
+    """`dlpack export` has no JPEG to write back for a planes record: it writes the PNG of
+    its (upright) pixels, which are the JPEG's own."""
+    from dlpack_io.tools.export import image_of
+
+    root, cases, _ = packed
+    ds = Dataset(root / "planes")
+    for i, name in enumerate(_names(root / "planes")):
+        payload, entry = ds.record(i)
+        data, ext = image_of(payload, entry)
+        if int(entry["kind"]) == fmt.KIND_PLANES:
+            assert ext == "png"
+            np.testing.assert_array_equal(np.asarray(Image.open(io.BytesIO(data))),
+                                          reference(cases[name[:-4]]), err_msg=name)
+        elif int(entry["kind"]) == fmt.KIND_JPEG:
+            assert (data, ext) == (bytes(payload), "jpg")
