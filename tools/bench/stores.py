@@ -158,12 +158,14 @@ def write_tar(inputs, out, mode, raw_npy) -> dict:
     return {}
 
 
-def write_ours(inputs, out, mode, raw_npy, *, format="record", workers=None, **options) -> dict:
+def write_ours(inputs, out, mode, raw_npy, *, format="record", workers=None, pack_mode=None,
+               **options) -> dict:
     """Our packer (``dlpack_io.packer.convert``), 256 MB shards, all cores unless ``workers``;
+    ``pack_mode`` packs in another mode than the work's (planes for the jpeg work);
     ``options`` are convert()'s own (jpeg_restarts, validate)."""
     from dlpack_io.packer import convert
 
     size = {"size": RAW_SIZE} if mode == "raw" else {}
     convert(inputs.root, out, overwrite=True, progress=False, shard_size="256MB", format=format,
-            mode=mode, workers=workers or os.cpu_count(), **size, **options)
+            mode=pack_mode or mode, workers=workers or os.cpu_count(), **size, **options)
     return {}
