@@ -4,8 +4,12 @@ subsampling, grey, progressive) and the Loader (threads and processes, record an
 batch for batch equal to jpeg mode's; what planes cannot reproduce is stored as jpeg or raw
 mode stores it; a hostile planes record is refused by name, behind a valid checksum."""
 import io
+import os
 import shutil
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -265,3 +269,14 @@ def test_export_writes_planes_as_the_png_of_their_pixels(packed):
                                           reference(cases[name[:-4]]), err_msg=name)
         elif int(entry["kind"]) == fmt.KIND_JPEG:
             assert (data, ext) == (bytes(payload), "jpg")
+
+
+@pytest.mark.skipif(os.environ.get("DLPACK_IO_NO_AVX2") is not None, reason="already scalar")
+def test_the_scalar_planes_code_gives_the_same_pixels():
+    """The pixel tests again with the AVX2 kernels switched off (machines without AVX2)."""
+    env = dict(os.environ, DLPACK_IO_NO_AVX2="1")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           __file__, "-k", "region_boxes or odd_sizes or hold_the_jpeg_pixels"],
+                          env=env, cwd=Path(__file__).parents[2], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and "3 passed" in done.stdout, done.stdout[-2000:]
