@@ -29,13 +29,14 @@ BATCH = 64
 
 def prepare(root: str, count: int) -> None:
     """``count`` photo-like 500x375 JPEGs (~110 KB) in 10 classes under ROOT/src, packed
-    into ROOT/jpeg (restart markers, the default)."""
+    into ROOT/jpeg (restart markers, the default) and ROOT/planes (``--mode planes``)."""
     from dlpack_io.packer import convert
     from dlpack_io.tools.synth import make_image_folder
 
     make_image_folder(os.path.join(root, "src"), count, 10, seed=7, size=(375, 500))
-    convert(os.path.join(root, "src"), os.path.join(root, "jpeg"), workers=2, progress=False,
-            overwrite=True)
+    for mode in ("jpeg", "planes"):
+        convert(os.path.join(root, "src"), os.path.join(root, mode), mode=mode, workers=2,
+                progress=False, overwrite=True)
 
 
 def _loader(root: str, kind: str, workers: int, seed: int = 0):

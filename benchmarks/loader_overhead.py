@@ -2,7 +2,8 @@
 core goes to anything but the region decode + resize + flip (issue: a loader at its
 decode limit).
 
-    python -m benchmarks.loader_overhead DIR [--rounds 5] [--epochs 2]   # DIR: batch_path's
+    python -m benchmarks.loader_overhead DIR [--rounds 5] [--epochs 2] [--set planes]
+    # DIR: batch_path's; --set: its jpeg (default) or planes (--mode planes) data set
 
 For each round, one after the other on the same records (files re-read untimed first):
 
@@ -60,6 +61,7 @@ def bare(path: str, epochs: int) -> tuple[float, float, int]:
     Loader's crops."""
     from dlpack_io.reader import Dataset, jpegdecode
     from dlpack_io.reader.batch.plan import compile_spec, plan_batch
+    from dlpack_io.reader.format import KIND_JPEG
 
     ds = Dataset(path)
     spec = compile_spec(_recipe())
@@ -73,7 +75,8 @@ def bare(path: str, epochs: int) -> tuple[float, float, int]:
         p = plan.params
         for k in range(len(plan.local)):
             payload = ds.shards[plan.shard_ids[k]].payload(int(plan.local[k]))
-            jpegdecode.decode_resized(payload, p.boxes[k], (SIZE, SIZE), buf, True,
+            reduce = int(plan.entries[k]["kind"]) == KIND_JPEG  # planes: full scale only
+            jpegdecode.decode_resized(payload, p.boxes[k], (SIZE, SIZE), buf, reduce,
                                       orientation=int(plan.entries[k]["orientation"]),
                                       into=(out, k * plane, p.flip_h[k], p.flip_v[k]))
             n += 1
@@ -103,8 +106,9 @@ def main(argv=None) -> None:
     p.add_argument("root")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--set", default="jpeg", choices=("jpeg", "planes"))
     args = p.parse_args(argv)
-    path = os.path.join(args.root, "jpeg")
+    path = os.path.join(args.root, args.set)
     runs = {"bare": lambda: bare(path, args.epochs),
             "serial": lambda: loader(path, args.epochs, 0, "thread"),
             "threads": lambda: loader(path, args.epochs, 2, "thread"),

@@ -50,6 +50,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <math.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdio.h>
@@ -784,81 +785,78 @@ static PyObject *region_error(const Region *r) {
 
 #define MAX_JPEG_SIDE 65535
 
+/* Decode r's box of src (a JPEG or a planes record, possibly memory-mapped), the GIL
+   released by the caller: a JPEG from a private copy (libjpeg never reads mapped memory),
+   a planes record in place under the guard. NULL, or the address of a SIGBUS. */
+static const char *decode_any_nogil(const unsigned char *src, size_t len, Region *r,
+                                    int orientation) {
+    unsigned char head[PLANES_HEADER_SIZE], *copy;
+    const char *fault;
+    if (len >= PLANES_HEADER_SIZE) {
+        if ((fault = copy_guarded(head, src, sizeof(head))) != NULL)
+            return fault;
+        if (planes_magic(head, sizeof(head)))
+            return planes_in_place(src, len, head, r, orientation);
+    }
+    if ((copy = (unsigned char *)malloc(len > 0 ? len : 1)) == NULL) {
+        strcpy(r->message, "out of memory");
+        r->status = ERR_JPEG;
+        return NULL;
+    }
+    fault = copy_guarded(copy, src, len);
+    if (fault == NULL)
+        decode_oriented(copy, len, r, orientation);
+    free(copy);
+    return fault;
+}
+
+/* The checks decode_region and decode_resized share; 0 with a ValueError set. */
+static int region_args_ok(const Region *r, int orientation) {
+    if (r->scale_num < 1 || r->scale_num > 16 || (r->pixel_size != 3 && r->pixel_size != 4) ||
+        orientation < 1 || orientation > 8) {
+        PyErr_Format(PyExc_ValueError, "scale_num %d not in 1..16, pixel_size %d not 3 or 4, "
+                     "or EXIF orientation %d not in 1..8", r->scale_num, r->pixel_size,
+                     orientation);
+        return 0;
+    }
+    if (r->top < 0 || r->left < 0 || r->height < 1 || r->width < 1 || r->top > MAX_JPEG_SIDE ||
+        r->left > MAX_JPEG_SIDE || r->height > MAX_JPEG_SIDE || r->width > MAX_JPEG_SIDE) {
+        PyErr_Format(PyExc_ValueError, "crop box (top=%ld, left=%ld, height=%ld, width=%ld) "
+                     "is not inside any JPEG (sides are 1..%d pixels)", r->top, r->left,
+                     r->height, r->width, MAX_JPEG_SIDE);
+        return 0;
+    }
+    return 1;
+}
+
 static PyObject *py_decode_region(PyObject *self, PyObject *args) {
     Py_buffer src, out;
     Region r;
-    unsigned char *copy;
     const char *fault;
+    int orientation = 1;
     (void)self;
     memset(&r, 0, sizeof(r));
     r.pixel_size = 3;
-    int orientation = 1;
     if (!PyArg_ParseTuple(args, "y*w*lllli|ii", &src, &out, &r.top, &r.left, &r.height,
                           &r.width, &r.scale_num, &r.pixel_size, &orientation))
         return NULL;
-    if (r.scale_num < 1 || r.scale_num > 16 || (r.pixel_size != 3 && r.pixel_size != 4) ||
-        orientation < 1 || orientation > 8) {
-        PyBuffer_Release(&src);
-        PyBuffer_Release(&out);
-        return PyErr_Format(PyExc_ValueError, "scale_num %d not in 1..16, pixel_size %d "
-                            "not 3 or 4, or EXIF orientation %d not in 1..8", r.scale_num,
-                            r.pixel_size, orientation);
-    }
-    if (r.top < 0 || r.left < 0 || r.height < 1 || r.width < 1 || r.top > MAX_JPEG_SIDE ||
-        r.left > MAX_JPEG_SIDE || r.height > MAX_JPEG_SIDE || r.width > MAX_JPEG_SIDE) {
-        PyBuffer_Release(&src);
-        PyBuffer_Release(&out);
-        return PyErr_Format(PyExc_ValueError, "crop box (top=%ld, left=%ld, height=%ld, "
-                            "width=%ld) is not inside any JPEG (sides are 1..%d pixels)",
-                            r.top, r.left, r.height, r.width, MAX_JPEG_SIDE);
-    }
-    r.out = (unsigned char *)out.buf;
-    r.out_size = r.limit = out.len;
-    if (src.len >= PLANES_HEADER_SIZE) {
-        unsigned char head[PLANES_HEADER_SIZE];
-        keep_sigbus_handler();
-        fault = copy_guarded(head, (const unsigned char *)src.buf, sizeof(head));
-        if (fault == NULL && planes_magic(head, sizeof(head))) {
-            Py_BEGIN_ALLOW_THREADS
-            fault = planes_in_place((const unsigned char *)src.buf, (size_t)src.len, head,
-                                    &r, orientation);
-            Py_END_ALLOW_THREADS
-        }
-        if (fault != NULL || planes_magic(head, sizeof(head))) {
-            if (fault != NULL)
-                bus_error("decode_region", src.buf, src.len, fault);
-            PyBuffer_Release(&src);
-            PyBuffer_Release(&out);
-            if (fault != NULL)
-                return NULL;
-            if (r.status != OK)
-                return region_error(&r);
-            return Py_BuildValue("llllllll", r.y0, r.x0, r.rows, r.cols, r.scaled_h,
-                                 r.scaled_w, r.image_h, r.image_w);
-        }
-    }
-    copy = (unsigned char *)malloc(src.len > 0 ? (size_t)src.len : 1);
-    if (copy == NULL) {
-        PyBuffer_Release(&src);
-        PyBuffer_Release(&out);
-        return PyErr_NoMemory();
-    }
-    keep_sigbus_handler();
-    Py_BEGIN_ALLOW_THREADS
-    /* decode a private copy: libjpeg never reads (possibly mapped) caller memory */
-    fault = copy_guarded(copy, (const unsigned char *)src.buf, (size_t)src.len);
-    if (fault == NULL)
-        decode_oriented(copy, (size_t)src.len, &r, orientation);
-    Py_END_ALLOW_THREADS
-    free(copy);
-    if (fault != NULL) {
-        bus_error("decode_region", src.buf, src.len, fault);
+    if (!region_args_ok(&r, orientation)) {
         PyBuffer_Release(&src);
         PyBuffer_Release(&out);
         return NULL;
     }
+    r.out = (unsigned char *)out.buf;
+    r.out_size = r.limit = out.len;
+    keep_sigbus_handler();
+    Py_BEGIN_ALLOW_THREADS
+    fault = decode_any_nogil((const unsigned char *)src.buf, (size_t)src.len, &r, orientation);
+    Py_END_ALLOW_THREADS
+    if (fault != NULL)
+        bus_error("decode_region", src.buf, src.len, fault);
     PyBuffer_Release(&src);
     PyBuffer_Release(&out);
+    if (fault != NULL)
+        return NULL;
     if (r.status != OK)
         return region_error(&r);
     return Py_BuildValue("llllllll", r.y0, r.x0, r.rows, r.cols, r.scaled_h, r.scaled_w,
@@ -1431,6 +1429,127 @@ static PyObject *py_resize(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* decode_resized(src, scratch, top, left, height, width, t_top, t_left, t_height, t_width,
+ *                scale_num, within_box, out_h, out_w, dst, dst_offset, flip_h, flip_v,
+ *                orientation) -> None
+ * jpegdecode.decode_resized with `into`, in one call and one release of the GIL: the box
+ * (top, left, height, width) of a JPEG or planes record decoded as RGBX into `scratch` at
+ * scale_num / 8, the target box (floats; the same box unless an exact one) mapped into the
+ * decoded block as Region.box does, the resize window chosen as jpegdecode._window does,
+ * and the C resize written into dst as CHW planes. The arithmetic is the Python path's, in
+ * the same double precision, so the pixels are the same (tests/reader/test_resize.py). */
+static PyObject *py_decode_resized(PyObject *self, PyObject *args) {
+    Py_buffer src, scratch, dst;
+    Region r;
+    double target[4], f, oy, ox, bx0, by0, bx1, by1;
+    Py_ssize_t dst_offset;
+    int within_box, oh, ow, flip_h, flip_v, orientation, status = 0;
+    long ix0, iy0, ix1, iy1;
+    long long out_bytes;
+    float box[4] = {0, 0, 0, 0};
+    const char *fault;
+    ResizePlan *plan = NULL;
+    (void)self;
+    memset(&r, 0, sizeof(r));
+    r.pixel_size = 4;
+    if (!PyArg_ParseTuple(args, "y*w*lllldddd" "ipiiw*nppi", &src, &scratch, &r.top, &r.left,
+                          &r.height, &r.width, &target[0], &target[1], &target[2], &target[3],
+                          &r.scale_num, &within_box, &oh, &ow, &dst, &dst_offset, &flip_h,
+                          &flip_v, &orientation))
+        return NULL;
+    if (!region_args_ok(&r, orientation) || oh < 1 || ow < 1 || !mul_ok(oh, ow, &out_bytes) ||
+        !mul_ok(3, out_bytes, &out_bytes) || !block_fits(dst_offset, 1, 0, out_bytes, dst.len)) {
+        if (!PyErr_Occurred())
+            PyErr_Format(PyExc_ValueError, "decode_resized: a %d x %d output at %zd of a "
+                         "%zd-byte destination does not fit", oh, ow, dst_offset, dst.len);
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&scratch);
+        PyBuffer_Release(&dst);
+        return NULL;
+    }
+    r.out = (unsigned char *)scratch.buf;
+    r.out_size = r.limit = scratch.len;
+    keep_sigbus_handler();
+    Py_BEGIN_ALLOW_THREADS
+    fault = decode_any_nogil((const unsigned char *)src.buf, (size_t)src.len, &r, orientation);
+    if (fault == NULL && r.status == OK) {
+        /* Region.box: full-size c -> c * n / 8 + d in the scaled image, minus the block's
+           origin; d is non-zero only at reduced scale along an axis orientation mirrors */
+        double dy = 0.0, dx = 0.0;
+        if (r.scale_num < 8) {
+            int t = ORIENT_T[orientation], fy = ORIENT_FY[orientation], fx = ORIENT_FX[orientation];
+            int flip_rows = t ? fx : fy, flip_cols = t ? fy : fx;
+            f = r.scale_num / 8.0;
+            if (flip_rows) dy = (double)r.scaled_h - (double)r.image_h * f;
+            if (flip_cols) dx = (double)r.scaled_w - (double)r.image_w * f;
+        }
+        f = r.scale_num / 8.0;
+        oy = (double)r.y0 - dy;
+        ox = (double)r.x0 - dx;
+        bx0 = target[1] * f - ox;
+        by0 = target[0] * f - oy;
+        bx1 = (target[1] + target[3]) * f - ox;
+        by1 = (target[0] + target[2]) * f - oy;
+        if (bx0 < 0.0) bx0 = 0.0;
+        if (by0 < 0.0) by0 = 0.0;
+        if (bx1 > (double)r.cols) bx1 = (double)r.cols;
+        if (by1 > (double)r.rows) by1 = (double)r.rows;
+        /* jpegdecode._window */
+        ix0 = (long)floor(bx0);
+        iy0 = (long)floor(by0);
+        ix1 = (long)ceil(bx1);
+        iy1 = (long)ceil(by1);
+        if (ix0 < 0) ix0 = 0;
+        if (iy0 < 0) iy0 = 0;
+        if (ix1 > r.cols) ix1 = r.cols;
+        if (iy1 > r.rows) iy1 = r.rows;
+        if (!within_box && ix1 > ix0 && iy1 > iy0) {
+            ix0 = iy0 = 0;
+            ix1 = r.cols;
+            iy1 = r.rows;
+        }
+        if (ix1 <= ix0 || iy1 <= iy0) {
+            status = -100;
+        } else {
+            box[0] = (float)(bx0 - ix0);
+            box[1] = (float)(by0 - iy0);
+            box[2] = (float)(bx1 - ix0);
+            box[3] = (float)(by1 - iy0);
+            if (!(box[0] >= 0.0f && box[1] >= 0.0f && box[2] <= (float)(ix1 - ix0) &&
+                  box[3] <= (float)(iy1 - iy0) && box[2] >= box[0] && box[3] >= box[1]))
+                status = -100;
+            else if ((status = resize_plan(&plan, 4, (int)(iy1 - iy0), (int)(ix1 - ix0), box, oh,
+                                           ow)) == 0)
+                resize_run(plan, r.out + ((size_t)iy0 * (size_t)r.cols + (size_t)ix0) * 4,
+                           (size_t)r.cols * 4, (unsigned char *)dst.buf + dst_offset, 1, flip_h,
+                           flip_v);
+            resize_free(plan);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (fault != NULL)
+        bus_error("decode_resized", src.buf, src.len, fault);
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&scratch);
+    PyBuffer_Release(&dst);
+    if (fault != NULL)
+        return NULL;
+    if (r.status != OK)
+        return region_error(&r);
+    if (status == -100) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "resize: box (%g, %g, %g, %g) outside a %ldx%ld image",
+                 target[1] * (r.scale_num / 8.0), target[0] * (r.scale_num / 8.0),
+                 (target[1] + target[3]) * (r.scale_num / 8.0),
+                 (target[0] + target[2]) * (r.scale_num / 8.0), r.rows, r.cols);
+        PyErr_SetString(PyExc_ValueError, msg);
+        return NULL;
+    }
+    if (status != 0)
+        return resize_refused(status, (int)(iy1 - iy0), (int)(ix1 - ix0), box, oh, ow);
+    Py_RETURN_NONE;
+}
+
 /* ---- Decoded planes (the packer's --mode planes) ----------------------------------------
  * to_planes(src, max_pixels) -> bytes or None: the record payload of _planes.h (header +
  * Y, Cb, Cr planes) read with libjpeg's raw data output (after the IDCT, before upsampling
@@ -1620,6 +1739,10 @@ static PyMethodDef methods[] = {
      "decode_region(src, out, top, left, height, width, scale_num, pixel_size=3, "
      "orientation=1) -> (y0, x0, rows, cols, scaled_height, scaled_width, height, width), "
      "all in the upright image"},
+    {"decode_resized", py_decode_resized, METH_VARARGS,
+     "decode_resized(src, scratch, top, left, height, width, t_top, t_left, t_height, "
+     "t_width, scale_num, within_box, out_h, out_w, dst, dst_offset, flip_h, flip_v, "
+     "orientation): decode_region + the C resize into CHW, one call"},
     {"header", py_header, METH_VARARGS, "header(src) -> (height, width, components)"},
     {"resize", py_resize, METH_VARARGS,
      "resize(src, offset, row_stride, rows, cols, pixel_size, x0, y0, x1, y1, out_h, out_w, "

@@ -43,6 +43,9 @@ if _jpeg is None:
 # in-place build older than it (that keeps working, through PIL). Benchmarks set it to None
 # to time the PIL resize.
 native_resize = getattr(_jpeg, "resize", None)
+# decode_region + that resize in one C call (one release of the GIL per sample): what
+# decode_resized(into=...) runs when the C resize would run anyway.
+native_decode_resized = getattr(_jpeg, "decode_resized", None)
 
 SCALES = (1, 2, 4, 8)  # numerators over 8 with SIMD IDCTs in libjpeg-turbo
 
@@ -298,6 +301,14 @@ def decode_resized(payload, box, out_size, scratch: np.ndarray, reduce: bool = T
     CenterCrop/RandomCrop). ``into``: written as CHW planes instead (see resize_region)."""
     target = box if exact_box is None else exact_box
     n = choose_scale(int(target[2]), int(target[3]), *out_size) if reduce else 8
+    if into is not None and native_decode_resized is not None and resizes_in_c(resample):
+        dst, offset, flip_h, flip_v = into
+        top, left, h, w = (int(v) for v in box)
+        native_decode_resized(payload, scratch, top, left, h, w, *(float(v) for v in target),
+                              n, exact_box is None, int(out_size[0]), int(out_size[1]), dst,
+                              int(offset), bool(flip_h), bool(flip_v),
+                              check_orientation(orientation))
+        return None
     region = decode_region(payload, box, n, scratch, pixel_size=4, orientation=orientation)
     return resize_region(region, region.box(target), out_size, within_box=exact_box is None,
                          resample=resample, into=into)

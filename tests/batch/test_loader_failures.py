@@ -78,16 +78,16 @@ def test_transform_error_names_the_sample(packed):
 def test_exception_inside_a_transform_reaches_the_loop(packed, monkeypatch):
     from dlpack_io.reader import jpegdecode
 
-    real = jpegdecode.resize_region
+    real = jpegdecode.decode_resized  # decode + resize of one sample (one C call)
     calls = []
 
-    def flaky(region, box, out_size, **kw):
+    def flaky(*args, **kw):
         calls.append(1)
         if len(calls) == 20:
             raise RuntimeError("boom in resize")
-        return real(region, box, out_size, **kw)
+        return real(*args, **kw)
 
-    monkeypatch.setattr(jpegdecode, "resize_region", flaky)
+    monkeypatch.setattr(jpegdecode, "decode_resized", flaky)
     loader = Loader(Dataset(packed / "jpeg"), batch_size=8, transforms=[RandomResizedCrop(24)],
                     num_workers=2)
     with pytest.raises(SampleError, match="RuntimeError: boom in resize"):

@@ -155,3 +155,62 @@ def test_gather_copies_ranges(monkeypatch):
             shard.gather(memoryview(src), [995], [10], dst, [0])
         with pytest.raises(ValueError, match=r"gather: .*10 bytes from 0 to 60.* not fit"):
             shard.gather(memoryview(src), [0], [10], dst, [60])
+
+
+@needs_ext
+def test_one_call_decode_resize_equals_the_composed_path(monkeypatch):
+    """decode_resized(into=...) runs decode + resize in one C call (one GIL release): every
+    output byte equals the composed Python path's (decode_region, Region.box, _window, the C
+    resize) for JPEG and planes records, every EXIF orientation, reduced scales, exact float
+    boxes (Resize + crop semantics), flips; its errors name the same problems."""
+    from jpegcases import collection
+
+    rng = np.random.default_rng(17)
+    payloads = []
+    for name, data in collection().items():
+        if name.startswith(("bad", "tiny")):
+            continue
+        o = Image.open(io.BytesIO(data)).getexif().get(0x0112, 1)
+        payloads.append((name, data, o))
+        planes = jpegdecode._jpeg.to_planes(data, 1 << 40)
+        if planes is not None:
+            payloads.append((name + "-planes", planes, o))
+    checked = 0
+    for name, payload, o in payloads:
+        H, W = _upright_size(payload, o)
+        scratch = np.empty(jpegdecode.scratch_bytes(H, W), np.uint8)
+        for _ in range(6):
+            top, left = int(rng.integers(0, H)), int(rng.integers(0, W))
+            h, w = int(rng.integers(1, H - top + 1)), int(rng.integers(1, W - left + 1))
+            out = (int(rng.integers(1, 40)), int(rng.integers(1, 40)))
+            exact = None
+            if rng.random() < 0.4:  # a float box inside the window
+                et, el = top + rng.random() * h / 3, left + rng.random() * w / 3
+                exact = (et, el, (top + h - et) * rng.uniform(0.5, 1), (left + w - el) * rng.uniform(0.5, 1))
+            reduce = not name.endswith("planes") and bool(rng.random() < 0.7)
+            flips = bool(rng.random() < 0.5), bool(rng.random() < 0.5)
+            got, want = (np.full(3 * out[0] * out[1] + 5, 7, np.uint8) for _ in range(2))
+            jpegdecode.decode_resized(payload, (top, left, h, w), out, scratch, reduce,
+                                      exact_box=exact, orientation=o, into=(got, 5, *flips))
+            with monkeypatch.context() as m:
+                m.setattr(jpegdecode, "native_decode_resized", None)
+                jpegdecode.decode_resized(payload, (top, left, h, w), out, scratch, reduce,
+                                          exact_box=exact, orientation=o,
+                                          into=(want, 5, *flips))
+            np.testing.assert_array_equal(got, want, err_msg=f"{name} {(top, left, h, w)} "
+                                                             f"{exact} {out} {reduce}")
+            checked += 1
+    assert checked > 200
+    with pytest.raises(ValueError, match="crop box .* is not inside the"):
+        jpegdecode.decode_resized(payloads[0][1], (0, 0, 9999, 5), (4, 4), scratch,
+                                  into=(np.empty(48, np.uint8), 0, False, False))
+    with pytest.raises(ValueError, match="does not fit"):
+        jpegdecode.decode_resized(payloads[0][1], (0, 0, 5, 5), (4, 4), scratch,
+                                  into=(np.empty(47, np.uint8), 0, False, False))
+
+
+def _upright_size(payload, orientation):
+    """(height, width) of a record's upright image, from the decoder itself."""
+    *_, height, width = jpegdecode._jpeg.decode_region(
+        payload, np.empty(1 << 22, np.uint8), 0, 0, 1, 1, 8, 3, orientation)
+    return height, width
