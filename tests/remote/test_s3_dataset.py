@@ -319,3 +319,31 @@ def test_a_crafted_remote_data_set_is_refused_like_a_local_one(s3_env, packed, t
         Dataset(local)[0]  # a local shard is checked when it is first opened
     with pytest.raises(FormatError, match=match):
         Dataset(url, cache_dir=tmp_path / "cache")[0]  # a remote one when its index arrives
+
+
+def test_planes_records_over_s3_are_the_jpeg_pixels(s3_env, s3_server, tmp_path):
+    """A --mode planes data set in object storage: every sample is the JPEG's own pixels (the
+    jpeg-mode set's), and a Loader epoch through the prefetch planner and the verified cache
+    equals the same epoch read from local disk."""
+    from dlpack_io.reader import Loader, RandomHorizontalFlip, RandomResizedCrop, jpegdecode
+
+    if not jpegdecode.have_extension():
+        pytest.skip("decoded planes need the C extension")
+    make_image_folder(tmp_path / "src", 24, 3, seed=8, size=(56, 72))
+    for mode in ("jpeg", "planes"):
+        convert(tmp_path / "src", tmp_path / mode, mode=mode, shard_size="60KB", workers=1,
+                progress=False)
+    url = f"s3://{BUCKET}/dataset/planes"
+    upload_folder(tmp_path / "planes", url, s3_server.env())
+    jpeg, remote = Dataset(tmp_path / "jpeg"), Dataset(url)
+    assert {int(remote.record(i)[1]["kind"]) for i in range(len(remote))} == {fmt.KIND_PLANES}
+    _same(jpeg, remote, range(24))
+
+    def epoch(ds):
+        recipe = [RandomResizedCrop(40), RandomHorizontalFlip()]
+        with Loader(ds, batch_size=8, seed=2, num_workers=2, transforms=recipe) as loader:
+            return [(x.numpy().copy(), y.numpy().copy()) for x, y in loader]
+
+    for (xa, ya), (xb, yb) in zip(epoch(Dataset(tmp_path / "planes")), epoch(Dataset(url)),
+                                  strict=True):
+        assert np.array_equal(xa, xb) and np.array_equal(ya, yb)
