@@ -1437,7 +1437,7 @@ static PyObject *py_resize(PyObject *self, PyObject *args) {
  * scale_num / 8, the target box (floats; the same box unless an exact one) mapped into the
  * decoded block as Region.box does, the resize window chosen as jpegdecode._window does,
  * and the C resize written into dst as CHW planes. The arithmetic is the Python path's, in
- * the same double precision, so the pixels are the same (tests/reader/test_resize.py). */
+ * the same double precision, so the pixels are the same (tests/reader/test_jpegdecode.py). */
 static PyObject *py_decode_resized(PyObject *self, PyObject *args) {
     Py_buffer src, scratch, dst;
     Region r;

@@ -54,3 +54,17 @@ def collection() -> dict:
 
 def reference(data: bytes) -> np.ndarray:
     return np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert("RGB"))
+
+
+def orientation_of(data: bytes) -> int:
+    """The EXIF orientation the packer records for a JPEG (1 when absent or out of 1..8)."""
+    o = Image.open(io.BytesIO(data)).getexif().get(0x0112, 1)
+    return o if 1 <= o <= 8 else 1
+
+
+def random_boxes(rng, height: int, width: int, count: int):
+    """``count`` random (top, left, h, w) boxes inside a height x width image."""
+    for _ in range(count):
+        top, left = int(rng.integers(0, height)), int(rng.integers(0, width))
+        yield (top, left, int(rng.integers(1, height - top + 1)),
+               int(rng.integers(1, width - left + 1)))

@@ -24,7 +24,7 @@ from dlpack_io.tools.inspection import record_detail, summary
 from dlpack_io.tools.synth import photo_like
 
 from crafted import assert_refused, one_record_shard, run_consumers
-from jpegcases import collection, reference, save
+from jpegcases import collection, orientation_of, random_boxes, reference, save
 
 pytestmark = pytest.mark.skipif(not jpegdecode.have_extension(),
                                 reason="decoded planes need the C extension")
@@ -110,14 +110,10 @@ def test_region_boxes_match_the_jpeg_decoder_for_every_orientation(packed):
         planes = _jpeg.to_planes(data, 1 << 40)
         if planes is None or name.startswith("tiny"):
             continue
-        orientation = Image.open(io.BytesIO(data)).getexif().get(0x0112, 1)
-        orientation = orientation if 1 <= orientation <= 8 else 1
-        ref = reference(data)
+        ref, orientation = reference(data), orientation_of(data)
         H, W = ref.shape[:2]
         scratch = np.empty(jpegdecode.scratch_bytes(H, W), np.uint8)
-        for _ in range(8):
-            top, left = int(rng.integers(0, H)), int(rng.integers(0, W))
-            h, w = int(rng.integers(1, H - top + 1)), int(rng.integers(1, W - left + 1))
+        for top, left, h, w in random_boxes(rng, H, W, 8):
             for ps in (3, 4):
                 r = jpegdecode.decode_region(planes, (top, left, h, w), 8, scratch, ps,
                                              orientation=orientation)

@@ -146,58 +146,49 @@ def test_overwrite_by_our_own_convert_leaves_a_running_reader_intact(packed, raw
     assert all(fmt.crc32(p) == int(ds.record(i)[1]["crc"]) for i, p in enumerate(after))
 
 
+READ_AFTER_TRUNCATION = textwrap.dedent('''
+    import os, sys
+    from dlpack_io.reader import Dataset
+    from dlpack_io.reader.format import FormatError
+    ds = Dataset(sys.argv[1])
+    print("KIND", int(ds.record(1)[1]["kind"]))
+    ds[0]
+    os.truncate(ds.shards[0].path, 4096)
+    try:
+        ds[1]
+    except FormatError as exc:
+        print("RAISED", exc)
+''')
+
+
+def _read_after_truncation(packed, tmp_path, mode: str) -> str:
+    """Dataset[1] of a copy of ``packed[mode]`` whose first shard is truncated after open,
+    in a child (a SIGBUS that escaped would be its exit status): its stdout."""
+    path = tmp_path / mode
+    shutil.copytree(packed[mode], path)
+    done = subprocess.run([sys.executable, "-c", READ_AFTER_TRUNCATION, str(path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "\nRAISED " in done.stdout, done.stdout
+    return done.stdout
+
+
 @pytest.mark.skipif(not jpegdecode.have_extension(), reason="the SIGBUS guard is in the C extension")
 def test_dataset_survives_a_truncation_after_open(packed, tmp_path):
     """Dataset[i] of a raw record reads through the guarded copy: a shard truncated after
-    it was opened is an error naming it (run in a child: a SIGBUS that escaped would be
-    its exit status)."""
-    path = tmp_path / "raw"
-    shutil.copytree(packed["raw"], path)
-    code = textwrap.dedent('''
-        import os, sys
-        from dlpack_io.reader import Dataset
-        from dlpack_io.reader.format import FormatError
-        ds = Dataset(sys.argv[1])
-        ds[0]
-        os.truncate(ds.shards[0].path, 4096)
-        try:
-            ds[1]
-        except FormatError as exc:
-            print("RAISED", exc)
-    ''')
-    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.startswith("RAISED "), done.stdout
-    assert "shard-00000.rec record 1 (sample 1): gather: bus error reading byte 0" in done.stdout
+    it was opened is an error naming it."""
+    out = _read_after_truncation(packed, tmp_path, "raw")
+    assert "shard-00000.rec record 1 (sample 1): gather: bus error reading byte 0" in out
 
 
 @pytest.mark.skipif(not jpegdecode.have_extension(), reason="the SIGBUS guard is in the C extension")
 def test_planes_read_in_place_survive_a_truncation(packed, tmp_path):
     """A planes record is decoded straight from the mapped shard (no copy): a truncation
     after open is still an error naming the shard and the record, not a SIGBUS."""
-    path = tmp_path / "planes"
-    shutil.copytree(packed["planes"], path)
-    code = textwrap.dedent('''
-        import os, sys
-        from dlpack_io.reader import Dataset
-        from dlpack_io.reader import format as fmt
-        from dlpack_io.reader.format import FormatError
-        ds = Dataset(sys.argv[1])
-        assert int(ds.record(1)[1]["kind"]) == fmt.KIND_PLANES
-        ds[0]
-        os.truncate(ds.shards[0].path, 4096)
-        try:
-            ds[1]
-        except FormatError as exc:
-            print("RAISED", exc)
-    ''')
-    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.startswith("RAISED "), done.stdout
+    out = _read_after_truncation(packed, tmp_path, "planes")
+    assert out.startswith(f"KIND {fmt.KIND_PLANES}\n"), out
     assert "shard-00000.rec record 1 (sample 1): cannot decode decoded-planes payload " \
-           "(decode_region: bus error reading byte 0" in done.stdout, done.stdout
+           "(decode_region: bus error reading byte 0" in out, out
 
 
 CHILD = textwrap.dedent('''

@@ -3,7 +3,6 @@ pixel-identical to Pillow's ``ImageOps.exif_transpose(Image.open(f)).convert("RG
 through ``Dataset[i]`` and through the Loader's decode functions (boxes in the upright
 image), with the C decoder and with the PIL fallback. Other formats follow --non-jpeg;
 oversized images are rejected by --max-pixels."""
-import io
 import warnings
 
 import numpy as np
@@ -17,7 +16,7 @@ from dlpack_io.reader import Dataset, jpegdecode
 from dlpack_io.reader import format as fmt
 from dlpack_io.tools.inspection import record_detail, summary
 from dlpack_io.tools.synth import photo_like
-from jpegcases import collection, exif_with, reference, save
+from jpegcases import collection, exif_with, orientation_of, random_boxes, reference, save
 
 FAST = dict(workers=1, progress=False)
 BACKENDS = ["c", "pil"] if jpegdecode.have_extension() else ["pil"]
@@ -81,14 +80,10 @@ def test_region_decode_takes_upright_boxes(packed, backend, monkeypatch):
         monkeypatch.setattr(jpegdecode, "_jpeg", None)
     rng = np.random.default_rng(3)
     for name, data in cases.items():
-        ref = reference(data)
-        orientation = Image.open(io.BytesIO(data)).getexif().get(0x0112, 1)
-        orientation = orientation if 1 <= orientation <= 8 else 1
+        ref, orientation = reference(data), orientation_of(data)
         H, W = ref.shape[:2]
         scratch = np.empty(jpegdecode.scratch_bytes(H, W), np.uint8)
-        for _ in range(6):
-            top, left = int(rng.integers(0, H)), int(rng.integers(0, W))
-            h, w = int(rng.integers(1, H - top + 1)), int(rng.integers(1, W - left + 1))
+        for top, left, h, w in random_boxes(rng, H, W, 6):
             for ps in (3, 4):
                 r = jpegdecode.decode_region(data, (top, left, h, w), 8, scratch, ps,
                                              orientation=orientation)
