@@ -60,7 +60,7 @@ def decode_planes(payload, h: int, w: int, orientation: int, where: str = "recor
     records only with it). A fresh HWC uint8 array of the index's ``h`` x ``w``."""
     if not 1 <= orientation <= 8:
         raise fmt.FormatError(f"{where}: EXIF orientation {orientation}, expected 1..8")
-    fast = _decode_jpeg_fast(payload, h, w, orientation, where, "decoded-planes")
+    fast = _decode_jpeg_fast(payload, h, w, orientation, where, "planes")
     if fast is None:
         raise fmt.FormatError(f"{where}: a decoded-planes record needs the C extension "
                               f"dlpack_io.reader._jpeg, which is not built here (install the "

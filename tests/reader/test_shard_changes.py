@@ -187,7 +187,7 @@ def test_planes_read_in_place_survive_a_truncation(packed, tmp_path):
     after open is still an error naming the shard and the record, not a SIGBUS."""
     out = _read_after_truncation(packed, tmp_path, "planes")
     assert out.startswith(f"KIND {fmt.KIND_PLANES}\n"), out
-    assert "shard-00000.rec record 1 (sample 1): cannot decode decoded-planes payload " \
+    assert "shard-00000.rec record 1 (sample 1): cannot decode planes payload " \
            "(decode_region: bus error reading byte 0" in out, out
 
 
