@@ -276,3 +276,22 @@ def test_the_scalar_planes_code_gives_the_same_pixels():
                           env=env, cwd=Path(__file__).parents[2], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0 and "3 passed" in done.stdout, done.stdout[-2000:]
+
+
+def test_device_path_batches_equal_jpeg_mode_batches(photos, triton_interpret):
+    """Workers(device_transforms=True): planes regions gathered into the batch buffer and
+    finished by the kernels (their CPU twin here) give jpeg mode's batches."""
+    from dlpack_io.reader import Workers
+
+    def epoch(path, **kw):
+        with Loader(Dataset(path), batch_size=8, seed=4, num_workers=1,
+                    transforms=[RandomResizedCrop(16), RandomHorizontalFlip()],
+                    workers=Workers(device_transforms=True, **kw)) as loader:
+            return [(x.numpy().copy(), y.numpy().copy()) for x, y in loader]
+
+    jpeg = epoch(photos / "jpeg-record", reduced_decode=False)
+    planes = epoch(photos / "planes-record")
+    assert len(jpeg) == len(planes) == 3
+    for (xa, ya), (xb, yb) in zip(jpeg, planes):
+        np.testing.assert_array_equal(xa, xb)
+        np.testing.assert_array_equal(ya, yb)
