@@ -721,11 +721,9 @@ static void decode_oriented(const unsigned char *src, size_t len, Region *r, int
 static const char *planes_in_place(const unsigned char *src, size_t len,
                                    const unsigned char *head, Region *r, int orient) {
     BusGuard g;
-    unsigned long h = (unsigned long)head[8] | (unsigned long)head[9] << 8 |
-                      (unsigned long)head[10] << 16 | (unsigned long)head[11] << 24;
-    unsigned long w = (unsigned long)head[12] | (unsigned long)head[13] << 8 |
-                      (unsigned long)head[14] << 16 | (unsigned long)head[15] << 24;
-    unsigned long side = h > w ? h : w, box = r->height > r->width ? r->height : r->width;
+    unsigned long h, w, side, box = r->height > r->width ? r->height : r->width;
+    planes_header_dims(head, &h, &w);
+    side = h > w ? h : w;
     if (side > PLANES_MAX_SIDE) side = 1; /* refused by planes_parse inside */
     r->work = malloc(planes_work_bytes((long)side));
     if (orient != 1) { /* decode_oriented's block: box rows + 2 by stored width + 1 */
@@ -1441,7 +1439,7 @@ static PyObject *py_resize(PyObject *self, PyObject *args) {
 static PyObject *py_decode_resized(PyObject *self, PyObject *args) {
     Py_buffer src, scratch, dst;
     Region r;
-    double target[4], f, oy, ox, bx0, by0, bx1, by1;
+    double target[4], f, oy, ox, bx0 = 0, by0 = 0, bx1 = 0, by1 = 0;
     Py_ssize_t dst_offset;
     int within_box, oh, ow, flip_h, flip_v, orientation, status = 0;
     long ix0, iy0, ix1, iy1;
@@ -1476,14 +1474,13 @@ static PyObject *py_decode_resized(PyObject *self, PyObject *args) {
         /* Region.box: full-size c -> c * n / 8 + d in the scaled image, minus the block's
            origin; d is non-zero only at reduced scale along an axis orientation mirrors */
         double dy = 0.0, dx = 0.0;
+        f = r.scale_num / 8.0;
         if (r.scale_num < 8) {
             int t = ORIENT_T[orientation], fy = ORIENT_FY[orientation], fx = ORIENT_FX[orientation];
             int flip_rows = t ? fx : fy, flip_cols = t ? fy : fx;
-            f = r.scale_num / 8.0;
             if (flip_rows) dy = (double)r.scaled_h - (double)r.image_h * f;
             if (flip_cols) dx = (double)r.scaled_w - (double)r.image_w * f;
         }
-        f = r.scale_num / 8.0;
         oy = (double)r.y0 - dy;
         ox = (double)r.x0 - dx;
         bx0 = target[1] * f - ox;
@@ -1539,9 +1536,7 @@ static PyObject *py_decode_resized(PyObject *self, PyObject *args) {
     if (status == -100) {
         char msg[256];
         snprintf(msg, sizeof msg, "resize: box (%g, %g, %g, %g) outside a %ldx%ld image",
-                 target[1] * (r.scale_num / 8.0), target[0] * (r.scale_num / 8.0),
-                 (target[1] + target[3]) * (r.scale_num / 8.0),
-                 (target[0] + target[2]) * (r.scale_num / 8.0), r.rows, r.cols);
+                 bx0, by0, bx1, by1, r.rows, r.cols);
         PyErr_SetString(PyExc_ValueError, msg);
         return NULL;
     }

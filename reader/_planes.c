@@ -35,6 +35,12 @@ static uint32_t le32(const unsigned char *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
+void planes_header_dims(const unsigned char *head, unsigned long *height,
+                        unsigned long *width) {
+    *height = le32(head + 8);
+    *width = le32(head + 12);
+}
+
 /* Fill p from the header of a payload of `len` bytes; NULL, or what is wrong. Every size
    is checked against the payload length (no product can overflow: sides <= 65535). */
 const char *planes_parse(const unsigned char *s, size_t len, PlanesInfo *p) {

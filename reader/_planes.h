@@ -18,6 +18,8 @@ typedef struct {
 
 void planes_init(void);
 int planes_magic(const unsigned char *s, size_t len);
+/* height and width as the 16-byte header says them (unchecked: planes_parse checks) */
+void planes_header_dims(const unsigned char *head, unsigned long *height, unsigned long *width);
 const char *planes_parse(const unsigned char *s, size_t len, PlanesInfo *p);
 size_t planes_work_bytes(long cols);
 void planes_rgb(const PlanesInfo *p, long y0, long x0, long rows, long cols, int ps,
