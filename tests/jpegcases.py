@@ -68,3 +68,23 @@ def random_boxes(rng, height: int, width: int, count: int):
         top, left = int(rng.integers(0, height)), int(rng.integers(0, width))
         yield (top, left, int(rng.integers(1, height - top + 1)),
                int(rng.integers(1, width - left + 1)))
+
+
+def assert_upright_boxes(payload, ref: np.ndarray, orientation: int, rng, count: int,
+                         name: str, opaque: bool = False) -> None:
+    """``count`` random boxes of the upright image decoded from ``payload`` (a JPEG or a
+    planes record) at full scale as RGB and RGBX are exactly ``ref``'s pixels; ``opaque``:
+    the X byte of RGBX is 255 too."""
+    from dlpack_io.reader import jpegdecode
+
+    H, W = ref.shape[:2]
+    scratch = np.empty(jpegdecode.scratch_bytes(H, W), np.uint8)
+    for top, left, h, w in random_boxes(rng, H, W, count):
+        for ps in (3, 4):
+            r = jpegdecode.decode_region(payload, (top, left, h, w), 8, scratch, ps,
+                                         orientation=orientation)
+            got = r.pixels[top - r.y0:top - r.y0 + h, left - r.x0:left - r.x0 + w]
+            np.testing.assert_array_equal(got[..., :3], ref[top:top + h, left:left + w],
+                                          err_msg=f"{name} box {(top, left, h, w)}")
+            if opaque and ps == 4:
+                assert (got[..., 3] == 255).all(), f"{name} box {(top, left, h, w)}"

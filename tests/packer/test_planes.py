@@ -24,7 +24,7 @@ from dlpack_io.tools.inspection import record_detail, summary
 from dlpack_io.tools.synth import photo_like
 
 from crafted import assert_refused, one_record_shard, run_consumers
-from jpegcases import collection, orientation_of, random_boxes, reference, save
+from jpegcases import assert_upright_boxes, collection, orientation_of, reference, save
 
 pytestmark = pytest.mark.skipif(not jpegdecode.have_extension(),
                                 reason="decoded planes need the C extension")
@@ -110,18 +110,8 @@ def test_region_boxes_match_the_jpeg_decoder_for_every_orientation(packed):
         planes = _jpeg.to_planes(data, 1 << 40)
         if planes is None or name.startswith("tiny"):
             continue
-        ref, orientation = reference(data), orientation_of(data)
-        H, W = ref.shape[:2]
-        scratch = np.empty(jpegdecode.scratch_bytes(H, W), np.uint8)
-        for top, left, h, w in random_boxes(rng, H, W, 8):
-            for ps in (3, 4):
-                r = jpegdecode.decode_region(planes, (top, left, h, w), 8, scratch, ps,
-                                             orientation=orientation)
-                got = r.pixels[top - r.y0:top - r.y0 + h, left - r.x0:left - r.x0 + w]
-                np.testing.assert_array_equal(got[..., :3], ref[top:top + h, left:left + w],
-                                              err_msg=f"{name} box {(top, left, h, w)}")
-                if ps == 4:
-                    assert (got[..., 3] == 255).all()
+        assert_upright_boxes(planes, reference(data), orientation_of(data), rng, 8, name,
+                             opaque=True)
 
 
 def test_odd_sizes_and_subsamplings_decode_exactly():

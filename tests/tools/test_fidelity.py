@@ -16,7 +16,7 @@ from dlpack_io.reader import Dataset, jpegdecode
 from dlpack_io.reader import format as fmt
 from dlpack_io.tools.inspection import record_detail, summary
 from dlpack_io.tools.synth import photo_like
-from jpegcases import collection, exif_with, orientation_of, random_boxes, reference, save
+from jpegcases import assert_upright_boxes, collection, exif_with, orientation_of, reference, save
 
 FAST = dict(workers=1, progress=False)
 BACKENDS = ["c", "pil"] if jpegdecode.have_extension() else ["pil"]
@@ -80,17 +80,7 @@ def test_region_decode_takes_upright_boxes(packed, backend, monkeypatch):
         monkeypatch.setattr(jpegdecode, "_jpeg", None)
     rng = np.random.default_rng(3)
     for name, data in cases.items():
-        ref, orientation = reference(data), orientation_of(data)
-        H, W = ref.shape[:2]
-        scratch = np.empty(jpegdecode.scratch_bytes(H, W), np.uint8)
-        for top, left, h, w in random_boxes(rng, H, W, 6):
-            for ps in (3, 4):
-                r = jpegdecode.decode_region(data, (top, left, h, w), 8, scratch, ps,
-                                             orientation=orientation)
-                y, x = top - r.y0, left - r.x0
-                got = r.pixels[y:y + h, x:x + w, :3]
-                np.testing.assert_array_equal(got, ref[top:top + h, left:left + w],
-                                              err_msg=f"{name} box {(top, left, h, w)}")
+        assert_upright_boxes(data, reference(data), orientation_of(data), rng, 6, name)
 
 
 @pytest.mark.skipif(not jpegdecode.have_extension(), reason="needs the C extension")
