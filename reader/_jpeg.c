@@ -195,6 +195,8 @@ typedef struct {
     /* Set by a caller that decodes a planes record straight from (mapped) memory under the
        SIGBUS guard: buffers allocated before the guard, so a fault leaks nothing. */
     void *work;                     /* planes_work_bytes of the widest row, or NULL */
+    unsigned char *win;             /* a packed record's unpacked window, or NULL */
+    size_t win_size;
     unsigned char *tmp;             /* decode_oriented's stored block, or NULL */
     size_t tmp_size;
 } Region;
@@ -395,6 +397,7 @@ static void planes_region(const unsigned char *src, size_t len, Region *r) {
     PlanesInfo p;
     const char *why = planes_parse(src, len, &p);
     int *work;
+    unsigned char *win;
     if (why == NULL && r->scale_num != 8)
         why = "planes records decode at full scale only (scale_num 8)";
     if (why != NULL) {
@@ -440,14 +443,29 @@ static void planes_region(const unsigned char *src, size_t len, Region *r) {
         return;
     }
     work = (int *)r->work;
-    if (work == NULL && (work = (int *)malloc(planes_work_bytes(r->cols))) == NULL) {
+    win = r->win;
+    if (p.packed && (win == NULL || planes_window_bytes(r->rows, r->cols) > r->win_size))
+        win = (unsigned char *)malloc(planes_window_bytes(r->rows, r->cols));
+    if (work == NULL)
+        work = (int *)malloc(planes_work_bytes(r->cols));
+    if (work == NULL || (p.packed && win == NULL)) {
+        if (work != r->work) free(work);
+        if (win != r->win) free(win);
         strcpy(r->message, "out of memory");
         r->status = ERR_PLANES;
         return;
     }
-    planes_rgb(&p, r->y0, r->x0, r->rows, r->cols, r->pixel_size, r->out, work);
+    if (p.packed) { /* the blocks the box touches, unpacked; then as a plain record */
+        PlanesInfo w;
+        planes_window(&p, r->y0, r->x0, r->rows, r->cols, win, &w);
+        planes_rgb(&w, r->y0, r->x0, r->rows, r->cols, r->pixel_size, r->out, work);
+    } else {
+        planes_rgb(&p, r->y0, r->x0, r->rows, r->cols, r->pixel_size, r->out, work);
+    }
     if (work != r->work)
         free(work);
+    if (win != r->win)
+        free(win);
     r->status = OK;
 }
 
@@ -714,6 +732,15 @@ static void decode_oriented(const unsigned char *src, size_t len, Region *r, int
     r->status = s.status;
 }
 
+static void planes_buffers_free(Region *r) {
+    free(r->work);
+    free(r->tmp);
+    free(r->win);
+    r->work = NULL;
+    r->tmp = NULL;
+    r->win = NULL;
+}
+
 /* A planes record is decoded straight from the caller's (possibly mapped) memory, with
    no copy: every read runs under the SIGBUS guard, and the buffers are allocated before
    it (sized from the 16-byte header copy `head`), so a fault leaks nothing. NULL, or the
@@ -731,26 +758,26 @@ static const char *planes_in_place(const unsigned char *src, size_t len,
         if (r->tmp_size > (size_t)r->out_size) r->tmp_size = (size_t)r->out_size;
         r->tmp = (unsigned char *)malloc(r->tmp_size ? r->tmp_size : 1);
     }
-    if (r->work == NULL || (orient != 1 && r->tmp == NULL)) {
-        free(r->work);
-        free(r->tmp);
+    if (head[4] == PLANES_PACKED) { /* any region of the box: rows <= box + 2, cols <= side */
+        r->win_size = planes_window_bytes((long)(box + 2 < side ? box + 2 : side), (long)side);
+        r->win = (unsigned char *)malloc(r->win_size);
+    }
+    if (r->work == NULL || (orient != 1 && r->tmp == NULL) ||
+        (head[4] == PLANES_PACKED && r->win == NULL)) {
+        planes_buffers_free(r);
         strcpy(r->message, "out of memory");
         r->status = ERR_PLANES;
         return NULL;
     }
     g.addr = NULL;
     if (sigsetjmp(g.env, 1) != 0) {
-        free(r->work);
-        free(r->tmp);
+        planes_buffers_free(r);
         return g.addr != NULL ? g.addr : (const char *)src;
     }
     tls_bus = &g;
     decode_oriented(src, len, r, orient);
     tls_bus = NULL;
-    free(r->work);
-    free(r->tmp);
-    r->work = NULL;
-    r->tmp = NULL;
+    planes_buffers_free(r);
     return NULL;
 }
 
@@ -1546,8 +1573,8 @@ static PyObject *py_decode_resized(PyObject *self, PyObject *args) {
 }
 
 /* ---- Decoded planes (the packer's --mode planes) ----------------------------------------
- * to_planes(src, max_pixels) -> bytes or None: the record payload of _planes.h (header +
- * Y, Cb, Cr planes) read with libjpeg's raw data output (after the IDCT, before upsampling
+ * to_planes(src, max_pixels, packed=True) -> bytes or None: the record payload of _planes.h
+ * (header + Y, Cb, Cr planes; packed in 8x8 blocks, or as they are) read with libjpeg's raw data output (after the IDCT, before upsampling
  * and colour conversion), or None for a JPEG whose layout the planes reader does not
  * reproduce (CMYK/YCCK, Adobe RGB, chroma sampled other than 1x1 against Y's 1 or 2, a
  * subsampled width libjpeg would not upsample with its fancy filter). */
@@ -1555,6 +1582,7 @@ typedef struct {
     const unsigned char *src;
     size_t len;
     unsigned long long max_pixels;
+    int packed;         /* write version 2 (planes_pack) rather than 1 */
     unsigned char *out; /* malloc'd payload */
     size_t out_len;
     int status;         /* OK, ERR_JPEG, ERR_TRUNCATED, ERR_BOMB, or -1: not supported */
@@ -1626,7 +1654,7 @@ static void to_planes_nogil(PlanesJob *j) {
         dw[c] = (long)ci->downsampled_width;
         if ((plane[c] = (unsigned char *)malloc(stride[c] * prows[c])) == NULL)
             ERREXIT1(&cinfo, JERR_OUT_OF_MEMORY, 1);
-        j->out_len += (size_t)dh[c] * (size_t)dw[c];
+        j->out_len += j->packed ? planes_packed_bound(dh[c], dw[c]) : (size_t)dh[c] * (size_t)dw[c];
     }
     if ((ptrs = (JSAMPROW *)malloc(sizeof(JSAMPROW) * 3 * 2 * DCTSIZE)) == NULL ||
         (j->out = (unsigned char *)malloc(j->out_len)) == NULL)
@@ -1646,7 +1674,7 @@ static void to_planes_nogil(PlanesJob *j) {
     {
         unsigned char *o = j->out;
         memcpy(o, PLANES_MAGIC, 4);
-        o[4] = PLANES_VERSION;
+        o[4] = j->packed ? PLANES_PACKED : PLANES_PLAIN;
         o[5] = (unsigned char)ncomp;
         o[6] = (unsigned char)(ncomp == 3 ? cinfo.comp_info[0].h_samp_factor : 1);
         o[7] = (unsigned char)(ncomp == 3 ? cinfo.comp_info[0].v_samp_factor : 1);
@@ -1657,9 +1685,13 @@ static void to_planes_nogil(PlanesJob *j) {
         o += PLANES_HEADER_SIZE;
         for (c = 0; c < ncomp; c++) {
             long y;
-            for (y = 0; y < dh[c]; y++, o += dw[c])
-                memcpy(o, plane[c] + (size_t)y * stride[c], (size_t)dw[c]);
+            if (j->packed)
+                o += planes_pack(plane[c], dh[c], dw[c], stride[c], o);
+            else
+                for (y = 0; y < dh[c]; y++, o += dw[c])
+                    memcpy(o, plane[c] + (size_t)y * stride[c], (size_t)dw[c]);
         }
+        j->out_len = (size_t)(o - j->out);
     }
     jpeg_abort_decompress(&cinfo);
     jpeg_destroy_decompress(&cinfo);
@@ -1680,9 +1712,11 @@ static PyObject *py_to_planes(PyObject *self, PyObject *args) {
     const char *fault;
     PyObject *result;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*K", &src, &max_pixels))
+    int packed = 1;
+    if (!PyArg_ParseTuple(args, "y*K|p", &src, &max_pixels, &packed))
         return NULL;
     memset(&j, 0, sizeof(j));
+    j.packed = packed;
     j.len = (size_t)src.len;
     j.max_pixels = max_pixels;
     copy = (unsigned char *)malloc(src.len > 0 ? (size_t)src.len : 1);
@@ -1745,8 +1779,9 @@ static PyMethodDef methods[] = {
     {"resize_isa", py_resize_isa, METH_NOARGS,
      "resize_isa() -> 'avx2' or 'scalar': the passes resize runs (DLPACK_IO_NO_AVX2=1: scalar)"},
     {"to_planes", py_to_planes, METH_VARARGS,
-     "to_planes(src, max_pixels) -> bytes or None: a JPEG's Y/Cb/Cr planes as libjpeg leaves "
-     "them before upsampling (a decoded-planes record), None where the layout is not kept"},
+     "to_planes(src, max_pixels, packed=True) -> bytes or None: a JPEG's Y/Cb/Cr planes as "
+     "libjpeg leaves them before upsampling (a decoded-planes record: version 2, packed in "
+     "8x8 blocks, or version 1 as they are), None where the layout is not kept"},
     {"to_chw", py_to_chw, METH_VARARGS,
      "to_chw(src, offset, row_stride, height, width, dst, dst_offset, flip_h, flip_v, "
      "pixel_size=3)"},

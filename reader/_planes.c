@@ -7,17 +7,22 @@
  * (it decodes the JPEG both ways and keeps the JPEG when they differ).
  *
  * Payload layout (THE spec is reader/format/spec.py, PLANES_HEADER; this mirrors it):
- *   16-byte header: magic "DLYP", version 1, components (1 or 3), h and v subsampling of
+ *   16-byte header: magic "DLYP", version, components (1 or 3), h and v subsampling of
  *   the chroma planes (1 or 2 each), height and width (uint32 little-endian, the stored,
- *   not the upright, image); then the Y plane (height x width bytes), then Cb and Cr
- *   (ceil(height / v) x ceil(width / h) bytes each), rows back to back.
+ *   not the upright, image); then the Y plane (height x width), then Cb and Cr
+ *   (ceil(height / v) x ceil(width / h) each): version 1 their samples, rows back to back;
+ *   version 2 (what the packer writes) each plane packed in 8x8 blocks (see "Packed
+ *   planes" below), which a read unpacks only where its box lies.
  *
- * Nothing here allocates or touches the GIL; the caller copies a mapped source first. */
+ * Nothing here allocates or touches the GIL; the caller guards reads of mapped memory. */
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "_planes.h"
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 /* jdcolor.c's YCbCr -> RGB tables (build_ycc_rgb_table: SCALEBITS 16, FIX(x) rounded,
    RIGHT_SHIFT arithmetic) are these formulas tabulated; convert() computes them in line,
@@ -41,14 +46,41 @@ void planes_header_dims(const unsigned char *head, unsigned long *height,
     *width = le32(head + 12);
 }
 
+/* Blocks of one plane in a packed record: ceil(rows / 8) x ceil(cols / 8). */
+static long blocks_of(long rows, long cols) {
+    return ((rows + 7) / 8) * ((cols + 7) / 8);
+}
+
+/* Sum and largest value of n bytes (written plainly: -O3 vectorizes both). */
+static unsigned long long sum_bytes(const unsigned char *b, long n, unsigned *largest) {
+    unsigned long long sum = 0;
+    unsigned top = 0;
+    long k;
+    for (k = 0; k < n; k++) {
+        sum += b[k];
+        top = b[k] > top ? b[k] : top;
+    }
+    *largest = top;
+    return sum;
+}
+
+/* Sum of n bytes. */
+static size_t sum_bytes_plain(const unsigned char *b, long n) {
+    size_t sum = 0;
+    long k;
+    for (k = 0; k < n; k++) sum += b[k];
+    return sum;
+}
+
 /* Fill p from the header of a payload of `len` bytes; NULL, or what is wrong. Every size
-   is checked against the payload length (no product can overflow: sides <= 65535). */
+   is checked against the payload length (no product can overflow: sides <= 65535; a packed
+   plane's blocks take 66 bytes at most each). */
 const char *planes_parse(const unsigned char *s, size_t len, PlanesInfo *p) {
     unsigned long long need;
     memset(p, 0, sizeof(*p));
     if (len < PLANES_HEADER_SIZE || !planes_magic(s, len))
         return "not a planes record (no DLYP header)";
-    if (s[4] != PLANES_VERSION)
+    if (s[4] != PLANES_PLAIN && s[4] != PLANES_PACKED)
         return "planes record of an unknown version";
     p->comps = s[5];
     p->hf = s[6];
@@ -63,6 +95,33 @@ const char *planes_parse(const unsigned char *s, size_t len, PlanesInfo *p) {
         return "planes record with an image side outside 1..65535";
     p->cheight = (p->height + p->vf - 1) / p->vf;
     p->cwidth = (p->width + p->hf - 1) / p->hf;
+    p->ystride = p->width;
+    p->cstride = p->cwidth;
+    p->end = s + len;
+    if (s[4] == PLANES_PACKED) {
+        const unsigned char *at = s + PLANES_HEADER_SIZE;
+        int c;
+        p->packed = 1;
+        for (c = 0; c < p->comps; c++) {
+            long nb = c ? blocks_of(p->cheight, p->cwidth) : blocks_of(p->height, p->width);
+            unsigned largest;
+            unsigned long long bits;
+            if ((size_t)(p->end - at) < 2 * (size_t)nb)
+                return "packed planes record shorter than its block tables";
+            bits = 8ULL * sum_bytes(at + nb, nb, &largest);
+            if (largest > 8)
+                return "packed planes record with a block width over 8 bits";
+            if ((unsigned long long)(p->end - at) - 2ULL * (unsigned long long)nb < bits)
+                return "packed planes record shorter than its blocks";
+            p->mins[c] = at;
+            p->widths[c] = at + nb;
+            p->bits[c] = at + 2 * nb;
+            at += 2 * nb + (size_t)bits;
+        }
+        if (at != p->end)
+            return "planes record whose length does not match its header";
+        return NULL;
+    }
     need = PLANES_HEADER_SIZE + (unsigned long long)p->height * p->width;
     if (p->comps == 3)
         need += 2ULL * p->cheight * p->cwidth;
@@ -72,6 +131,206 @@ const char *planes_parse(const unsigned char *s, size_t len, PlanesInfo *p) {
     p->cb = p->y + (size_t)p->height * p->width;
     p->cr = p->cb + (size_t)p->cheight * p->cwidth;
     return NULL;
+}
+
+/* ---- Packed planes (version 2) ----------------------------------------------------------
+   Each plane is cut into 8x8 blocks (the IDCT's own blocks for Y), in raster order, the
+   last row and column of blocks cut short by the plane's edge. A block stores its smallest
+   sample m and a width w (0..8): the fewest bits that hold (largest - m); then its 64
+   values v = sample - m (0 beyond the plane's edge), row by row, w bits each, LSB first,
+   so each row of 8 takes exactly w bytes and the block 8w. A sample is min(255, m + v).
+   The three tables of a plane (minimums, widths, bits) follow each other. */
+
+/* One block's 8 x 8 samples into d (rows `stride` apart), portable C. */
+static void block_plain(const unsigned char *b, int w, int m, unsigned char *d, long stride) {
+    const uint64_t mask = (1u << w) - 1;
+    int r, c;
+    for (r = 0; r < 8; r++) {
+        uint64_t acc = 0;
+        int k;
+        for (k = 0; k < w; k++) acc |= (uint64_t)b[r * w + k] << (8 * k);
+        for (c = 0; c < 8; c++) {
+            unsigned v = (unsigned)m + (unsigned)((acc >> (c * w)) & mask);
+            d[r * stride + c] = (unsigned char)(v > 255 ? 255 : v);
+        }
+    }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+/* Per width w, for a pair of rows (the first in the low 128-bit half, the second, w bytes
+   on, in the high half; both halves loaded from the first row's start): the two bytes that
+   hold each value (pshufb control), and 2^(16 - w - its bit offset), which a 16-bit
+   multiply turns into a left shift putting the value's top bit at bit 15; a right shift by
+   16 - w then leaves the value alone. */
+static int8_t block_shuffle[9][32];
+static uint16_t block_scale[9][16];
+
+static void block_tables(void) {
+    int w, c, half;
+    for (w = 0; w <= 8; w++)
+        for (half = 0; half < 2; half++)
+            for (c = 0; c < 8; c++) {
+                int bit = c * w, byte = half * w + (bit >> 3);
+                block_shuffle[w][16 * half + 2 * c] = (int8_t)byte;
+                block_shuffle[w][16 * half + 2 * c + 1] = (int8_t)(byte + 1);
+                block_scale[w][8 * half + c] = (uint16_t)(1u << (16 - w - (bit & 7)) & 0xFFFF);
+            }
+}
+
+/* block_plain, four rows a step. Reads 16 bytes from the start of rows 0, 2, 4 and 6: up
+   to 16 - 2w bytes past the block (the caller keeps that inside the payload). */
+__attribute__((target("avx2"), always_inline)) static inline void block_avx2(
+    const unsigned char *b, int w, int m, unsigned char *d, long stride) {
+    const __m256i shuffle = _mm256_loadu_si256((const __m256i *)block_shuffle[w]);
+    const __m256i scale = _mm256_loadu_si256((const __m256i *)block_scale[w]);
+    const __m128i down = _mm_cvtsi32_si128(16 - w);
+    const __m256i base = _mm256_set1_epi8((char)m);
+    int r;
+    for (r = 0; r < 8; r += 4) {
+        __m256i x = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b + r * w)));
+        __m256i y = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(b + (r + 2) * w)));
+        __m128i lo, hi;
+        x = _mm256_srl_epi16(_mm256_mullo_epi16(_mm256_shuffle_epi8(x, shuffle), scale), down);
+        y = _mm256_srl_epi16(_mm256_mullo_epi16(_mm256_shuffle_epi8(y, shuffle), scale), down);
+        /* per 128-bit half: [x's row, y's row]: rows r, r + 2 low, r + 1, r + 3 high */
+        x = _mm256_adds_epu8(_mm256_packus_epi16(x, y), base); /* min(255, m + v) */
+        lo = _mm256_castsi256_si128(x);
+        hi = _mm256_extracti128_si256(x, 1);
+        _mm_storel_epi64((__m128i *)(d + r * stride), lo);
+        _mm_storel_epi64((__m128i *)(d + (r + 1) * stride), hi);
+        _mm_storeh_pd((double *)(d + (r + 2) * stride), _mm_castsi128_pd(lo));
+        _mm_storeh_pd((double *)(d + (r + 3) * stride), _mm_castsi128_pd(hi));
+    }
+}
+
+/* n blocks of a row (bits from b, widths w, minimums mn) side by side into d; the last
+   blocks, whose 16-byte reads would pass `end`, as block_plain. */
+__attribute__((target("avx2"))) static void block_row_avx2(
+    const unsigned char *b, const unsigned char *w, const unsigned char *mn, long n,
+    unsigned char *d, long stride, const unsigned char *end) {
+    long k;
+    for (k = 0; k < n; k++) {
+        _mm_prefetch((const char *)b + 384, _MM_HINT_T0);
+        if (end - b >= 6 * w[k] + 16)
+            block_avx2(b, w[k], mn[k], d + 8 * k, stride);
+        else
+            block_plain(b, w[k], mn[k], d + 8 * k, stride);
+        b += 8 * w[k];
+    }
+}
+#endif
+
+static void block_row_plain(const unsigned char *b, const unsigned char *w,
+                            const unsigned char *mn, long n, unsigned char *d, long stride) {
+    long k;
+    for (k = 0; k < n; k++) {
+        block_plain(b, w[k], mn[k], d + 8 * k, stride);
+        b += 8 * w[k];
+    }
+}
+
+/* Blocks by0..by1-1 x bx0..bx1-1 of plane c (rows x cols samples) into d, rows `stride`
+   apart. A block's bits start where the widths of the blocks before it end. */
+static void unpack_blocks(const PlanesInfo *p, int c, long cols, long by0, long by1, long bx0,
+                          long bx1, unsigned char *d, long stride) {
+    const unsigned char *mins = p->mins[c], *widths = p->widths[c];
+    long per_row = (cols + 7) / 8, by;
+    size_t at = 8 * sum_bytes_plain(widths, by0 * per_row); /* block row by0's first bit */
+    size_t o = at + 8 * sum_bytes_plain(widths + by0 * per_row, bx0), next;
+    for (by = by0; by < by1; by++, o = next) {
+        const unsigned char *w = widths + by * per_row, *mn = mins + by * per_row;
+        unsigned char *row = d + (size_t)(by - by0) * 8 * (size_t)stride;
+        /* where the next row's blocks start, fetched while this row unpacks: each block
+           row of the window is a jump the hardware prefetcher does not foresee */
+        at += 8 * sum_bytes_plain(w, per_row);
+        next = at + 8 * sum_bytes_plain(w + per_row, by + 1 < by1 ? bx0 : 0);
+#if defined(__x86_64__) && defined(__GNUC__)
+        __builtin_prefetch(p->bits[c] + next);
+        __builtin_prefetch(p->bits[c] + next + 64);
+        if (use_avx2)
+            block_row_avx2(p->bits[c] + o, w + bx0, mn + bx0, bx1 - bx0, row, stride, p->end);
+        else
+#endif
+            block_row_plain(p->bits[c] + o, w + bx0, mn + bx0, bx1 - bx0, row, stride);
+    }
+}
+
+/* Samples lo..hi (inclusive, clamped to 0..n-1) of a side of n: the blocks b0..b1-1. */
+static void block_span(long lo, long hi, long n, long *b0, long *b1) {
+    if (lo < 0) lo = 0;
+    if (hi > n - 1) hi = n - 1;
+    *b0 = lo / 8;
+    *b1 = hi / 8 + 1;
+}
+
+size_t planes_window_bytes(long rows, long cols) {
+    /* n samples touch at most n / 8 + 2 blocks; chroma adds a sample each side */
+    size_t y = (size_t)(rows / 8 + 2) * (size_t)(cols / 8 + 2);
+    size_t c = (size_t)((rows + 2) / 8 + 2) * (size_t)((cols + 2) / 8 + 2);
+    return 64 * (y + 2 * c);
+}
+
+void planes_window(const PlanesInfo *p, long y0, long x0, long rows, long cols,
+                   unsigned char *scratch, PlanesInfo *win) {
+    long by0, by1, bx0, bx1;
+    int c;
+    *win = *p;
+    win->packed = 0;
+    block_span(y0, y0 + rows - 1, p->height, &by0, &by1);
+    block_span(x0, x0 + cols - 1, p->width, &bx0, &bx1);
+    win->oy = by0 * 8;
+    win->ox = bx0 * 8;
+    win->ystride = (bx1 - bx0) * 8;
+    win->y = scratch;
+    unpack_blocks(p, 0, p->width, by0, by1, bx0, bx1, scratch, win->ystride);
+    scratch += (size_t)(by1 - by0) * 8 * (size_t)win->ystride;
+    if (p->comps == 1)
+        return;
+    /* the chroma rows and columns rows_body reads: the neighbours of the first and last */
+    block_span(y0 / p->vf - 1, (y0 + rows - 1) / p->vf + 1, p->cheight, &by0, &by1);
+    block_span(x0 / p->hf - 1, (x0 + cols - 1) / p->hf + 1, p->cwidth, &bx0, &bx1);
+    win->coy = by0 * 8;
+    win->cox = bx0 * 8;
+    win->cstride = (bx1 - bx0) * 8;
+    for (c = 1; c < 3; c++) {
+        unpack_blocks(p, c, p->cwidth, by0, by1, bx0, bx1, scratch, win->cstride);
+        if (c == 1) win->cb = scratch; else win->cr = scratch;
+        scratch += (size_t)(by1 - by0) * 8 * (size_t)win->cstride;
+    }
+}
+
+size_t planes_packed_bound(long height, long width) {
+    return 66 * (size_t)blocks_of(height, width);
+}
+
+size_t planes_pack(const unsigned char *plane, long height, long width, size_t stride,
+                   unsigned char *out) {
+    long per_row = (width + 7) / 8, nb = blocks_of(height, width), by, bx, r, c;
+    unsigned char *mins = out, *widths = out + nb, *bits = out + 2 * nb;
+    for (by = 0; by * 8 < height; by++)
+        for (bx = 0; bx < per_row; bx++) {
+            long rows = height - by * 8 < 8 ? height - by * 8 : 8;
+            long cols = width - bx * 8 < 8 ? width - bx * 8 : 8;
+            const unsigned char *at = plane + (size_t)by * 8 * stride + (size_t)bx * 8;
+            int lo = 255, hi = 0, w = 0;
+            for (r = 0; r < rows; r++)
+                for (c = 0; c < cols; c++) {
+                    int v = at[(size_t)r * stride + (size_t)c];
+                    lo = v < lo ? v : lo;
+                    hi = v > hi ? v : hi;
+                }
+            while ((1 << w) <= hi - lo) w++;
+            mins[by * per_row + bx] = (unsigned char)lo;
+            widths[by * per_row + bx] = (unsigned char)w;
+            for (r = 0; r < 8; r++) {
+                uint64_t acc = 0;
+                for (c = 0; c < 8; c++)
+                    if (r < rows && c < cols)
+                        acc |= (uint64_t)(at[(size_t)r * stride + (size_t)c] - lo) << (c * w);
+                for (c = 0; c < w; c++) *bits++ = (unsigned char)(acc >> (8 * c));
+            }
+        }
+    return (size_t)(bits - out);
 }
 
 /* Per output row:
@@ -121,7 +380,6 @@ ALWAYS_INLINE void convert(const uint8_t *yrow, const uint8_t *cb, const uint8_t
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
 #define HAVE_AVX2_ROWS 1
 
 /* up_h2, 16 chroma columns (32 output samples) a step. */
@@ -179,7 +437,7 @@ ALWAYS_INLINE void rows_body(const PlanesInfo *p, long y0, long x0, long rows, l
     int16_t *sums = (int16_t *)work;
     uint8_t *up = (uint8_t *)(sums + cols / 2 + 8); /* two upsampled rows of cols + 2 */
     for (y = y0; y < y0 + rows; y++) {
-        const uint8_t *yrow = p->y + (size_t)y * p->width + x0;
+        const uint8_t *yrow = p->y + (size_t)(y - p->oy) * (size_t)p->ystride + (x0 - p->ox);
         uint8_t *d = out + (size_t)(y - y0) * cols * ps, *ucb, *ucr;
         long cy = y / p->vf, ny = cy;
         int upper = (y % 2) == 0, plane;
@@ -197,28 +455,31 @@ ALWAYS_INLINE void rows_body(const PlanesInfo *p, long y0, long x0, long rows, l
         }
         for (plane = 0; plane < 2; plane++) {
             const uint8_t *base = plane ? p->cr : p->cb;
-            const uint8_t *row = base + (size_t)cy * p->cwidth;
-            const uint8_t *near = base + (size_t)ny * p->cwidth;
+            /* chroma sample (row, column c) at row[c - p->cox] */
+            const uint8_t *row = base + (size_t)(cy - p->coy) * (size_t)p->cstride;
+            const uint8_t *near = base + (size_t)(ny - p->coy) * (size_t)p->cstride;
             uint8_t *u = up + (size_t)plane * (size_t)(cols + 2);
             if (p->hf == 1) {
                 if (p->vf == 1) {
-                    memcpy(u, row + x0, (size_t)cols);
+                    memcpy(u, row + (x0 - p->cox), (size_t)cols);
                 } else {
                     int bias = upper ? 1 : 2;
                     for (x = 0; x < cols; x++)
-                        u[x] = (uint8_t)((3 * row[x0 + x] + near[x0 + x] + bias) >> 2);
+                        u[x] = (uint8_t)((3 * row[x0 - p->cox + x] + near[x0 - p->cox + x] +
+                                          bias) >> 2);
                 }
                 continue;
             }
             { /* sums[k]: chroma column ca - 1 + k, k = 0 .. n + 1, clamped at the edges */
                 long c0 = ca - 1 < 0 ? 0 : ca - 1, c1 = cz + 1 > last ? last : cz + 1;
                 int16_t *s = sums + (c0 - (ca - 1));
+                const uint8_t *at = row + (c0 - p->cox), *next = near + (c0 - p->cox);
                 if (p->vf == 2)
                     for (k = 0; k <= c1 - c0; k++)
-                        s[k] = (int16_t)(3 * row[c0 + k] + near[c0 + k]);
+                        s[k] = (int16_t)(3 * at[k] + next[k]);
                 else
                     for (k = 0; k <= c1 - c0; k++)
-                        s[k] = (int16_t)row[c0 + k];
+                        s[k] = (int16_t)at[k];
                 if (ca - 1 < 0) sums[0] = sums[1];
                 if (cz + 1 > last) sums[n + 1] = sums[n];
             }
@@ -260,6 +521,7 @@ __attribute__((target("avx2"))) static void rows_avx2(const PlanesInfo *p, long 
 
 void planes_init(void) {
 #ifdef HAVE_AVX2_ROWS
+    block_tables();
     use_avx2 = strcmp(resize_isa(), "avx2") == 0;
 #endif
 }

@@ -41,7 +41,7 @@ from dlpack_io.tools.cli_common import LazyChoice, echo_json, fail
 @click.option("--mode", type=LazyChoice("dlpack_io.reader.format", "MODES"), default="jpeg", show_default=True,
               help="jpeg: keep the original JPEG bytes; raw: store decoded RGB uint8 pixels; "
                    "planes: store each JPEG's decoded Y/Cb/Cr planes (same pixels as jpeg, "
-                   "~2.5x the bytes, no Huffman decoding or IDCT when read).")
+                   "~2.1x the bytes, no Huffman decoding or IDCT when read).")
 @click.option("--size", type=int, help="raw mode: resize the shorter side to SIZE and "
               "center-crop SIZE x SIZE, so batches are dense arrays.")
 @click.option("--max-side", type=int, help="Bound the longer side to MAX_SIDE pixels, keeping "

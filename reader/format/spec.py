@@ -103,17 +103,25 @@ COLOURS = (COLOUR_YCC, COLOUR_GRAY, COLOUR_CMYK)
 
 # A KIND_PLANES payload: magic, version, components (1 or 3), chroma subsampling h and v
 # (1 or 2 each; 1 and 1 for one component), then the stored (not upright) image's height
-# and width; the Y plane (height x width bytes) follows, then Cb and Cr, each
-# ceil(height / v) x ceil(width / h) bytes, every plane's rows back to back. reader/_planes.h
-# mirrors this for the C reader; planes_payload_size is the length formula.
+# and width; then the planes Y, Cb, Cr (chroma ceil(height / v) x ceil(width / h) each).
+# Version 1 (PLANES_PLAIN): each plane's samples, rows back to back (planes_payload_size is
+# the length). Version 2 (PLANES_PACKED, what the packer writes): each plane cut into 8x8
+# blocks in raster order (the edge blocks cut short), then three tables: every block's
+# smallest sample (u8), every block's bit width w (u8, 0..8: the fewest bits holding its
+# largest sample minus its smallest), and every block's 64 values (sample - smallest; 0
+# beyond the plane's edge) row by row, w bits each, LSB first, 8w bytes a block. A sample
+# is min(255, smallest + value). reader/_planes.h mirrors this for the C reader.
 PLANES_HEADER = struct.Struct("<4sBBBBII")
 PLANES_MAGIC = b"DLYP"
-PLANES_VERSION = 1
+PLANES_PLAIN = 1
+PLANES_PACKED = 2
+PLANES_BLOCK = 8
 
 
 def planes_payload_size(components: int, h_sub: int, v_sub: int, height: int,
                         width: int) -> int:
-    """Bytes of a KIND_PLANES payload with this header (exact: the reader refuses others)."""
+    """Bytes of a version-1 (PLANES_PLAIN) KIND_PLANES payload with this header (exact: the
+    reader refuses others; a packed payload's length follows from its width table)."""
     chroma = -(-height // v_sub) * -(-width // h_sub) if components == 3 else 0
     return PLANES_HEADER.size + height * width + 2 * chroma
 

@@ -24,7 +24,8 @@ from dlpack_io.tools.inspection import record_detail, summary
 from dlpack_io.tools.synth import photo_like
 
 from crafted import assert_refused, one_record_shard, run_consumers
-from jpegcases import assert_upright_boxes, collection, orientation_of, reference, save
+from jpegcases import (assert_upright_boxes, collection, orientation_of, random_boxes, reference,
+                       save)
 
 pytestmark = pytest.mark.skipif(not jpegdecode.have_extension(),
                                 reason="decoded planes need the C extension")
@@ -83,23 +84,118 @@ def test_planes_records_hold_the_jpeg_pixels_and_the_rest_falls_back(packed):
     assert summary(root / "planes")["storage"]["planes_records"] == len(kinds)
 
 
+def unpack_reference(payload: bytes) -> tuple[tuple, list]:
+    """The header and the planes of a packed (version 2) payload, decoded from the layout
+    reader/format/spec.py states, in numpy: 8x8 blocks in raster order, per plane a table of
+    minimums, a table of widths, then each block's 64 values of w bits, LSB first."""
+    head = fmt.PLANES_HEADER.unpack_from(payload)
+    _, version, comps, hs, vs, h, w = head
+    assert version == fmt.PLANES_PACKED
+    sides = [(h, w)] + [(-(-h // vs), -(-w // hs))] * (comps - 1)
+    at, planes, n = fmt.PLANES_HEADER.size, [], fmt.PLANES_BLOCK
+    for ph, pw in sides:
+        by, bx = -(-ph // n), -(-pw // n)
+        mins = np.frombuffer(payload, np.uint8, by * bx, at).astype(np.int64)
+        widths = np.frombuffer(payload, np.uint8, by * bx, at + by * bx).astype(np.int64)
+        at += 2 * by * bx
+        full = np.zeros((by * n, bx * n), np.int64)
+        for k, (m, wd) in enumerate(zip(mins, widths)):
+            bits = np.unpackbits(np.frombuffer(payload, np.uint8, 8 * wd, at),
+                                 bitorder="little")
+            values = (bits.reshape(64, wd) << np.arange(wd)).sum(1) if wd else np.zeros(64)
+            full[k // bx * n:(k // bx + 1) * n, k % bx * n:(k % bx + 1) * n] = \
+                np.minimum(255, m + values.reshape(n, n))
+            at += 8 * wd
+        planes.append(full[:ph, :pw].astype(np.uint8))
+    assert at == len(payload)
+    return head, planes
+
+
 def test_payload_header_is_the_spec_and_sizes_are_exact(packed):
+    """The packer's payload (version 2) unpacks, by the spec's layout, to the very planes
+    of the plain layout (version 1), whose length is planes_payload_size."""
     _, cases, _ = packed
     for name, subs in (("rgb420_o1", (2, 2)), ("rgb422_o1", (2, 1)), ("rgb444_o1", (1, 1)),
-                       ("gray_o1", (1, 1))):
+                       ("gray_o1", (1, 1)), ("rgb420_o6", (2, 2))):
         data = cases[name]
         h, w, comps = _jpeg.header(data)
-        planes = _jpeg.to_planes(data, 1 << 40)
-        assert planes[:fmt.PLANES_HEADER.size] == fmt.PLANES_HEADER.pack(
-            fmt.PLANES_MAGIC, fmt.PLANES_VERSION, comps, *subs, h, w), name
-        assert len(planes) == fmt.planes_payload_size(comps, *subs, h, w), name
+        plain = _jpeg.to_planes(data, 1 << 40, False)
+        assert plain[:fmt.PLANES_HEADER.size] == fmt.PLANES_HEADER.pack(
+            fmt.PLANES_MAGIC, fmt.PLANES_PLAIN, comps, *subs, h, w), name
+        assert len(plain) == fmt.planes_payload_size(comps, *subs, h, w), name
+        head, planes = unpack_reference(_jpeg.to_planes(data, 1 << 40))
+        assert head == (fmt.PLANES_MAGIC, fmt.PLANES_PACKED, comps, *subs, h, w), name
+        np.testing.assert_array_equal(np.concatenate([p.ravel() for p in planes]),
+                                      np.frombuffer(plain, np.uint8, -1, fmt.PLANES_HEADER.size),
+                                      err_msg=name)
         # the Y plane is libjpeg's own luma: grey JPEGs decode to it exactly
         if comps == 1:
-            y = np.frombuffer(planes, np.uint8, h * w, fmt.PLANES_HEADER.size).reshape(h, w)
-            np.testing.assert_array_equal(y, np.asarray(Image.open(io.BytesIO(data))))
+            np.testing.assert_array_equal(planes[0], np.asarray(Image.open(io.BytesIO(data))))
     assert _jpeg.to_planes(cases["cmyk"], 1 << 40) is None
     with pytest.raises(ValueError, match="claims 45 x 70 pixels, more than the 100"):
         _jpeg.to_planes(cases["rgb420_o1"], 100)
+
+
+def test_packed_and_plain_planes_give_the_same_boxes():
+    """Both layouts, every subsampling, sides on and off the 8x8 grid: every box that
+    starts or ends at an edge or a block boundary, and random ones, RGB and RGBX."""
+    rng = np.random.default_rng(30)
+    for h, w in [(17, 33), (8, 8), (9, 5), (1, 9), (40, 57), (64, 48), (23, 71)]:
+        img = Image.fromarray(photo_like(rng, h, w))
+        for sub in (0, 1, 2):
+            data = save(img, quality=95, subsampling=sub)
+            plain, packed = _jpeg.to_planes(data, 1 << 40, False), _jpeg.to_planes(data, 1 << 40)
+            if plain is None:
+                continue
+            edges = sorted({0, 1, 7, 8, 9, 15, 16, 17} & set(range(h))) + [h - 1]
+            cols = sorted({0, 1, 7, 8, 9, 15, 16, 17} & set(range(w))) + [w - 1]
+            boxes = [(t, l, b - t + 1, r - l + 1) for t in edges for b in edges if b >= t
+                     for l in cols[:3] for r in cols[-3:] if r >= l]
+            boxes += list(random_boxes(rng, h, w, 20))
+            for box in boxes:
+                for ps in (3, 4):
+                    a, b = (np.zeros(h * w * ps, np.uint8) for _ in range(2))
+                    assert _jpeg.decode_region(plain, a, *box, 8, ps, 1) == \
+                        _jpeg.decode_region(packed, b, *box, 8, ps, 1)
+                    np.testing.assert_array_equal(a, b, err_msg=f"{h}x{w} sub {sub} {box}")
+
+
+_AT_THE_END_OF_MAPPED_MEMORY = """
+import ctypes, mmap, sys
+import numpy as np
+from dlpack_io.reader import jpegdecode
+payload = open(sys.argv[1], "rb").read()
+h, w = int(sys.argv[2]), int(sys.argv[3])
+page = mmap.PAGESIZE
+size = -(-len(payload) // page) * page
+mem = mmap.mmap(-1, size + page)
+at = size - len(payload)
+mem[at:size] = payload
+base = ctypes.addressof(ctypes.c_char.from_buffer(mem))
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.mprotect(ctypes.c_void_p(base + size), page, 0) == 0  # PROT_NONE after the record
+view = memoryview(mem)[at:size]
+out = np.zeros(h * w * 4, np.uint8)
+for t, l in [(h - 1, w - 1), (h - 9, w - 9), (0, 0), (h // 2, 0)]:
+    jpegdecode._jpeg.decode_region(view, out, t, l, h - t, w - l, 8, 4, 1)
+print("read", len(payload))
+"""
+
+
+def test_packed_reads_stay_inside_the_record(tmp_path):
+    """The AVX2 block reads fetch 16 bytes a row: the blocks at the end of a payload are read
+    another way, so a record that ends where unreadable memory begins decodes (a read past
+    it would kill the process)."""
+    rng = np.random.default_rng(31)
+    for sub in (0, 2):
+        # noise: wide blocks, so the last ones sit within 16 bytes of the end
+        data = save(Image.fromarray(rng.integers(0, 256, (37, 45, 3), np.uint8)), quality=100,
+                    subsampling=sub)
+        path = tmp_path / f"{sub}.planes"
+        path.write_bytes(_jpeg.to_planes(data, 1 << 40))
+        done = subprocess.run([sys.executable, "-c", _AT_THE_END_OF_MAPPED_MEMORY, str(path),
+                               "37", "45"], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and "read" in done.stdout, (done.returncode, done.stderr)
 
 
 def test_region_boxes_match_the_jpeg_decoder_for_every_orientation(packed):
@@ -200,8 +296,21 @@ def _hostile(planes: bytes) -> dict:
         fields.update(change)
         return fmt.PLANES_HEADER.pack(*fields.values())
 
+    # the first block 9 bits wide, later ones narrower by as much: the widths still sum to
+    # the payload's length, so only the width check can refuse it
+    height, width = head[5:]
+    blocks = -(-height // 8) * -(-width // 8)
+    widths = bytearray(body[blocks:2 * blocks])
+    extra, widths[0] = 9 - widths[0], 9
+    for k in range(1, blocks):
+        take = min(extra, widths[k])
+        widths[k] -= take
+        extra -= take
+    assert extra == 0
     return {"truncated": planes[:-1], "longer": planes + b"\0",
-            "version": header(version=2) + body, "comps": header(comps=2) + body,
+            "wider_than_a_byte": planes[:16 + blocks] + bytes(widths) + body[2 * blocks:],
+            "version": header(version=3) + body,
+            "comps": header(comps=2) + body,
             "subsampling": header(h=3) + body, "zero_side": header(width=0) + body,
             "claims_huge": header(height=65535, width=65535) + body,
             "grey_subsampled": header(comps=1) + body}
@@ -262,10 +371,11 @@ def test_the_scalar_planes_code_gives_the_same_pixels():
     """The pixel tests again with the AVX2 kernels switched off (machines without AVX2)."""
     env = dict(os.environ, DLPACK_IO_NO_AVX2="1")
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           __file__, "-k", "region_boxes or odd_sizes or hold_the_jpeg_pixels"],
+                           __file__, "-k", "region_boxes or odd_sizes or hold_the_jpeg_pixels "
+                           "or same_boxes or inside_the_record"],
                           env=env, cwd=Path(__file__).parents[2], capture_output=True, text=True,
                           timeout=300)
-    assert done.returncode == 0 and "3 passed" in done.stdout, done.stdout[-2000:]
+    assert done.returncode == 0 and "5 passed" in done.stdout, done.stdout[-2000:]
 
 
 def test_device_path_batches_equal_jpeg_mode_batches(photos, triton_interpret):
@@ -285,3 +395,29 @@ def test_device_path_batches_equal_jpeg_mode_batches(photos, triton_interpret):
     for (xa, ya), (xb, yb) in zip(jpeg, planes):
         np.testing.assert_array_equal(xa, xb)
         np.testing.assert_array_equal(ya, yb)
+
+
+def test_mutated_packed_payloads_decode_or_are_refused():
+    """Random bytes changed anywhere in packed payloads (header, tables, bits), boxes
+    anywhere: each read gives pixels or a ValueError that says what is wrong, and nothing
+    crashes (test_packed_reads_stay_inside_the_record holds reads to the payload)."""
+    rng = np.random.default_rng(33)
+    base = [_jpeg.to_planes(save(Image.fromarray(photo_like(rng, h, w)), quality=q,
+                                 subsampling=sub), 1 << 40)
+            for h, w, q, sub in [(19, 27, 95, 2), (33, 16, 80, 1), (8, 41, 100, 0)]]
+    refused = 0
+    for trial in range(600):
+        data = bytearray(base[trial % len(base)])
+        for at in rng.integers(0, len(data), int(rng.integers(1, 4))):
+            data[at] = int(rng.integers(0, 256)) if rng.random() < 0.7 else data[at] ^ 1
+        h, w = 64, 64
+        out = np.zeros(h * w * 4, np.uint8)
+        top, left = int(rng.integers(0, 20)), int(rng.integers(0, 20))
+        try:
+            _jpeg.decode_region(bytes(data), out, top, left, int(rng.integers(1, 20)),
+                                int(rng.integers(1, 20)), 8, 4, 1)
+        except ValueError as e:
+            # a changed magic makes it a JPEG to the reader; a changed side, a box outside
+            assert any(k in str(e) for k in ("planes", "JPEG", "crop box", "claims")), e
+            refused += 1
+    assert 0 < refused < 600
