@@ -210,6 +210,8 @@ __attribute__((target("avx2"))) static void block_row_avx2(
     unsigned char *d, long stride, const unsigned char *end) {
     long k;
     for (k = 0; k < n; k++) {
+        /* a mapped record is rarely in cache: ask for the bytes ~7 blocks on (a hint, never
+           a fault, so it may point past the payload) */
         _mm_prefetch((const char *)b + 384, _MM_HINT_T0);
         if (end - b >= 6 * w[k] + 16)
             block_avx2(b, w[k], mn[k], d + 8 * k, stride);
