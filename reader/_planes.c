@@ -46,6 +46,8 @@ void planes_header_dims(const unsigned char *head, unsigned long *height,
     *width = le32(head + 12);
 }
 
+#define ALWAYS_INLINE __attribute__((always_inline)) static inline
+
 /* Blocks of one plane in a packed record: ceil(rows / 8) x ceil(cols / 8). */
 static long blocks_of(long rows, long cols) {
     return ((rows + 7) / 8) * ((cols + 7) / 8);
@@ -141,18 +143,42 @@ const char *planes_parse(const unsigned char *s, size_t len, PlanesInfo *p) {
    so each row of 8 takes exactly w bytes and the block 8w. A sample is min(255, m + v).
    The three tables of a plane (minimums, widths, bits) follow each other. */
 
-/* One block's 8 x 8 samples into d (rows `stride` apart), portable C. */
+/* Rows of a block in portable C, 8 samples in one 64-bit word ("SIMD within a register"):
+   a row's 8w bits spread to one value per byte in three halvings (4 + 4 values, 2 + 2,
+   1 + 1), then each byte plus the block's minimum, saturated at 255. */
+#define REPEAT8(b) (0x0101010101010101ULL * (b))
+ALWAYS_INLINE void block_rows(const unsigned char *b, const int w, int m, unsigned char *d,
+                              long stride) {
+    const uint64_t m4 = (1ULL << (4 * w)) - 1, m2 = ((1ULL << (2 * w)) - 1) * 0x100000001ULL;
+    const uint64_t m1 = ((1ULL << w) - 1) * 0x0001000100010001ULL, mm = REPEAT8((uint64_t)m);
+    const uint64_t low7 = REPEAT8(0x7F), top = REPEAT8(0x80);
+    int r, k;
+    for (r = 0; r < 8; r++, b += w, d += stride) {
+        uint64_t x = 0, sum, carry;
+        for (k = 0; k < w; k++) x |= (uint64_t)b[k] << (8 * k);
+        x = (x & m4) | (x >> (4 * w)) << 32;
+        x = (x & m2) | ((x >> (2 * w)) & m2) << 16;
+        x = (x & m1) | ((x >> w) & m1) << 8;
+        sum = ((x & low7) + (mm & low7)) ^ ((x ^ mm) & top); /* bytewise, wrapping */
+        carry = ((x & mm) | ((x | mm) & ~sum)) & top;        /* bytes that wrapped */
+        sum |= (carry >> 7) * 0xFF;
+        for (k = 0; k < 8; k++) d[k] = (unsigned char)(sum >> (8 * k));
+    }
+}
+
+/* One block's 8 x 8 samples into d (rows `stride` apart), portable C: one copy of the
+   loops per width, so every shift and mask is a constant. */
 static void block_plain(const unsigned char *b, int w, int m, unsigned char *d, long stride) {
-    const uint64_t mask = (1u << w) - 1;
-    int r, c;
-    for (r = 0; r < 8; r++) {
-        uint64_t acc = 0;
-        int k;
-        for (k = 0; k < w; k++) acc |= (uint64_t)b[r * w + k] << (8 * k);
-        for (c = 0; c < 8; c++) {
-            unsigned v = (unsigned)m + (unsigned)((acc >> (c * w)) & mask);
-            d[r * stride + c] = (unsigned char)(v > 255 ? 255 : v);
-        }
+    switch (w) {
+    case 0: block_rows(b, 0, m, d, stride); break;
+    case 1: block_rows(b, 1, m, d, stride); break;
+    case 2: block_rows(b, 2, m, d, stride); break;
+    case 3: block_rows(b, 3, m, d, stride); break;
+    case 4: block_rows(b, 4, m, d, stride); break;
+    case 5: block_rows(b, 5, m, d, stride); break;
+    case 6: block_rows(b, 6, m, d, stride); break;
+    case 7: block_rows(b, 7, m, d, stride); break;
+    default: block_rows(b, 8, m, d, stride); break; /* 8: planes_parse refuses wider */
     }
 }
 
@@ -347,7 +373,6 @@ size_t planes_pack(const unsigned char *plane, long height, long width, size_t s
    The row code is written once (rows_body) and built twice: for any x86-64, and for AVX2
    (chosen at run time as the resize is), where steps 2 and 3 of the RGBX output the resize
    reads run as explicit 16- and 8-lane kernels. Integer arithmetic: the same bits. */
-#define ALWAYS_INLINE __attribute__((always_inline)) static inline
 
 /* Step 2 for n chroma columns: s[0 .. n + 1] are the column sums (h2v2) or samples (h2v1)
    of columns c - 1 .. c + n; u[0 .. 2n - 1] the upsampled row. */

@@ -160,6 +160,23 @@ def test_packed_and_plain_planes_give_the_same_boxes():
                     np.testing.assert_array_equal(a, b, err_msg=f"{h}x{w} sub {sub} {box}")
 
 
+def test_packed_samples_saturate_at_255():
+    """A block whose minimum plus value passes 255 (no packer writes one; a crafted record
+    may) gives 255 in every path: the AVX2 blocks, the plain tail and the scalar build."""
+    rng = np.random.default_rng(32)
+    blocks, width = 8, 3
+    values = rng.integers(0, 1 << width, (blocks, 64))
+    bits = b"".join(np.packbits(((v[:, None] >> np.arange(width)) & 1).astype(np.uint8).ravel(),
+                                bitorder="little").tobytes() for v in values)
+    payload = (fmt.PLANES_HEADER.pack(fmt.PLANES_MAGIC, fmt.PLANES_PACKED, 1, 1, 1, 8, 8 * blocks)
+               + bytes(250 - k for k in range(blocks)) + bytes([width]) * blocks + bits)
+    _, (want,) = unpack_reference(payload)
+    assert want.max() == 255 and (want == 255).sum() > 20
+    out = np.zeros(8 * 8 * blocks * 3, np.uint8)
+    _jpeg.decode_region(payload, out, 0, 0, 8, 8 * blocks, 8, 3, 1)
+    np.testing.assert_array_equal(out.reshape(8, 8 * blocks, 3)[..., 0], want)
+
+
 _AT_THE_END_OF_MAPPED_MEMORY = """
 import ctypes, mmap, sys
 import numpy as np
@@ -372,10 +389,10 @@ def test_the_scalar_planes_code_gives_the_same_pixels():
     env = dict(os.environ, DLPACK_IO_NO_AVX2="1")
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            __file__, "-k", "region_boxes or odd_sizes or hold_the_jpeg_pixels "
-                           "or same_boxes or inside_the_record"],
+                           "or same_boxes or inside_the_record or saturate"],
                           env=env, cwd=Path(__file__).parents[2], capture_output=True, text=True,
                           timeout=300)
-    assert done.returncode == 0 and "5 passed" in done.stdout, done.stdout[-2000:]
+    assert done.returncode == 0 and "6 passed" in done.stdout, done.stdout[-2000:]
 
 
 def test_device_path_batches_equal_jpeg_mode_batches(photos, triton_interpret):
