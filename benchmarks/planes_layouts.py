@@ -37,7 +37,9 @@ def box(rng: random.Random, h: int, w: int) -> tuple[int, int, int, int]:
 
 def main(argv=None) -> None:
     """Print one JSON line per round and one of medians."""
-    from dlpack_io.reader.jpegdecode import _jpeg
+    from dlpack_io.reader.format.spec import native_jpeg
+
+    _jpeg = native_jpeg()  # the C extension: to_planes writes either layout
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("src")
