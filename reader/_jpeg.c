@@ -444,7 +444,14 @@ static void planes_region(const unsigned char *src, size_t len, Region *r) {
     }
     work = (int *)r->work;
     win = r->win;
-    if (p.packed && (win == NULL || planes_window_bytes(r->rows, r->cols) > r->win_size))
+    if (p.packed && win != NULL && planes_window_bytes(r->rows, r->cols) > r->win_size) {
+        /* planes_in_place sized it for every region of the box: never, but no malloc here,
+           under its SIGBUS guard */
+        strcpy(r->message, "the window buffer is smaller than the region (a bug: report it)");
+        r->status = ERR_PLANES;
+        return;
+    }
+    if (p.packed && win == NULL)
         win = (unsigned char *)malloc(planes_window_bytes(r->rows, r->cols));
     if (work == NULL)
         work = (int *)malloc(planes_work_bytes(r->cols));
@@ -758,8 +765,11 @@ static const char *planes_in_place(const unsigned char *src, size_t len,
         if (r->tmp_size > (size_t)r->out_size) r->tmp_size = (size_t)r->out_size;
         r->tmp = (unsigned char *)malloc(r->tmp_size ? r->tmp_size : 1);
     }
-    if (head[4] == PLANES_PACKED) { /* any region of the box: rows <= box + 2, cols <= side */
-        r->win_size = planes_window_bytes((long)(box + 2 < side ? box + 2 : side), (long)side);
+    if (head[4] == PLANES_PACKED) {
+        /* any region planes_region makes of the box, either way round: rows <= box, columns
+           <= box + 2 widened to 3 iMCUs (48) and aligned down (15) */
+        unsigned long rows = box < side ? box : side, cols = box + 65 < side ? box + 65 : side;
+        r->win_size = planes_window_bytes((long)rows, (long)cols);
         r->win = (unsigned char *)malloc(r->win_size);
     }
     if (r->work == NULL || (orient != 1 && r->tmp == NULL) ||
