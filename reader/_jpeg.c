@@ -349,7 +349,7 @@ static unsigned char *sub_stream(const unsigned char *s, size_t len, const Layou
     long q = L->cols / L->ri, total = L->rows * q;
     long g_first = first * q + i0, g_last = (end - 1) * q + i1 - 1, g, j = 0;
     long sub_h, sub_w;
-    size_t p = L->scan, head = L->scan, o;
+    size_t p = L->scan, head = L->scan, o = 0; /* set with b: 0 keeps gcc from warning */
     unsigned char *b = NULL;
     for (g = 0; g <= g_last; g++) {
         size_t start = p, m = next_marker(s, p, len);
