@@ -152,54 +152,120 @@ static void v_row(const uint8_t *rows, size_t stride, const Taps *v, int yy, siz
 #include <immintrin.h>
 #define HAVE_AVX2_PATH 1
 
-/* h_row for two RGBX rows sharing the taps: two taps (8 channels) per multiply; weights
-   pre-broadcast in pairs (w8: per output pixel, (ksize + 1) / 2 groups of k[x] x4,
-   k[x+1] x4). The loads of weights and bounds and the packing are shared by the rows. */
-__attribute__((target("avx2")))
-static void h_rows2_avx2(const uint8_t *s0, const uint8_t *s1, int cols, const Taps *h,
-                         const int32_t *w8, int ow, uint8_t *d0, uint8_t *d1) {
-    int pairs = (h->ksize + 1) / 2, xx, x;
-    const __m128i half = _mm_set1_epi32(HALF);
-    for (xx = 0; xx < ow; xx++) {
-        size_t at = (size_t)h->bounds[2 * xx] * 4;
-        const uint8_t *p = s0 + at, *q = s1 + at;
-        const int32_t *w = w8 + (size_t)xx * pairs * 8;
-        int n = h->bounds[2 * xx + 1], even = (n + 1) & ~1;
-        __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
-        if (h->bounds[2 * xx] + even <= cols)
-            n = even; /* the odd tap's partner lies in the row and weighs 0: no tail */
-        __m128i r0, r1, packed;
-        int32_t v;
-        for (x = 0; x + 1 < n; x += 2, p += 8, q += 8, w += 8) {
-            __m256i wk = _mm256_loadu_si256((const __m256i *)w);
-            __m256i pp = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
-            __m256i qq = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)q));
-            a0 = _mm256_add_epi32(a0, _mm256_mullo_epi32(pp, wk));
-            a1 = _mm256_add_epi32(a1, _mm256_mullo_epi32(qq, wk));
+/* One output pixel of h_row for two rows (the pairs h_rows2_avx2 cannot take). */
+static void h_pixel2(const uint8_t *s0, const uint8_t *s1, const Taps *h, int xx, uint8_t *d0,
+                     uint8_t *d1) {
+    const int32_t *k = h->kk + (size_t)xx * h->ksize;
+    const uint8_t *p = s0 + (size_t)h->bounds[2 * xx] * 4, *q = s1 + (size_t)h->bounds[2 * xx] * 4;
+    int n = h->bounds[2 * xx + 1], x, c;
+    for (c = 0; c < 3; c++) {
+        int32_t a = HALF, b = HALF;
+        for (x = 0; x < n; x++) {
+            a += p[4 * x + c] * k[x];
+            b += q[4 * x + c] * k[x];
         }
-        r0 = _mm_add_epi32(_mm256_castsi256_si128(a0), _mm256_extracti128_si256(a0, 1));
-        r1 = _mm_add_epi32(_mm256_castsi256_si128(a1), _mm256_extracti128_si256(a1, 1));
-        if (x < n) {
-            int32_t one0, one1;
-            __m128i wk = _mm_set1_epi32(w[0]);
-            memcpy(&one0, p, 4);
-            memcpy(&one1, q, 4);
-            r0 = _mm_add_epi32(r0, _mm_mullo_epi32(_mm_cvtepu8_epi32(_mm_cvtsi32_si128(one0)), wk));
-            r1 = _mm_add_epi32(r1, _mm_mullo_epi32(_mm_cvtepu8_epi32(_mm_cvtsi32_si128(one1)), wk));
-        }
-        r0 = _mm_srai_epi32(_mm_add_epi32(r0, half), PRECISION_BITS);
-        r1 = _mm_srai_epi32(_mm_add_epi32(r1, half), PRECISION_BITS);
-        packed = _mm_packs_epi32(r0, r1);
-        packed = _mm_packus_epi16(packed, packed);
-        v = _mm_cvtsi128_si32(packed);
-        memcpy(d0 + 4 * (size_t)xx, &v, 4);
-        v = _mm_extract_epi32(packed, 1);
-        memcpy(d1 + 4 * (size_t)xx, &v, 4);
+        d0[4 * xx + c] = clip8(a);
+        d1[4 * xx + c] = clip8(b);
     }
 }
 
-/* v_row, 8 bytes at a time with the sums in registers (nbytes: whole groups of 8 first,
-   the rest by the scalar loop). */
+/* A pixel's 4 bytes (any alignment). */
+static inline int32_t ld32(const uint8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* Taps t of the output pixels xx (pa, qa: its first pixel in rows 0 and 1) and xx + 1 (pb,
+   qb) into acc0 (row 0) and acc1 (row 1): one 32-bit lane per channel, pixel xx in the
+   low 128-bit half. w: the pair's weights, 8 per tap. */
+#define H_TAP(t)                                                                          \
+    do {                                                                                  \
+        __m256i wk = _mm256_loadu_si256((const __m256i *)(w + 8 * (t)));                  \
+        __m256i x0 = _mm256_cvtepu8_epi32(                                                \
+            _mm_insert_epi32(_mm_cvtsi32_si128(ld32(pa + 4 * (t))), ld32(pb + 4 * (t)), 1)); \
+        __m256i x1 = _mm256_cvtepu8_epi32(                                                \
+            _mm_insert_epi32(_mm_cvtsi32_si128(ld32(qa + 4 * (t))), ld32(qb + 4 * (t)), 1)); \
+        acc0 = _mm256_add_epi32(acc0, _mm256_mullo_epi32(x0, wk));                        \
+        acc1 = _mm256_add_epi32(acc1, _mm256_mullo_epi32(x1, wk));                        \
+    } while (0)
+
+/* h_rows2_avx2's pairs for one tap count KS (a constant: the taps unroll, no loop). */
+#define H_PAIRS(KS)                                                                       \
+    __attribute__((target("avx2"))) static int h_pairs_##KS(                              \
+        const uint8_t *s0, const uint8_t *s1, int cols, const Taps *h, const int32_t *w8,   \
+        int ow, uint8_t *d0, uint8_t *d1) {                                               \
+        const __m256i half = _mm256_set1_epi32(HALF);                                     \
+        const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);                  \
+        int xx, t;                                                                        \
+        for (xx = 0; xx + 1 < ow; xx += 2) {                                              \
+            int a = h->bounds[2 * xx], b = h->bounds[2 * xx + 2];                         \
+            const int32_t *w = w8 + (size_t)(xx / 2) * KS * 8;                            \
+            const uint8_t *pa, *pb, *qa, *qb;                                             \
+            __m256i acc0 = half, acc1 = half, px;                                         \
+            if (b + KS > cols) /* the pairs from here on read past the row: h_pixel2 */   \
+                break;                                                                    \
+            pa = s0 + 4 * (size_t)a;                                                      \
+            pb = s0 + 4 * (size_t)b;                                                      \
+            qa = s1 + 4 * (size_t)a;                                                      \
+            qb = s1 + 4 * (size_t)b;                                                      \
+            for (t = 0; t < KS; t++)                                                      \
+                H_TAP(t);                                                                 \
+            px = _mm256_packs_epi32(_mm256_srai_epi32(acc0, PRECISION_BITS),              \
+                                    _mm256_srai_epi32(acc1, PRECISION_BITS));             \
+            px = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(px, px), order);         \
+            _mm_storel_epi64((__m128i *)(d0 + 4 * (size_t)xx), _mm256_castsi256_si128(px)); \
+            _mm_storeh_pd((double *)(d1 + 4 * (size_t)xx),                               \
+                          _mm_castsi128_pd(_mm256_castsi256_si128(px)));                   \
+        }                                                                                 \
+        return xx;                                                                        \
+    }
+H_PAIRS(3)
+H_PAIRS(5)
+H_PAIRS(7)
+
+/* h_row for two RGBX rows sharing the taps, two output pixels at a time (h_pairs_KS for
+   the common tap counts, unrolled; any other count here): one 32-bit lane per channel of
+   each pixel, so a tap is one multiply per row for both pixels and the sums need no
+   reduction. Every pair runs all ksize taps: those past a pixel's own count weigh 0
+   (make_taps); a pair whose last tap would pass the row, and an odd last pixel, go to
+   h_pixel2. w8: per pair of output pixels, per tap, k_xx[t] x4 then k_xx+1[t] x4. */
+__attribute__((target("avx2")))
+static void h_rows2_avx2(const uint8_t *s0, const uint8_t *s1, int cols, const Taps *h,
+                         const int32_t *w8, int ow, uint8_t *d0, uint8_t *d1) {
+    const __m256i half = _mm256_set1_epi32(HALF);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    int ks = h->ksize, xx, t;
+    if (ks == 3) xx = h_pairs_3(s0, s1, cols, h, w8, ow, d0, d1);
+    else if (ks == 5) xx = h_pairs_5(s0, s1, cols, h, w8, ow, d0, d1);
+    else if (ks == 7) xx = h_pairs_7(s0, s1, cols, h, w8, ow, d0, d1);
+    else
+        for (xx = 0; xx + 1 < ow; xx += 2) {
+            int a = h->bounds[2 * xx], b = h->bounds[2 * xx + 2];
+            const int32_t *w = w8 + (size_t)(xx / 2) * ks * 8;
+            const uint8_t *pa, *pb, *qa, *qb;
+            __m256i acc0 = half, acc1 = half, px;
+            if (b + ks > cols)
+                break;
+            pa = s0 + 4 * (size_t)a;
+            pb = s0 + 4 * (size_t)b;
+            qa = s1 + 4 * (size_t)a;
+            qb = s1 + 4 * (size_t)b;
+            for (t = 0; t < ks; t++)
+                H_TAP(t);
+            px = _mm256_packs_epi32(_mm256_srai_epi32(acc0, PRECISION_BITS),
+                                    _mm256_srai_epi32(acc1, PRECISION_BITS));
+            px = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(px, px), order);
+            _mm_storel_epi64((__m128i *)(d0 + 4 * (size_t)xx), _mm256_castsi256_si128(px));
+            _mm_storeh_pd((double *)(d1 + 4 * (size_t)xx),
+                          _mm_castsi128_pd(_mm256_castsi256_si128(px)));
+        }
+    for (; xx < ow; xx++)
+        h_pixel2(s0, s1, h, xx, d0, d1);
+}
+
+/* v_row with the sums in registers: 32 bytes at a time, then 8, the rest by the scalar
+   loop. */
 __attribute__((target("avx2")))
 static void v_row_avx2(const uint8_t *rows, size_t stride, const Taps *v, int yy,
                        size_t nbytes, uint8_t *d) {
@@ -207,7 +273,31 @@ static void v_row_avx2(const uint8_t *rows, size_t stride, const Taps *v, int yy
     const uint8_t *r = rows + (size_t)v->bounds[2 * yy] * stride;
     int n = v->bounds[2 * yy + 1], y;
     size_t i;
-    for (i = 0; i + 8 <= nbytes; i += 8) {
+    /* 32 bytes a step (4 sums of 8), each tap's weight broadcast once for the four */
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (i = 0; i + 32 <= nbytes; i += 32) {
+        __m256i a0 = _mm256_set1_epi32(HALF), a1 = a0, a2 = a0, a3 = a0, p01, p23;
+        const uint8_t *s = r + i;
+        for (y = 0; y < n; y++, s += stride) {
+            __m256i wk = _mm256_set1_epi32(k[y]);
+            a0 = _mm256_add_epi32(a0, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(
+                                          _mm_loadl_epi64((const __m128i *)s)), wk));
+            a1 = _mm256_add_epi32(a1, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(
+                                          _mm_loadl_epi64((const __m128i *)(s + 8))), wk));
+            a2 = _mm256_add_epi32(a2, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(
+                                          _mm_loadl_epi64((const __m128i *)(s + 16))), wk));
+            a3 = _mm256_add_epi32(a3, _mm256_mullo_epi32(_mm256_cvtepu8_epi32(
+                                          _mm_loadl_epi64((const __m128i *)(s + 24))), wk));
+        }
+        /* per 128-bit half: bytes 0-3 of each sum's lanes, then 4-7; put back in order */
+        p01 = _mm256_packs_epi32(_mm256_srai_epi32(a0, PRECISION_BITS),
+                                 _mm256_srai_epi32(a1, PRECISION_BITS));
+        p23 = _mm256_packs_epi32(_mm256_srai_epi32(a2, PRECISION_BITS),
+                                 _mm256_srai_epi32(a3, PRECISION_BITS));
+        _mm256_storeu_si256((__m256i *)(d + i), _mm256_permutevar8x32_epi32(
+                                                    _mm256_packus_epi16(p01, p23), order));
+    }
+    for (; i + 8 <= nbytes; i += 8) {
         __m256i acc = _mm256_set1_epi32(HALF);
         __m128i lo, hi, packed;
         for (y = 0; y < n; y++) {
@@ -380,17 +470,19 @@ static void rows_then_columns(const uint8_t *src, size_t stride, int ps, int col
     }
 }
 
-/* AVX2 pair weights of the horizontal taps (see h_row_avx2), or NULL. */
+/* AVX2 weights of the horizontal taps (see h_rows2_avx2), or NULL. */
 static int32_t *pair_weights(const Taps *h, int ow) {
-    int pairs = (h->ksize + 1) / 2, xx, x, c;
-    int32_t *w8 = malloc((size_t)ow * pairs * 8 * sizeof(int32_t));
+    int pairs = (ow + 1) / 2, j, t, c;
+    int32_t *w8 = malloc((size_t)pairs * h->ksize * 8 * sizeof(int32_t));
     if (w8 == NULL)
         return NULL;
-    for (xx = 0; xx < ow; xx++)
-        for (x = 0; x < 2 * pairs; x++)
-            for (c = 0; c < 4; c++)
-                w8[((size_t)xx * pairs * 2 + x) * 4 + c] =
-                    x < h->ksize ? h->kk[(size_t)xx * h->ksize + x] : 0;
+    for (j = 0; j < pairs; j++)
+        for (t = 0; t < h->ksize; t++)
+            for (c = 0; c < 8; c++) {
+                int xx = 2 * j + c / 4;
+                w8[((size_t)j * h->ksize + t) * 8 + c] =
+                    xx < ow ? h->kk[(size_t)xx * h->ksize + t] : 0;
+            }
     return w8;
 }
 

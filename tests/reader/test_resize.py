@@ -73,6 +73,10 @@ CASES = [  # (h, w, channels, box or None (whole), oh, ow)
     (29, 31, 4, (2.3, 1.7, 30.1, 27.9), 13, 7), (1, 1, 4, None, 1, 1), (1, 1, 3, None, 5, 3),
     (40, 40, 4, (10.25, 20.5, 10.75, 21.0), 3, 3), (9, 13, 3, None, 31, 23),  # sub-pixel, up
     (64, 3, 4, (0.0, 0.5, 3.0, 63.5), 1, 2), (17, 19, 3, (3, 4, 16, 15), 13, 12),  # integer box
+    # 7 taps a side (shrinking 2-3x; the AVX2 passes unroll 3, 5 and 7), odd widths, and
+    # rows wide enough for the vertical pass's 32-byte steps, rows first and columns first
+    (60, 70, 4, None, 20, 25), (45, 90, 4, (1.5, 2.5, 88.0, 44.0), 17, 33),
+    (90, 30, 4, None, 20, 27), (41, 200, 4, None, 15, 71),
 ]
 
 
