@@ -319,21 +319,28 @@ static void v_row_avx2(const uint8_t *rows, size_t stride, const Taps *v, int yy
     }
 }
 
-/* Eight RGBX pixels -> 8 bytes in each of three planes, in order or reversed (flip). */
+/* The first ow - ow % 8 RGBX pixels of a row of ow -> three planes, in order or mirrored
+   (flip), 8 pixels a step; returns how many it stored (store_row does the rest). */
 __attribute__((target("avx2")))
-static void split8_avx2(const uint8_t *row, uint8_t *d0, uint8_t *d1, uint8_t *d2, int flip) {
+static int split_row_avx2(const uint8_t *row, int ow, uint8_t *d0, uint8_t *d1, uint8_t *d2,
+                          int flip) {
     const __m256i fwd = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15,
                                          0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     const __m256i rev = _mm256_setr_epi8(12, 8, 4, 0, 13, 9, 5, 1, 14, 10, 6, 2, 15, 11, 7, 3,
                                          12, 8, 4, 0, 13, 9, 5, 1, 14, 10, 6, 2, 15, 11, 7, 3);
-    __m256i px = _mm256_loadu_si256((const __m256i *)row);
-    __m256i order = flip ? _mm256_setr_epi32(4, 0, 5, 1, 6, 2, 7, 3)
-                         : _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    px = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(px, flip ? rev : fwd), order);
-    _mm_storel_epi64((__m128i *)d0, _mm256_castsi256_si128(px));
-    _mm_storel_epi64((__m128i *)d1, _mm_unpackhi_epi64(_mm256_castsi256_si128(px),
-                                                       _mm256_castsi256_si128(px)));
-    _mm_storel_epi64((__m128i *)d2, _mm256_extracti128_si256(px, 1));
+    const __m256i shuffle = flip ? rev : fwd;
+    const __m256i order = flip ? _mm256_setr_epi32(4, 0, 5, 1, 6, 2, 7, 3)
+                               : _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    int x;
+    for (x = 0; x + 8 <= ow; x += 8) {
+        int t = flip ? ow - 8 - x : x;
+        __m256i px = _mm256_loadu_si256((const __m256i *)(row + 4 * x));
+        px = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(px, shuffle), order);
+        _mm_storel_epi64((__m128i *)(d0 + t), _mm256_castsi256_si128(px));
+        _mm_storeh_pd((double *)(d1 + t), _mm_castsi128_pd(_mm256_castsi256_si128(px)));
+        _mm_storel_epi64((__m128i *)(d2 + t), _mm256_extracti128_si256(px, 1));
+    }
+    return x;
 }
 
 /* AVX2 present, and not switched off with DLPACK_IO_NO_AVX2 set to anything but "" or "0"
@@ -373,10 +380,7 @@ static void store_row(const Out *o, int yy, const uint8_t *row) {
         uint8_t *d0 = o->dst + oy * ow, *d1 = d0 + plane, *d2 = d1 + plane;
 #ifdef HAVE_AVX2_PATH
         if (have_avx2())
-            for (; x + 8 <= ow; x += 8) {
-                int t = o->flip_h ? ow - 8 - x : x;
-                split8_avx2(row + 4 * x, d0 + t, d1 + t, d2 + t, o->flip_h);
-            }
+            x = split_row_avx2(row, ow, d0, d1, d2, o->flip_h);
 #endif
         for (; x < ow; x++) {
             int t = o->flip_h ? ow - 1 - x : x;
