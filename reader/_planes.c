@@ -224,8 +224,9 @@ __attribute__((target("avx2"), always_inline)) static inline void block_avx2(
         hi = _mm256_extracti128_si256(x, 1);
         _mm_storel_epi64((__m128i *)(d + r * stride), lo);
         _mm_storel_epi64((__m128i *)(d + (r + 1) * stride), hi);
-        _mm_storeh_pd((double *)(d + (r + 2) * stride), _mm_castsi128_pd(lo));
-        _mm_storeh_pd((double *)(d + (r + 3) * stride), _mm_castsi128_pd(hi));
+        /* the high halves through storel: _mm_storeh_pd would claim a double's alignment */
+        _mm_storel_epi64((__m128i *)(d + (r + 2) * stride), _mm_unpackhi_epi64(lo, lo));
+        _mm_storel_epi64((__m128i *)(d + (r + 3) * stride), _mm_unpackhi_epi64(hi, hi));
     }
 }
 

@@ -215,8 +215,9 @@ static inline int32_t ld32(const uint8_t *p) {
                                     _mm256_srai_epi32(acc1, PRECISION_BITS));             \
             px = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(px, px), order);         \
             _mm_storel_epi64((__m128i *)(d0 + 4 * (size_t)xx), _mm256_castsi256_si128(px)); \
-            _mm_storeh_pd((double *)(d1 + 4 * (size_t)xx),                               \
-                          _mm_castsi128_pd(_mm256_castsi256_si128(px)));                   \
+            _mm_storel_epi64((__m128i *)(d1 + 4 * (size_t)xx),                            \
+                             _mm_unpackhi_epi64(_mm256_castsi256_si128(px),                 \
+                                                _mm256_castsi256_si128(px)));               \
         }                                                                                 \
         return xx;                                                                        \
     }
@@ -257,8 +258,9 @@ static void h_rows2_avx2(const uint8_t *s0, const uint8_t *s1, int cols, const T
                                     _mm256_srai_epi32(acc1, PRECISION_BITS));
             px = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(px, px), order);
             _mm_storel_epi64((__m128i *)(d0 + 4 * (size_t)xx), _mm256_castsi256_si128(px));
-            _mm_storeh_pd((double *)(d1 + 4 * (size_t)xx),
-                          _mm_castsi128_pd(_mm256_castsi256_si128(px)));
+            _mm_storel_epi64((__m128i *)(d1 + 4 * (size_t)xx),
+                             _mm_unpackhi_epi64(_mm256_castsi256_si128(px),
+                                                _mm256_castsi256_si128(px)));
         }
     for (; xx < ow; xx++)
         h_pixel2(s0, s1, h, xx, d0, d1);
@@ -337,7 +339,8 @@ static int split_row_avx2(const uint8_t *row, int ow, uint8_t *d0, uint8_t *d1, 
         __m256i px = _mm256_loadu_si256((const __m256i *)(row + 4 * x));
         px = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(px, shuffle), order);
         _mm_storel_epi64((__m128i *)(d0 + t), _mm256_castsi256_si128(px));
-        _mm_storeh_pd((double *)(d1 + t), _mm_castsi128_pd(_mm256_castsi256_si128(px)));
+        _mm_storel_epi64((__m128i *)(d1 + t), _mm_unpackhi_epi64(_mm256_castsi256_si128(px),
+                                                                 _mm256_castsi256_si128(px)));
         _mm_storel_epi64((__m128i *)(d2 + t), _mm256_extracti128_si256(px, 1));
     }
     return x;

@@ -3,11 +3,11 @@
 Meant to run against a sanitizer build (AddressSanitizer + UndefinedBehaviorSanitizer,
 see ``tests/reader/test_native_sanitizers.py``, which builds one and runs this): any out-of-bounds
 access or undefined behaviour then aborts the process with a report. Each entry point gets
-hostile arguments: mutated JPEGs (bit flips, truncations, spliced and overwritten bytes,
-SOF sizes and restart intervals rewritten), boxes, strides, offsets and sizes at and far
-past their limits, a fixed set of hostile resizes (hostile_resize), and a source buffer
-truncated under the read (SIGBUS guard). Every
-call must return or raise ValueError (MemoryError for a refused huge buffer).
+hostile arguments: mutated JPEGs and decoded-planes records (bit flips, truncations, spliced
+and overwritten bytes, SOF sizes and restart intervals rewritten), boxes, strides, offsets
+and sizes at and far past their limits, a fixed set of hostile resizes (hostile_resize), and
+a source buffer truncated under the read (SIGBUS guard). Every call must return or raise
+ValueError (MemoryError for a refused huge buffer).
 
     python tests/fuzz_native.py --seconds 40 --module-dir BUILD_DIR [--seed 0]
 """
@@ -45,6 +45,9 @@ def corpus(jpeg) -> list[bytes]:
     Image.fromarray(rng.integers(0, 255, (20, 24), dtype=np.uint8)).save(gray, "JPEG")
     out.append(gray.getvalue())
     out += [r for r in (jpeg.add_restarts(d) for d in out[:2] + out[3:5]) if r]  # RST per MCU
+    # decoded-planes records of the same images, packed (version 2) and plain (version 1)
+    out += [p for d in out[:6]
+            for p in (jpeg.to_planes(d, 1 << 40), jpeg.to_planes(d, 1 << 40, False)) if p]
     return out
 
 
