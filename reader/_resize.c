@@ -114,23 +114,27 @@ static inline uint8_t clip8(int32_t v) {
  * here, AVX2 versions below (chosen at run time); they compute the same integers. */
 #define HALF (1 << (PRECISION_BITS - 1))
 
+/* Output pixel xx of a row's horizontal pass (its three channels) into d[0..2]. */
+static inline void h_pixel(const uint8_t *s, int ps, const Taps *h, int xx, uint8_t *d) {
+    const int32_t *k = h->kk + (size_t)xx * h->ksize;
+    const uint8_t *p = s + (size_t)h->bounds[2 * xx] * ps;
+    int n = h->bounds[2 * xx + 1], x;
+    int32_t s0 = HALF, s1 = HALF, s2 = HALF;
+    for (x = 0; x < n; x++, p += ps) {
+        s0 += p[0] * k[x];
+        s1 += p[1] * k[x];
+        s2 += p[2] * k[x];
+    }
+    d[0] = clip8(s0);
+    d[1] = clip8(s1);
+    d[2] = clip8(s2);
+}
+
 /* One row's horizontal pass: ow RGBX pixels from a row of ps-byte pixels. */
 static void h_row(const uint8_t *s, int ps, const Taps *h, int ow, uint8_t *d) {
-    int xx, x;
-    for (xx = 0; xx < ow; xx++, d += 4) {
-        const int32_t *k = h->kk + (size_t)xx * h->ksize;
-        const uint8_t *p = s + (size_t)h->bounds[2 * xx] * ps;
-        int n = h->bounds[2 * xx + 1];
-        int32_t s0 = HALF, s1 = HALF, s2 = HALF;
-        for (x = 0; x < n; x++, p += ps) {
-            s0 += p[0] * k[x];
-            s1 += p[1] * k[x];
-            s2 += p[2] * k[x];
-        }
-        d[0] = clip8(s0);
-        d[1] = clip8(s1);
-        d[2] = clip8(s2);
-    }
+    int xx;
+    for (xx = 0; xx < ow; xx++)
+        h_pixel(s, ps, h, xx, d + 4 * (size_t)xx);
 }
 
 /* Output row yy's vertical pass over nbytes bytes of rows `stride` apart. */
@@ -152,23 +156,6 @@ static void v_row(const uint8_t *rows, size_t stride, const Taps *v, int yy, siz
 #include <immintrin.h>
 #define HAVE_AVX2_PATH 1
 
-/* One output pixel of h_row for two rows (the pairs h_rows2_avx2 cannot take). */
-static void h_pixel2(const uint8_t *s0, const uint8_t *s1, const Taps *h, int xx, uint8_t *d0,
-                     uint8_t *d1) {
-    const int32_t *k = h->kk + (size_t)xx * h->ksize;
-    const uint8_t *p = s0 + (size_t)h->bounds[2 * xx] * 4, *q = s1 + (size_t)h->bounds[2 * xx] * 4;
-    int n = h->bounds[2 * xx + 1], x, c;
-    for (c = 0; c < 3; c++) {
-        int32_t a = HALF, b = HALF;
-        for (x = 0; x < n; x++) {
-            a += p[4 * x + c] * k[x];
-            b += q[4 * x + c] * k[x];
-        }
-        d0[4 * xx + c] = clip8(a);
-        d1[4 * xx + c] = clip8(b);
-    }
-}
-
 /* A pixel's 4 bytes (any alignment). */
 static inline int32_t ld32(const uint8_t *p) {
     int32_t v;
@@ -176,94 +163,64 @@ static inline int32_t ld32(const uint8_t *p) {
     return v;
 }
 
-/* Taps t of the output pixels xx (pa, qa: its first pixel in rows 0 and 1) and xx + 1 (pb,
-   qb) into acc0 (row 0) and acc1 (row 1): one 32-bit lane per channel, pixel xx in the
-   low 128-bit half. w: the pair's weights, 8 per tap. */
-#define H_TAP(t)                                                                          \
-    do {                                                                                  \
-        __m256i wk = _mm256_loadu_si256((const __m256i *)(w + 8 * (t)));                  \
-        __m256i x0 = _mm256_cvtepu8_epi32(                                                \
-            _mm_insert_epi32(_mm_cvtsi32_si128(ld32(pa + 4 * (t))), ld32(pb + 4 * (t)), 1)); \
-        __m256i x1 = _mm256_cvtepu8_epi32(                                                \
-            _mm_insert_epi32(_mm_cvtsi32_si128(ld32(qa + 4 * (t))), ld32(qb + 4 * (t)), 1)); \
-        acc0 = _mm256_add_epi32(acc0, _mm256_mullo_epi32(x0, wk));                        \
-        acc1 = _mm256_add_epi32(acc1, _mm256_mullo_epi32(x1, wk));                        \
-    } while (0)
-
-/* h_rows2_avx2's pairs for one tap count KS (a constant: the taps unroll, no loop). */
-#define H_PAIRS(KS)                                                                       \
-    __attribute__((target("avx2"))) static int h_pairs_##KS(                              \
-        const uint8_t *s0, const uint8_t *s1, int cols, const Taps *h, const int32_t *w8,   \
-        int ow, uint8_t *d0, uint8_t *d1) {                                               \
-        const __m256i half = _mm256_set1_epi32(HALF);                                     \
-        const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);                  \
-        int xx, t;                                                                        \
-        for (xx = 0; xx + 1 < ow; xx += 2) {                                              \
-            int a = h->bounds[2 * xx], b = h->bounds[2 * xx + 2];                         \
-            const int32_t *w = w8 + (size_t)(xx / 2) * KS * 8;                            \
-            const uint8_t *pa, *pb, *qa, *qb;                                             \
-            __m256i acc0 = half, acc1 = half, px;                                         \
-            if (b + KS > cols) /* the pairs from here on read past the row: h_pixel2 */   \
-                break;                                                                    \
-            pa = s0 + 4 * (size_t)a;                                                      \
-            pb = s0 + 4 * (size_t)b;                                                      \
-            qa = s1 + 4 * (size_t)a;                                                      \
-            qb = s1 + 4 * (size_t)b;                                                      \
-            for (t = 0; t < KS; t++)                                                      \
-                H_TAP(t);                                                                 \
-            px = _mm256_packs_epi32(_mm256_srai_epi32(acc0, PRECISION_BITS),              \
-                                    _mm256_srai_epi32(acc1, PRECISION_BITS));             \
-            px = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(px, px), order);         \
-            _mm_storel_epi64((__m128i *)(d0 + 4 * (size_t)xx), _mm256_castsi256_si128(px)); \
-            _mm_storel_epi64((__m128i *)(d1 + 4 * (size_t)xx),                            \
-                             _mm_unpackhi_epi64(_mm256_castsi256_si128(px),                 \
-                                                _mm256_castsi256_si128(px)));               \
-        }                                                                                 \
-        return xx;                                                                        \
+/* h_rows2_avx2's pairs of output pixels for ks taps, from the first until a pair whose last
+   tap would pass the row; returns the first pixel it left. Inlined with a constant ks for
+   the common counts, so their taps unroll. */
+__attribute__((target("avx2"), always_inline)) static inline int h_pairs(
+    const uint8_t *s0, const uint8_t *s1, int cols, const Taps *h, const int32_t *w8, int ow,
+    uint8_t *d0, uint8_t *d1, const int ks) {
+    const __m256i half = _mm256_set1_epi32(HALF);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    int xx, t;
+    for (xx = 0; xx + 1 < ow; xx += 2) {
+        int a = h->bounds[2 * xx], b = h->bounds[2 * xx + 2];
+        const int32_t *w = w8 + (size_t)(xx / 2) * ks * 8;
+        const uint8_t *pa = s0 + 4 * (size_t)a, *pb = s0 + 4 * (size_t)b;
+        const uint8_t *qa = s1 + 4 * (size_t)a, *qb = s1 + 4 * (size_t)b;
+        __m256i acc0 = half, acc1 = half, px;
+        if (b + ks > cols) /* bounds only grow: every later pair would too */
+            break;
+        for (t = 0; t < ks; t++) { /* pixel xx in the low 128-bit half, xx + 1 in the high */
+            __m256i wk = _mm256_loadu_si256((const __m256i *)(w + 8 * t));
+            __m256i x0 = _mm256_cvtepu8_epi32(
+                _mm_insert_epi32(_mm_cvtsi32_si128(ld32(pa + 4 * t)), ld32(pb + 4 * t), 1));
+            __m256i x1 = _mm256_cvtepu8_epi32(
+                _mm_insert_epi32(_mm_cvtsi32_si128(ld32(qa + 4 * t)), ld32(qb + 4 * t), 1));
+            acc0 = _mm256_add_epi32(acc0, _mm256_mullo_epi32(x0, wk));
+            acc1 = _mm256_add_epi32(acc1, _mm256_mullo_epi32(x1, wk));
+        }
+        /* per half: row 0's pixel, row 1's -> bytes; then row 0's two pixels first */
+        px = _mm256_packs_epi32(_mm256_srai_epi32(acc0, PRECISION_BITS),
+                                _mm256_srai_epi32(acc1, PRECISION_BITS));
+        px = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(px, px), order);
+        _mm_storel_epi64((__m128i *)(d0 + 4 * (size_t)xx), _mm256_castsi256_si128(px));
+        _mm_storel_epi64((__m128i *)(d1 + 4 * (size_t)xx),
+                         _mm_unpackhi_epi64(_mm256_castsi256_si128(px),
+                                            _mm256_castsi256_si128(px)));
     }
-H_PAIRS(3)
-H_PAIRS(5)
-H_PAIRS(7)
+    return xx;
+}
 
-/* h_row for two RGBX rows sharing the taps, two output pixels at a time (h_pairs_KS for
-   the common tap counts, unrolled; any other count here): one 32-bit lane per channel of
-   each pixel, so a tap is one multiply per row for both pixels and the sums need no
-   reduction. Every pair runs all ksize taps: those past a pixel's own count weigh 0
-   (make_taps); a pair whose last tap would pass the row, and an odd last pixel, go to
-   h_pixel2. w8: per pair of output pixels, per tap, k_xx[t] x4 then k_xx+1[t] x4. */
+/* h_row for two RGBX rows sharing the taps, two output pixels at a time (h_pairs): one
+   32-bit lane per channel of each pixel, so a tap is one multiply per row for both pixels
+   and the sums need no reduction. Every pair runs all ksize taps: those past a pixel's own
+   count weigh 0 (make_taps). The pixels h_pairs leaves (near the row's end, an odd last
+   one) go through h_pixel. w8: per pair of output pixels, per tap, k_xx[t] x4 then
+   k_xx+1[t] x4 (pair_weights). */
 __attribute__((target("avx2")))
 static void h_rows2_avx2(const uint8_t *s0, const uint8_t *s1, int cols, const Taps *h,
                          const int32_t *w8, int ow, uint8_t *d0, uint8_t *d1) {
-    const __m256i half = _mm256_set1_epi32(HALF);
-    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    int ks = h->ksize, xx, t;
-    if (ks == 3) xx = h_pairs_3(s0, s1, cols, h, w8, ow, d0, d1);
-    else if (ks == 5) xx = h_pairs_5(s0, s1, cols, h, w8, ow, d0, d1);
-    else if (ks == 7) xx = h_pairs_7(s0, s1, cols, h, w8, ow, d0, d1);
-    else
-        for (xx = 0; xx + 1 < ow; xx += 2) {
-            int a = h->bounds[2 * xx], b = h->bounds[2 * xx + 2];
-            const int32_t *w = w8 + (size_t)(xx / 2) * ks * 8;
-            const uint8_t *pa, *pb, *qa, *qb;
-            __m256i acc0 = half, acc1 = half, px;
-            if (b + ks > cols)
-                break;
-            pa = s0 + 4 * (size_t)a;
-            pb = s0 + 4 * (size_t)b;
-            qa = s1 + 4 * (size_t)a;
-            qb = s1 + 4 * (size_t)b;
-            for (t = 0; t < ks; t++)
-                H_TAP(t);
-            px = _mm256_packs_epi32(_mm256_srai_epi32(acc0, PRECISION_BITS),
-                                    _mm256_srai_epi32(acc1, PRECISION_BITS));
-            px = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(px, px), order);
-            _mm_storel_epi64((__m128i *)(d0 + 4 * (size_t)xx), _mm256_castsi256_si128(px));
-            _mm_storel_epi64((__m128i *)(d1 + 4 * (size_t)xx),
-                             _mm_unpackhi_epi64(_mm256_castsi256_si128(px),
-                                                _mm256_castsi256_si128(px)));
-        }
-    for (; xx < ow; xx++)
-        h_pixel2(s0, s1, h, xx, d0, d1);
+    int xx;
+    switch (h->ksize) {
+    case 3: xx = h_pairs(s0, s1, cols, h, w8, ow, d0, d1, 3); break;
+    case 5: xx = h_pairs(s0, s1, cols, h, w8, ow, d0, d1, 5); break;
+    case 7: xx = h_pairs(s0, s1, cols, h, w8, ow, d0, d1, 7); break;
+    default: xx = h_pairs(s0, s1, cols, h, w8, ow, d0, d1, h->ksize); break;
+    }
+    for (; xx < ow; xx++) {
+        h_pixel(s0, 4, h, xx, d0 + 4 * (size_t)xx);
+        h_pixel(s1, 4, h, xx, d1 + 4 * (size_t)xx);
+    }
 }
 
 /* v_row with the sums in registers: 32 bytes at a time, then 8, the rest by the scalar
