@@ -1585,9 +1585,10 @@ static PyObject *py_decode_resized(PyObject *self, PyObject *args) {
 /* ---- Decoded planes (the packer's --mode planes) ----------------------------------------
  * to_planes(src, max_pixels, packed=True) -> bytes or None: the record payload of _planes.h
  * (header + Y, Cb, Cr planes; packed in 8x8 blocks, or as they are) read with libjpeg's raw
- * data output (after the IDCT, before upsampling and colour conversion), or None for a JPEG whose layout the planes reader does not
- * reproduce (CMYK/YCCK, Adobe RGB, chroma sampled other than 1x1 against Y's 1 or 2, a
- * subsampled width libjpeg would not upsample with its fancy filter). */
+ * data output (after the IDCT, before upsampling and colour conversion), or None for a JPEG
+ * whose layout the planes reader does not reproduce (CMYK/YCCK, Adobe RGB, chroma sampled
+ * other than 1x1 against Y's 1 or 2, a subsampled width libjpeg would not upsample with its
+ * fancy filter). */
 typedef struct {
     const unsigned char *src;
     size_t len;
