@@ -132,6 +132,7 @@ class CacheFull(OSError):
     def __init__(self, exc: OSError, folder: str, kept, at: int):
         super().__init__(exc.errno, exc.strerror)
         self.folder, self.kept, self.at = folder, kept, at
+        self.evicted = None  # the planner's eviction count before the write (planner._land)
 
 
 def keep_budget(total: int, limit: int, max_batch: int) -> int:
@@ -399,32 +400,36 @@ class FullCacheSide:
         """Land records ``samples`` of a range (``data`` from shard offset ``start``) that
         found no room (``full``) once there is room, as many times as it takes."""
         need = int(first_use(self.plan)[samples].min())
-        with self.cond:
-            self._waiting = (self._waiting or []) + [need]
-            if self._roomless is None:
-                self._roomless = np.zeros(len(self.state), dtype=np.int32)
-            self._roomless[samples] += 1
-        try:
-            while len(samples):
-                await self._room(full, samples, need)
-                try:
-                    await self._loop.run_in_executor(None, self._land, k, data, start,
-                                                     samples, local, entries, pieces)
-                    return
-                except CacheFull as again:
-                    full, a = again, again.at
-                    samples, local, entries = samples[a:], local[a:], entries[a:]
-                    pieces = pieces[a:]
-        finally:
+        while len(samples):
+            # Counted as waiting only while they wait: records being written right now may
+            # land as later batches' files that another waiter can remove (``_room``).
             with self.cond:
-                self._waiting.remove(need)
-                self._roomless[samples] -= 1
+                self._waiting = (self._waiting or []) + [need]
+                if self._roomless is None:
+                    self._roomless = np.zeros(len(self.state), dtype=np.int32)
+                self._roomless[samples] += 1
+            try:
+                await self._room(full, samples, need)
+            finally:
+                with self.cond:
+                    self._waiting.remove(need)
+                    self._roomless[samples] -= 1
+            try:
+                await self._loop.run_in_executor(None, self._land, k, data, start,
+                                                 samples, local, entries, pieces)
+                return
+            except CacheFull as again:
+                full, a = again, again.at
+                samples, local, entries = samples[a:], local[a:], entries[a:]
+                pieces = pieces[a:]
 
     async def _room(self, full, pending: np.ndarray, need: int) -> None:
         """Wait for room for ``pending`` (records of batch ``need`` on: ``full``, a
         keep.CacheFull); OSError naming the folder when none can come."""
         with self.cond:
-            evicted = self.stats["evicted"]
+            # counted before the write that failed: room freed since (a batch released
+            # while it failed) is a reason to try again, not to give up
+            evicted = self.stats["evicted"] if full.evicted is None else full.evicted
             if self.limit > self.held:  # what fits is what is held: admit no more than that
                 log.warning("%s: %s; at most %d bytes of batches in flight from now on (free "
                             "space there, or pass another cache_dir)", full.folder,

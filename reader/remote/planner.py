@@ -236,6 +236,8 @@ class Planner(ConsumerSide, FullCacheSide):
     def _land(self, k, data, start, samples, local, entries, pieces) -> None:
         """(An executor thread) verified records of shard ``k`` into the cache: in place in its
         growing file when all is kept (growing.py), else a file each; then tell the waiters."""
+        with self.cond:
+            evicted = self.stats["evicted"]
         if self.grow is not None and self.grow.start(k, self.keep_budget):
             try:
                 self.grow.land(k, data, start, local, entries)
@@ -251,6 +253,7 @@ class Planner(ConsumerSide, FullCacheSide):
             kept = publish_records(self.source.keeper, self.session, k, samples, local, pieces,
                                    self.keep_budget)
         except CacheFull as full:  # those before it landed; _fetch_range waits for room
+            full.evicted = evicted
             self._mark_present(samples[:full.at], full.kept)
             raise
         self._mark_present(samples, kept)
