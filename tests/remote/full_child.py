@@ -7,10 +7,11 @@ stream: open the data set with cache_dir FOLDER/c and cache_limit 1.5 MB, fill t
 system up to 400 KB (another job's files), read two epochs; prints the samples of each.
 setup: open the data set with cache_dir FOLDER/c on a file system with no room left;
 prints the error.
-release: two batches of records from shards far apart, nothing kept, room for batch 0
-and half of batch 1. Batch 1's write fails for want of room only once batch 0 is in, and
-its failure is reported only once the consumer released batch 0 (the order a loaded
-machine found by chance); prints the failures seen and "read" once batch 1 is in.
+release: two batches of records from shards far apart, nothing kept. Once batch 0 is
+in, the file system is filled to leave batch 1's first write room for all but one block;
+that write fails, and its failure reaches the planner only after the consumer released
+batch 0 (the order a loaded machine found by chance). Prints the failures seen and "read"
+once batch 1 is in.
 """
 from __future__ import annotations
 
