@@ -18,8 +18,9 @@ Pillow gives for the input**, ``ImageOps.exif_transpose(Image.open(f)).convert("
     them at --quality, ``reject`` skips them.
   * ``raw`` mode stores the same upright RGB pixels, resized as asked.
   * ``planes`` mode stores each JPEG's decoded Y/Cb/Cr planes as libjpeg leaves them after
-    the IDCT (KIND_PLANES, packed losslessly in 8x8 blocks: version 2): the reader skips Huffman decoding and the IDCT and upsamples and
-    converts exactly as libjpeg-turbo does, so a record decodes to the JPEG's own pixels
+    the IDCT (KIND_PLANES, packed losslessly in 8x8 blocks: version 2): the reader skips
+    Huffman decoding and the IDCT and upsamples and converts exactly as libjpeg-turbo
+    does, so a record decodes to the JPEG's own pixels
     (proven here per image: both decodes are compared, and a JPEG whose planes would not
     give its pixels, CMYK/YCCK, Adobe RGB or unusual chroma sampling among them, is stored
     as ``jpeg`` mode would store it); counted under ``lossless``. A JPEG over --max-side
