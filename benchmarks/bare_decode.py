@@ -2,7 +2,8 @@
 CHW of the same records and boxes the Loader's RandomResizedCrop(224) + flip draws, with
 nothing around it (no plan, no buffers, no workers, no epilogue).
 
-    python -m benchmarks.bare_decode DIR --images N    # DIR: benchmarks.batch_path's
+    python -m benchmarks.bare_decode DIR --images N [--set planes]
+    # DIR: benchmarks.batch_path's; --set: its jpeg (default) or planes data set
 
 Run it under ``valgrind --tool=callgrind`` for two values of N (e.g. 128 and 384) and divide
 the difference in instructions by the difference in images: the bare cost per image, to set
@@ -17,15 +18,16 @@ import numpy as np
 
 
 def main(argv=None) -> None:
-    """Decode N records of DIR/jpeg as the Loader would, and nothing else."""
+    """Decode N records of DIR/jpeg (or DIR/planes) as the Loader would, and nothing else."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("root")
     p.add_argument("--images", type=int, required=True)
+    p.add_argument("--set", default="jpeg", choices=("jpeg", "planes"))
     args = p.parse_args(argv)
     from dlpack_io.reader import Dataset, RandomHorizontalFlip, RandomResizedCrop, jpegdecode
     from dlpack_io.reader.batch.plan import compile_spec, plan_batch
 
-    ds = Dataset(os.path.join(args.root, "jpeg"))
+    ds = Dataset(os.path.join(args.root, args.set))
     idx = np.arange(args.images) % len(ds)
     spec = compile_spec([RandomResizedCrop(224), RandomHorizontalFlip()])
     plan = plan_batch(spec, ds, idx, seed=0, epoch=0)

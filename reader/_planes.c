@@ -410,51 +410,118 @@ ALWAYS_INLINE void convert(const uint8_t *yrow, const uint8_t *cb, const uint8_t
 #if defined(__x86_64__) && defined(__GNUC__)
 #define HAVE_AVX2_ROWS 1
 
-/* up_h2, 16 chroma columns (32 output samples) a step. */
-__attribute__((target("avx2"))) static void up_h2_avx2(const int16_t *s, long n, int vf,
-                                                        uint8_t *u) {
+/* up_h2 for the 16 chroma columns from k (32 output samples). */
+__attribute__((target("avx2"))) static inline void up_h2_16(const int16_t *s, long k, int vf,
+                                                            uint8_t *u) {
     const __m256i bl = _mm256_set1_epi16(vf == 2 ? 8 : 1), br = _mm256_set1_epi16(vf == 2 ? 7 : 2);
     const __m128i shift = _mm_cvtsi32_si128(vf == 2 ? 4 : 2);
-    long k = 0;
-    for (; k + 16 <= n; k += 16) {
-        __m256i left = _mm256_loadu_si256((const __m256i *)(s + k));
-        __m256i here = _mm256_loadu_si256((const __m256i *)(s + k + 1));
-        __m256i right = _mm256_loadu_si256((const __m256i *)(s + k + 2));
-        __m256i three = _mm256_add_epi16(_mm256_add_epi16(here, here), here);
-        __m256i even = _mm256_sra_epi16(_mm256_add_epi16(_mm256_add_epi16(three, left), bl), shift);
-        __m256i odd = _mm256_sra_epi16(_mm256_add_epi16(_mm256_add_epi16(three, right), br), shift);
-        /* per 128-bit lane: unpacklo = e0 o0 .. e3 o3, unpackhi = e4 o4 .. e7 o7 */
-        __m256i lo = _mm256_unpacklo_epi16(even, odd), hi = _mm256_unpackhi_epi16(even, odd);
-        _mm256_storeu_si256((__m256i *)(u + 2 * k), _mm256_packus_epi16(lo, hi));
-    }
-    up_h2(s, n, vf, k, u);
+    __m256i left = _mm256_loadu_si256((const __m256i *)(s + k));
+    __m256i here = _mm256_loadu_si256((const __m256i *)(s + k + 1));
+    __m256i right = _mm256_loadu_si256((const __m256i *)(s + k + 2));
+    __m256i three = _mm256_add_epi16(_mm256_add_epi16(here, here), here);
+    __m256i even = _mm256_sra_epi16(_mm256_add_epi16(_mm256_add_epi16(three, left), bl), shift);
+    __m256i odd = _mm256_sra_epi16(_mm256_add_epi16(_mm256_add_epi16(three, right), br), shift);
+    /* per 128-bit lane: unpacklo = e0 o0 .. e3 o3, unpackhi = e4 o4 .. e7 o7 */
+    __m256i lo = _mm256_unpacklo_epi16(even, odd), hi = _mm256_unpackhi_epi16(even, odd);
+    _mm256_storeu_si256((__m256i *)(u + 2 * k), _mm256_packus_epi16(lo, hi));
 }
 
-/* convert for RGBX, 8 pixels a step: one 32-bit lane per pixel. */
+/* up_h2, 16 chroma columns a step, the last step ending at n (columns done twice get the
+   same bytes again): only rows under 16 chroma columns take the scalar code. */
+__attribute__((target("avx2"))) static void up_h2_avx2(const int16_t *s, long n, int vf,
+                                                        uint8_t *u) {
+    long k = 0;
+    if (n < 16) {
+        up_h2(s, n, vf, 0, u);
+        return;
+    }
+    for (; k + 16 <= n; k += 16)
+        up_h2_16(s, k, vf, u);
+    if (k < n)
+        up_h2_16(s, n - 16, vf, u);
+}
+
+/* Step 1 for 2:1 vertical sampling, s[k] = 3 * at[k] + next[k], for the 16 k from k. */
+__attribute__((target("avx2"))) static inline void sums_v2_16(const uint8_t *at,
+                                                              const uint8_t *next, long k,
+                                                              int16_t *s) {
+    __m256i a = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(at + k)));
+    __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(next + k)));
+    _mm256_storeu_si256((__m256i *)(s + k),
+                        _mm256_add_epi16(_mm256_add_epi16(_mm256_add_epi16(a, a), a), b));
+}
+
+/* sums_v2_16 for k < n, the last step ending at n (as up_h2_avx2). */
+__attribute__((target("avx2"))) static void sums_v2_avx2(const uint8_t *at, const uint8_t *next,
+                                                          long n, int16_t *s) {
+    long k = 0;
+    if (n < 16) {
+        for (; k < n; k++)
+            s[k] = (int16_t)(3 * at[k] + next[k]);
+        return;
+    }
+    for (; k + 16 <= n; k += 16)
+        sums_v2_16(at, next, k, s);
+    if (k < n)
+        sums_v2_16(at, next, n - 16, s);
+}
+
+/* convert for 16 RGBX pixels from x, in 16-bit lanes. Each (k * x + 32768) >> 16 of
+   convert() has a product past 16 bits, so a constant past 32767 is split as
+   k = m * 65536 + k' (the m * x leaves the shift whole):
+     R: 91881 = 65536 + 26345          -> x + hi(26345 x) + round bit
+     B: 116130 = 2 * 65536 - 14942     -> 2x + hi(-14942 x) + round bit
+   where hi() is mulhi (the product's floor / 65536) and the round bit is bit 15 of mullo
+   (the low half of the product, + 32768 carrying into the high half exactly then);
+     G: -46802 = -65536 + 18734        -> -r + (madd(b, r; -22554, 18734) + 32768) >> 16
+   in 32-bit lanes (both products summed before the one shift, as convert() does). packus
+   is the range limit. The same bits as convert(), for every triple (test_planes). */
+__attribute__((target("avx2"))) static inline void convert16(const uint8_t *yrow,
+                                                             const uint8_t *cb,
+                                                             const uint8_t *cr, long x,
+                                                             uint8_t *d) {
+    const __m256i c128 = _mm256_set1_epi16(128), kr = _mm256_set1_epi16(26345);
+    const __m256i kb = _mm256_set1_epi16(-14942), half = _mm256_set1_epi32(32768);
+    const __m256i kg = _mm256_set1_epi32((int)((uint32_t)18734 << 16 | (uint16_t)-22554));
+    const __m256i alpha = _mm256_set1_epi16(255);
+    {
+        __m256i y = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(yrow + x)));
+        __m256i b = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(cb + x))), c128);
+        __m256i r = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(cr + x))), c128);
+        __m256i vr = _mm256_add_epi16(_mm256_add_epi16(y, r), _mm256_add_epi16(
+                         _mm256_mulhi_epi16(r, kr), _mm256_srli_epi16(_mm256_mullo_epi16(r, kr), 15)));
+        __m256i vb = _mm256_add_epi16(_mm256_add_epi16(y, _mm256_add_epi16(b, b)), _mm256_add_epi16(
+                         _mm256_mulhi_epi16(b, kb), _mm256_srli_epi16(_mm256_mullo_epi16(b, kb), 15)));
+        /* per 128-bit lane: unpacklo pairs pixels 0-3 (8-11), unpackhi 4-7 (12-15); packs
+           puts each lane's four and four back in order */
+        __m256i glo = _mm256_srai_epi32(_mm256_add_epi32(
+                          _mm256_madd_epi16(_mm256_unpacklo_epi16(b, r), kg), half), 16);
+        __m256i ghi = _mm256_srai_epi32(_mm256_add_epi32(
+                          _mm256_madd_epi16(_mm256_unpackhi_epi16(b, r), kg), half), 16);
+        __m256i vg = _mm256_add_epi16(_mm256_sub_epi16(y, r), _mm256_packs_epi32(glo, ghi));
+        /* lanes: rb = R0-7 B0-7 | R8-15 B8-15, ga = G0-7 255s | G8-15 255s */
+        __m256i rb = _mm256_packus_epi16(vr, vb), ga = _mm256_packus_epi16(vg, alpha);
+        __m256i rg = _mm256_unpacklo_epi8(rb, ga), bx = _mm256_unpackhi_epi8(rb, ga);
+        __m256i p0 = _mm256_unpacklo_epi16(rg, bx), p1 = _mm256_unpackhi_epi16(rg, bx);
+        /* p0 = pixels 0-3 | 8-11, p1 = 4-7 | 12-15 */
+        _mm256_storeu_si256((__m256i *)(d + 4 * x), _mm256_permute2x128_si256(p0, p1, 0x20));
+        _mm256_storeu_si256((__m256i *)(d + 4 * x + 32), _mm256_permute2x128_si256(p0, p1, 0x31));
+    }
+}
+
+/* convert for RGBX: 16 pixels a step, the last step ending at n (pixels done twice get
+   the same bytes again), so only rows under 16 pixels take the scalar code. */
 __attribute__((target("avx2"))) static void convert4_avx2(const uint8_t *yrow, const uint8_t *cb,
                                                            const uint8_t *cr, long n, uint8_t *d) {
-    const __m256i c128 = _mm256_set1_epi32(128), half = _mm256_set1_epi32(32768);
-    const __m256i kr = _mm256_set1_epi32(91881), kgb = _mm256_set1_epi32(-22554);
-    const __m256i kgr = _mm256_set1_epi32(-46802), kb = _mm256_set1_epi32(116130);
-    const __m256i zero = _mm256_setzero_si256(), top = _mm256_set1_epi32(255);
-    const __m256i alpha = _mm256_set1_epi32((int)0xFF000000u);
     long x = 0;
-    for (; x + 8 <= n; x += 8) {
-        __m256i y = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(yrow + x)));
-        __m256i b = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(cb + x))), c128);
-        __m256i r = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(cr + x))), c128);
-        __m256i vr = _mm256_add_epi32(y, _mm256_srai_epi32(_mm256_add_epi32(_mm256_mullo_epi32(r, kr), half), 16));
-        __m256i vg = _mm256_add_epi32(y, _mm256_srai_epi32(_mm256_add_epi32(_mm256_add_epi32(
-                         _mm256_mullo_epi32(b, kgb), half), _mm256_mullo_epi32(r, kgr)), 16));
-        __m256i vb = _mm256_add_epi32(y, _mm256_srai_epi32(_mm256_add_epi32(_mm256_mullo_epi32(b, kb), half), 16));
-        vr = _mm256_min_epi32(_mm256_max_epi32(vr, zero), top);
-        vg = _mm256_min_epi32(_mm256_max_epi32(vg, zero), top);
-        vb = _mm256_min_epi32(_mm256_max_epi32(vb, zero), top);
-        _mm256_storeu_si256((__m256i *)(d + 4 * x),
-                            _mm256_or_si256(_mm256_or_si256(vr, _mm256_slli_epi32(vg, 8)),
-                                            _mm256_or_si256(_mm256_slli_epi32(vb, 16), alpha)));
+    if (n < 16) {
+        convert(yrow, cb, cr, 0, n, 4, d);
+        return;
     }
-    convert(yrow, cb, cr, x, n, 4, d);
+    for (; x + 16 <= n; x += 16)
+        convert16(yrow, cb, cr, x, d);
+    if (x < n)
+        convert16(yrow, cb, cr, n - 16, d);
 }
 #endif
 
@@ -502,6 +569,11 @@ ALWAYS_INLINE void rows_body(const PlanesInfo *p, long y0, long x0, long rows, l
                 long c0 = ca - 1 < 0 ? 0 : ca - 1, c1 = cz + 1 > last ? last : cz + 1;
                 int16_t *s = sums + (c0 - (ca - 1));
                 const uint8_t *at = row + (c0 - p->cox), *next = near + (c0 - p->cox);
+#ifdef HAVE_AVX2_ROWS
+                if (avx2 && p->vf == 2)
+                    sums_v2_avx2(at, next, c1 - c0 + 1, s);
+                else
+#endif
                 if (p->vf == 2)
                     for (k = 0; k <= c1 - c0; k++)
                         s[k] = (int16_t)(3 * at[k] + next[k]);

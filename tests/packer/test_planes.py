@@ -177,6 +177,40 @@ def test_packed_samples_saturate_at_255():
     np.testing.assert_array_equal(out.reshape(8, 8 * blocks, 3)[..., 0], want)
 
 
+def ycc_to_rgb_reference(y, cb, cr) -> np.ndarray:
+    """jdcolor.c's YCbCr -> RGB as its tables state it (build_ycc_rgb_table: SCALEBITS 16,
+    FIX(x) = round(x * 65536), arithmetic right shifts, the range limit), in int64 numpy."""
+    y, b, r = (np.asarray(a, np.int64) for a in (y, cb, cr))
+    b, r = b - 128, r - 128
+    red = y + ((91881 * r + 32768) >> 16)                  # Cr_r_tab
+    green = y + ((-22554 * b + 32768 - 46802 * r) >> 16)   # Cb_g_tab + Cr_g_tab
+    blue = y + ((116130 * b + 32768) >> 16)                # Cb_b_tab
+    return np.clip(np.stack([red, green, blue], -1), 0, 255).astype(np.uint8)
+
+
+def test_every_ycc_triple_converts_as_libjpeg_does():
+    """All 2**24 (Y, Cb, Cr) triples of a 4:4:4 record, RGB and RGBX (the AVX2 kernel's
+    output where the CPU has it; width 4099 also leaves a tail for the scalar code), give
+    jdcolor.c's pixels exactly."""
+    h, w = 4093, 4099
+    p = np.arange(h * w, dtype=np.int64) % (1 << 24)
+    planes = [(p & 255).astype(np.uint8), ((p >> 8) & 255).astype(np.uint8),
+              (p >> 16).astype(np.uint8)]
+    payload = (fmt.PLANES_HEADER.pack(fmt.PLANES_MAGIC, fmt.PLANES_PLAIN, 3, 1, 1, h, w)
+               + b"".join(q.tobytes() for q in planes))
+    want = ycc_to_rgb_reference(*planes)
+    for ps in (3, 4):
+        out = np.zeros(h * w * ps, np.uint8)
+        assert _jpeg.decode_region(payload, out, 0, 0, h, w, 8, ps, 1)[2:4] == (h, w)
+        got = out.reshape(-1, ps)
+        for c in range(3):  # channel by channel: a failure names the first triples wrong
+            bad = np.flatnonzero(got[:, c] != want[:, c])
+            assert not len(bad), (ps, "RGB"[c], [(int(planes[0][i]), int(planes[1][i]),
+                                                   int(planes[2][i])) for i in bad[:5]])
+        if ps == 4:
+            assert (got[:, 3] == 255).all()
+
+
 _AT_THE_END_OF_MAPPED_MEMORY = """
 import ctypes, mmap, sys
 import numpy as np
@@ -389,10 +423,10 @@ def test_the_scalar_planes_code_gives_the_same_pixels():
     env = dict(os.environ, DLPACK_IO_NO_AVX2="1")
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            __file__, "-k", "region_boxes or odd_sizes or hold_the_jpeg_pixels "
-                           "or same_boxes or inside_the_record or saturate"],
+                           "or same_boxes or inside_the_record or saturate or every_ycc"],
                           env=env, cwd=Path(__file__).parents[2], capture_output=True, text=True,
                           timeout=300)
-    assert done.returncode == 0 and "6 passed" in done.stdout, done.stdout[-2000:]
+    assert done.returncode == 0 and "7 passed" in done.stdout, done.stdout[-2000:]
 
 
 def test_device_path_batches_equal_jpeg_mode_batches(photos, triton_interpret):
