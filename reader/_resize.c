@@ -41,6 +41,7 @@ typedef struct ResizePlan ResizePlan;
 
 typedef struct {
     int ksize;       /* taps per output pixel (stride of kk) */
+    int kmax;        /* the most taps any output pixel has (<= ksize; the rest weigh 0) */
     int *bounds;     /* per output pixel: first source index, number of taps */
     int32_t *kk;     /* fixed-point weights, ksize per output pixel */
 } Taps;
@@ -65,6 +66,7 @@ static int make_taps(int in_size, float in0, float in1, int out, Taps *t) {
     if ((ceil(support) * 2 + 1) * sizeof(double) * out > (double)INT_MAX)
         return RESIZE_TOO_WIDE; /* also keeps ksize, bounds and every index below in int */
     t->ksize = (int)ceil(support) * 2 + 1;
+    t->kmax = 0;
     t->bounds = malloc((size_t)out * 2 * sizeof(int));
     t->kk = malloc((size_t)out * t->ksize * sizeof(int32_t));
     w = malloc((size_t)t->ksize * sizeof(double));
@@ -93,6 +95,8 @@ static int make_taps(int in_size, float in0, float in1, int out, Taps *t) {
         }
         t->bounds[2 * xx] = xmin;
         t->bounds[2 * xx + 1] = xmax;
+        if (xmax > t->kmax)
+            t->kmax = xmax;
     }
     free(w);
     return 0;
@@ -203,19 +207,22 @@ __attribute__((target("avx2"), always_inline)) static inline int h_pairs(
 
 /* h_row for two RGBX rows sharing the taps, two output pixels at a time (h_pairs): one
    32-bit lane per channel of each pixel, so a tap is one multiply per row for both pixels
-   and the sums need no reduction. Every pair runs all ksize taps: those past a pixel's own
-   count weigh 0 (make_taps). The pixels h_pairs leaves (near the row's end, an odd last
+   and the sums need no reduction. Every pair runs kmax taps, the most any pixel of the row
+   has (ksize, Pillow's table width, is about 2 more): those past a pixel's own count
+   weigh 0 (make_taps). The pixels h_pairs leaves (near the row's end, an odd last
    one) go through h_pixel. w8: per pair of output pixels, per tap, k_xx[t] x4 then
    k_xx+1[t] x4 (pair_weights). */
 __attribute__((target("avx2")))
 static void h_rows2_avx2(const uint8_t *s0, const uint8_t *s1, int cols, const Taps *h,
                          const int32_t *w8, int ow, uint8_t *d0, uint8_t *d1) {
     int xx;
-    switch (h->ksize) {
+    switch (h->kmax) { /* the counts of 224-pixel crops of photos, unrolled */
+    case 2: xx = h_pairs(s0, s1, cols, h, w8, ow, d0, d1, 2); break;
     case 3: xx = h_pairs(s0, s1, cols, h, w8, ow, d0, d1, 3); break;
+    case 4: xx = h_pairs(s0, s1, cols, h, w8, ow, d0, d1, 4); break;
     case 5: xx = h_pairs(s0, s1, cols, h, w8, ow, d0, d1, 5); break;
-    case 7: xx = h_pairs(s0, s1, cols, h, w8, ow, d0, d1, 7); break;
-    default: xx = h_pairs(s0, s1, cols, h, w8, ow, d0, d1, h->ksize); break;
+    case 6: xx = h_pairs(s0, s1, cols, h, w8, ow, d0, d1, 6); break;
+    default: xx = h_pairs(s0, s1, cols, h, w8, ow, d0, d1, h->kmax); break;
     }
     for (; xx < ow; xx++) {
         h_pixel(s0, 4, h, xx, d0 + 4 * (size_t)xx);
@@ -434,18 +441,17 @@ static void rows_then_columns(const uint8_t *src, size_t stride, int ps, int col
     }
 }
 
-/* AVX2 weights of the horizontal taps (see h_rows2_avx2), or NULL. */
+/* AVX2 weights of the horizontal taps (see h_rows2_avx2): kmax per output pixel, or NULL. */
 static int32_t *pair_weights(const Taps *h, int ow) {
-    int pairs = (ow + 1) / 2, j, t, c;
-    int32_t *w8 = malloc((size_t)pairs * h->ksize * 8 * sizeof(int32_t));
+    int pairs = (ow + 1) / 2, j, t, c, n = h->kmax;
+    int32_t *w8 = malloc((size_t)pairs * (n > 0 ? n : 1) * 8 * sizeof(int32_t));
     if (w8 == NULL)
         return NULL;
     for (j = 0; j < pairs; j++)
-        for (t = 0; t < h->ksize; t++)
+        for (t = 0; t < n; t++)
             for (c = 0; c < 8; c++) {
                 int xx = 2 * j + c / 4;
-                w8[((size_t)j * h->ksize + t) * 8 + c] =
-                    xx < ow ? h->kk[(size_t)xx * h->ksize + t] : 0;
+                w8[((size_t)j * n + t) * 8 + c] = xx < ow ? h->kk[(size_t)xx * h->ksize + t] : 0;
             }
     return w8;
 }
