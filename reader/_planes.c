@@ -372,8 +372,9 @@ size_t planes_pack(const unsigned char *plane, long height, long width, size_t s
         h1v2: (x + 1) >> 2 above, (x + 2) >> 2 below;
      3. jdcolor.c's ycc_rgb_convert.
    The row code is written once (rows_body) and built twice: for any x86-64, and for AVX2
-   (chosen at run time as the resize is), where steps 2 and 3 of the RGBX output the resize
-   reads run as explicit 16- and 8-lane kernels. Integer arithmetic: the same bits. */
+   (chosen at run time as the resize is), where step 1's 2:1 sums and steps 2 and 3 of the
+   RGBX output the resize reads run as explicit 16-lane kernels, each row's last step ending
+   at its last pixel. Integer arithmetic: the same bits. */
 
 /* Step 2 for n chroma columns: s[0 .. n + 1] are the column sums (h2v2) or samples (h2v1)
    of columns c - 1 .. c + n; u[0 .. 2n - 1] the upsampled row. */
@@ -484,29 +485,27 @@ __attribute__((target("avx2"))) static inline void convert16(const uint8_t *yrow
     const __m256i kb = _mm256_set1_epi16(-14942), half = _mm256_set1_epi32(32768);
     const __m256i kg = _mm256_set1_epi32((int)((uint32_t)18734 << 16 | (uint16_t)-22554));
     const __m256i alpha = _mm256_set1_epi16(255);
-    {
-        __m256i y = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(yrow + x)));
-        __m256i b = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(cb + x))), c128);
-        __m256i r = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(cr + x))), c128);
-        __m256i vr = _mm256_add_epi16(_mm256_add_epi16(y, r), _mm256_add_epi16(
-                         _mm256_mulhi_epi16(r, kr), _mm256_srli_epi16(_mm256_mullo_epi16(r, kr), 15)));
-        __m256i vb = _mm256_add_epi16(_mm256_add_epi16(y, _mm256_add_epi16(b, b)), _mm256_add_epi16(
-                         _mm256_mulhi_epi16(b, kb), _mm256_srli_epi16(_mm256_mullo_epi16(b, kb), 15)));
-        /* per 128-bit lane: unpacklo pairs pixels 0-3 (8-11), unpackhi 4-7 (12-15); packs
-           puts each lane's four and four back in order */
-        __m256i glo = _mm256_srai_epi32(_mm256_add_epi32(
-                          _mm256_madd_epi16(_mm256_unpacklo_epi16(b, r), kg), half), 16);
-        __m256i ghi = _mm256_srai_epi32(_mm256_add_epi32(
-                          _mm256_madd_epi16(_mm256_unpackhi_epi16(b, r), kg), half), 16);
-        __m256i vg = _mm256_add_epi16(_mm256_sub_epi16(y, r), _mm256_packs_epi32(glo, ghi));
-        /* lanes: rb = R0-7 B0-7 | R8-15 B8-15, ga = G0-7 255s | G8-15 255s */
-        __m256i rb = _mm256_packus_epi16(vr, vb), ga = _mm256_packus_epi16(vg, alpha);
-        __m256i rg = _mm256_unpacklo_epi8(rb, ga), bx = _mm256_unpackhi_epi8(rb, ga);
-        __m256i p0 = _mm256_unpacklo_epi16(rg, bx), p1 = _mm256_unpackhi_epi16(rg, bx);
-        /* p0 = pixels 0-3 | 8-11, p1 = 4-7 | 12-15 */
-        _mm256_storeu_si256((__m256i *)(d + 4 * x), _mm256_permute2x128_si256(p0, p1, 0x20));
-        _mm256_storeu_si256((__m256i *)(d + 4 * x + 32), _mm256_permute2x128_si256(p0, p1, 0x31));
-    }
+    __m256i y = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(yrow + x)));
+    __m256i b = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(cb + x))), c128);
+    __m256i r = _mm256_sub_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(cr + x))), c128);
+    __m256i vr = _mm256_add_epi16(_mm256_add_epi16(y, r), _mm256_add_epi16(
+                     _mm256_mulhi_epi16(r, kr), _mm256_srli_epi16(_mm256_mullo_epi16(r, kr), 15)));
+    __m256i vb = _mm256_add_epi16(_mm256_add_epi16(y, _mm256_add_epi16(b, b)), _mm256_add_epi16(
+                     _mm256_mulhi_epi16(b, kb), _mm256_srli_epi16(_mm256_mullo_epi16(b, kb), 15)));
+    /* per 128-bit lane: unpacklo pairs pixels 0-3 (8-11), unpackhi 4-7 (12-15); packs
+       puts each lane's four and four back in order */
+    __m256i glo = _mm256_srai_epi32(_mm256_add_epi32(
+                      _mm256_madd_epi16(_mm256_unpacklo_epi16(b, r), kg), half), 16);
+    __m256i ghi = _mm256_srai_epi32(_mm256_add_epi32(
+                      _mm256_madd_epi16(_mm256_unpackhi_epi16(b, r), kg), half), 16);
+    __m256i vg = _mm256_add_epi16(_mm256_sub_epi16(y, r), _mm256_packs_epi32(glo, ghi));
+    /* lanes: rb = R0-7 B0-7 | R8-15 B8-15, ga = G0-7 255s | G8-15 255s */
+    __m256i rb = _mm256_packus_epi16(vr, vb), ga = _mm256_packus_epi16(vg, alpha);
+    __m256i rg = _mm256_unpacklo_epi8(rb, ga), bx = _mm256_unpackhi_epi8(rb, ga);
+    __m256i p0 = _mm256_unpacklo_epi16(rg, bx), p1 = _mm256_unpackhi_epi16(rg, bx);
+    /* p0 = pixels 0-3 | 8-11, p1 = 4-7 | 12-15 */
+    _mm256_storeu_si256((__m256i *)(d + 4 * x), _mm256_permute2x128_si256(p0, p1, 0x20));
+    _mm256_storeu_si256((__m256i *)(d + 4 * x + 32), _mm256_permute2x128_si256(p0, p1, 0x31));
 }
 
 /* convert for RGBX: 16 pixels a step, the last step ending at n (pixels done twice get
