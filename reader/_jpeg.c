@@ -14,6 +14,13 @@
  *       A JPEG with a restart interval that divides its MCU row (`dlpack convert
  *       --restart-markers`) is entered at the restart intervals around the box: the rest
  *       is never Huffman-decoded (see "Restart-marker fast path" below).
+ *   decode_resized(src, scratch, top, left, height, width, t_top, t_left, t_height, t_width,
+ *                  scale_num, within_box, out_h, out_w, dst, dst_offset, flip_h, flip_v,
+ *                  orientation)
+ *       decode_region + the C resize of the float box t_* into dst as CHW, one call.
+ *   decode_resized_many(views, table, targets, scratch, dst, progress) -> done
+ *       decode_resized for many records of mapped shards, one GIL release; stops at the
+ *       first record it cannot make and returns its position (the batch path's common case).
  *   add_restarts(src, interval=0) -> bytes or None
  *       The lossless rewrite the packer's --restart-markers does (below).
  *   header(src) -> (height, width, components)
@@ -1473,17 +1480,102 @@ static PyObject *py_resize(PyObject *self, PyObject *args) {
  * decoded block as Region.box does, the resize window chosen as jpegdecode._window does,
  * and the C resize written into dst as CHW planes. The arithmetic is the Python path's, in
  * the same double precision, so the pixels are the same (tests/reader/test_jpegdecode.py). */
+/* Where decode_resized's resize reads: the float box in the decoded block (bx0..by1, its
+   origin the block's), the window of the block it may read (ix0..iy1), and status: 0,
+   BOX_OUTSIDE, or resize_plan's refusal. */
+#define BOX_OUTSIDE (-100)
+typedef struct {
+    double bx0, by0, bx1, by1;
+    long ix0, iy0, ix1, iy1;
+    float box[4];
+    int status;
+} ResizeStep;
+
+/* (The GIL released) r's box of src decoded into r->out (a scratch of r->out_size bytes),
+   then the C resize of `target` (the float box, full-size upright pixels) to oh x ow CHW
+   at dst, flipped. The address of a SIGBUS, or NULL: r->status and st->status say the
+   rest. The caller checked the arguments (region_args_ok, the destination's extent). */
+static const char *decode_resized_nogil(const unsigned char *src, size_t len, Region *r,
+                                        const double target[4], int within_box, int oh, int ow,
+                                        unsigned char *dst, int flip_h, int flip_v,
+                                        int orientation, ResizeStep *st) {
+    double f, oy, ox, dy = 0.0, dx = 0.0;
+    ResizePlan *plan = NULL;
+    const char *fault = decode_any_nogil(src, len, r, orientation);
+    memset(st, 0, sizeof(*st));
+    if (fault != NULL || r->status != OK)
+        return fault;
+    /* Region.box: full-size c -> c * n / 8 + d in the scaled image, minus the block's
+       origin; d is non-zero only at reduced scale along an axis orientation mirrors */
+    f = r->scale_num / 8.0;
+    if (r->scale_num < 8) {
+        int t = ORIENT_T[orientation], fy = ORIENT_FY[orientation], fx = ORIENT_FX[orientation];
+        int flip_rows = t ? fx : fy, flip_cols = t ? fy : fx;
+        if (flip_rows) dy = (double)r->scaled_h - (double)r->image_h * f;
+        if (flip_cols) dx = (double)r->scaled_w - (double)r->image_w * f;
+    }
+    oy = (double)r->y0 - dy;
+    ox = (double)r->x0 - dx;
+    st->bx0 = target[1] * f - ox;
+    st->by0 = target[0] * f - oy;
+    st->bx1 = (target[1] + target[3]) * f - ox;
+    st->by1 = (target[0] + target[2]) * f - oy;
+    if (st->bx0 < 0.0) st->bx0 = 0.0;
+    if (st->by0 < 0.0) st->by0 = 0.0;
+    if (st->bx1 > (double)r->cols) st->bx1 = (double)r->cols;
+    if (st->by1 > (double)r->rows) st->by1 = (double)r->rows;
+    /* jpegdecode._window */
+    st->ix0 = (long)floor(st->bx0);
+    st->iy0 = (long)floor(st->by0);
+    st->ix1 = (long)ceil(st->bx1);
+    st->iy1 = (long)ceil(st->by1);
+    if (st->ix0 < 0) st->ix0 = 0;
+    if (st->iy0 < 0) st->iy0 = 0;
+    if (st->ix1 > r->cols) st->ix1 = r->cols;
+    if (st->iy1 > r->rows) st->iy1 = r->rows;
+    if (!within_box && st->ix1 > st->ix0 && st->iy1 > st->iy0) {
+        st->ix0 = st->iy0 = 0;
+        st->ix1 = r->cols;
+        st->iy1 = r->rows;
+    }
+    if (st->ix1 <= st->ix0 || st->iy1 <= st->iy0) {
+        st->status = BOX_OUTSIDE;
+        return NULL;
+    }
+    st->box[0] = (float)(st->bx0 - st->ix0);
+    st->box[1] = (float)(st->by0 - st->iy0);
+    st->box[2] = (float)(st->bx1 - st->ix0);
+    st->box[3] = (float)(st->by1 - st->iy0);
+    if (!(st->box[0] >= 0.0f && st->box[1] >= 0.0f && st->box[2] <= (float)(st->ix1 - st->ix0) &&
+          st->box[3] <= (float)(st->iy1 - st->iy0) && st->box[2] >= st->box[0] &&
+          st->box[3] >= st->box[1])) {
+        st->status = BOX_OUTSIDE;
+        return NULL;
+    }
+    st->status = resize_plan(&plan, 4, (int)(st->iy1 - st->iy0), (int)(st->ix1 - st->ix0),
+                             st->box, oh, ow);
+    if (st->status == 0)
+        resize_run(plan, r->out + ((size_t)st->iy0 * (size_t)r->cols + (size_t)st->ix0) * 4,
+                   (size_t)r->cols * 4, dst, 1, flip_h, flip_v);
+    resize_free(plan);
+    return NULL;
+}
+
+/* 1 when an oh x ow CHW output at dst_offset fits a dst_len-byte destination. */
+static int chw_fits(int oh, int ow, Py_ssize_t dst_offset, Py_ssize_t dst_len) {
+    long long out_bytes;
+    return oh >= 1 && ow >= 1 && mul_ok(oh, ow, &out_bytes) && mul_ok(3, out_bytes, &out_bytes) &&
+           block_fits(dst_offset, 1, 0, out_bytes, dst_len);
+}
+
 static PyObject *py_decode_resized(PyObject *self, PyObject *args) {
     Py_buffer src, scratch, dst;
     Region r;
-    double target[4], f, oy, ox, bx0 = 0, by0 = 0, bx1 = 0, by1 = 0;
+    ResizeStep st;
+    double target[4];
     Py_ssize_t dst_offset;
-    int within_box, oh, ow, flip_h, flip_v, orientation, status = 0;
-    long ix0, iy0, ix1, iy1;
-    long long out_bytes;
-    float box[4] = {0, 0, 0, 0};
+    int within_box, oh, ow, flip_h, flip_v, orientation;
     const char *fault;
-    ResizePlan *plan = NULL;
     (void)self;
     memset(&r, 0, sizeof(r));
     r.pixel_size = 4;
@@ -1492,8 +1584,7 @@ static PyObject *py_decode_resized(PyObject *self, PyObject *args) {
                           &r.scale_num, &within_box, &oh, &ow, &dst, &dst_offset, &flip_h,
                           &flip_v, &orientation))
         return NULL;
-    if (!region_args_ok(&r, orientation) || oh < 1 || ow < 1 || !mul_ok(oh, ow, &out_bytes) ||
-        !mul_ok(3, out_bytes, &out_bytes) || !block_fits(dst_offset, 1, 0, out_bytes, dst.len)) {
+    if (!region_args_ok(&r, orientation) || !chw_fits(oh, ow, dst_offset, dst.len)) {
         if (!PyErr_Occurred())
             PyErr_Format(PyExc_ValueError, "decode_resized: a %d x %d output at %zd of a "
                          "%zd-byte destination does not fit", oh, ow, dst_offset, dst.len);
@@ -1506,60 +1597,9 @@ static PyObject *py_decode_resized(PyObject *self, PyObject *args) {
     r.out_size = r.limit = scratch.len;
     keep_sigbus_handler();
     Py_BEGIN_ALLOW_THREADS
-    fault = decode_any_nogil((const unsigned char *)src.buf, (size_t)src.len, &r, orientation);
-    if (fault == NULL && r.status == OK) {
-        /* Region.box: full-size c -> c * n / 8 + d in the scaled image, minus the block's
-           origin; d is non-zero only at reduced scale along an axis orientation mirrors */
-        double dy = 0.0, dx = 0.0;
-        f = r.scale_num / 8.0;
-        if (r.scale_num < 8) {
-            int t = ORIENT_T[orientation], fy = ORIENT_FY[orientation], fx = ORIENT_FX[orientation];
-            int flip_rows = t ? fx : fy, flip_cols = t ? fy : fx;
-            if (flip_rows) dy = (double)r.scaled_h - (double)r.image_h * f;
-            if (flip_cols) dx = (double)r.scaled_w - (double)r.image_w * f;
-        }
-        oy = (double)r.y0 - dy;
-        ox = (double)r.x0 - dx;
-        bx0 = target[1] * f - ox;
-        by0 = target[0] * f - oy;
-        bx1 = (target[1] + target[3]) * f - ox;
-        by1 = (target[0] + target[2]) * f - oy;
-        if (bx0 < 0.0) bx0 = 0.0;
-        if (by0 < 0.0) by0 = 0.0;
-        if (bx1 > (double)r.cols) bx1 = (double)r.cols;
-        if (by1 > (double)r.rows) by1 = (double)r.rows;
-        /* jpegdecode._window */
-        ix0 = (long)floor(bx0);
-        iy0 = (long)floor(by0);
-        ix1 = (long)ceil(bx1);
-        iy1 = (long)ceil(by1);
-        if (ix0 < 0) ix0 = 0;
-        if (iy0 < 0) iy0 = 0;
-        if (ix1 > r.cols) ix1 = r.cols;
-        if (iy1 > r.rows) iy1 = r.rows;
-        if (!within_box && ix1 > ix0 && iy1 > iy0) {
-            ix0 = iy0 = 0;
-            ix1 = r.cols;
-            iy1 = r.rows;
-        }
-        if (ix1 <= ix0 || iy1 <= iy0) {
-            status = -100;
-        } else {
-            box[0] = (float)(bx0 - ix0);
-            box[1] = (float)(by0 - iy0);
-            box[2] = (float)(bx1 - ix0);
-            box[3] = (float)(by1 - iy0);
-            if (!(box[0] >= 0.0f && box[1] >= 0.0f && box[2] <= (float)(ix1 - ix0) &&
-                  box[3] <= (float)(iy1 - iy0) && box[2] >= box[0] && box[3] >= box[1]))
-                status = -100;
-            else if ((status = resize_plan(&plan, 4, (int)(iy1 - iy0), (int)(ix1 - ix0), box, oh,
-                                           ow)) == 0)
-                resize_run(plan, r.out + ((size_t)iy0 * (size_t)r.cols + (size_t)ix0) * 4,
-                           (size_t)r.cols * 4, (unsigned char *)dst.buf + dst_offset, 1, flip_h,
-                           flip_v);
-            resize_free(plan);
-        }
-    }
+    fault = decode_resized_nogil((const unsigned char *)src.buf, (size_t)src.len, &r, target,
+                                 within_box, oh, ow, (unsigned char *)dst.buf + dst_offset,
+                                 flip_h, flip_v, orientation, &st);
     Py_END_ALLOW_THREADS
     if (fault != NULL)
         bus_error("decode_resized", src.buf, src.len, fault);
@@ -1570,16 +1610,126 @@ static PyObject *py_decode_resized(PyObject *self, PyObject *args) {
         return NULL;
     if (r.status != OK)
         return region_error(&r);
-    if (status == -100) {
+    if (st.status == BOX_OUTSIDE) {
         char msg[256];
         snprintf(msg, sizeof msg, "resize: box (%g, %g, %g, %g) outside a %ldx%ld image",
-                 bx0, by0, bx1, by1, r.rows, r.cols);
+                 st.bx0, st.by0, st.bx1, st.by1, r.rows, r.cols);
         PyErr_SetString(PyExc_ValueError, msg);
         return NULL;
     }
-    if (status != 0)
-        return resize_refused(status, (int)(iy1 - iy0), (int)(ix1 - ix0), box, oh, ow);
+    if (st.status != 0)
+        return resize_refused(st.status, (int)(st.iy1 - st.iy0), (int)(st.ix1 - st.ix0), st.box,
+                              oh, ow);
     Py_RETURN_NONE;
+}
+
+/* decode_resized_many(views, table, targets, scratch, dst, progress) -> done
+   decode_resized for many records in one call (one GIL release): record i is bytes
+   [offset, offset + length) of views[slot]; table is int64, MANY_COLUMNS per record (below),
+   targets float64, 4 per record (the float box). Before each record, progress[0] (int64)
+   gets its index. Stops at the first record that is flagged, whose arguments do not hold,
+   or whose decode or resize fails, and returns its position (len: all done): the caller
+   makes that one alone, which raises the error that names what is wrong with it. */
+enum { M_SLOT, M_OFFSET, M_LENGTH, M_TOP, M_LEFT, M_HEIGHT, M_WIDTH, M_SCALE, M_WITHIN, M_OH,
+       M_OW, M_DST, M_FLIP_H, M_FLIP_V, M_ORIENTATION, M_INDEX, M_FLAGGED, MANY_COLUMNS };
+
+static PyObject *py_decode_resized_many(PyObject *self, PyObject *args) {
+    PyObject *views, *seq = NULL;
+    Py_buffer table, targets, scratch, dst, progress, *bufs = NULL;
+    Py_ssize_t n = 0, nviews = 0, held = 0, i, ready;
+    const long long *t;
+    const double *g;
+    long long *prog;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "Oy*y*w*w*w*", &views, &table, &targets, &scratch, &dst,
+                          &progress))
+        return NULL;
+    if (table.len % (Py_ssize_t)(MANY_COLUMNS * sizeof(long long)) != 0 ||
+        targets.len != table.len / MANY_COLUMNS / (Py_ssize_t)sizeof(long long) * 4 *
+                       (Py_ssize_t)sizeof(double) ||
+        progress.len < (Py_ssize_t)sizeof(long long) ||
+        (seq = PySequence_Fast(views, "decode_resized_many: views must be a sequence")) == NULL) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "decode_resized_many: table, targets or progress "
+                            "has the wrong size");
+        goto done;
+    }
+    n = table.len / MANY_COLUMNS / (Py_ssize_t)sizeof(long long);
+    nviews = PySequence_Fast_GET_SIZE(seq);
+    if ((bufs = (Py_buffer *)calloc(nviews > 0 ? (size_t)nviews : 1, sizeof(Py_buffer))) == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (held = 0; held < nviews; held++)
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, held), &bufs[held], PyBUF_SIMPLE) < 0)
+            goto done;
+    t = (const long long *)table.buf; /* int64 columns (the caller's numpy array) */
+    g = (const double *)targets.buf;
+    prog = (long long *)progress.buf;
+    /* the arguments of every record, checked with the GIL held (region_args_ok sets errors,
+       cleared here: the record is then left to the caller) */
+    for (ready = 0; ready < n; ready++) {
+        const long long *row = t + ready * MANY_COLUMNS;
+        Region r;
+        memset(&r, 0, sizeof(r));
+        r.pixel_size = 4;
+        r.top = (long)row[M_TOP];
+        r.left = (long)row[M_LEFT];
+        r.height = (long)row[M_HEIGHT];
+        r.width = (long)row[M_WIDTH];
+        r.scale_num = row[M_SCALE] < 1 || row[M_SCALE] > 16 ? 0 : (int)row[M_SCALE];
+        if (row[M_FLAGGED] || row[M_SLOT] < 0 || row[M_SLOT] >= nviews ||
+            !block_fits(row[M_OFFSET], 1, 0, row[M_LENGTH], bufs[row[M_SLOT]].len) ||
+            row[M_ORIENTATION] < 1 || row[M_ORIENTATION] > 8 ||
+            row[M_OH] < 1 || row[M_OH] > INT_MAX || row[M_OW] < 1 || row[M_OW] > INT_MAX ||
+            row[M_DST] < 0 || row[M_DST] > PY_SSIZE_T_MAX) /* before any cast below */
+            break;
+        if (!region_args_ok(&r, (int)row[M_ORIENTATION])) {
+            PyErr_Clear();
+            break;
+        }
+        if (!chw_fits((int)row[M_OH], (int)row[M_OW], (Py_ssize_t)row[M_DST], dst.len))
+            break;
+    }
+    keep_sigbus_handler();
+    Py_BEGIN_ALLOW_THREADS
+    for (i = 0; i < ready; i++) {
+        const long long *row = t + i * MANY_COLUMNS;
+        const Py_buffer *v = &bufs[row[M_SLOT]];
+        Region r;
+        ResizeStep st;
+        const char *fault;
+        prog[0] = row[M_INDEX];
+        memset(&r, 0, sizeof(r));
+        r.pixel_size = 4;
+        r.top = (long)row[M_TOP];
+        r.left = (long)row[M_LEFT];
+        r.height = (long)row[M_HEIGHT];
+        r.width = (long)row[M_WIDTH];
+        r.scale_num = (int)row[M_SCALE];
+        r.out = (unsigned char *)scratch.buf;
+        r.out_size = r.limit = scratch.len;
+        fault = decode_resized_nogil((const unsigned char *)v->buf + row[M_OFFSET],
+                                     (size_t)row[M_LENGTH], &r, g + 4 * i, (int)row[M_WITHIN],
+                                     (int)row[M_OH], (int)row[M_OW],
+                                     (unsigned char *)dst.buf + row[M_DST], (int)row[M_FLIP_H],
+                                     (int)row[M_FLIP_V], (int)row[M_ORIENTATION], &st);
+        if (fault != NULL || r.status != OK || st.status != 0)
+            break;
+    }
+    Py_END_ALLOW_THREADS
+    n = i;
+done:
+    while (held > 0)
+        PyBuffer_Release(&bufs[--held]);
+    free(bufs);
+    Py_XDECREF(seq);
+    PyBuffer_Release(&table);
+    PyBuffer_Release(&targets);
+    PyBuffer_Release(&scratch);
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&progress);
+    return PyErr_Occurred() ? NULL : PyLong_FromSsize_t(n);
 }
 
 /* ---- Decoded planes (the packer's --mode planes) ----------------------------------------
@@ -1779,6 +1929,9 @@ static PyMethodDef methods[] = {
      "decode_region(src, out, top, left, height, width, scale_num, pixel_size=3, "
      "orientation=1) -> (y0, x0, rows, cols, scaled_height, scaled_width, height, width), "
      "all in the upright image"},
+    {"decode_resized_many", py_decode_resized_many, METH_VARARGS,
+     "decode_resized_many(views, table, targets, scratch, dst, progress) -> done: "
+     "decode_resized for many records, one GIL release; stops at the first it cannot make"},
     {"decode_resized", py_decode_resized, METH_VARARGS,
      "decode_resized(src, scratch, top, left, height, width, t_top, t_left, t_height, "
      "t_width, scale_num, within_box, out_h, out_w, dst, dst_offset, flip_h, flip_v, "

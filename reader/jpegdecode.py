@@ -46,6 +46,8 @@ native_resize = getattr(_jpeg, "resize", None)
 # decode_region + that resize in one C call (one release of the GIL per sample): what
 # decode_resized(into=...) runs when the C resize would run anyway.
 native_decode_resized = getattr(_jpeg, "decode_resized", None)
+# decode_resized for many records of mapped shards in one call (the batch path's common case).
+native_decode_resized_many = getattr(_jpeg, "decode_resized_many", None)
 
 SCALES = (1, 2, 4, 8)  # numerators over 8 with SIMD IDCTs in libjpeg-turbo
 
@@ -66,6 +68,15 @@ def choose_scale(box_h: int, box_w: int, out_h: int, out_w: int) -> int:
         if box_h * n >= out_h * 8 and box_w * n >= out_w * 8:
             return n
     return 8
+
+
+def choose_scales(box_h: np.ndarray, box_w: np.ndarray, out_h: int, out_w: int) -> np.ndarray:
+    """:func:`choose_scale` of many boxes (int64 arrays) at once."""
+    out = np.full(len(box_h), 8, dtype=np.int64)
+    for n in SCALES[::-1]:  # the smallest that fits is written last
+        fits = (box_h * n >= out_h * 8) & (box_w * n >= out_w * 8)
+        out[fits] = n
+    return out
 
 
 # Pillow's ImageOps.exif_transpose method for each EXIF orientation (1: none).

@@ -175,6 +175,40 @@ def hostile_resize(jpeg) -> int:
     return calls + 1
 
 
+def fuzz_many(jpeg, rng, data) -> None:
+    """decode_resized_many: mutated records in up to three views, table rows (slot, offset,
+    length, box, scale, output size, destination offset, orientation) near and past every
+    limit, and tables, targets and progress of the wrong sizes."""
+    views = [mutate(rng, data) if rng.random() < 0.7 else data for _ in range(rng.randint(1, 3))]
+    oh, ow, n = rng.randint(1, 24), rng.randint(1, 24), rng.randint(0, 4)
+    dst = np.empty(rng.choice((0, 3 * oh * ow, 4 * 3 * oh * ow)), np.uint8)
+    rows = []
+    for i in range(n):
+        v = rng.randrange(len(views))
+        box = [rng.choice((0, 1, rng.randrange(64), rng.choice(HUGE))) for _ in range(4)]
+        rows.append([rng.choice((v, v, v, -1, len(views), rng.choice(HUGE))),
+                     0 if rng.random() < .7 else _size(rng, len(views[v])),
+                     len(views[v]) if rng.random() < .7 else _size(rng, len(views[v])),
+                     box[0], box[1], max(box[2], 1) if rng.random() < .7 else box[2],
+                     max(box[3], 1) if rng.random() < .7 else box[3],
+                     rng.choice((1, 2, 4, 8, 0, 16, 17)), rng.choice((0, 1)),
+                     oh if rng.random() < .8 else _size(rng, oh),
+                     ow if rng.random() < .8 else _size(rng, ow),
+                     i * 3 * oh * ow if rng.random() < .8 else _size(rng, dst.size),
+                     rng.choice((0, 1)), rng.choice((0, 1)), rng.choice((1, 1, 2, 5, 8, 0, 9)),
+                     i, int(rng.random() < .1)])
+    table = np.array(rows, np.int64).reshape(-1, 17)
+    targets = np.array([rng.choice((0.0, 1.5, 63.0, -2.0, 1e300)) for _ in range(4 * n)],
+                       np.float64)
+    progress = np.zeros(1, np.int64)
+    if rng.random() < .1:  # the wrong shapes
+        table, targets, progress = rng.choice(((table[:, :16].copy(), targets, progress),
+                                               (table, targets[:-1], progress),
+                                               (table, targets, progress[:0])))
+    scratch = np.empty(rng.choice((0, 64, 65536, 1 << 20)), np.uint8)
+    _call(jpeg.decode_resized_many, views, table, targets, scratch, dst, progress)
+
+
 def fuzz_truncated_map(jpeg, rng, data) -> None:
     """A mapped source truncated under the read: every entry point raises, none dies."""
     with tempfile.NamedTemporaryFile() as f:
@@ -190,6 +224,8 @@ def fuzz_truncated_map(jpeg, rng, data) -> None:
                  lambda: jpeg.resize(mm, 0, 40, 10, 10, 4, 0.5, 0.0, 9.5, 10.0, 7, 7, out, 0,
                                      True, False),
                  lambda: jpeg.decode_region(mm, out, 0, 0, 8, 8, 8),
+                 lambda: jpeg.decode_resized(mm, out, 0, 0, 8, 8, 0.0, 0.0, 8.0, 8.0, 8, True,
+                                             4, 4, out, 0, False, False, 1),
                  lambda: jpeg.header(mm))
         for call in calls:
             try:
@@ -197,6 +233,12 @@ def fuzz_truncated_map(jpeg, rng, data) -> None:
                 raise AssertionError("a read of a truncated map returned")
             except jpeg.MappedFileError:
                 pass
+        # the many-record call stops at the record it could not read (its caller then reads
+        # that one alone, which raises as above)
+        table = np.array([[0, 0, len(data), 0, 0, 8, 8, 8, 1, 4, 4, 0, 0, 0, 1, 0, 0]], np.int64)
+        done = jpeg.decode_resized_many([mm], table, np.array([0.0, 0.0, 8.0, 8.0]), out, out,
+                                        np.zeros(1, np.int64))
+        assert done == 0, done
         mm.close()
 
 
@@ -205,7 +247,7 @@ def run(module_dir: str, seconds: float, seed: int) -> dict:
     sys.path.insert(0, module_dir)
     jpeg = importlib.import_module("_jpeg")
     rng, data = random.Random(seed), corpus(jpeg)
-    counts = {"decode": 0, "restarts": 0, "copies": 0, "sigbus": 0,
+    counts = {"decode": 0, "restarts": 0, "copies": 0, "many": 0, "sigbus": 0,
               "hostile_resize": hostile_resize(jpeg)}
     end = time.monotonic() + seconds
     while time.monotonic() < end:
@@ -213,9 +255,11 @@ def run(module_dir: str, seconds: float, seed: int) -> dict:
         fuzz_decode(jpeg, rng, sample)
         fuzz_restarts(jpeg, rng, sample)
         fuzz_copies(jpeg, rng)
+        fuzz_many(jpeg, rng, sample)
         counts["decode"] += 1
         counts["restarts"] += 1
         counts["copies"] += 1
+        counts["many"] += 1
         if counts["decode"] % 500 == 1:
             fuzz_truncated_map(jpeg, rng, sample)
             counts["sigbus"] += 1

@@ -307,6 +307,60 @@ def _raw_crops_at_once(ctx: BuildContext, plan: BatchPlan, a: int, b: int, flat)
     return True
 
 
+# decode_resized_many's table (reader/_jpeg.c, M_*): one int64 row per record, these columns
+_MANY = ("slot", "offset", "length", "top", "left", "height", "width", "scale", "within", "oh",
+         "ow", "dst", "flip_h", "flip_v", "orientation", "index", "flagged")
+
+
+def _decodes_at_once(ctx: BuildContext, plan: BatchPlan, a: int, b: int, flat, scratch):
+    """JPEG and planes records of samples [a, b) decoded and resized into ``flat`` by C
+    calls that take many records each (one GIL release, nothing per sample in Python).
+
+    Returns ``run(pos, progress) -> the first position from pos not made``: the caller makes
+    that sample alone (fill_sample), which raises the error naming what is wrong with it, and
+    runs on from the next; or None when the range does not qualify at all (a CRC check, a
+    sample_transform, no resize or not the C one). Records of other kinds or of shards not
+    mapped as one file (LMDB, remote records not yet assembled) are flagged for the caller."""
+    params, many = plan.params, jpegdecode.native_decode_resized_many
+    if ctx.verify or ctx.sample_transform is not None or not params.resize or many is None \
+            or not jpegdecode.resizes_in_c(params.resample):
+        return None
+    entries, n = plan.entries[a:b], b - a
+    shards, slots = np.unique(plan.shard_ids[a:b], return_inverse=True)
+    views = [ctx.dataset.shards[int(k)].file_view() for k in shards]
+    oh, ow = params.out_size
+    kinds = entries["kind"]
+    window = (params.boxes if params.exact is None else params.windows)[a:b]
+    targets = np.ascontiguousarray(window if params.exact is None else params.exact[a:b],
+                                   dtype=np.float64)
+    reduce = ctx.spec.reduced_decode & (kinds == fmt.KIND_JPEG)
+    scales = jpegdecode.choose_scales(targets[:, 2].astype(np.int64),
+                                      targets[:, 3].astype(np.int64), oh, ow)
+    mapped = np.array([v is not None for v in views])[slots]
+    table = np.zeros((n, len(_MANY)), dtype=np.int64)
+    for name, column in (
+            ("slot", slots), ("offset", entries["offset"]), ("length", entries["length"]),
+            ("top", window[:, 0]), ("left", window[:, 1]), ("height", window[:, 2]),
+            ("width", window[:, 3]), ("scale", np.where(reduce, scales, 8)),
+            ("within", params.exact is None), ("oh", oh), ("ow", ow),
+            ("dst", np.arange(a, b, dtype=np.int64) * (3 * oh * ow)),
+            ("flip_h", params.flip_h[a:b]), ("flip_v", params.flip_v[a:b]),
+            ("orientation", entries["orientation"]), ("index", plan.indices[a:b]),
+            ("flagged", ~(((kinds == fmt.KIND_JPEG) | (kinds == fmt.KIND_PLANES))
+                          & (entries["channels"] == 3) & mapped))):
+        table[:, _MANY.index(name)] = column
+    views = [v if v is not None else b"" for v in views]
+    need = (entries["height"].astype(np.int64) + 1) * entries["width"].astype(np.int64) * 4 + 64
+    buf = scratch.get(int(need.max()))  # jpegdecode.scratch_bytes of the largest
+    own_progress = np.zeros(1, dtype=np.int64)
+
+    def run(pos: int, progress) -> int:
+        i = pos - a
+        return pos + many(views, table[i:], targets[i:], buf, flat,
+                          own_progress if progress is None else progress)
+    return run
+
+
 def fill_range(ctx: BuildContext, plan: BatchPlan, a: int, b: int, epoch: int,
                u8: np.ndarray, scratch: Scratch, progress=None, failed=None) -> None:
     """Fill samples [a, b) of ``u8`` ((N, 3, oh, ow) uint8, C-contiguous).
@@ -322,13 +376,19 @@ def fill_range(ctx: BuildContext, plan: BatchPlan, a: int, b: int, epoch: int,
     if _raw_crops_at_once(ctx, plan, a, b, flat):
         return
     plane = 3 * plan.params.out_size[0] * plan.params.out_size[1]
-    for pos in range(a, b):
+    run, pos = _decodes_at_once(ctx, plan, a, b, flat, scratch), a
+    while pos < b:
+        if run is not None:  # as many as one C call makes, then the one it stopped at
+            pos = run(pos, progress)
+            if pos == b:
+                break
         if progress is not None:
             progress[0] = plan.indices[pos]
         try:
             fill_sample(ctx, plan, pos, epoch, flat, pos * plane, scratch)
         except Exception as exc:
             skip_or_raise(ctx, plan.indices[pos], exc, failed, pos)
+        pos += 1
 
 
 def _fill_padded(ctx, plan, a, b, epoch, u8, scratch, progress, failed) -> None:
