@@ -5,8 +5,9 @@ takes a batch's sample indices, plans it (plan.py: lookups and random parameters
 its pixels in one of two layouts:
 
 * **finished** (this module: transforms on the host): crop / resized crop / flips straight
-  into a CHW uint8 batch (one C call per JPEG region decode, one C resize straight into the
-  CHW planes with the flips, PIL only for filters the extension lacks; raw crops without
+  into a CHW uint8 batch (JPEG and planes region decodes + the C resize straight into the
+  CHW planes with the flips: one C call for a whole range where records lie in mapped
+  shards, else one per sample; PIL only for filters the extension lacks; raw crops without
   resize are one C call per shard for the whole range), then the epilogue (colour jitter,
   normalisation, cast: ``dlpack_io.kernels.reference``, the same maths as the GPU kernels)
   on those rows, in the same worker, into a recycled batch tensor (:class:`BufferPool`);
