@@ -10,7 +10,7 @@ its pixels in one of two layouts:
   shards, else one per sample; PIL only for filters the extension lacks; raw crops without
   resize are one C call per shard for the whole range), then the epilogue (colour jitter,
   normalisation, cast: ``dlpack_io.kernels.reference``, the same maths as the GPU kernels)
-  on those rows, in the same worker, into a recycled batch tensor (:class:`BufferPool`);
+  on those rows, in the same worker, into a recycled batch tensor (finish.BufferPool);
 * **gathered** (gather.py: transforms on the device): the stored pixels each sample needs,
   back to back in one flat pinned buffer, for one copy and one kernel in the finish stage.
 
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import sys
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -462,9 +461,10 @@ def output_pixels(ctx: BuildContext) -> int:
 
 
 class FinishedJob:
-    """Transforms on the host, batches split into ``parts`` ranges of samples."""
+    """Transforms on the host, batches split into ``parts`` ranges of samples, each batch in a
+    tensor taken from ``pool`` (finish.BufferPool)."""
 
-    def __init__(self, ctx: BuildContext, pool: "BufferPool", parts: int):
+    def __init__(self, ctx: BuildContext, pool, parts: int):
         self.ctx, self.pool, self.parts = ctx, pool, max(1, int(parts))
 
     def _fill(self, plan, a, b, epoch, u8, out, failed, row, state) -> None:
@@ -561,74 +561,3 @@ def _scratch_u8(state: dict, n: int) -> np.ndarray:
     if buf is None or buf.size < n:
         buf = state["u8"] = np.empty(max(n, 1), dtype=np.uint8)
     return buf[:n]
-
-
-# ---- recycled batch tensors ----------------------------------------------------------------
-# A fresh 38 MB batch tensor costs ~10k page faults (first touch of every page), which on
-# small machines takes as long as filling it. The pool hands out tensors, keeps a reference,
-# and takes one back for a new batch only when neither the tensor object nor its storage is
-# referenced anywhere else (no user variable, view, numpy array or pinned copy), so a batch
-# the training loop keeps is never overwritten. Recycling needs torch's storage use count
-# (torch._C._storage_Use_Count); without it the pool simply allocates. At most ``capacity``
-# buffers are kept, so memory stays bounded.
-def _use_count(t) -> int:
-    import torch
-
-    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
-
-
-def _counts_at(items: list, i: int) -> tuple[int, int]:
-    """(Python refcount, storage use count) of items[i]; the caller must not bind it."""
-    return sys.getrefcount(items[i]), _use_count(items[i])
-
-
-def _baseline():
-    """The counts of a tensor referenced by nothing but one pool list."""
-    import torch
-
-    try:
-        return _counts_at([torch.empty(1)], 0)
-    except Exception as exc:  # private torch API missing: never recycle
-        log.debug("batch buffer recycling disabled: %s", exc)
-        return None
-
-
-class BufferPool:
-    """Hands out (optionally pinned) tensors of a given shape and dtype, recycling free ones."""
-
-    def __init__(self, capacity: int = 8, pin_memory: bool = False):
-        self.capacity = max(int(capacity), 1)
-        self.pin_memory = pin_memory
-        self._held = []
-        self._lock = threading.Lock()
-        self._free_counts = _baseline()
-
-    def _free_index(self, shape, dtype) -> int:
-        held = self._held
-        for i in range(len(held)):
-            if held[i].shape == shape and held[i].dtype == dtype \
-                    and self._free_counts is not None and _counts_at(held, i) == self._free_counts:
-                return i
-        return -1
-
-    def take(self, shape, dtype):
-        """A tensor of ``shape`` and ``dtype`` that no one else references."""
-        import torch
-
-        shape = torch.Size(int(s) for s in shape)
-        with self._lock:
-            i = self._free_index(shape, dtype)
-            if i >= 0:
-                self._held.append(self._held.pop(i))
-                return self._held[-1]
-            if len(self._held) >= self.capacity:
-                self._held.pop(0)  # forget the oldest: freed when its holder drops it
-        t = torch.empty(shape, dtype=dtype, pin_memory=self.pin_memory)
-        with self._lock:
-            self._held.append(t)
-        return t
-
-    def clear(self) -> None:
-        """Drop every reference the pool holds."""
-        with self._lock:
-            self._held.clear()

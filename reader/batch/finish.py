@@ -17,11 +17,16 @@ batch rather than on one sample: RandomErasing on the device path (the host path
 the workers) and MixUp / CutMix (always here, on the batch's device, as torchvision's
 reference script mixes after its DataLoader). What the Loader yields besides the images and
 labels (fields, targets that follow the geometry, padding sizes, indices) is fields.py's.
+
+The host batch tensors a released batch leaves behind are recycled here too (:class:`BufferPool`:
+the build stage takes them, and a batch returns to the pool once nothing references it).
 """
 from __future__ import annotations
 
 import collections
 import logging
+import sys
+import threading
 
 import numpy as np
 
@@ -318,3 +323,74 @@ def pinned(batch: tuple) -> tuple:
 
     return tuple(t.pin_memory() if torch.is_tensor(t) and not t.is_pinned() else t
                  for t in batch)
+
+
+# ---- recycled batch tensors ----------------------------------------------------------------
+# A fresh 38 MB batch tensor costs ~10k page faults (first touch of every page), which on
+# small machines takes as long as filling it. The pool hands out tensors, keeps a reference,
+# and takes one back for a new batch only when neither the tensor object nor its storage is
+# referenced anywhere else (no user variable, view, numpy array or pinned copy), so a batch
+# the training loop keeps is never overwritten. Recycling needs torch's storage use count
+# (torch._C._storage_Use_Count); without it the pool simply allocates. At most ``capacity``
+# buffers are kept, so memory stays bounded.
+def _use_count(t) -> int:
+    import torch
+
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
+def _counts_at(items: list, i: int) -> tuple[int, int]:
+    """(Python refcount, storage use count) of items[i]; the caller must not bind it."""
+    return sys.getrefcount(items[i]), _use_count(items[i])
+
+
+def _baseline():
+    """The counts of a tensor referenced by nothing but one pool list."""
+    import torch
+
+    try:
+        return _counts_at([torch.empty(1)], 0)
+    except Exception as exc:  # private torch API missing: never recycle
+        log.debug("batch buffer recycling disabled: %s", exc)
+        return None
+
+
+class BufferPool:
+    """Hands out (optionally pinned) tensors of a given shape and dtype, recycling free ones."""
+
+    def __init__(self, capacity: int = 8, pin_memory: bool = False):
+        self.capacity = max(int(capacity), 1)
+        self.pin_memory = pin_memory
+        self._held = []
+        self._lock = threading.Lock()
+        self._free_counts = _baseline()
+
+    def _free_index(self, shape, dtype) -> int:
+        held = self._held
+        for i in range(len(held)):
+            if held[i].shape == shape and held[i].dtype == dtype \
+                    and self._free_counts is not None and _counts_at(held, i) == self._free_counts:
+                return i
+        return -1
+
+    def take(self, shape, dtype):
+        """A tensor of ``shape`` and ``dtype`` that no one else references."""
+        import torch
+
+        shape = torch.Size(int(s) for s in shape)
+        with self._lock:
+            i = self._free_index(shape, dtype)
+            if i >= 0:
+                self._held.append(self._held.pop(i))
+                return self._held[-1]
+            if len(self._held) >= self.capacity:
+                self._held.pop(0)  # forget the oldest: freed when its holder drops it
+        t = torch.empty(shape, dtype=dtype, pin_memory=self.pin_memory)
+        with self._lock:
+            self._held.append(t)
+        return t
+
+    def clear(self) -> None:
+        """Drop every reference the pool holds."""
+        with self._lock:
+            self._held.clear()

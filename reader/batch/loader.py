@@ -41,11 +41,11 @@ from dlpack_io.reader.batch import buckets as buckets_mod
 from dlpack_io.reader.batch import order as order_mod
 from dlpack_io.reader.batch import resume, sources
 from dlpack_io.reader.batch.autotune import Tuner
-from dlpack_io.reader.batch.build import BufferPool, BuildContext, FinishedJob
+from dlpack_io.reader.batch.build import BuildContext, FinishedJob
 from dlpack_io.reader.batch.errors import SkipAccount
 from dlpack_io.reader.batch.fields import Assembler
-from dlpack_io.reader.batch.finish import (BatchFinish, DeviceFinisher, HostFinisher, pin_ok,
-                                           pinned, place_transforms)
+from dlpack_io.reader.batch.finish import (BatchFinish, BufferPool, DeviceFinisher, HostFinisher,
+                                           pin_ok, pinned, place_transforms)
 from dlpack_io.reader.batch.gather import GatherJob
 from dlpack_io.reader.batch.options import (AUTO, OPTION_DOCS, LoaderOptions, Order, Output,
                                             Workers, options_from, resolve_device,
