@@ -1633,6 +1633,18 @@ static PyObject *py_decode_resized(PyObject *self, PyObject *args) {
 enum { M_SLOT, M_OFFSET, M_LENGTH, M_TOP, M_LEFT, M_HEIGHT, M_WIDTH, M_SCALE, M_WITHIN, M_OH,
        M_OW, M_DST, M_FLIP_H, M_FLIP_V, M_ORIENTATION, M_INDEX, M_FLAGGED, MANY_COLUMNS };
 
+/* The Region (RGBX) of a table row's box and scale; a scale out of 1..16 becomes 0, which
+   region_args_ok refuses. */
+static void many_region(const long long *row, Region *r) {
+    memset(r, 0, sizeof(*r));
+    r->pixel_size = 4;
+    r->top = (long)row[M_TOP];
+    r->left = (long)row[M_LEFT];
+    r->height = (long)row[M_HEIGHT];
+    r->width = (long)row[M_WIDTH];
+    r->scale_num = row[M_SCALE] < 1 || row[M_SCALE] > 16 ? 0 : (int)row[M_SCALE];
+}
+
 static PyObject *py_decode_resized_many(PyObject *self, PyObject *args) {
     PyObject *views, *seq = NULL;
     Py_buffer table, targets, scratch, dst, progress, *bufs = NULL;
@@ -1671,13 +1683,7 @@ static PyObject *py_decode_resized_many(PyObject *self, PyObject *args) {
     for (ready = 0; ready < n; ready++) {
         const long long *row = t + ready * MANY_COLUMNS;
         Region r;
-        memset(&r, 0, sizeof(r));
-        r.pixel_size = 4;
-        r.top = (long)row[M_TOP];
-        r.left = (long)row[M_LEFT];
-        r.height = (long)row[M_HEIGHT];
-        r.width = (long)row[M_WIDTH];
-        r.scale_num = row[M_SCALE] < 1 || row[M_SCALE] > 16 ? 0 : (int)row[M_SCALE];
+        many_region(row, &r);
         if (row[M_FLAGGED] || row[M_SLOT] < 0 || row[M_SLOT] >= nviews ||
             !block_fits(row[M_OFFSET], 1, 0, row[M_LENGTH], bufs[row[M_SLOT]].len) ||
             row[M_ORIENTATION] < 1 || row[M_ORIENTATION] > 8 ||
@@ -1700,13 +1706,7 @@ static PyObject *py_decode_resized_many(PyObject *self, PyObject *args) {
         ResizeStep st;
         const char *fault;
         prog[0] = row[M_INDEX];
-        memset(&r, 0, sizeof(r));
-        r.pixel_size = 4;
-        r.top = (long)row[M_TOP];
-        r.left = (long)row[M_LEFT];
-        r.height = (long)row[M_HEIGHT];
-        r.width = (long)row[M_WIDTH];
-        r.scale_num = (int)row[M_SCALE];
+        many_region(row, &r);
         r.out = (unsigned char *)scratch.buf;
         r.out_size = r.limit = scratch.len;
         fault = decode_resized_nogil((const unsigned char *)v->buf + row[M_OFFSET],
