@@ -328,15 +328,18 @@ def _decodes_at_once(ctx: BuildContext, plan: BatchPlan, a: int, b: int, flat, s
     entries, n = plan.entries[a:b], b - a
     shards, slots = np.unique(plan.shard_ids[a:b], return_inverse=True)
     views = [ctx.dataset.shards[int(k)].file_view() for k in shards]
-    oh, ow = params.out_size
     kinds = entries["kind"]
+    flagged = ~(((kinds == fmt.KIND_JPEG) | (kinds == fmt.KIND_PLANES))
+                & (entries["channels"] == 3) & np.array([v is not None for v in views])[slots])
+    if flagged.all():  # e.g. an LMDB data set: nothing for the call to make
+        return None
+    oh, ow = params.out_size
     window = (params.boxes if params.exact is None else params.windows)[a:b]
     targets = np.ascontiguousarray(window if params.exact is None else params.exact[a:b],
                                    dtype=np.float64)
     reduce = ctx.spec.reduced_decode & (kinds == fmt.KIND_JPEG)
     scales = jpegdecode.choose_scales(targets[:, 2].astype(np.int64),
                                       targets[:, 3].astype(np.int64), oh, ow)
-    mapped = np.array([v is not None for v in views])[slots]
     table = np.zeros((n, len(_MANY)), dtype=np.int64)
     for name, column in (
             ("slot", slots), ("offset", entries["offset"]), ("length", entries["length"]),
@@ -346,8 +349,7 @@ def _decodes_at_once(ctx: BuildContext, plan: BatchPlan, a: int, b: int, flat, s
             ("dst", np.arange(a, b, dtype=np.int64) * (3 * oh * ow)),
             ("flip_h", params.flip_h[a:b]), ("flip_v", params.flip_v[a:b]),
             ("orientation", entries["orientation"]), ("index", plan.indices[a:b]),
-            ("flagged", ~(((kinds == fmt.KIND_JPEG) | (kinds == fmt.KIND_PLANES))
-                          & (entries["channels"] == 3) & mapped))):
+            ("flagged", flagged)):
         table[:, _MANY.index(name)] = column
     views = [v if v is not None else b"" for v in views]
     need = (entries["height"].astype(np.int64) + 1) * entries["width"].astype(np.int64) * 4 + 64
@@ -356,6 +358,8 @@ def _decodes_at_once(ctx: BuildContext, plan: BatchPlan, a: int, b: int, flat, s
 
     def run(pos: int, progress) -> int:
         i = pos - a
+        if flagged[i]:  # the caller's at once, without a call that would stop at it
+            return pos
         return pos + many(views, table[i:], targets[i:], buf, flat,
                           own_progress if progress is None else progress)
     return run

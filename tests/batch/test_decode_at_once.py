@@ -26,6 +26,8 @@ def sets(tmp_path_factory):
     for mode in ("jpeg", "planes"):
         convert(root / "src", root / mode, mode=mode, shard_size="400KB", workers=1,
                 progress=False, overwrite=True)
+    convert(root / "src", root / "jpeg-lmdb", mode="jpeg", format="lmdb", workers=1,
+            progress=False, overwrite=True)
     return root
 
 
@@ -100,3 +102,15 @@ def test_a_record_the_call_cannot_make_goes_alone(sets, mode, tmp_path, monkeypa
     with pytest.raises(SampleError, match=r"sample 21\b") as caught:
         _epoch(dst, transforms)
     assert ds.shards[k].path.split("/")[-1] in str(caught.value)
+
+
+@pytest.mark.skipif(jpegdecode.native_decode_resized_many is None, reason="no C extension")
+def test_records_not_in_one_mapped_file_take_the_sample_path_without_a_call(sets, monkeypatch):
+    """LMDB records (no one mapped file): no many-record call at all, the bits of the
+    record set's."""
+    transforms = RECIPES["random resized crop"]
+    want, _ = _epoch(sets / "jpeg", transforms)
+    calls = _counting(monkeypatch)
+    got, _ = _epoch(sets / "jpeg-lmdb", transforms)
+    _same(got, want)
+    assert calls["many"] == 0 and calls["one"] == 48
