@@ -30,7 +30,7 @@ import threading
 import time
 
 _GROUPS = (("dlpack-prefetch", "planner loop"), ("asyncio", "landing (executor)"),
-           ("dlpack-land", "landing (one thread)"),
+           ("dlpack-land", "landing (one thread)"), ("dlpack-receive", "receiving (direct)"),
            ("tokio", "obstore (Tokio)"), ("dlpack-loader", "decode workers"))
 
 

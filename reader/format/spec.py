@@ -210,11 +210,12 @@ class FormatError(Exception):
     """
 
 
-def crc32(data) -> int:
-    """CRC-32 (zlib polynomial) of a bytes-like object, as an unsigned int. Computed by
-    zlib-ng when it is installed (about 3x zlib's speed here: every record a remote epoch
-    reads is checked, see docs/benchmarks.md), else by zlib: the same number either way."""
-    return (_CRC32 or _load_crc32())(data) & 0xFFFFFFFF
+def crc32(data, value: int = 0) -> int:
+    """CRC-32 (zlib polynomial) of a bytes-like object, as an unsigned int; ``value``: the
+    CRC of the bytes before ``data`` (a CRC kept up as pieces arrive). Computed by zlib-ng
+    when it is installed (about 3x zlib's speed here: every record a remote epoch reads is
+    checked, see docs/benchmarks.md), else by zlib: the same number either way."""
+    return (_CRC32 or _load_crc32())(data, value) & 0xFFFFFFFF
 
 
 _CRC32 = None

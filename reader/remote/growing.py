@@ -14,6 +14,7 @@ the keep ledger (keep.py) by the process that created it and stays as the assemb
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
@@ -25,7 +26,7 @@ import numpy as np
 
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.remote import cache as cache_mod
-from dlpack_io.reader.remote.fetchplan import mismatch
+from dlpack_io.reader.remote.fetchplan import extents, mismatch
 
 log = logging.getLogger(__name__)
 _CLOSE_AFTER_S = 10.0  # a finished shard's files stay open this long (threads still using them)
@@ -83,25 +84,52 @@ class GrowingShards:
         held = self._files.get(k)
         if held is None:  # assembled by another process: its verified bytes are there
             return
-        fd, map_fd = held[:2]
+        fd = held[0]
         cache_mod.check_size(fd, self.source.shards[k].size, self.path(k))  # a cut file: no
         offsets = entries["offset"].astype(np.int64)  # write extends it (zeros, verified)
         ends = offsets + self.source.lengths[self.source.first_sample(k) + local]
         order = np.argsort(offsets, kind="stable")
         a = 0
-        try:
+        with self._disk_errors(k):
             for i in range(1, len(order) + 1):
                 if i == len(order) or offsets[order[i]] != ends[order[i - 1]]:
                     lo, hi = int(offsets[order[a]]), int(ends[order[i - 1]])
                     cache_mod.pwrite_all(fd, data[lo - start:hi - start], lo)
                     a = i
-            for j in local.tolist():  # after the bytes: a reader seeing the 1 sees them
-                os.pwrite(map_fd, b"\x01", j)
+        self.mark(k, local)
+
+    def receiver(self, k: int, entries, start: int, budget: int, stopped):
+        """A :class:`RangeSink` writing the records of shard ``k`` that ``entries`` index
+        into its growing file as the bytes from shard offset ``start`` arrive (until
+        ``stopped()``), or None when they do not land in place here (then fetch and
+        ``land`` them). Close it when done."""
+        if not self.start(k, budget) or k not in self._files:
+            return None
+        fd = self._files[k][0]
+        cache_mod.check_size(fd, self.source.shards[k].size, self.path(k))
+        return RangeSink(fd, entries, start, stopped)
+
+    def mark(self, k: int, local) -> None:
+        """Records ``local`` of shard ``k`` (their verified bytes written) present in the
+        map; a byte per record, adjacent ones in one ``pwrite``."""
+        held = self._files.get(k)
+        if held is None:
+            return
+        marks = np.sort(np.asarray(local, dtype=np.int64))
+        cuts = np.flatnonzero(np.diff(marks) != 1) + 1
+        with self._disk_errors(k):  # after the bytes: a reader seeing the 1 sees them
+            for run in np.split(marks, cuts) if len(marks) else ():
+                os.pwrite(held[1], b"\x01" * len(run), int(run[0]))
+        self.verified[self.source.first_sample(k) + marks] = True
+
+    @contextlib.contextmanager
+    def _disk_errors(self, k: int):
+        try:
+            yield
         except OSError as exc:  # a full disk (where blocks could not be reserved up front)
             raise OSError(exc.errno, f"{exc.strerror}: writing records of shard {k} into "
                           f"{self.path(k)}; free space there, or pass a smaller cache_limit "
                           f"or another cache_dir") from exc
-        self.verified[self.source.first_sample(k) + local] = True
 
     def present(self, samples: np.ndarray, lookup, budget: int) -> np.ndarray:
         """Mask of ``samples`` whose verified bytes are in a growing file (one left by
@@ -296,3 +324,90 @@ class GrowingShards:
         head = cache_mod.read_file(self.source.cache.index_path(shard.name), shard.size)
         full = shard.size - shard.header.index_offset + fmt.HEADER_SIZE
         return head if head is not None and len(head) == full else None
+
+
+_RECEIVE_BUFFER = 512 * 1024  # bytes a receiving thread reads at once: fits its L2 cache
+_buffers = threading.local()  # one buffer per receiving thread, kept
+
+
+class RangeSink:
+    """Records of one requested range, received (Store.receive_range) into a buffer of the
+    receiving thread and checked there while the bytes are in the CPU's cache; each record
+    whose CRCs match is written into its growing file straight from the buffer, so only
+    verified bytes ever reach the file, as with ``land``. Bytes between the records (a
+    bridged gap) are dropped. Nothing is marked present here: the caller marks the records
+    (GrowingShards.mark) once :meth:`failed` is None."""
+
+    def __init__(self, fd: int, entries, start: int, stopped):
+        entries = entries[np.argsort(entries["offset"], kind="stable")]
+        # its own descriptor: a receive still running when the shard's files are closed
+        # (a planner stopped mid-request) never writes through a number reused meanwhile
+        self.fd, self.entries, self.stopped, self._buffer = os.dup(fd), entries, stopped, None
+        self.offsets = entries["offset"].astype(np.int64).tolist()
+        self.ends = (entries["offset"].astype(np.int64) + extents(entries)).tolist()
+        self.next, self.bad = 0, None  # the first record not passed yet; the first that failed
+        self.base = start  # the shard offset of buffer[0] (the range's first byte)
+        self.fill = 0  # bytes in the buffer
+
+    def space(self) -> memoryview:
+        """Where the next bytes go (the buffer after those held)."""
+        buffer = self._buffer or getattr(_buffers, "view", None)
+        need = self.fill + 1
+        if self.next < len(self.offsets):  # a record larger than the buffer: one to fit it
+            need = max(need, self.ends[self.next] - self.base)
+        if buffer is None or len(buffer) < need:
+            larger = memoryview(bytearray(max(_RECEIVE_BUFFER, need)))
+            if buffer is not None:
+                larger[:self.fill] = buffer[:self.fill]
+            if len(larger) == _RECEIVE_BUFFER:  # (a larger one is dropped when done)
+                _buffers.view = larger
+            buffer = larger
+        self._buffer = buffer
+        return buffer[self.fill:]
+
+    def got(self, n: int) -> None:
+        """``n`` more bytes are in the buffer: write the records now complete (those whose
+        CRCs match), then keep only the bytes of the record not complete yet."""
+        if self.stopped():
+            raise ReceiveStopped("the prefetch was closed")
+        self.fill += n
+        held_end, buffer, run = self.base + self.fill, self._buffer, None
+        while self.next < len(self.offsets) and self.ends[self.next] <= held_end:
+            i = self.next
+            lo, hi = self.offsets[i] - self.base, self.ends[i] - self.base
+            if lo >= 0 and mismatch(buffer[lo:hi], self.entries[i]) is None:
+                if run is not None and run[1] == lo:  # adjacent records: one write
+                    run[1] = hi
+                else:
+                    self._write(run)
+                    run = [lo, hi]
+            elif self.bad is None:
+                self.bad = i
+            self.next += 1
+        self._write(run)
+        keep_from = held_end if self.next == len(self.offsets) else \
+            min(max(self.offsets[self.next], self.base), held_end)
+        kept = held_end - keep_from  # the part of the next record that came
+        if kept:
+            buffer[:kept] = buffer[keep_from - self.base:self.fill]
+        self.base, self.fill = keep_from, kept
+
+    def _write(self, run) -> None:
+        if run is not None:
+            cache_mod.pwrite_all(self.fd, self._buffer[run[0]:run[1]], self.base + run[0])
+
+    def failed(self) -> int | None:
+        """None when every record arrived whole and matched its CRCs, else the position (in
+        offset order) of the first that did not."""
+        return self.bad if self.bad is not None or self.next == len(self.offsets) \
+            else self.next
+
+    def close(self) -> None:
+        """Close the sink's descriptor (idempotent)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class ReceiveStopped(Exception):
+    """A RangeSink's receive ended early: the prefetch was closed."""

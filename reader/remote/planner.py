@@ -19,6 +19,7 @@ The prefetch protocol of a remote Dataset (see docs/remote.md):
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import threading
@@ -38,6 +39,17 @@ from dlpack_io.reader.remote.prefetch import ConsumerSide, warn_overcommit
 
 log = logging.getLogger(__name__)
 HOLD_FILL = True  # a fill after batch 0 starts when batch 0's requests are done
+
+
+def _closing(sink, receive):
+    """``receive`` (run on a receiving thread) that closes ``sink`` when it ends, also when
+    the task that waits for it was cancelled meanwhile."""
+    def run():
+        try:
+            return receive()
+        finally:
+            sink.close()
+    return run
 
 
 class Planner(ConsumerSide, FullCacheSide):
@@ -74,8 +86,11 @@ class Planner(ConsumerSide, FullCacheSide):
     def _run(self) -> None:
         # records growing in place land one range at a time, on one thread: concurrent
         # writes into one file contend for its inode lock, and the kernel spins for it
+        # (ranges received straight into it are written by a thread each: receive_range)
         self._lander = ThreadPoolExecutor(1, thread_name_prefix="dlpack-land") \
             if self.grow is not None else None
+        self._receivers = ThreadPoolExecutor(min(self.max_inflight, 8), thread_name_prefix=
+                                             "dlpack-receive") if self.grow is not None else None
         try:
             asyncio.run(self._plan_all())
         except asyncio.CancelledError:
@@ -85,8 +100,9 @@ class Planner(ConsumerSide, FullCacheSide):
                 self.error = exc
                 self.cond.notify_all()
         finally:
-            if self._lander is not None:
-                self._lander.shutdown()
+            for pool in (self._lander, self._receivers):
+                if pool is not None:
+                    pool.shutdown()
 
     async def _plan_all(self) -> None:
         self._loop, self._budget = asyncio.get_running_loop(), asyncio.Event()
@@ -222,6 +238,9 @@ class Planner(ConsumerSide, FullCacheSide):
                 sem.release()
 
     async def _fetch_range(self, k, start, end, samples, local, entries) -> None:
+        if self.grow is not None and self.store.receives_directly() and \
+                await self._receive(self.grow, k, start, end, samples, local, entries):
+            return
         data, pieces = await fetch_spans(self.store, self.shards[k], start, end, local, entries,
                                          self.source.url, self._count)
         try:  # (the one landing thread only while records grow in place)
@@ -232,6 +251,52 @@ class Planner(ConsumerSide, FullCacheSide):
             a = full.at  # task of its own: this one ends, and frees its place in flight
             self._spawn(self._tasks, ("land", full, k, data, start, samples[a:], local[a:],
                                       entries[a:], pieces[a:]))
+
+    async def _receive(self, grow, k, start, end, samples, local, entries) -> bool:
+        """Records growing in place (``grow``): bytes ``start``-``end`` of shard ``k``
+        received straight into its growing file (Store.receive_range), checked as they pass,
+        then marked present; False when that way is closed or did not work out (nothing was
+        marked: the caller fetches and lands them as before, its checks and messages as
+        ever)."""
+        sink = await self._loop.run_in_executor(self._lander, grow.receiver, k, entries,
+                                                start, self.keep_budget, lambda: self.closed)
+        if sink is None:
+            return False
+        shard = self.shards[k]
+        receive = functools.partial(self.store.receive_range, shard.name, start, end,
+                                    etag=shard.etag, sink=sink)
+        try:
+            got = await self._loop.run_in_executor(self._receivers, _closing(sink, receive))
+        except OSError as exc:  # writing into the growing file: the usual way says how
+            log.debug("%s: receiving bytes %d-%d into %s failed: %s", shard.path, start,
+                      end - 1, grow.path(k), exc)
+            return False
+        if not got:
+            return False
+        self._count(1, end - start)
+        bad = sink.failed()
+        if bad is not None:
+            log.warning("%s record at byte %d: checksum mismatch in the downloaded bytes; "
+                        "fetching bytes %d-%d again", shard.path, sink.offsets[bad], start,
+                        end - 1)
+            return False
+        return await self._loop.run_in_executor(self._lander, self._land_received, grow, k,
+                                                samples, local)
+
+    def _land_received(self, grow, k, samples, local) -> bool:
+        """(The landing thread) records of shard ``k`` received in place: marked present, as
+        ``_land`` marks those it writes; False on a full disk (they land the usual way)."""
+        try:
+            grow.mark(k, local)
+        except OSError as exc:
+            if exc.errno not in FULL:
+                raise
+            log.warning("%s; records land one file each from now on", exc)
+            self.grow = None
+            return False
+        self._mark_present(samples, np.ones(len(samples), dtype=bool))
+        grow.finish(k)
+        return True
 
     def _land(self, k, data, start, samples, local, entries, pieces) -> None:
         """(An executor thread) verified records of shard ``k`` into the cache: in place in its

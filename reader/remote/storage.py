@@ -3,6 +3,7 @@
     store = Store("s3://bucket/prefix")
     store.get_range("shard-00000.rec", 0, 4096)      # also: get, head, put, put_file,
     await store.aget_range(...)                       # list, delete; async get for the planner
+    store.receive_range(name, start, end, etag=..., sink=...)  # s3://: straight to a file
 
 Every request has a timeout (``Policy.request_timeout``); transient failures (network
 errors, timeouts, 5xx) are retried with exponential backoff and jitter until
@@ -14,14 +15,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import http.client
+import logging
 import os
 import random
 import re
+import threading
 import time
 from dataclasses import dataclass
 
 from dlpack_io.reader.remote import clouds
 from dlpack_io.reader.remote.clouds import canonical, parse_url, scheme_of
+
+log = logging.getLogger(__name__)
 
 # Response bodies read under a byte budget fixed before the request is sent.
 #
@@ -219,6 +225,18 @@ def run_sync(coro):
         return pool.submit(asyncio.run, coro).result()
 
 
+_SIGNED_FOR_S = 3600  # presigned URLs of receive_range are valid this long
+
+
+@dataclass(frozen=True)
+class _SignedURL:
+    scheme: str
+    netloc: str
+    host: str
+    port: int | None
+    path_query: str
+
+
 @dataclass(frozen=True)
 class Policy:
     """How patient requests are: per-request timeout, attempts, backoff and overall deadline."""
@@ -253,6 +271,8 @@ class Store:
                                           **clouds.policy_values(storage_options))
         self._store, self._pid = None, None
         self._bucket_seen = False  # head() proved the bucket exists (see there)
+        self._direct, self._signatures = None, {}  # receive_range: open?, presigned URLs
+        self._threads = threading.local()  # receive_range: connections per thread
 
     @property
     def owner_pid(self) -> int | None:
@@ -375,6 +395,133 @@ class Store:
         data, tag = await self._aretry("GET", name, once, start, end)
         data = self._check_length(data, name, start, end)
         return (data, tag) if with_etag else data
+
+    # ---- a range received straight into its place -------------------------------------
+    # obstore hands a body over as one new buffer, which the planner then copies into the
+    # cache file: on a cold epoch 0 that copy, the buffer's first touch and the client's
+    # Tokio work cost about as much CPU as the kernel's own receive (docs/benchmarks.md).
+    # Here a range is read off the socket into a small buffer the caller keeps (it stays in
+    # the CPU's cache) by an HTTP GET of a URL presigned by obstore (SigV4), on a kept-alive
+    # connection of this thread. Anything unusual (a status but 206, a length but the one
+    # asked for, a network error) returns False: the caller then asks through aget_range,
+    # whose retries, deadline and messages rule as before.
+
+    def receive_range(self, name: str, start: int, end: int, *, etag: str | None,
+                      sink) -> bool:
+        """Read bytes [start, end) of ``name`` into ``sink.space()`` (a writable view, not
+        empty), telling ``sink.got(n)`` after each read of ``n`` bytes; True when all of
+        them came. False when this way is closed here (not s3://, no signing credentials,
+        a proxy in the environment, ``DLPACK_DIRECT_RECEIVE=0``, or a network error
+        before) or the request did not deliver exactly that range: ask through
+        :meth:`aget_range` then. What ``sink`` raises propagates. Blocking: call it from a
+        worker thread."""
+        if end <= start or not self.receives_directly():
+            return False
+        url = self._signed(name)
+        if url is None:
+            return False
+        headers = {"Range": f"bytes={start}-{end - 1}"} | ({"If-Match": etag} if etag else {})
+        for fresh in (False, True):  # a kept-alive connection the server closed: once more
+            conn, reused = self._connection(url, fresh)
+            try:
+                conn.request("GET", url.path_query, headers=headers)
+                response = conn.getresponse()
+                break
+            except (OSError, http.client.HTTPException) as exc:
+                conn.close()
+                if not reused or fresh:
+                    return self._direct_failed(exc, name)
+        expected = f"bytes {start}-{end - 1}/"
+        if response.status != 206 or response.getheader("Content-Length") != str(end - start) \
+                or not (response.getheader("Content-Range") or "").startswith(expected):
+            if response.status == 403:  # a signature that expired (or credentials rotated)
+                self._signatures.pop(name, None)
+            conn.close()  # the body (if any) is not read: the connection is not reused
+            return False
+        at = start
+        while at < end:
+            space = sink.space()
+            try:
+                n = response.readinto(space[:end - at])
+            except (OSError, http.client.HTTPException) as exc:
+                conn.close()
+                return self._direct_failed(exc, name)
+            if not n:  # the server closed before the end: a short body
+                conn.close()
+                return False
+            try:
+                sink.got(n)
+            except BaseException:  # the rest of the body is not read: not reused
+                conn.close()
+                raise
+            at += n
+        return True
+
+    def receives_directly(self) -> bool:
+        """Whether :meth:`receive_range` may be tried here (s3://, no proxy in the
+        environment, not turned off by ``DLPACK_DIRECT_RECEIVE=0``, no network error on
+        that way yet)."""
+        if self._direct is None:
+            proxies = [k for k in os.environ if k.lower() in ("http_proxy", "https_proxy",
+                                                              "all_proxy")]
+            self._direct = self.scheme == "s3" and not proxies and \
+                os.environ.get("DLPACK_DIRECT_RECEIVE", "1") != "0"
+        return self._direct
+
+    def _direct_failed(self, exc: BaseException, name: str) -> bool:
+        """A network error on the direct way: closed for this store from now on (aget_range's
+        retries and timeouts take over); False."""
+        self._direct = False
+        log.debug("%s: receiving directly failed (%s: %s); ranges go through the client "
+                  "from now on", self.where(name), type(exc).__name__, first_line(exc))
+        return False
+
+    def _signed(self, name: str):
+        """A presigned GET URL of ``name`` (split for http.client), kept until 10 minutes
+        before it expires; None when this store cannot sign (the direct way closes)."""
+        import datetime
+        import urllib.parse
+
+        import obstore
+
+        held = self._signatures.get(name)
+        if held is not None and held[1] > time.monotonic():
+            return held[0]
+        try:
+            signed = obstore.sign(self._client(), "GET", self.key(name),
+                                  datetime.timedelta(seconds=_SIGNED_FOR_S))
+        except StorageError:
+            raise
+        except Exception as exc:  # anonymous access, credentials that cannot sign
+            self._direct_failed(exc, name)
+            return None
+        parts = urllib.parse.urlsplit(signed)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            self._direct_failed(ValueError(f"a signed URL of scheme {parts.scheme!r}"), name)
+            return None
+        url = _SignedURL(parts.scheme, parts.netloc, parts.hostname, parts.port,
+                         f"{parts.path}?{parts.query}")
+        self._signatures[name] = (url, time.monotonic() + _SIGNED_FOR_S - 600)
+        return url
+
+    def _connection(self, url, fresh: bool):
+        """(this thread's kept-alive connection to ``url``'s host, whether it was used
+        before); ``fresh``: a new one."""
+        held = self._threads.__dict__.setdefault("connections", {})
+        key = (url.scheme, url.netloc)
+        if not fresh and key in held:
+            return held[key], True
+        if url.scheme == "https":
+            import ssl
+
+            conn = http.client.HTTPSConnection(url.host, url.port,
+                                               timeout=self.policy.request_timeout,
+                                               context=ssl.create_default_context())
+        else:
+            conn = http.client.HTTPConnection(url.host, url.port,
+                                              timeout=self.policy.request_timeout)
+        held[key] = conn
+        return conn, False
 
     def _check_length(self, data, name, start, end):
         if len(data) != end - start:

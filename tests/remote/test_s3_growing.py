@@ -66,8 +66,10 @@ def test_epoch_0_lands_in_place_equals_local_and_writes_no_record_file(s3_env, p
     assert remote._remote.bytes_fetched == fetched  # epoch 1 from the assembled shards
 
 
-def test_a_tampered_byte_in_a_fetched_range_is_caught_and_refetched(s3_env, packed, caplog):
-    remote = Dataset(URL)
+def test_a_tampered_byte_in_a_fetched_range_is_caught_and_refetched(s3_env, packed, caplog,
+                                                                   monkeypatch):
+    monkeypatch.setenv("DLPACK_DIRECT_RECEIVE", "0")  # the client's way (test_s3_receive.py:
+    remote = Dataset(URL)  # the same byte received directly)
     store, calls = remote._remote.store, []
     real = store.aget_range
 
