@@ -79,6 +79,7 @@ class Planner(ConsumerSide, FullCacheSide):
         self.cond = threading.Condition()
         self.error, self.closed, self.waiting_budget = None, False, None
         self.demand, self._warned = -1, False  # the highest batch a consumer waits for
+        self.receiving: set = set()  # RangeSinks of ranges being received in place
         self._loop = self._budget = self._main = self._lander = None
         self.thread = threading.Thread(target=self._run, name="dlpack-prefetch", daemon=True)
         self.thread.start()
@@ -265,12 +266,15 @@ class Planner(ConsumerSide, FullCacheSide):
         shard = self.shards[k]
         receive = functools.partial(self.store.receive_range, shard.name, start, end,
                                     etag=shard.etag, sink=sink)
+        self.receiving.add(sink)  # close() interrupts it (prefetch.py)
         try:
             got = await self._loop.run_in_executor(self._receivers, _closing(sink, receive))
         except OSError as exc:  # writing into the growing file: the usual way says how
             log.debug("%s: receiving bytes %d-%d into %s failed: %s", shard.path, start,
                       end - 1, grow.path(k), exc)
             return False
+        finally:
+            self.receiving.discard(sink)
         if not got:
             return False
         self._count(1, end - start)

@@ -189,6 +189,8 @@ class ConsumerSide:
                 return
             self.closed = True
             self.cond.notify_all()
+        for sink in list(getattr(self, "receiving", ())):  # a receive waiting on the server
+            self.store.interrupt(sink)  # ends now, not after request_timeout
         try:
             self._loop.call_soon_threadsafe(self._main.cancel)
         except (AttributeError, RuntimeError):

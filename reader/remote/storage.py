@@ -20,6 +20,7 @@ import logging
 import os
 import random
 import re
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -229,15 +230,6 @@ _SIGNED_FOR_S = 3600  # presigned URLs of receive_range are valid this long
 
 
 @dataclass(frozen=True)
-class _SignedURL:
-    scheme: str
-    netloc: str
-    host: str
-    port: int | None
-    path_query: str
-
-
-@dataclass(frozen=True)
 class Policy:
     """How patient requests are: per-request timeout, attempts, backoff and overall deadline."""
 
@@ -272,6 +264,7 @@ class Store:
         self._store, self._pid = None, None
         self._bucket_seen = False  # head() proved the bucket exists (see there)
         self._direct, self._signatures = None, {}  # receive_range: open?, presigned URLs
+        self._receiving: dict = {}  # id(sink) -> the connection receiving into it
         self._threads = threading.local()  # receive_range: connections per thread
 
     @property
@@ -414,7 +407,8 @@ class Store:
         a proxy in the environment, ``DLPACK_DIRECT_RECEIVE=0``, or a network error
         before) or the request did not deliver exactly that range: ask through
         :meth:`aget_range` then. What ``sink`` raises propagates. Blocking: call it from a
-        worker thread."""
+        worker thread; :meth:`interrupt` ends it from another (False; a sink whose
+        ``stopped()`` is then true does not count it as a network error)."""
         if end <= start or not self.receives_directly():
             return False
         url = self._signed(name)
@@ -424,7 +418,7 @@ class Store:
         for fresh in (False, True):  # a kept-alive connection the server closed: once more
             conn, reused = self._connection(url, fresh)
             try:
-                conn.request("GET", url.path_query, headers=headers)
+                conn.request("GET", f"{url.path}?{url.query}", headers=headers)
                 response = conn.getresponse()
                 break
             except (OSError, http.client.HTTPException) as exc:
@@ -438,24 +432,39 @@ class Store:
                 self._signatures.pop(name, None)
             conn.close()  # the body (if any) is not read: the connection is not reused
             return False
-        at = start
-        while at < end:
-            space = sink.space()
-            try:
-                n = response.readinto(space[:end - at])
-            except (OSError, http.client.HTTPException) as exc:
-                conn.close()
-                return self._direct_failed(exc, name)
-            if not n:  # the server closed before the end: a short body
-                conn.close()
-                return False
-            try:
-                sink.got(n)
-            except BaseException:  # the rest of the body is not read: not reused
-                conn.close()
-                raise
-            at += n
+        at, self._receiving[id(sink)] = start, conn
+        try:
+            while at < end:
+                space = sink.space()
+                try:
+                    n = response.readinto(space[:end - at])
+                except (OSError, http.client.HTTPException) as exc:
+                    conn.close()
+                    stopped = getattr(sink, "stopped", None)
+                    return False if stopped and stopped() else self._direct_failed(exc, name)
+                if not n:  # the server closed before the end (or interrupt): a short body
+                    conn.close()
+                    return False
+                try:
+                    sink.got(n)
+                except BaseException:  # the rest of the body is not read: not reused
+                    conn.close()
+                    raise
+                at += n
+        finally:
+            self._receiving.pop(id(sink), None)
         return True
+
+    def interrupt(self, sink) -> None:
+        """End a :meth:`receive_range` into ``sink`` now, also one waiting for a stalled
+        server (its socket is shut down); nothing when none runs."""
+        conn = self._receiving.get(id(sink))
+        sock = getattr(conn, "sock", None)
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:  # closed meanwhile
+                pass
 
     def receives_directly(self) -> bool:
         """Whether :meth:`receive_range` may be tried here (s3://, no proxy in the
@@ -477,8 +486,8 @@ class Store:
         return False
 
     def _signed(self, name: str):
-        """A presigned GET URL of ``name`` (split for http.client), kept until 10 minutes
-        before it expires; None when this store cannot sign (the direct way closes)."""
+        """A presigned GET URL of ``name`` (urlsplit), kept until 10 minutes before it
+        expires; None when this store cannot sign (the direct way closes)."""
         import datetime
         import urllib.parse
 
@@ -499,10 +508,8 @@ class Store:
         if parts.scheme not in ("http", "https") or not parts.hostname:
             self._direct_failed(ValueError(f"a signed URL of scheme {parts.scheme!r}"), name)
             return None
-        url = _SignedURL(parts.scheme, parts.netloc, parts.hostname, parts.port,
-                         f"{parts.path}?{parts.query}")
-        self._signatures[name] = (url, time.monotonic() + _SIGNED_FOR_S - 600)
-        return url
+        self._signatures[name] = (parts, time.monotonic() + _SIGNED_FOR_S - 600)
+        return parts
 
     def _connection(self, url, fresh: bool):
         """(this thread's kept-alive connection to ``url``'s host, whether it was used
@@ -511,16 +518,9 @@ class Store:
         key = (url.scheme, url.netloc)
         if not fresh and key in held:
             return held[key], True
-        if url.scheme == "https":
-            import ssl
-
-            conn = http.client.HTTPSConnection(url.host, url.port,
-                                               timeout=self.policy.request_timeout,
-                                               context=ssl.create_default_context())
-        else:
-            conn = http.client.HTTPConnection(url.host, url.port,
-                                              timeout=self.policy.request_timeout)
-        held[key] = conn
+        kind = http.client.HTTPSConnection if url.scheme == "https" else \
+            http.client.HTTPConnection  # (https: the system's CAs, hostname checked)
+        conn = held[key] = kind(url.hostname, url.port, timeout=self.policy.request_timeout)
         return conn, False
 
     def _check_length(self, data, name, start, end):

@@ -212,3 +212,51 @@ def test_epoch_0_received_directly_equals_local_and_a_tampered_byte_never_lands(
     assert len(direct) > 1 and client.count(tampered[0]) == 1  # only the bad one went that way
     assert [r for r in client if r[2] - r[1] > 1000] == tampered
     assert remote._remote.whole.assembled == len(remote.shards)
+
+
+def test_interrupt_ends_a_receive_waiting_on_a_stalled_server_at_once(tmp_path, monkeypatch):
+    """A server that sends the headers and 10 of 100 bytes, then nothing: interrupt() (what
+    closing a prefetch calls) ends the read now, not after request_timeout (600 s here),
+    and a stopped sink's receive does not count as a network error."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    release = threading.Event()
+
+    def serve():
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 206 Partial Content\r\nContent-Length: 100\r\n"
+                     b"Content-Range: bytes 0-99/100\r\n\r\n" + bytes(10))
+        release.wait(60)
+        conn.close()
+    threading.Thread(target=serve, daemon=True).start()
+    for key in [k for k in os.environ if k.startswith("AWS_") or k.lower().endswith("_proxy")]:
+        monkeypatch.delenv(key)
+    store = Store("s3://stalled/p", storage_options={
+        "endpoint": f"http://127.0.0.1:{listener.getsockname()[1]}", "allow_http": True,
+        "access_key_id": "k", "secret_access_key": "s", "region": "us-east-1",
+        "request_timeout": 600})
+    first, stop, result = threading.Event(), threading.Event(), []
+
+    class Waiting(Collect):
+        def got(self, n):
+            super().got(n)
+            first.set()
+
+        def stopped(self):
+            return stop.is_set()
+    sink = Waiting(10)  # a read of 10 bytes comes back; the next waits
+    worker = threading.Thread(target=lambda: result.append(
+        store.receive_range("obj", 0, 100, etag=None, sink=sink)))
+    worker.start()
+    assert first.wait(60) and sink.out == bytes(10)
+    stop.set()
+    store.interrupt(sink)
+    worker.join(60)
+    release.set()
+    assert not worker.is_alive() and result == [False]
+    assert store.receives_directly()  # not taken for a network error
+    store.interrupt(sink)  # nothing runs: nothing happens
+    listener.close()
