@@ -34,7 +34,7 @@ _GROUPS = (("dlpack-prefetch", "planner loop"), ("asyncio", "landing (executor)"
            ("tokio", "obstore (Tokio)"), ("dlpack-loader", "decode workers"))
 
 
-def _name_threads() -> None:
+def name_threads() -> None:
     """Give each Python thread its Python name as the OS thread name (for perf and /proc)."""
     libc, run = ctypes.CDLL(None), threading.Thread.run
 
@@ -87,7 +87,9 @@ class ThreadCPU:
         return groups
 
 
-def _epoch(ds, batch_size: int, server_pid: int, perf=None) -> dict:
+def epoch(ds, batch_size: int, server_pid: int, perf=None) -> dict:
+    """One epoch of ``ds`` (RandomResizedCrop 224 + flip, 2 thread workers): images/s, CPU
+    per image of this process (whole, user, system, per thread group) and of the server."""
     from dlpack_io.reader import Loader, RandomHorizontalFlip, RandomResizedCrop
     from dlpack_io.reader.batch.stats import proc_cpu
 
@@ -120,7 +122,8 @@ def _epoch(ds, batch_size: int, server_pid: int, perf=None) -> dict:
             "loadavg": open("/proc/loadavg").read().split()[0]}
 
 
-def _setup(src: str, out: str):
+def setup(src: str, out: str):
+    """Pack ``src`` once into OUT/local (16 MB shards); a fresh SeaweedFS folder; its path."""
     from dlpack_io.packer import convert
 
     local_dir = os.path.join(out, "local")
@@ -174,12 +177,12 @@ def main() -> None:
     parser.add_argument("--out", default="/tmp/remote-cpu")
     parser.add_argument("--perf", action="store_true")
     args = parser.parse_args()
-    _name_threads()
+    name_threads()
     from dlpack_io.reader import Dataset
     from dlpack_io.reader.remote.storage import Store
     from dlpack_io.tools.bench.seaweed import SeaweedServer
 
-    local_dir = _setup(args.src, args.out)
+    local_dir = setup(args.src, args.out)
     with SeaweedServer(os.path.join(args.out, "seaweed"), buckets=["bench"]) as server:
         os.environ.update(server.env())
         store = Store("s3://bench/ds")
@@ -193,9 +196,9 @@ def main() -> None:
             cache = os.path.join(args.out, "cache")
             shutil.rmtree(cache, ignore_errors=True)
             _reread(local_dir)
-            row = {"local_e0": _epoch(Dataset(local_dir), args.batch_size, pid,
+            row = {"local_e0": epoch(Dataset(local_dir), args.batch_size, pid,
                                       perf.get("local")),
-                   "s3_e0": _epoch(Dataset("s3://bench/ds", cache_dir=cache),
+                   "s3_e0": epoch(Dataset("s3://bench/ds", cache_dir=cache),
                                    args.batch_size, pid, perf.get("s3"))}
             print(json.dumps(row), flush=True)
             rows.append(row)
