@@ -104,6 +104,8 @@ class Planner(ConsumerSide, FullCacheSide):
             for pool in (self._lander, self._receivers):
                 if pool is not None:
                     pool.shutdown()
+            if self._receivers is not None:  # (the next prefetch opens its own)
+                self.store.close_connections()
 
     async def _plan_all(self) -> None:
         self._loop, self._budget = asyncio.get_running_loop(), asyncio.Event()

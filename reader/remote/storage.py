@@ -14,7 +14,9 @@ never silently different bytes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import datetime
 import http.client
 import logging
 import os
@@ -23,6 +25,8 @@ import re
 import socket
 import threading
 import time
+import urllib.parse
+import weakref
 from dataclasses import dataclass
 
 from dlpack_io.reader.remote import clouds
@@ -152,10 +156,6 @@ _UNREACHABLE_RE = re.compile(r"error sending request|[Cc]onnection refused|dns e
                              r"[Cc]onnection closed|tcp connect error", re.S)
 
 
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [""])[0][:300]  # obstore appends debug dumps
-
-
 def classify(exc: BaseException, op: str, hints: dict) -> tuple[bool, type, str]:
     """(transient?, StorageError class, what to check) for ``exc`` raised by request ``op``
     ("GET", "HEAD", "LIST", "PUT", "DELETE"). ``hints``: the cloud's words ("bucket",
@@ -192,7 +192,7 @@ def classify(exc: BaseException, op: str, hints: dict) -> tuple[bool, type, str]
             f"The server did not finish answering in the time allowed: check that it is "
             f"healthy and not overloaded ({hints['endpoint']}), or allow more time with "
             f"storage_options request_timeout= and deadline=")
-    if isinstance(exc, ConnectionError) or _UNREACHABLE_RE.search(_first_line(exc)):
+    if isinstance(exc, ConnectionError) or _UNREACHABLE_RE.search(first_line(exc)):
         return True, EndpointUnreachableError, (f"Check that the endpoint is reachable and the "
                                                 f"server is up ({hints['endpoint']})")
     return True, StorageError, f"The server failed; check that it is healthy ({hints['endpoint']})"
@@ -210,7 +210,7 @@ def what_failed(cls: type) -> str:
 def first_line(exc: BaseException) -> str:
     """The first line of ``exc``'s message, at most 300 characters (obstore appends
     multi-line debug dumps that would bury the point)."""
-    return _first_line(exc)
+    return (str(exc).strip().splitlines() or [""])[0][:300]
 
 
 def run_sync(coro):
@@ -227,6 +227,11 @@ def run_sync(coro):
 
 
 _SIGNED_FOR_S = 3600  # presigned URLs of receive_range are valid this long
+
+
+def _close_all(idle: list) -> None:
+    for _, conn in idle:
+        conn.close()
 
 
 @dataclass(frozen=True)
@@ -265,7 +270,8 @@ class Store:
         self._bucket_seen = False  # head() proved the bucket exists (see there)
         self._direct, self._signatures = None, {}  # receive_range: open?, presigned URLs
         self._receiving: dict = {}  # id(sink) -> the connection receiving into it
-        self._threads = threading.local()  # receive_range: connections per thread
+        self._idle: list = []  # receive_range: ((scheme, host), connection) not in use
+        self._lock, self._closer = threading.Lock(), None
 
     @property
     def owner_pid(self) -> int | None:
@@ -390,25 +396,20 @@ class Store:
         return (data, tag) if with_etag else data
 
     # ---- a range received straight into its place -------------------------------------
-    # obstore hands a body over as one new buffer, which the planner then copies into the
-    # cache file: on a cold epoch 0 that copy, the buffer's first touch and the client's
-    # Tokio work cost about as much CPU as the kernel's own receive (docs/benchmarks.md).
-    # Here a range is read off the socket into a small buffer the caller keeps (it stays in
-    # the CPU's cache) by an HTTP GET of a URL presigned by obstore (SigV4), on a kept-alive
-    # connection of this thread. Anything unusual (a status but 206, a length but the one
-    # asked for, a network error) returns False: the caller then asks through aget_range,
-    # whose retries, deadline and messages rule as before.
+    # obstore hands a body over as a new buffer the planner copies into the cache file; here
+    # an HTTP GET of a URL obstore presigns (SigV4), on a kept-alive connection, reads it into
+    # the caller's small buffer (it stays in the CPU's cache): -24% of the fetching CPU, no
+    # range-sized buffers (docs/remote.md). Anything unusual goes the aget_range way.
 
     def receive_range(self, name: str, start: int, end: int, *, etag: str | None,
                       sink) -> bool:
         """Read bytes [start, end) of ``name`` into ``sink.space()`` (a writable view, not
-        empty), telling ``sink.got(n)`` after each read of ``n`` bytes; True when all of
-        them came. False when this way is closed here (not s3://, no signing credentials,
-        a proxy in the environment, ``DLPACK_DIRECT_RECEIVE=0``, or a network error
-        before) or the request did not deliver exactly that range: ask through
-        :meth:`aget_range` then. What ``sink`` raises propagates. Blocking: call it from a
-        worker thread; :meth:`interrupt` ends it from another (False; a sink whose
-        ``stopped()`` is then true does not count it as a network error)."""
+        empty), telling ``sink.got(n)`` after each read of ``n`` bytes; True when all came.
+        False when this way is closed (see :meth:`receives_directly`) or the request did not
+        deliver exactly that range (a status but 206, another length or range, a network
+        error): ask through :meth:`aget_range` then. What ``sink`` raises propagates.
+        Blocking; :meth:`interrupt` ends it from another thread (False; not counted as a
+        network error when ``sink.stopped()`` is then true)."""
         if end <= start or not self.receives_directly():
             return False
         url = self._signed(name)
@@ -432,28 +433,24 @@ class Store:
                 self._signatures.pop(name, None)
             conn.close()  # the body (if any) is not read: the connection is not reused
             return False
-        at, self._receiving[id(sink)] = start, conn
+        at, whole, self._receiving[id(sink)] = start, False, conn
         try:
             while at < end:
                 space = sink.space()
                 try:
                     n = response.readinto(space[:end - at])
                 except (OSError, http.client.HTTPException) as exc:
-                    conn.close()
                     stopped = getattr(sink, "stopped", None)
                     return False if stopped and stopped() else self._direct_failed(exc, name)
                 if not n:  # the server closed before the end (or interrupt): a short body
-                    conn.close()
                     return False
-                try:
-                    sink.got(n)
-                except BaseException:  # the rest of the body is not read: not reused
-                    conn.close()
-                    raise
+                sink.got(n)  # (what it raises propagates)
                 at += n
-        finally:
+            whole = True
+            return True
+        finally:  # kept alive for the next range only after a whole body
             self._receiving.pop(id(sink), None)
-        return True
+            self._put_back(url, conn) if whole else conn.close()
 
     def interrupt(self, sink) -> None:
         """End a :meth:`receive_range` into ``sink`` now, also one waiting for a stalled
@@ -461,25 +458,20 @@ class Store:
         conn = self._receiving.get(id(sink))
         sock = getattr(conn, "sock", None)
         if sock is not None:
-            try:
+            with contextlib.suppress(OSError):  # closed meanwhile
                 sock.shutdown(socket.SHUT_RDWR)
-            except OSError:  # closed meanwhile
-                pass
 
     def receives_directly(self) -> bool:
-        """Whether :meth:`receive_range` may be tried here (s3://, no proxy in the
-        environment, not turned off by ``DLPACK_DIRECT_RECEIVE=0``, no network error on
-        that way yet)."""
+        """Whether :meth:`receive_range` may be tried: s3://, no proxy in the environment,
+        not ``DLPACK_DIRECT_RECEIVE=0``, no network error (or failed signing) that way yet."""
         if self._direct is None:
-            proxies = [k for k in os.environ if k.lower() in ("http_proxy", "https_proxy",
-                                                              "all_proxy")]
+            proxies = {k.lower() for k in os.environ} & {"http_proxy", "https_proxy", "all_proxy"}
             self._direct = self.scheme == "s3" and not proxies and \
                 os.environ.get("DLPACK_DIRECT_RECEIVE", "1") != "0"
         return self._direct
 
     def _direct_failed(self, exc: BaseException, name: str) -> bool:
-        """A network error on the direct way: closed for this store from now on (aget_range's
-        retries and timeouts take over); False."""
+        """A network error on the direct way: it closes for this store; False."""
         self._direct = False
         log.debug("%s: receiving directly failed (%s: %s); ranges go through the client "
                   "from now on", self.where(name), type(exc).__name__, first_line(exc))
@@ -488,9 +480,6 @@ class Store:
     def _signed(self, name: str):
         """A presigned GET URL of ``name`` (urlsplit), kept until 10 minutes before it
         expires; None when this store cannot sign (the direct way closes)."""
-        import datetime
-        import urllib.parse
-
         import obstore
 
         held = self._signatures.get(name)
@@ -512,16 +501,28 @@ class Store:
         return parts
 
     def _connection(self, url, fresh: bool):
-        """(this thread's kept-alive connection to ``url``'s host, whether it was used
-        before); ``fresh``: a new one."""
-        held = self._threads.__dict__.setdefault("connections", {})
+        """(a kept-alive connection to ``url``'s host not in use, or a new one; whether it
+        was used before); ``fresh``: a new one."""
         key = (url.scheme, url.netloc)
-        if not fresh and key in held:
-            return held[key], True
+        with self._lock:
+            for i, (held, conn) in enumerate(self._idle if not fresh else ()):
+                if held == key:
+                    return self._idle.pop(i)[1], True
+            if self._closer is None:  # the idle ones closed with the store, if not before
+                self._closer = weakref.finalize(self, _close_all, self._idle)
         kind = http.client.HTTPSConnection if url.scheme == "https" else \
             http.client.HTTPConnection  # (https: the system's CAs, hostname checked)
-        conn = held[key] = kind(url.hostname, url.port, timeout=self.policy.request_timeout)
-        return conn, False
+        return kind(url.hostname, url.port, timeout=self.policy.request_timeout), False
+
+    def _put_back(self, url, conn) -> None:
+        with self._lock:
+            self._idle.append(((url.scheme, url.netloc), conn))
+
+    def close_connections(self) -> None:
+        """Close receive_range's kept-alive connections not in use (a prefetch ends)."""
+        with self._lock:
+            idle, self._idle[:] = list(self._idle), []
+        _close_all(idle)
 
     def _check_length(self, data, name, start, end):
         if len(data) != end - start:
