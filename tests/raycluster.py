@@ -63,6 +63,13 @@ def session_pids(sessions) -> list[int]:
     return alive
 
 
+RAY_GAVE_UP = "timed out during startup"  # Ray's own words when the GCS never saw the node
+
+
+class RayGaveUp(RuntimeError):
+    """A node Ray itself gave up starting (see LocalRayCluster.start)."""
+
+
 class LocalRayCluster:
     """A head node plus ``nodes - 1`` worker nodes, ``cpus`` CPUs each."""
 
@@ -88,11 +95,24 @@ class LocalRayCluster:
         self.procs.append(proc)
         while READY not in log.read_text(errors="replace"):  # the node says when it is up
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"ray node did not start:\n{log.read_text(errors='replace')}")
+                text = log.read_text(errors="replace")
+                gave_up = RayGaveUp if RAY_GAVE_UP in text else RuntimeError
+                raise gave_up(f"ray node did not start:\n{text}")
             time.sleep(0.1)
 
     def start(self, timeout: float = 120) -> "LocalRayCluster":
-        """Start every node; return self once all have reported ready."""
+        """Start every node; return self once all have reported ready. A node Ray itself
+        gives up on (its registration with the GCS timed out after 30 s: a machine loaded by
+        other work, seen once in CI) is started once more, all of it afresh; any other
+        failure raises at once."""
+        try:
+            return self._start_once(timeout)
+        except RayGaveUp:
+            self.root = Path(tempfile.mkdtemp(prefix="dlray"))
+            self.env["RAY_TMPDIR"] = str(self.root)
+            return self._start_once(timeout)
+
+    def _start_once(self, timeout: float) -> "LocalRayCluster":
         deadline = time.monotonic() + timeout
         ports = free_ports(8 + 6 * (self.nodes - 1))
         self.address = f"{HOST}:{ports[0]}"

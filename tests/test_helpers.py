@@ -1,4 +1,5 @@
-"""The test helpers that decide outcomes must report failures: in_forked_child."""
+"""The test helpers that decide outcomes must report failures (in_forked_child), and the local
+Ray cluster retries only what Ray itself gave up on."""
 import os
 
 import pytest
@@ -51,3 +52,31 @@ def test_fixtures_still_reach_a_wrapped_test(request):
     import inspect
 
     assert list(inspect.signature(child_test).parameters) == ["tmp_path", "data_format"]
+
+
+def test_a_ray_node_that_ray_gives_up_on_is_started_once_more_afresh(monkeypatch):
+    pytest.importorskip("ray")
+    from raycluster import LocalRayCluster, RayGaveUp
+
+    real, roots = LocalRayCluster._start_node, []
+
+    def gives_up_once(self, args, log, deadline):
+        roots.append(str(self.root))
+        if len(roots) == 1:
+            raise RayGaveUp("ray node did not start: ... timed out during startup")
+        return real(self, args, log, deadline)
+    monkeypatch.setattr(LocalRayCluster, "_start_node", gives_up_once)
+    cluster = LocalRayCluster(nodes=1).start()
+    try:
+        assert len(roots) == 2 and roots[0] != roots[1] and not os.path.exists(roots[0])
+        assert cluster.env["RAY_TMPDIR"] == roots[1] and len(cluster.procs) == 1
+    finally:
+        cluster.stop()
+
+    def fails(self, args, log, deadline):
+        roots.append(str(self.root))
+        raise RuntimeError("ray node did not start: exited 1")
+    monkeypatch.setattr(LocalRayCluster, "_start_node", fails)
+    with pytest.raises(RuntimeError, match="exited 1"):
+        LocalRayCluster(nodes=1).start()
+    assert len(roots) == 3  # any other failure: no second try
