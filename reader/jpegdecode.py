@@ -130,7 +130,8 @@ class Region:
 
 
 def scratch_bytes(height: int, width: int) -> int:
-    """Scratch a full-size RGBX decode of a height x width JPEG needs (with row slack)."""
+    """Scratch a full-size RGBX decode of a height x width JPEG needs (with row slack);
+    also elementwise, on int64 arrays."""
     return (height + 1) * width * 4 + 64
 
 

@@ -352,8 +352,9 @@ def _decodes_at_once(ctx: BuildContext, plan: BatchPlan, a: int, b: int, flat, s
             ("flagged", flagged)):
         table[:, _MANY.index(name)] = column
     views = [v if v is not None else b"" for v in views]
-    need = (entries["height"].astype(np.int64) + 1) * entries["width"].astype(np.int64) * 4 + 64
-    buf = scratch.get(int(need.max()))  # jpegdecode.scratch_bytes of the largest
+    need = jpegdecode.scratch_bytes(entries["height"].astype(np.int64),
+                                    entries["width"].astype(np.int64))  # (elementwise)
+    buf = scratch.get(int(need.max()))  # the largest record's
     own_progress = np.zeros(1, dtype=np.int64)
 
     def run(pos: int, progress) -> int:
