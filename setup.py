@@ -8,7 +8,8 @@ from setuptools import Extension, setup
 
 setup(ext_modules=[
     Extension("dlpack_io.reader._jpeg", sources=["reader/_jpeg.c", "reader/_restarts.c",
-                                                    "reader/_resize.c", "reader/_planes.c"],
-              depends=["reader/_planes.h"], libraries=["jpeg"],
+                                                    "reader/_resize.c", "reader/_planes.c",
+                                                    "reader/_huffman.c"],
+              depends=["reader/_planes.h", "reader/_huffman.h"], libraries=["jpeg"],
               extra_compile_args=["-O3", "-std=c99"], optional=True),
 ])

@@ -104,6 +104,39 @@ def fuzz_decode(jpeg, rng, data) -> None:
     _call(jpeg.header, src)
 
 
+def _outcome(jpeg, src, out):
+    """decode_region of the whole of src into out: its result or its error's text."""
+    out[:] = 0
+    try:
+        h, w, _ = jpeg.header(src)
+        if h * w > 512 * 512:
+            return "too big"
+        return jpeg.decode_region(src, out, 0, 0, h, w, 8, 3)
+    except (ValueError, MemoryError) as e:
+        return str(e)
+
+
+def fuzz_huffman(jpeg, rng, data) -> None:
+    """Our Huffman decoder against libjpeg's on damaged scans: the same pixels, the same
+    errors (ours hands every scan it cannot decode exactly back to libjpeg)."""
+    src = bytearray(data)
+    scan = data.rfind(b"\xff\xda")
+    if scan < 0 or len(src) < scan + 16:
+        return
+    for _ in range(rng.randint(1, 3)):  # damage inside the entropy-coded data
+        at = rng.randrange(scan + 12, len(src) - 2)
+        src[at] = rng.choice((0xFF, 0x00, rng.randrange(256), src[at] ^ (1 << rng.randrange(8))))
+    src = bytes(src)
+    a, b = np.empty(512 * 512 * 3, np.uint8), np.empty(512 * 512 * 3, np.uint8)
+    jpeg.fast_huffman(True)
+    got = _outcome(jpeg, src, a)
+    jpeg.fast_huffman(False)
+    want = _outcome(jpeg, src, b)
+    jpeg.fast_huffman(True)
+    if got != want or not np.array_equal(a, b):
+        raise AssertionError(f"our Huffman decoder differs from libjpeg's: {got!r} {want!r}")
+
+
 def fuzz_restarts(jpeg, rng, data) -> None:
     src = mutate(rng, data)
     try:
@@ -256,6 +289,7 @@ def run(module_dir: str, seconds: float, seed: int) -> dict:
         fuzz_restarts(jpeg, rng, sample)
         fuzz_copies(jpeg, rng)
         fuzz_many(jpeg, rng, sample)
+        fuzz_huffman(jpeg, rng, sample)
         counts["decode"] += 1
         counts["restarts"] += 1
         counts["copies"] += 1
@@ -263,6 +297,7 @@ def run(module_dir: str, seconds: float, seed: int) -> dict:
         if counts["decode"] % 500 == 1:
             fuzz_truncated_map(jpeg, rng, sample)
             counts["sigbus"] += 1
+    counts["huffman_taken"], counts["huffman_refused"] = jpeg.fast_huffman_counts()
     return counts
 
 

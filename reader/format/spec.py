@@ -36,8 +36,8 @@ def parse_size(text) -> int:
 
 
 # The one accessor of the optional C extension ``dlpack_io.reader._jpeg`` (reader/_jpeg.c,
-# reader/_restarts.c, reader/_resize.c: libjpeg-turbo region decoding, restart-marker
-# rewriting, the antialiased bilinear resize).
+# reader/_huffman.c, reader/_restarts.c, reader/_resize.c: libjpeg-turbo region decoding
+# with our Huffman decoder, restart-marker rewriting, the antialiased bilinear resize).
 #
 # Both sides of the format use it: the reader decodes JPEG records with it
 # (reader/jpegdecode.py), and the packer uses it to prove that a JPEG decodes the way the

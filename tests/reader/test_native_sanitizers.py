@@ -3,7 +3,7 @@
 Builds ``dlpack_io.reader._jpeg`` from setup.py with ``-fsanitize=address,undefined``
 into a temporary folder and runs ``tests/fuzz_native.py`` against it for
 DLPACK_SANITIZER_SECONDS (default 45): mutated JPEGs through decode_region, header and
-add_restarts, hostile sizes through to_chw, crop_chw, resize and gather, and truncated
+add_restarts, damaged scans through our Huffman decoder and libjpeg's (equal outcomes), hostile sizes through to_chw, crop_chw, resize and gather, and truncated
 mapped sources (the SIGBUS guard). Any sanitizer report aborts the run; zero reports pass.
 """
 import os
@@ -53,3 +53,6 @@ def test_native_entry_points_under_asan_and_ubsan(tmp_path):
     report = done.stdout + done.stderr
     assert "AddressSanitizer" not in report and "runtime error" not in report, report[-4000:]
     assert done.returncode == 0 and "fuzz_native: ok" in done.stdout, report[-4000:]
+    counts = dict(kv.split("=") for kv in done.stdout.split("fuzz_native: ok")[1].split())
+    # our Huffman decoder took scans, and handed damaged ones back to libjpeg
+    assert int(counts["huffman_taken"]) > 0 and int(counts["huffman_refused"]) > 0, counts

@@ -1,0 +1,368 @@
+/* Our Huffman decoder for baseline JPEG scans, in place of libjpeg's.
+ *
+ * Why: in a region decode of an ImageNet-like photo (~110 KB, 500x375) libjpeg-turbo spends
+ * about 60% of its instructions in entropy decoding, and with a restart interval (every
+ * record `dlpack convert` writes has one) it always takes its slow, symbol-at-a-time path.
+ * Everything after the entropy decoder (dequantize + IDCT, upsampling, colour conversion)
+ * stays libjpeg's: we only hand it the same coefficient blocks faster, so the pixels are
+ * libjpeg's to the bit.
+ *
+ * How: libjpeg calls its entropy module's decode_mcu once per MCU, in order, with zeroed
+ * blocks to fill (NULL when skipping rows). After jpeg_start_decompress we point decode_mcu
+ * at ours. Before that, one pass over the scan finds every restart interval (checking that
+ * each RSTn marker is there, numbered in order, and that a marker ends the scan) and copies
+ * the intervals' entropy-coded bytes, unstuffed (FF 00 -> FF, fill bytes dropped), into one
+ * buffer with zeros after it; a scan that is not like that is left to libjpeg untouched.
+ * Decoding reads that buffer through a 64-bit bit buffer refilled 32 bits at a time, and
+ * looks symbols up FAST_BITS at a time: an AC code and its value bits that fit in FAST_BITS
+ * come out of one lookup (run, value, length), the rest take libjpeg's canonical search.
+ *
+ * Damaged data: where libjpeg would warn and conceal (a code that is no code, a run past the
+ * block's end, an interval that needs more bits than it has), we stop, mark the scan refused
+ * and raise libjpeg's error; the caller decodes the region again with libjpeg alone, which
+ * does what it always did. Every read stays inside the buffer: an MCU reads at most
+ * MCU_MAX_BYTES past where it started, the buffer has that many zeros after the data, and
+ * the position is checked against the interval's end after every MCU.
+ */
+#include "_huffman.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jerror.h>
+
+/* libjpeg's entropy decoder module (jpegint.h; the same since libjpeg 6b): only its
+   decode_mcu pointer is replaced. */
+struct jpeg_entropy_decoder {
+    void (*start_pass)(j_decompress_ptr cinfo);
+    boolean (*decode_mcu)(j_decompress_ptr cinfo, JBLOCKROW *MCU_data);
+    boolean insufficient_data;
+};
+
+int fast_scan_enabled = 1;
+unsigned long fast_scan_taken, fast_scan_refusals;
+
+#define FAST_BITS 10 /* 9..12 ran the same; 10 needs the fewest instructions */
+#define EOB_RUN 0x80
+/* A block reads at most 64 symbols of <= 31 bits (a 16-bit code, 15 value bits); an MCU
+   at most D_MAX_BLOCKS_IN_MCU blocks; + the 8 bytes a refill reads ahead. */
+#define MCU_MAX_BYTES (D_MAX_BLOCKS_IN_MCU * 64 * 31 / 8 + 16)
+
+typedef struct {
+    /* codes of <= FAST_BITS bits, looked up by the next FAST_BITS bits: length << 8 |
+       symbol; 0 where the code is longer */
+    uint16_t sym_len[1 << FAST_BITS];
+    /* AC tables: a code and its value bits within FAST_BITS: value << 16 | run << 8 |
+       bits used (run EOB_RUN: end of block); 0 where they do not fit */
+    int32_t ac[1 << FAST_BITS];
+    /* libjpeg's canonical decode of the longer codes: maxcode[l] is the largest code of
+       l bits (-1: none), a code c of l bits is symbol huffval[c + valoffset[l]] */
+    int32_t maxcode[17], valoffset[17];
+    uint8_t huffval[256];
+    int nsyms;
+} HuffLut;
+
+/* zigzag position -> natural (row-major) position in the 8x8 block */
+static const unsigned char NATURAL[64] = {
+    0,  1,  8,  16, 9,  2,  3,  10, 17, 24, 32, 25, 18, 11, 4,  5,
+    12, 19, 26, 33, 40, 48, 41, 34, 27, 20, 13, 6,  7,  14, 21, 28,
+    35, 42, 49, 56, 57, 50, 43, 36, 29, 22, 15, 23, 30, 37, 44, 51,
+    58, 59, 52, 45, 38, 31, 39, 46, 53, 60, 61, 54, 47, 55, 62, 63};
+
+struct FastScan {
+    HuffLut dc[NUM_HUFF_TBLS], ac[NUM_HUFF_TBLS];
+    const HuffLut *blk_dc[D_MAX_BLOCKS_IN_MCU], *blk_ac[D_MAX_BLOCKS_IN_MCU];
+    int blk_comp[D_MAX_BLOCKS_IN_MCU], blocks;
+    unsigned char *data; /* the intervals' unstuffed bytes, then MCU_MAX_BYTES zeros */
+    size_t *seg;         /* interval i is data[seg[i] .. seg[i + 1]) */
+    long nseg, ri, mcus, mcu;
+    size_t pos;          /* bits of data read so far, in the current interval */
+    size_t seg_end;      /* the current interval's end, in bytes */
+    int last_dc[MAX_COMPS_IN_SCAN];
+    int refused;
+    JBLOCK scratch;      /* the blocks of a skipped MCU */
+};
+
+/* 1 and the table in *h when t is a table libjpeg accepts (jpeg_make_d_derived_tbl). */
+static int build_lut(const JHUFF_TBL *t, int is_ac, HuffLut *h) {
+    long code = 0;
+    int p = 0, l, i;
+    if (t == NULL) return 0;
+    memset(h->sym_len, 0, sizeof(h->sym_len));
+    memset(h->ac, 0, sizeof(h->ac));
+    h->maxcode[0] = -1;
+    for (l = 1; l <= 16; l++) {
+        int n = t->bits[l];
+        if (p + n > 256) return 0;
+        h->valoffset[l] = p - (int32_t)code;
+        h->maxcode[l] = n ? (int32_t)(code + n - 1) : -1;
+        for (i = 0; i < n; i++, p++, code++) {
+            int sym = t->huffval[p];
+            if (!is_ac && sym > 15) return 0;
+            h->huffval[p] = (uint8_t)sym;
+            if (l <= FAST_BITS) {
+                int shift = FAST_BITS - l, j;
+                long base = code << shift;
+                for (j = 0; j < (1 << shift); j++)
+                    h->sym_len[base + j] = (uint16_t)(l << 8 | sym);
+                if (is_ac) {
+                    int r = sym >> 4, s = sym & 15;
+                    if (s == 0) {
+                        int32_t e = (r == 15 ? 15 : EOB_RUN) << 8 | l;
+                        for (j = 0; j < (1 << shift); j++) h->ac[base + j] = e;
+                    } else if (l + s <= FAST_BITS) {
+                        int v, rest = FAST_BITS - l - s;
+                        for (v = 0; v < (1 << s); v++) {
+                            int value = v < (1 << (s - 1)) ? v - (1 << s) + 1 : v;
+                            long at = ((code << s) | v) << rest;
+                            int32_t e = (int32_t)((uint32_t)value << 16) | r << 8 | (l + s);
+                            for (j = 0; j < (1 << rest); j++) h->ac[at + j] = e;
+                        }
+                    }
+                }
+            }
+        }
+        if (code >= (1L << l)) return 0; /* libjpeg refuses this table too */
+        code <<= 1;
+    }
+    h->nsyms = p;
+    return 1;
+}
+
+/* Offset of the next marker's last 0xFF at or after p (0xFF00 is a stuffed byte, a run of
+   0xFF is fill before a marker), or len. */
+static size_t marker_at(const unsigned char *s, size_t p, size_t len) {
+    for (;;) {
+        const unsigned char *q = p < len ? memchr(s + p, 0xFF, len - p) : NULL;
+        if (q == NULL) return len;
+        p = (size_t)(q - s);
+        while (p + 1 < len && s[p + 1] == 0xFF) p++;
+        if (p + 1 >= len) return len;
+        if (s[p + 1] != 0x00) return p;
+        p += 2;
+    }
+}
+
+/* Copy s[a..b) unstuffed to d; the bytes written. s[a..b) holds no marker (marker_at). */
+static size_t unstuff(const unsigned char *s, size_t a, size_t b, unsigned char *d) {
+    size_t o = 0;
+    while (a < b) {
+        const unsigned char *q = memchr(s + a, 0xFF, b - a);
+        size_t n = q ? (size_t)(q - s) - a : b - a;
+        memcpy(d + o, s + a, n);
+        o += n;
+        a += n;
+        if (q == NULL) break;
+        if (a + 1 < b && s[a + 1] == 0x00) d[o++] = 0xFF; /* else a fill byte: dropped */
+        a += (a + 1 < b && s[a + 1] == 0x00) ? 2 : 1;
+    }
+    return o;
+}
+
+static inline uint32_t load_be32(const unsigned char *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return __builtin_bswap32(v);
+}
+
+/* The symbol of a code longer than FAST_BITS at the top of acc (libjpeg's jpeg_huff_decode
+   from FAST_BITS + 1 bits on); -1 for bits that are no code. */
+static inline int long_symbol(const HuffLut *h, uint64_t acc, int *len) {
+    int l;
+    for (l = FAST_BITS + 1; l <= 16; l++) {
+        int32_t c = (int32_t)(acc >> (64 - l));
+        if (c <= h->maxcode[l]) {
+            int32_t at = c + h->valoffset[l];
+            if (at < 0 || at >= h->nsyms) return -1;
+            *len = l;
+            return h->huffval[at];
+        }
+    }
+    return -1;
+}
+
+#define REFILL()                                                        \
+    do {                                                                \
+        if (cnt < 32) {                                                 \
+            acc |= (uint64_t)load_be32(ptr) << (32 - cnt);              \
+            ptr += 4;                                                   \
+            cnt += 32;                                                  \
+        }                                                               \
+    } while (0)
+#define DROP(n) (acc <<= (n), cnt -= (n))
+
+/* Decode one MCU from the current interval; 0 on bits that libjpeg would conceal. */
+static int decode_mcu_blocks(FastScan *fs, JBLOCKROW *MCU_data) {
+    const unsigned char *ptr = fs->data + fs->pos / 8;
+    int cnt = 0, b;
+    uint64_t acc = 0;
+    if (fs->pos % 8) { /* resume inside a byte */
+        REFILL();
+        DROP((int)(fs->pos % 8));
+    }
+    for (b = 0; b < fs->blocks; b++) {
+        JCOEF *block = MCU_data ? MCU_data[b][0] : fs->scratch;
+        const HuffLut *dc = fs->blk_dc[b], *ac = fs->blk_ac[b];
+        int sym, len, k, *last = &fs->last_dc[fs->blk_comp[b]];
+        unsigned code;
+        if (!MCU_data) memset(fs->scratch, 0, sizeof(fs->scratch));
+        REFILL();
+        code = dc->sym_len[acc >> (64 - FAST_BITS)];
+        if (code) {
+            len = (int)(code >> 8);
+            sym = (int)(code & 0xFF);
+        } else if ((sym = long_symbol(dc, acc, &len)) < 0) {
+            return 0;
+        }
+        DROP(len);
+        if (sym) {
+            int v = (int)(acc >> (64 - sym));
+            DROP(sym);
+            v -= ((v - (1 << (sym - 1))) >> 31) & ((1 << sym) - 1);
+            *last = (int)((unsigned)*last + (unsigned)v); /* wraps as libjpeg's does */
+        }
+        block[0] = (JCOEF)*last;
+        for (k = 1; k < 64;) {
+            int32_t e;
+            REFILL();
+            e = ac->ac[acc >> (64 - FAST_BITS)];
+            if (e) {
+                int run = (e >> 8) & 0xFF;
+                DROP(e & 0xFF);
+                if (run == EOB_RUN) break;
+                k += run;
+                if (k > 63) return 0;
+                block[NATURAL[k]] = (JCOEF)(e >> 16);
+                k++;
+                continue;
+            }
+            code = ac->sym_len[acc >> (64 - FAST_BITS)];
+            if (code) {
+                len = (int)(code >> 8);
+                sym = (int)(code & 0xFF);
+            } else if ((sym = long_symbol(ac, acc, &len)) < 0) {
+                return 0;
+            }
+            DROP(len);
+            if (sym & 15) {
+                int s = sym & 15, v = (int)(acc >> (64 - s));
+                DROP(s);
+                k += sym >> 4;
+                if (k > 63) return 0;
+                v -= ((v - (1 << (s - 1))) >> 31) & ((1 << s) - 1);
+                block[NATURAL[k]] = (JCOEF)v;
+                k++;
+            } else if (sym >> 4 == 15) {
+                k += 16;
+            } else {
+                break; /* EOB (and libjpeg's reading of the undefined r/0 symbols) */
+            }
+        }
+    }
+    fs->pos = (size_t)(ptr - fs->data) * 8 - (size_t)cnt;
+    return fs->pos <= fs->seg_end * 8;
+}
+
+static boolean fast_decode_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data) {
+    FastScan *fs = (FastScan *)cinfo->client_data;
+    if (fs->mcu >= fs->mcus) {
+        fs->refused = 1;
+    } else {
+        if (fs->mcu % fs->ri == 0) { /* a new interval: its own bytes, DC predictions 0 */
+            long i = fs->mcu / fs->ri;
+            fs->pos = fs->seg[i] * 8;
+            fs->seg_end = fs->seg[i + 1];
+            memset(fs->last_dc, 0, sizeof(fs->last_dc));
+        }
+        fs->mcu++;
+        if (!decode_mcu_blocks(fs, MCU_data)) fs->refused = 1;
+    }
+    if (fs->refused) {
+        __atomic_fetch_add(&fast_scan_refusals, 1, __ATOMIC_RELAXED);
+        ERREXIT(cinfo, JERR_BAD_HUFF_TABLE); /* the caller decodes again, with libjpeg */
+    }
+    return TRUE;
+}
+
+FastScan *fast_scan_start(struct jpeg_decompress_struct *cinfo, const unsigned char *src,
+                          size_t len) {
+    FastScan *fs;
+    size_t scan, p, o = 0;
+    long total, ri, nseg, i;
+    int b, used_dc = 0, used_ac = 0;
+    if (!fast_scan_enabled || cinfo->progressive_mode || cinfo->arith_code ||
+        cinfo->data_precision != 8 || cinfo->comps_in_scan != cinfo->num_components ||
+        cinfo->Ss != 0 || cinfo->Se != 63 || cinfo->Ah != 0 || cinfo->Al != 0 ||
+        cinfo->blocks_in_MCU < 1 || cinfo->blocks_in_MCU > D_MAX_BLOCKS_IN_MCU ||
+        cinfo->entropy == NULL || cinfo->src == NULL || cinfo->client_data != NULL)
+        return NULL;
+    /* the scan's data starts where libjpeg stopped reading: right after the SOS segment */
+    if (cinfo->src->next_input_byte < src || cinfo->src->next_input_byte > src + len)
+        return NULL;
+    scan = (size_t)(cinfo->src->next_input_byte - src);
+    total = (long)cinfo->MCUs_per_row * (long)cinfo->MCU_rows_in_scan;
+    ri = cinfo->restart_interval ? (long)cinfo->restart_interval : total;
+    if (total < 1 || ri < 1) return NULL;
+    nseg = (total + ri - 1) / ri;
+    if ((size_t)nseg > (len - scan) / 2 + 1) return NULL; /* each interval ends in a marker */
+    fs = (FastScan *)malloc(sizeof(FastScan));
+    if (fs == NULL) return NULL;
+    fs->seg = (size_t *)malloc(((size_t)nseg + 1) * sizeof(size_t));
+    fs->data = (unsigned char *)malloc(len - scan + MCU_MAX_BYTES);
+    if (fs->seg == NULL || fs->data == NULL) goto refuse;
+    for (i = 0, p = scan; i < nseg; i++) {
+        size_t m = marker_at(src, p, len);
+        int rst;
+        if (m >= len) goto refuse; /* truncated: libjpeg's warning and grey */
+        rst = src[m + 1] >= 0xD0 && src[m + 1] <= 0xD7;
+        if (i < nseg - 1 ? !rst || src[m + 1] != 0xD0 + (i & 7) : rst) goto refuse;
+        fs->seg[i] = o;
+        o += unstuff(src, p, m, fs->data + o);
+        p = m + 2;
+    }
+    fs->seg[nseg] = o;
+    memset(fs->data + o, 0, MCU_MAX_BYTES);
+    fs->blocks = cinfo->blocks_in_MCU;
+    for (b = 0; b < fs->blocks; b++) {
+        int ci = cinfo->MCU_membership[b], d, a;
+        jpeg_component_info *comp;
+        if (ci < 0 || ci >= cinfo->comps_in_scan) goto refuse;
+        comp = cinfo->cur_comp_info[ci];
+        d = comp->dc_tbl_no;
+        a = comp->ac_tbl_no;
+        if (d < 0 || d >= NUM_HUFF_TBLS || a < 0 || a >= NUM_HUFF_TBLS) goto refuse;
+        if (!(used_dc & 1 << d) && !build_lut(cinfo->dc_huff_tbl_ptrs[d], 0, &fs->dc[d]))
+            goto refuse;
+        if (!(used_ac & 1 << a) && !build_lut(cinfo->ac_huff_tbl_ptrs[a], 1, &fs->ac[a]))
+            goto refuse;
+        used_dc |= 1 << d;
+        used_ac |= 1 << a;
+        fs->blk_dc[b] = &fs->dc[d];
+        fs->blk_ac[b] = &fs->ac[a];
+        fs->blk_comp[b] = ci;
+    }
+    fs->nseg = nseg;
+    fs->ri = ri;
+    fs->mcus = total;
+    fs->mcu = 0;
+    fs->pos = 0;
+    fs->seg_end = 0;
+    fs->refused = 0;
+    cinfo->client_data = fs;
+    cinfo->entropy->decode_mcu = fast_decode_mcu;
+    __atomic_fetch_add(&fast_scan_taken, 1, __ATOMIC_RELAXED);
+    return fs;
+refuse:
+    fast_scan_free(fs);
+    return NULL;
+}
+
+int fast_scan_refused(const FastScan *fs) { return fs != NULL && fs->refused; }
+
+void fast_scan_free(FastScan *fs) {
+    if (fs == NULL) return;
+    free(fs->seg);
+    free(fs->data);
+    free(fs);
+}
