@@ -1797,23 +1797,31 @@ static int planes_layout_ok(const struct jpeg_decompress_struct *c) {
     return y->h_samp_factor == 1 || (c->image_width + 1) / 2 > 2;
 }
 
-static void to_planes_nogil(PlanesJob *j) {
+/* fast: our Huffman decoder may take the scan (_huffman.c), as in decode_stream */
+static void to_planes_run(PlanesJob *j, int fast) {
     struct jpeg_decompress_struct cinfo;
     ErrorMgr err;
     unsigned char *volatile plane[3] = {NULL, NULL, NULL}; /* padded component buffers */
     JSAMPROW *volatile ptrs = NULL;
+    FastScan *volatile scan = NULL;
     size_t stride[3], prows[3];
     long rows_per[3], dh[3], dw[3];
     int c, ncomp;
     setup_errors(&cinfo, &err, j->message);
     jpeg_create_decompress(&cinfo);
+    cinfo.client_data = NULL; /* kept by jpeg_create_decompress: ours to set */
     if (setjmp(err.jump)) {
+        int again = fast_scan_refused(scan);
         jpeg_destroy_decompress(&cinfo);
         for (c = 0; c < 3; c++) free(plane[c]);
         free(ptrs);
         free(j->out);
+        fast_scan_free(scan);
         j->out = NULL;
-        if (j->status == OK) j->status = ERR_JPEG;
+        if (again) /* damaged entropy data: libjpeg alone decodes (or conceals) it as ever */
+            to_planes_run(j, 0);
+        else if (j->status == OK)
+            j->status = ERR_JPEG;
         return;
     }
     jpeg_mem_src(&cinfo, (unsigned char *)j->src, (unsigned long)j->len);
@@ -1833,6 +1841,8 @@ static void to_planes_nogil(PlanesJob *j) {
     ncomp = cinfo.num_components;
     cinfo.raw_data_out = TRUE;
     jpeg_start_decompress(&cinfo);
+    if (fast)
+        scan = fast_scan_start(&cinfo, j->src, j->len);
     j->out_len = PLANES_HEADER_SIZE;
     for (c = 0; c < ncomp; c++) {
         jpeg_component_info *ci = &cinfo.comp_info[c];
@@ -1888,12 +1898,15 @@ static void to_planes_nogil(PlanesJob *j) {
     jpeg_destroy_decompress(&cinfo);
     for (c = 0; c < 3; c++) free(plane[c]);
     free(ptrs);
+    fast_scan_free(scan);
     j->status = err.truncated ? ERR_TRUNCATED : OK;
     if (j->status != OK) {
         free(j->out);
         j->out = NULL;
     }
 }
+
+static void to_planes_nogil(PlanesJob *j) { to_planes_run(j, 1); }
 
 static PyObject *py_to_planes(PyObject *self, PyObject *args) {
     Py_buffer src;

@@ -179,3 +179,39 @@ def test_a_scan_without_its_markers_is_left_to_libjpeg():
         else:
             assert outcomes[0][0] == outcomes[1][0]
             assert np.array_equal(outcomes[0][1], outcomes[1][1])
+
+
+def _planes_both(data):
+    """to_planes (packed and plain) with our decoder, then with libjpeg's alone."""
+    was = _jpeg.fast_huffman(True)
+    try:
+        ours = [_jpeg.to_planes(data, 1 << 40, packed) for packed in (True, False)]
+        _jpeg.fast_huffman(False)
+        theirs = [_jpeg.to_planes(data, 1 << 40, packed) for packed in (True, False)]
+    finally:
+        _jpeg.fast_huffman(was)
+    return ours, theirs
+
+
+def test_decoded_planes_are_libjpegs_to_the_bit():
+    """The packer's --mode planes decodes with ours too: the same planes, byte for byte."""
+    kept = 0
+    for name in sorted(CASES):
+        before = _jpeg.fast_huffman_counts()
+        ours, theirs = _planes_both(CASES[name])
+        assert ours == theirs, name
+        if ours[0] is not None:
+            kept += 1
+            if "progressive" not in name:  # every baseline scan was ours (twice each way)
+                assert np.subtract(_jpeg.fast_huffman_counts(), before).tolist() == [2, 0], name
+    assert kept > 20
+
+
+def test_damaged_planes_go_back_to_libjpeg():
+    data = bytearray(CASES["photo-q90-2-rst0"])
+    start, end = _intervals(bytes(data))[10]
+    data[start:end] = b"\xff\x00" * ((end - start) // 2) + b"\xff" * ((end - start) % 2 == 1)
+    before = _jpeg.fast_huffman_counts()
+    ours, theirs = _planes_both(bytes(data))
+    assert np.subtract(_jpeg.fast_huffman_counts(), before).tolist() == [2, 2]
+    assert ours == theirs and ours[0] is not None
