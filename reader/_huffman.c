@@ -13,9 +13,15 @@
  * each RSTn marker is there, numbered in order, and that a marker ends the scan) and copies
  * the intervals' entropy-coded bytes, unstuffed (FF 00 -> FF, fill bytes dropped), into one
  * buffer with zeros after it; a scan that is not like that is left to libjpeg untouched.
- * Decoding reads that buffer through a 64-bit bit buffer refilled 32 bits at a time, and
- * looks symbols up FAST_BITS at a time: an AC code and its value bits that fit in FAST_BITS
- * come out of one lookup (run, value, length), the rest take libjpeg's canonical search.
+ * Decoding reads that buffer at a bit position (the next 57+ bits are one unaligned load
+ * away, so a code of <= 16 bits and its value of <= 15 always fit) and looks symbols up
+ * FAST_BITS at a time: an AC code and its value bits that fit in FAST_BITS come out of one
+ * lookup (run, value, length), the rest take libjpeg's canonical search. Each symbol waits
+ * for the one before it (its position), so one reader runs at the latency of a load and a
+ * lookup per symbol; where every MCU is its own restart interval (what the packer writes)
+ * two MCUs are decoded in turns, two independent chains the core overlaps, and the second
+ * is kept for libjpeg's next call (benchmarks/huffman_decode.py: ~0.65x libjpeg's time for
+ * the entropy decoding, where one reader alone was ~0.75x).
  *
  * Damaged data: where libjpeg would warn and conceal (a code that is no code, a run past the
  * block's end, an interval that needs more bits than it has), we stop, mark the scan refused
@@ -46,7 +52,7 @@ unsigned long fast_scan_taken, fast_scan_refusals;
 #define FAST_BITS 10 /* 9..12 ran the same; 10 needs the fewest instructions */
 #define EOB_RUN 0x80
 /* A block reads at most 64 symbols of <= 31 bits (a 16-bit code, 15 value bits); an MCU
-   at most D_MAX_BLOCKS_IN_MCU blocks; + the 8 bytes a refill reads ahead. */
+   at most D_MAX_BLOCKS_IN_MCU blocks; + the 8 bytes a load reads. */
 #define MCU_MAX_BYTES (D_MAX_BLOCKS_IN_MCU * 64 * 31 / 8 + 16)
 
 typedef struct {
@@ -80,8 +86,10 @@ struct FastScan {
     size_t pos;          /* bits of data read so far, in the current interval */
     size_t seg_end;      /* the current interval's end, in bytes */
     int last_dc[MAX_COMPS_IN_SCAN];
+    JBLOCK own[D_MAX_BLOCKS_IN_MCU];   /* the blocks of an MCU libjpeg skips */
+    JBLOCK ahead[D_MAX_BLOCKS_IN_MCU]; /* the next MCU's, decoded with this one */
+    long ahead_mcu;      /* the MCU whose blocks are in ahead (-1: none) */
     int refused;
-    JBLOCK scratch;      /* the blocks of a skipped MCU */
 };
 
 /* 1 and the table in *h when t is a table libjpeg accepts (jpeg_make_d_derived_tbl). */
@@ -160,125 +168,161 @@ static size_t unstuff(const unsigned char *s, size_t a, size_t b, unsigned char 
     return o;
 }
 
-static inline uint32_t load_be32(const unsigned char *p) {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return __builtin_bswap32(v);
-}
-
-/* The symbol of a code longer than FAST_BITS at the top of acc (libjpeg's jpeg_huff_decode
-   from FAST_BITS + 1 bits on); -1 for bits that are no code. */
-static inline int long_symbol(const HuffLut *h, uint64_t acc, int *len) {
+/* A code longer than FAST_BITS at the top of q (libjpeg's jpeg_huff_decode from
+   FAST_BITS + 1 bits on): length << 8 | symbol, as sym_len holds the short ones; 0 for bits
+   that are no code. */
+static uint32_t long_code(const HuffLut *h, uint64_t q) {
     int l;
     for (l = FAST_BITS + 1; l <= 16; l++) {
-        int32_t c = (int32_t)(acc >> (64 - l));
+        int32_t c = (int32_t)(q >> (64 - l));
         if (c <= h->maxcode[l]) {
             int32_t at = c + h->valoffset[l];
-            if (at < 0 || at >= h->nsyms) return -1;
-            *len = l;
-            return h->huffval[at];
+            return at < 0 || at >= h->nsyms ? 0 : (uint32_t)(l << 8 | h->huffval[at]);
         }
     }
-    return -1;
+    return 0;
 }
 
-#define REFILL()                                                        \
-    do {                                                                \
-        if (cnt < 32) {                                                 \
-            acc |= (uint64_t)load_be32(ptr) << (32 - cnt);              \
-            ptr += 4;                                                   \
-            cnt += 32;                                                  \
-        }                                                               \
-    } while (0)
-#define DROP(n) (acc <<= (n), cnt -= (n))
+static inline uint64_t load_be64(const unsigned char *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return __builtin_bswap64(v);
+}
 
-/* Decode one MCU from the current interval; 0 on bits that libjpeg would conceal. */
-static int decode_mcu_blocks(FastScan *fs, JBLOCKROW *MCU_data) {
-    const unsigned char *ptr = fs->data + fs->pos / 8;
-    int cnt = 0, b;
-    uint64_t acc = 0;
-    if (fs->pos % 8) { /* resume inside a byte */
-        REFILL();
-        DROP((int)(fs->pos % 8));
+/* One symbol of a lane (the reading of one MCU). A lane is a bit position `pos` in data,
+   the block `b` being filled and its next position `k` (0: the DC comes next), the DC
+   predictions `last` and the MCU's blocks `dst`; `st` becomes 0 when the MCU is complete
+   and -1 on bits libjpeg would conceal. The next 57+ bits are one unaligned load away from
+   pos: a code (<= 16 bits) and its value (<= 15) always fit. A macro, so that each lane's
+   state stays in registers. */
+#define LANE_STEP(pos, k, b, last, dst, st)                                              \
+    do {                                                                                 \
+        uint64_t q_ = load_be64(fs->data + ((pos) >> 3)) << ((pos) & 7);                 \
+        uint32_t c_;                                                                     \
+        int s_, v_;                                                                      \
+        if (k == 0) { /* a DC symbol is the size of the difference, <= 15 */             \
+            const HuffLut *h_ = fs->blk_dc[b];                                           \
+            int *l_ = &(last)[fs->blk_comp[b]];                                          \
+            c_ = h_->sym_len[q_ >> (64 - FAST_BITS)];                                    \
+            if (c_ == 0 && (c_ = long_code(h_, q_)) == 0) {                              \
+                st = -1;                                                                 \
+                break;                                                                   \
+            }                                                                            \
+            s_ = (int)(c_ & 15);                                                         \
+            q_ <<= c_ >> 8;                                                              \
+            pos += (c_ >> 8) + (unsigned)s_;                                             \
+            v_ = (int)((q_ >> (63 - s_)) >> 1); /* 0 when s_ is 0 */                     \
+            v_ -= ((v_ - ((1 << s_) >> 1)) >> 31) & ((1 << s_) - 1);                     \
+            *l_ = (int)((unsigned)*l_ + (unsigned)v_); /* wraps as libjpeg's does */     \
+            (dst)[b][0] = (JCOEF)*l_;                                                    \
+            k = 1;                                                                       \
+            break;                                                                       \
+        } else {                                                                         \
+            const HuffLut *h_ = fs->blk_ac[b];                                           \
+            int32_t e_ = h_->ac[q_ >> (64 - FAST_BITS)];                                 \
+            if (e_) { /* code and value in one lookup */                                 \
+                int run_ = e_ >> 8 & 0xFF;                                               \
+                pos += (unsigned)(e_ & 0xFF);                                            \
+                if (run_ == EOB_RUN) {                                                   \
+                    k = 64;                                                              \
+                } else {                                                                 \
+                    k += run_;                                                           \
+                    if (k > 63) {                                                        \
+                        st = -1;                                                         \
+                        break;                                                           \
+                    }                                                                    \
+                    (dst)[b][NATURAL[k]] = (JCOEF)(e_ >> 16);                            \
+                    k++;                                                                 \
+                }                                                                        \
+            } else {                                                                     \
+                c_ = h_->sym_len[q_ >> (64 - FAST_BITS)];                                \
+                if (c_ == 0 && (c_ = long_code(h_, q_)) == 0) {                          \
+                    st = -1;                                                             \
+                    break;                                                               \
+                }                                                                        \
+                s_ = (int)(c_ & 15);                                                     \
+                q_ <<= c_ >> 8;                                                          \
+                pos += (c_ >> 8) + (unsigned)s_;                                         \
+                k += (int)(c_ >> 4 & 15); /* the run of zeros before the value */        \
+                if (s_) {                                                                \
+                    if (k > 63) {                                                        \
+                        st = -1;                                                         \
+                        break;                                                           \
+                    }                                                                    \
+                    v_ = (int)(q_ >> (64 - s_));                                         \
+                    v_ -= ((v_ - (1 << (s_ - 1))) >> 31) & ((1 << s_) - 1);              \
+                    (dst)[b][NATURAL[k]] = (JCOEF)v_;                                    \
+                    k++;                                                                 \
+                } else if ((c_ & 0xF0) == 0xF0) {                                        \
+                    k++; /* 16 zeros: k moved 15, + 1 */                                 \
+                } else {                                                                 \
+                    k = 64; /* end of block (and libjpeg's reading of the undefined r/0) */ \
+                }                                                                        \
+            }                                                                            \
+            if (k >= 64) {                                                               \
+                k = 0;                                                                   \
+                if (++(b) == fs->blocks) st = 0;                                         \
+            }                                                                            \
+        }                                                                                \
+    } while (0)
+
+/* The blocks of the MCU libjpeg asked for, or (skipping rows: NULL) ours, zeroed */
+static void mcu_blocks(const FastScan *fs, JBLOCKROW *MCU_data, JBLOCK *own, JCOEF **dst) {
+    int b;
+    if (MCU_data == NULL) memset(own, 0, (size_t)fs->blocks * sizeof(JBLOCK));
+    for (b = 0; b < fs->blocks; b++) dst[b] = MCU_data ? MCU_data[b][0] : own[b];
+}
+
+/* Decode one MCU from fs->pos on; 0 on bits that libjpeg would conceal. */
+static int decode_one(FastScan *fs, JCOEF **dst) {
+    size_t pos = fs->pos;
+    int k = 0, b = 0, st = 1;
+    while (st > 0) LANE_STEP(pos, k, b, fs->last_dc, dst, st);
+    fs->pos = pos;
+    return st == 0 && pos <= fs->seg_end * 8;
+}
+
+/* Decode MCUs i and i + 1, each its own restart interval, in turns: two independent chains
+   of symbols, so the core works on one while the other waits for its table lookup. */
+static int decode_two(FastScan *fs, long i, JCOEF **da, JCOEF **db) {
+    size_t pa = fs->seg[i] * 8, pb = fs->seg[i + 1] * 8;
+    int ka = 0, ba = 0, sa = 1, kb = 0, bb = 0, sb = 1;
+    int la[MAX_COMPS_IN_SCAN] = {0}, lb[MAX_COMPS_IN_SCAN] = {0};
+    while (sa > 0 && sb > 0) {
+        LANE_STEP(pa, ka, ba, la, da, sa);
+        LANE_STEP(pb, kb, bb, lb, db, sb);
     }
-    for (b = 0; b < fs->blocks; b++) {
-        JCOEF *block = MCU_data ? MCU_data[b][0] : fs->scratch;
-        const HuffLut *dc = fs->blk_dc[b], *ac = fs->blk_ac[b];
-        int sym, len, k, *last = &fs->last_dc[fs->blk_comp[b]];
-        unsigned code;
-        if (!MCU_data) memset(fs->scratch, 0, sizeof(fs->scratch));
-        REFILL();
-        code = dc->sym_len[acc >> (64 - FAST_BITS)];
-        if (code) {
-            len = (int)(code >> 8);
-            sym = (int)(code & 0xFF);
-        } else if ((sym = long_symbol(dc, acc, &len)) < 0) {
-            return 0;
-        }
-        DROP(len);
-        if (sym) {
-            int v = (int)(acc >> (64 - sym));
-            DROP(sym);
-            v -= ((v - (1 << (sym - 1))) >> 31) & ((1 << sym) - 1);
-            *last = (int)((unsigned)*last + (unsigned)v); /* wraps as libjpeg's does */
-        }
-        block[0] = (JCOEF)*last;
-        for (k = 1; k < 64;) {
-            int32_t e;
-            REFILL();
-            e = ac->ac[acc >> (64 - FAST_BITS)];
-            if (e) {
-                int run = (e >> 8) & 0xFF;
-                DROP(e & 0xFF);
-                if (run == EOB_RUN) break;
-                k += run;
-                if (k > 63) return 0;
-                block[NATURAL[k]] = (JCOEF)(e >> 16);
-                k++;
-                continue;
-            }
-            code = ac->sym_len[acc >> (64 - FAST_BITS)];
-            if (code) {
-                len = (int)(code >> 8);
-                sym = (int)(code & 0xFF);
-            } else if ((sym = long_symbol(ac, acc, &len)) < 0) {
-                return 0;
-            }
-            DROP(len);
-            if (sym & 15) {
-                int s = sym & 15, v = (int)(acc >> (64 - s));
-                DROP(s);
-                k += sym >> 4;
-                if (k > 63) return 0;
-                v -= ((v - (1 << (s - 1))) >> 31) & ((1 << s) - 1);
-                block[NATURAL[k]] = (JCOEF)v;
-                k++;
-            } else if (sym >> 4 == 15) {
-                k += 16;
-            } else {
-                break; /* EOB (and libjpeg's reading of the undefined r/0 symbols) */
-            }
-        }
-    }
-    fs->pos = (size_t)(ptr - fs->data) * 8 - (size_t)cnt;
-    return fs->pos <= fs->seg_end * 8;
+    while (sa > 0) LANE_STEP(pa, ka, ba, la, da, sa);
+    while (sb > 0) LANE_STEP(pb, kb, bb, lb, db, sb);
+    return sa == 0 && sb == 0 && pa <= fs->seg[i + 1] * 8 && pb <= fs->seg[i + 2] * 8;
 }
 
 static boolean fast_decode_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data) {
     FastScan *fs = (FastScan *)cinfo->client_data;
-    if (fs->mcu >= fs->mcus) {
-        fs->refused = 1;
-    } else {
+    JCOEF *dst[D_MAX_BLOCKS_IN_MCU], *ahead[D_MAX_BLOCKS_IN_MCU];
+    int ok = fs->mcu < fs->mcus;
+    if (ok && fs->mcu == fs->ahead_mcu) { /* decoded with the MCU before it */
+        int b;
+        if (MCU_data)
+            for (b = 0; b < fs->blocks; b++) memcpy(MCU_data[b], fs->ahead[b], sizeof(JBLOCK));
+    } else if (ok && fs->ri == 1 && fs->mcu + 1 < fs->mcus) {
+        mcu_blocks(fs, MCU_data, fs->own, dst);
+        mcu_blocks(fs, NULL, fs->ahead, ahead);
+        ok = decode_two(fs, fs->mcu, dst, ahead);
+        fs->ahead_mcu = fs->mcu + 1;
+    } else if (ok) {
         if (fs->mcu % fs->ri == 0) { /* a new interval: its own bytes, DC predictions 0 */
             long i = fs->mcu / fs->ri;
             fs->pos = fs->seg[i] * 8;
             fs->seg_end = fs->seg[i + 1];
             memset(fs->last_dc, 0, sizeof(fs->last_dc));
         }
-        fs->mcu++;
-        if (!decode_mcu_blocks(fs, MCU_data)) fs->refused = 1;
+        mcu_blocks(fs, MCU_data, fs->own, dst);
+        ok = decode_one(fs, dst);
     }
-    if (fs->refused) {
+    fs->mcu++;
+    if (!ok) {
+        fs->refused = 1;
         __atomic_fetch_add(&fast_scan_refusals, 1, __ATOMIC_RELAXED);
         ERREXIT(cinfo, JERR_BAD_HUFF_TABLE); /* the caller decodes again, with libjpeg */
     }
@@ -346,6 +390,7 @@ FastScan *fast_scan_start(struct jpeg_decompress_struct *cinfo, const unsigned c
     fs->ri = ri;
     fs->mcus = total;
     fs->mcu = 0;
+    fs->ahead_mcu = -1;
     fs->pos = 0;
     fs->seg_end = 0;
     fs->refused = 0;

@@ -215,3 +215,25 @@ def test_damaged_planes_go_back_to_libjpeg():
     ours, theirs = _planes_both(bytes(data))
     assert np.subtract(_jpeg.fast_huffman_counts(), before).tolist() == [2, 2]
     assert ours == theirs and ours[0] is not None
+
+
+def test_an_interval_short_of_bits_goes_back_to_libjpeg():
+    """Intervals whose last bytes are cut off (their markers kept): decoding runs past the
+    end, where libjpeg reads zeros after a warning; ours notices (or meets a code that is no
+    code in what follows) and hands the scan back: libjpeg's pixels every time."""
+    data = CASES["photo-q90-2-rst0"]
+    h, w, _ = _jpeg.header(data)
+    cuts = _intervals(data)
+    before = _jpeg.fast_huffman_counts()
+    tried = 0
+    for at in range(4, 16):
+        start, end = cuts[at]
+        for cut in (1, 2, 3, 5, 8):
+            if end - cut <= start:
+                continue
+            short = data[:end - cut] + data[end:]
+            (got, a), (want, b) = _both(short, (0, 0, h, w), 8)
+            assert got == want and np.array_equal(a, b), (at, cut)
+            tried += 1
+    taken, refused = np.subtract(_jpeg.fast_huffman_counts(), before)
+    assert taken == tried and refused > tried // 2
