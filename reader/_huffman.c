@@ -138,9 +138,7 @@ static int build_lut(const JHUFF_TBL *t, int is_ac, HuffLut *h) {
     return 1;
 }
 
-/* Offset of the next marker's last 0xFF at or after p (0xFF00 is a stuffed byte, a run of
-   0xFF is fill before a marker), or len. */
-static size_t marker_at(const unsigned char *s, size_t p, size_t len) {
+size_t scan_next_marker(const unsigned char *s, size_t p, size_t len) {
     for (;;) {
         const unsigned char *q = p < len ? memchr(s + p, 0xFF, len - p) : NULL;
         if (q == NULL) return len;
@@ -152,7 +150,7 @@ static size_t marker_at(const unsigned char *s, size_t p, size_t len) {
     }
 }
 
-/* Copy s[a..b) unstuffed to d; the bytes written. s[a..b) holds no marker (marker_at). */
+/* Copy s[a..b) unstuffed to d; the bytes written. s[a..b) holds no marker (scan_next_marker). */
 static size_t unstuff(const unsigned char *s, size_t a, size_t b, unsigned char *d) {
     size_t o = 0;
     while (a < b) {
@@ -189,6 +187,19 @@ static inline uint64_t load_be64(const unsigned char *p) {
     return __builtin_bswap64(v);
 }
 
+/* LANE_STEP's lookup of the symbol at the top of q_ in table h: c_ (length << 8 | symbol),
+   s_ (its value's size), q_ at the value's bits, pos past code and value; st -1 and out of
+   LANE_STEP for bits that are no code. Not a do-while of its own: the break is LANE_STEP's. */
+#define SYMBOL(h, pos, st)                                                               \
+    c_ = (h)->sym_len[q_ >> (64 - FAST_BITS)];                                           \
+    if (c_ == 0 && (c_ = long_code((h), q_)) == 0) {                                     \
+        st = -1;                                                                         \
+        break;                                                                           \
+    }                                                                                    \
+    s_ = (int)(c_ & 15);                                                                 \
+    q_ <<= c_ >> 8;                                                                      \
+    pos += (c_ >> 8) + (unsigned)s_
+
 /* One symbol of a lane (the reading of one MCU). A lane is a bit position `pos` in data,
    the block `b` being filled and its next position `k` (0: the DC comes next), the DC
    predictions `last` and the MCU's blocks `dst`; `st` becomes 0 when the MCU is complete
@@ -203,14 +214,7 @@ static inline uint64_t load_be64(const unsigned char *p) {
         if (k == 0) { /* a DC symbol is the size of the difference, <= 15 */             \
             const HuffLut *h_ = fs->blk_dc[b];                                           \
             int *l_ = &(last)[fs->blk_comp[b]];                                          \
-            c_ = h_->sym_len[q_ >> (64 - FAST_BITS)];                                    \
-            if (c_ == 0 && (c_ = long_code(h_, q_)) == 0) {                              \
-                st = -1;                                                                 \
-                break;                                                                   \
-            }                                                                            \
-            s_ = (int)(c_ & 15);                                                         \
-            q_ <<= c_ >> 8;                                                              \
-            pos += (c_ >> 8) + (unsigned)s_;                                             \
+            SYMBOL(h_, pos, st);                                                         \
             v_ = (int)((q_ >> (63 - s_)) >> 1); /* 0 when s_ is 0 */                     \
             v_ -= ((v_ - ((1 << s_) >> 1)) >> 31) & ((1 << s_) - 1);                     \
             *l_ = (int)((unsigned)*l_ + (unsigned)v_); /* wraps as libjpeg's does */     \
@@ -235,14 +239,7 @@ static inline uint64_t load_be64(const unsigned char *p) {
                     k++;                                                                 \
                 }                                                                        \
             } else {                                                                     \
-                c_ = h_->sym_len[q_ >> (64 - FAST_BITS)];                                \
-                if (c_ == 0 && (c_ = long_code(h_, q_)) == 0) {                          \
-                    st = -1;                                                             \
-                    break;                                                               \
-                }                                                                        \
-                s_ = (int)(c_ & 15);                                                     \
-                q_ <<= c_ >> 8;                                                          \
-                pos += (c_ >> 8) + (unsigned)s_;                                         \
+                SYMBOL(h_, pos, st);                                                     \
                 k += (int)(c_ >> 4 & 15); /* the run of zeros before the value */        \
                 if (s_) {                                                                \
                     if (k > 63) {                                                        \
@@ -356,7 +353,7 @@ FastScan *fast_scan_start(struct jpeg_decompress_struct *cinfo, const unsigned c
     fs->data = (unsigned char *)malloc(len - scan + MCU_MAX_BYTES);
     if (fs->seg == NULL || fs->data == NULL) goto refuse;
     for (i = 0, p = scan; i < nseg; i++) {
-        size_t m = marker_at(src, p, len);
+        size_t m = scan_next_marker(src, p, len);
         int rst;
         if (m >= len) goto refuse; /* truncated: libjpeg's warning and grey */
         rst = src[m + 1] >= 0xD0 && src[m + 1] <= 0xD7;

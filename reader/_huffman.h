@@ -21,6 +21,10 @@ FastScan *fast_scan_start(struct jpeg_decompress_struct *cinfo, const unsigned c
 int fast_scan_refused(const FastScan *fs);
 void fast_scan_free(FastScan *fs);
 
+/* Offset of the next marker's last 0xFF at or after p in entropy-coded data s[0..len)
+   (0xFF00 is a stuffed byte, a run of 0xFF is fill before a marker), or len. */
+size_t scan_next_marker(const unsigned char *s, size_t p, size_t len);
+
 /* Process-wide switch (tests, and DLPACK_IO_LIBJPEG_HUFFMAN=1 at import): 0 leaves every
    scan to libjpeg. */
 extern int fast_scan_enabled;

@@ -337,20 +337,6 @@ static int parse_layout(const unsigned char *s, size_t len, Layout *L) {
     return L->ri > 0 && L->cols % L->ri == 0;
 }
 
-/* Offset of the next marker's 0xFF at or after p in entropy-coded data (0xFF00 is a
-   stuffed byte, extra 0xFFs are fill), or len. */
-static size_t next_marker(const unsigned char *s, size_t p, size_t len) {
-    for (;;) {
-        const unsigned char *q = p < len ? memchr(s + p, 0xFF, len - p) : NULL;
-        if (q == NULL) return len;
-        p = (size_t)(q - s);
-        while (p + 1 < len && s[p + 1] == 0xFF) p++;
-        if (p + 1 >= len) return len;
-        if (s[p + 1] != 0x00) return p;
-        p += 2;
-    }
-}
-
 #define IS_RST(b) ((b) >= 0xD0 && (b) <= 0xD7)
 
 /* The stream of MCU rows [first, end) x restart intervals [i0, i1) of each row, in a
@@ -364,7 +350,7 @@ static unsigned char *sub_stream(const unsigned char *s, size_t len, const Layou
     size_t p = L->scan, head = L->scan, o = 0; /* set with b: 0 keeps gcc from warning */
     unsigned char *b = NULL;
     for (g = 0; g <= g_last; g++) {
-        size_t start = p, m = next_marker(s, p, len);
+        size_t start = p, m = scan_next_marker(s, p, len);
         long col = g % q;
         if (m >= len || (g < total - 1) != IS_RST(s[m + 1])) {
             free(b);
