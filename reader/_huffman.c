@@ -46,7 +46,7 @@ struct jpeg_entropy_decoder {
     boolean insufficient_data;
 };
 
-int fast_scan_enabled = 1;
+int fast_scan_enabled = 1; /* read and written with __atomic_* (threads without the GIL) */
 unsigned long fast_scan_taken, fast_scan_refusals;
 
 #define FAST_BITS 10 /* 9..12 ran the same; 10 needs the fewest instructions */
@@ -60,7 +60,8 @@ typedef struct {
        symbol; 0 where the code is longer */
     uint16_t sym_len[1 << FAST_BITS];
     /* AC tables: a code and its value bits within FAST_BITS: value << 16 | run << 8 |
-       bits used (run EOB_RUN: end of block); 0 where they do not fit */
+       bits used (run EOB_RUN: end of block); 0 where they do not fit, and for ZRL (its
+       run may end the block, which the symbol path handles as libjpeg does) */
     int32_t ac[1 << FAST_BITS];
     /* libjpeg's canonical decode of the longer codes: maxcode[l] is the largest code of
        l bits (-1: none), a code c of l bits is symbol huffval[c + valoffset[l]] */
@@ -102,7 +103,9 @@ static int build_lut(const JHUFF_TBL *t, int is_ac, HuffLut *h) {
     h->maxcode[0] = -1;
     for (l = 1; l <= 16; l++) {
         int n = t->bits[l];
-        if (p + n > 256) return 0;
+        /* libjpeg refuses these tables too; checked before any entry is written, so the
+           codes of length l all lie below 1 << l (the all-ones code is never one) */
+        if (p + n > 256 || code + n >= (1L << l)) return 0;
         h->valoffset[l] = p - (int32_t)code;
         h->maxcode[l] = n ? (int32_t)(code + n - 1) : -1;
         for (i = 0; i < n; i++, p++, code++) {
@@ -116,10 +119,10 @@ static int build_lut(const JHUFF_TBL *t, int is_ac, HuffLut *h) {
                     h->sym_len[base + j] = (uint16_t)(l << 8 | sym);
                 if (is_ac) {
                     int r = sym >> 4, s = sym & 15;
-                    if (s == 0) {
-                        int32_t e = (r == 15 ? 15 : EOB_RUN) << 8 | l;
+                    if (s == 0 && r != 15) { /* end of block (and the undefined r/0) */
+                        int32_t e = EOB_RUN << 8 | l;
                         for (j = 0; j < (1 << shift); j++) h->ac[base + j] = e;
-                    } else if (l + s <= FAST_BITS) {
+                    } else if (s > 0 && l + s <= FAST_BITS) {
                         int v, rest = FAST_BITS - l - s;
                         for (v = 0; v < (1 << s); v++) {
                             int value = v < (1 << (s - 1)) ? v - (1 << s) + 1 : v;
@@ -131,7 +134,6 @@ static int build_lut(const JHUFF_TBL *t, int is_ac, HuffLut *h) {
                 }
             }
         }
-        if (code >= (1L << l)) return 0; /* libjpeg refuses this table too */
         code <<= 1;
     }
     h->nsyms = p;
@@ -332,7 +334,8 @@ FastScan *fast_scan_start(struct jpeg_decompress_struct *cinfo, const unsigned c
     size_t scan, p, o = 0;
     long total, ri, nseg, i;
     int b, used_dc = 0, used_ac = 0;
-    if (!fast_scan_enabled || cinfo->progressive_mode || cinfo->arith_code ||
+    if (!__atomic_load_n(&fast_scan_enabled, __ATOMIC_RELAXED) || cinfo->progressive_mode ||
+        cinfo->arith_code ||
         cinfo->data_precision != 8 || cinfo->comps_in_scan != cinfo->num_components ||
         cinfo->Ss != 0 || cinfo->Se != 63 || cinfo->Ah != 0 || cinfo->Al != 0 ||
         cinfo->blocks_in_MCU < 1 || cinfo->blocks_in_MCU > D_MAX_BLOCKS_IN_MCU ||

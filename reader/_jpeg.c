@@ -598,14 +598,14 @@ static void decode_stream(const unsigned char *src, size_t len, Region *r, int f
         r->status = ERR_OUT;
         return;
     }
-    if (fast)
-        scan = fast_scan_start(&cinfo, src, len);
     if (cmyk && (row_tmp = (unsigned char *)malloc((size_t)r->cols * 4)) == NULL) {
         jpeg_destroy_decompress(&cinfo);
         strcpy(r->message, "out of memory");
         r->status = ERR_JPEG;
         return;
     }
+    if (fast)
+        scan = fast_scan_start(&cinfo, src, len);
     if (r->y0 > 0)
         jpeg_skip_scanlines(&cinfo, (JDIMENSION)r->y0);
     for (i = 0; i < r->rows;) {
@@ -1388,10 +1388,10 @@ const char *resize_isa(void);
 
 /* resize_isa() -> "avx2" or "scalar": which passes resize runs in this process. */
 static PyObject *py_fast_huffman(PyObject *self, PyObject *args) {
-    int on = -1, was = fast_scan_enabled;
+    int on = -1, was = __atomic_load_n(&fast_scan_enabled, __ATOMIC_RELAXED);
     (void)self;
     if (!PyArg_ParseTuple(args, "|p", &on)) return NULL;
-    if (on >= 0) fast_scan_enabled = on;
+    if (on >= 0) __atomic_store_n(&fast_scan_enabled, on, __ATOMIC_RELAXED);
     return PyBool_FromLong(was);
 }
 
@@ -2007,7 +2007,8 @@ PyMODINIT_FUNC PyInit__jpeg(void) {
     planes_init();
     {
         const char *off = getenv("DLPACK_IO_LIBJPEG_HUFFMAN");
-        fast_scan_enabled = off == NULL || off[0] == 0 || strcmp(off, "0") == 0;
+        __atomic_store_n(&fast_scan_enabled, off == NULL || off[0] == 0 || strcmp(off, "0") == 0,
+                         __ATOMIC_RELAXED);
     }
     Py_INCREF(MappedFileError);
     if (PyModule_AddObject(m, "MappedFileError", MappedFileError) < 0) {
