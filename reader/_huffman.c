@@ -83,7 +83,7 @@ struct FastScan {
     int blk_comp[D_MAX_BLOCKS_IN_MCU], blocks;
     unsigned char *data; /* the intervals' unstuffed bytes, then MCU_MAX_BYTES zeros */
     size_t *seg;         /* interval i is data[seg[i] .. seg[i + 1]) */
-    long nseg, ri, mcus, mcu;
+    long ri, mcus, mcu;
     size_t pos;          /* bits of data read so far, in the current interval */
     size_t seg_end;      /* the current interval's end, in bytes */
     int last_dc[MAX_COMPS_IN_SCAN];
@@ -162,8 +162,12 @@ static size_t unstuff(const unsigned char *s, size_t a, size_t b, unsigned char 
         o += n;
         a += n;
         if (q == NULL) break;
-        if (a + 1 < b && s[a + 1] == 0x00) d[o++] = 0xFF; /* else a fill byte: dropped */
-        a += (a + 1 < b && s[a + 1] == 0x00) ? 2 : 1;
+        if (a + 1 < b && s[a + 1] == 0x00) { /* a stuffed 0xFF */
+            d[o++] = 0xFF;
+            a += 2;
+        } else { /* a fill byte: dropped */
+            a++;
+        }
     }
     return o;
 }
@@ -386,7 +390,6 @@ FastScan *fast_scan_start(struct jpeg_decompress_struct *cinfo, const unsigned c
         fs->blk_ac[b] = &fs->ac[a];
         fs->blk_comp[b] = ci;
     }
-    fs->nseg = nseg;
     fs->ri = ri;
     fs->mcus = total;
     fs->mcu = 0;

@@ -1386,7 +1386,7 @@ void resize_run(ResizePlan *p, const unsigned char *src, size_t stride, unsigned
 void resize_free(ResizePlan *p);
 const char *resize_isa(void);
 
-/* resize_isa() -> "avx2" or "scalar": which passes resize runs in this process. */
+/* fast_huffman([on]) -> bool: the switch before the call (on sets it) */
 static PyObject *py_fast_huffman(PyObject *self, PyObject *args) {
     int on = -1, was = __atomic_load_n(&fast_scan_enabled, __ATOMIC_RELAXED);
     (void)self;
@@ -1402,6 +1402,7 @@ static PyObject *py_fast_huffman_counts(PyObject *self, PyObject *unused) {
                          __atomic_load_n(&fast_scan_refusals, __ATOMIC_RELAXED));
 }
 
+/* resize_isa() -> "avx2" or "scalar": which passes resize runs in this process. */
 static PyObject *py_resize_isa(PyObject *self, PyObject *unused) {
     (void)self;
     (void)unused;
