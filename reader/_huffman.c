@@ -16,12 +16,15 @@
  * Decoding reads that buffer at a bit position (the next 57+ bits are one unaligned load
  * away, so a code of <= 16 bits and its value of <= 15 always fit) and looks symbols up
  * FAST_BITS at a time: an AC code and its value bits that fit in FAST_BITS come out of one
- * lookup (run, value, length), the rest take libjpeg's canonical search. Each symbol waits
- * for the one before it (its position), so one reader runs at the latency of a load and a
- * lookup per symbol; where every MCU is its own restart interval (what the packer writes)
+ * lookup (run, value, length), and one load feeds five such symbols, each shifting the
+ * loaded bits by what it used (the common symbol: a shift, a lookup, a store); the rest
+ * (DC symbols, longer codes, ZRL, the end of a block) take a general path that loads again
+ * and decodes as libjpeg does (libjpeg's canonical search for codes > FAST_BITS). Each
+ * symbol waits for the one before it, so one reader runs at the latency of a lookup and a
+ * shift per symbol; where every MCU is its own restart interval (what the packer writes)
  * two MCUs are decoded in turns, two independent chains the core overlaps, and the second
- * is kept for libjpeg's next call (benchmarks/huffman_decode.py: ~0.65x libjpeg's time for
- * the entropy decoding, where one reader alone was ~0.75x).
+ * is kept for libjpeg's next call (benchmarks/huffman_decode.py: ~0.55x libjpeg's time for
+ * the entropy decoding; a load per symbol was ~0.65x, one reader alone ~0.75x).
  *
  * Damaged data: where libjpeg would warn and conceal (a code that is no code, a run past the
  * block's end, an interval that needs more bits than it has), we stop, mark the scan refused
@@ -51,6 +54,13 @@ unsigned long fast_scan_taken, fast_scan_refusals;
 
 #define FAST_BITS 10 /* 9..12 ran the same; 10 needs the fewest instructions */
 #define EOB_RUN 0x80
+/* an ac entry for bits whose code and value do not fit FAST_BITS: a run of 64, so the
+   fast path's one test (the position after the run > 62) sends it to the general path */
+#define NO_FIT (64 << 8)
+/* How many fast symbols one load of the bits feeds (LANE_RUN and decode_two spell it out):
+   a load holds >= 57 bits from the position on, a fast symbol uses <= FAST_BITS of them and
+   its lookup needs FAST_BITS, so the fifth still looks at loaded bits (57 - 4 * 10 >= 10). */
+#define FAST_PER_LOAD 5
 /* A block reads at most 64 symbols of <= 31 bits (a 16-bit code, 15 value bits); an MCU
    at most D_MAX_BLOCKS_IN_MCU blocks; + the 8 bytes a load reads. */
 #define MCU_MAX_BYTES (D_MAX_BLOCKS_IN_MCU * 64 * 31 / 8 + 16)
@@ -60,8 +70,8 @@ typedef struct {
        symbol; 0 where the code is longer */
     uint16_t sym_len[1 << FAST_BITS];
     /* AC tables: a code and its value bits within FAST_BITS: value << 16 | run << 8 |
-       bits used (run EOB_RUN: end of block); 0 where they do not fit, and for ZRL (its
-       run may end the block, which the symbol path handles as libjpeg does) */
+       bits used (run EOB_RUN: end of block); NO_FIT where they do not fit, and for ZRL
+       (its run may end the block, which the general path handles as libjpeg does) */
     int32_t ac[1 << FAST_BITS];
     /* libjpeg's canonical decode of the longer codes: maxcode[l] is the largest code of
        l bits (-1: none), a code c of l bits is symbol huffval[c + valoffset[l]] */
@@ -99,7 +109,7 @@ static int build_lut(const JHUFF_TBL *t, int is_ac, HuffLut *h) {
     int p = 0, l, i;
     if (t == NULL) return 0;
     memset(h->sym_len, 0, sizeof(h->sym_len));
-    memset(h->ac, 0, sizeof(h->ac));
+    for (i = 0; i < (1 << FAST_BITS); i++) h->ac[i] = NO_FIT;
     h->maxcode[0] = -1;
     for (l = 1; l <= 16; l++) {
         int n = t->bits[l];
@@ -193,9 +203,9 @@ static inline uint64_t load_be64(const unsigned char *p) {
     return __builtin_bswap64(v);
 }
 
-/* LANE_STEP's lookup of the symbol at the top of q_ in table h: c_ (length << 8 | symbol),
-   s_ (its value's size), q_ at the value's bits, pos past code and value; st -1 and out of
-   LANE_STEP for bits that are no code. Not a do-while of its own: the break is LANE_STEP's. */
+/* The lookup of the symbol at the top of q_ in table h: c_ (length << 8 | symbol), s_ (its
+   value's size), q_ at the value's bits, pos past code and value; st -1 and out of the
+   enclosing do-while for bits that are no code. */
 #define SYMBOL(h, pos, st)                                                               \
     c_ = (h)->sym_len[q_ >> (64 - FAST_BITS)];                                           \
     if (c_ == 0 && (c_ = long_code((h), q_)) == 0) {                                     \
@@ -206,68 +216,106 @@ static inline uint64_t load_be64(const unsigned char *p) {
     q_ <<= c_ >> 8;                                                                      \
     pos += (c_ >> 8) + (unsigned)s_
 
-/* One symbol of a lane (the reading of one MCU). A lane is a bit position `pos` in data,
-   the block `b` being filled and its next position `k` (0: the DC comes next), the DC
-   predictions `last` and the MCU's blocks `dst`; `st` becomes 0 when the MCU is complete
-   and -1 on bits libjpeg would conceal. The next 57+ bits are one unaligned load away from
-   pos: a code (<= 16 bits) and its value (<= 15) always fit. A macro, so that each lane's
-   state stays in registers. */
-#define LANE_STEP(pos, k, b, last, dst, st)                                              \
+/* A lane is the reading of one MCU (or, in decode_one, of an interval's MCUs): the bit
+ * position L##pos in data and L##q, the bits from there on (MSB first); the block L##b
+ * being filled (L##blk, its AC table L##act) and its next zigzag position L##k; the DC
+ * predictions `last` and the MCU's blocks `dst`; L##st 1 while reading, 0 when the MCU is
+ * complete, -1 on bits libjpeg would conceal. Macros, so that each lane's state stays in
+ * registers. */
+#define LANE_LOAD(L) L##q = load_be64(fs->data + (L##pos >> 3)) << (L##pos & 7)
+
+/* The DC symbol of block L##b (the next symbol at L##pos): the block's first coefficient. */
+#define LANE_DC(L, last, dst)                                                            \
     do {                                                                                 \
-        uint64_t q_ = load_be64(fs->data + ((pos) >> 3)) << ((pos) & 7);                 \
+        uint64_t q_ = load_be64(fs->data + (L##pos >> 3)) << (L##pos & 7);               \
+        uint32_t c_;                                                                     \
+        int s_, v_, *l_ = &(last)[fs->blk_comp[L##b]];                                   \
+        L##blk = (dst)[L##b];                                                            \
+        L##act = fs->blk_ac[L##b]->ac;                                                   \
+        SYMBOL(fs->blk_dc[L##b], L##pos, L##st); /* a DC symbol: the difference's size */ \
+        v_ = (int)((q_ >> (63 - s_)) >> 1);      /* 0 when s_ is 0 */                    \
+        v_ -= ((v_ - ((1 << s_) >> 1)) >> 31) & ((1 << s_) - 1);                         \
+        *l_ = (int)((unsigned)*l_ + (unsigned)v_); /* wraps as libjpeg's does */         \
+        L##blk[0] = (JCOEF)*l_;                                                          \
+        L##k = 1;                                                                        \
+    } while (0)
+
+/* Start lane L at block 0 of an MCU. */
+#define LANE_BEGIN(L, last, dst)                                                         \
+    do {                                                                                 \
+        L##b = 0;                                                                        \
+        L##st = 1;                                                                       \
+        LANE_DC(L, last, dst);                                                           \
+    } while (0)
+
+/* The common AC symbol: code and value within FAST_BITS (one lookup in L##q, no new load)
+   and the block goes on after it; anything else (a longer code, ZRL, the end of the
+   block, the value at position 63, a run past the block) goes to the general path. */
+#define LANE_FAST(L, general)                                                            \
+    do {                                                                                 \
+        int32_t e_ = L##act[L##q >> (64 - FAST_BITS)];                                   \
+        int k_ = L##k + (e_ >> 8 & 0xFF);                                                \
+        unsigned n_ = (unsigned)e_ & 0xFF;                                               \
+        if (k_ > 62) goto general;                                                       \
+        L##blk[NATURAL[k_]] = (JCOEF)(e_ >> 16);                                         \
+        L##k = k_ + 1;                                                                   \
+        L##q <<= n_;                                                                     \
+        L##pos += n_;                                                                    \
+    } while (0)
+
+/* Any AC symbol of lane L, from L##pos; at the block's end the next block's DC, or the
+   lane done (L##st 0). */
+#define LANE_GENERAL(L, last, dst)                                                       \
+    do {                                                                                 \
+        uint64_t q_ = load_be64(fs->data + (L##pos >> 3)) << (L##pos & 7);               \
         uint32_t c_;                                                                     \
         int s_, v_;                                                                      \
-        if (k == 0) { /* a DC symbol is the size of the difference, <= 15 */             \
-            const HuffLut *h_ = fs->blk_dc[b];                                           \
-            int *l_ = &(last)[fs->blk_comp[b]];                                          \
-            SYMBOL(h_, pos, st);                                                         \
-            v_ = (int)((q_ >> (63 - s_)) >> 1); /* 0 when s_ is 0 */                     \
-            v_ -= ((v_ - ((1 << s_) >> 1)) >> 31) & ((1 << s_) - 1);                     \
-            *l_ = (int)((unsigned)*l_ + (unsigned)v_); /* wraps as libjpeg's does */     \
-            (dst)[b][0] = (JCOEF)*l_;                                                    \
-            k = 1;                                                                       \
-            break;                                                                       \
+        SYMBOL(fs->blk_ac[L##b], L##pos, L##st);                                         \
+        L##k += (int)(c_ >> 4 & 15); /* the run of zeros before the value */             \
+        if (s_) {                                                                        \
+            if (L##k > 63) {                                                             \
+                L##st = -1;                                                              \
+                break;                                                                   \
+            }                                                                            \
+            v_ = (int)(q_ >> (64 - s_));                                                 \
+            v_ -= ((v_ - (1 << (s_ - 1))) >> 31) & ((1 << s_) - 1);                      \
+            L##blk[NATURAL[L##k]] = (JCOEF)v_;                                           \
+            L##k++;                                                                      \
+        } else if ((c_ & 0xF0) == 0xF0) {                                                \
+            L##k++; /* 16 zeros: k moved 15, + 1 */                                      \
         } else {                                                                         \
-            const HuffLut *h_ = fs->blk_ac[b];                                           \
-            int32_t e_ = h_->ac[q_ >> (64 - FAST_BITS)];                                 \
-            if (e_) { /* code and value in one lookup */                                 \
-                int run_ = e_ >> 8 & 0xFF;                                               \
-                pos += (unsigned)(e_ & 0xFF);                                            \
-                if (run_ == EOB_RUN) {                                                   \
-                    k = 64;                                                              \
-                } else {                                                                 \
-                    k += run_;                                                           \
-                    if (k > 63) {                                                        \
-                        st = -1;                                                         \
-                        break;                                                           \
-                    }                                                                    \
-                    (dst)[b][NATURAL[k]] = (JCOEF)(e_ >> 16);                            \
-                    k++;                                                                 \
-                }                                                                        \
-            } else {                                                                     \
-                SYMBOL(h_, pos, st);                                                     \
-                k += (int)(c_ >> 4 & 15); /* the run of zeros before the value */        \
-                if (s_) {                                                                \
-                    if (k > 63) {                                                        \
-                        st = -1;                                                         \
-                        break;                                                           \
-                    }                                                                    \
-                    v_ = (int)(q_ >> (64 - s_));                                         \
-                    v_ -= ((v_ - (1 << (s_ - 1))) >> 31) & ((1 << s_) - 1);              \
-                    (dst)[b][NATURAL[k]] = (JCOEF)v_;                                    \
-                    k++;                                                                 \
-                } else if ((c_ & 0xF0) == 0xF0) {                                        \
-                    k++; /* 16 zeros: k moved 15, + 1 */                                 \
-                } else {                                                                 \
-                    k = 64; /* end of block (and libjpeg's reading of the undefined r/0) */ \
-                }                                                                        \
-            }                                                                            \
-            if (k >= 64) {                                                               \
-                k = 0;                                                                   \
-                if (++(b) == fs->blocks) st = 0;                                         \
-            }                                                                            \
+            L##k = 64; /* end of block (and libjpeg's reading of the undefined r/0) */   \
         }                                                                                \
+        if (L##k < 64) break;                                                            \
+        if (++L##b == fs->blocks) {                                                      \
+            L##st = 0;                                                                   \
+            break;                                                                       \
+        }                                                                                \
+        LANE_DC(L, last, dst);                                                           \
     } while (0)
+
+/* Read lane L to its end: FAST_PER_LOAD fast symbols per load of the bits, the general
+   path where one is not. `general` names a label unique to the call. */
+#define LANE_RUN(L, last, dst, general)                                                  \
+    while (L##st > 0) {                                                                  \
+        LANE_LOAD(L);                                                                    \
+        LANE_FAST(L, general);                                                           \
+        LANE_FAST(L, general);                                                           \
+        LANE_FAST(L, general);                                                           \
+        LANE_FAST(L, general);                                                           \
+        LANE_FAST(L, general);                                                           \
+        continue;                                                                        \
+    general:                                                                             \
+        LANE_GENERAL(L, last, dst);                                                      \
+    }
+
+/* The lane variables of L. */
+#define LANE_VARS(L)                                                                     \
+    size_t L##pos;                                                                       \
+    uint64_t L##q = 0;                                                                   \
+    int L##k = 0, L##b = 0, L##st = 1;                                                   \
+    JCOEF *L##blk = NULL;                                                                \
+    const int32_t *L##act = NULL
 
 /* The blocks of the MCU libjpeg asked for, or (skipping rows: NULL) ours, zeroed */
 static void mcu_blocks(const FastScan *fs, JBLOCKROW *MCU_data, JBLOCK *own, JCOEF **dst) {
@@ -278,26 +326,49 @@ static void mcu_blocks(const FastScan *fs, JBLOCKROW *MCU_data, JBLOCK *own, JCO
 
 /* Decode one MCU from fs->pos on; 0 on bits that libjpeg would conceal. */
 static int decode_one(FastScan *fs, JCOEF **dst) {
-    size_t pos = fs->pos;
-    int k = 0, b = 0, st = 1;
-    while (st > 0) LANE_STEP(pos, k, b, fs->last_dc, dst, st);
-    fs->pos = pos;
-    return st == 0 && pos <= fs->seg_end * 8;
+    LANE_VARS(a_);
+    a_pos = fs->pos;
+    LANE_BEGIN(a_, fs->last_dc, dst);
+    LANE_RUN(a_, fs->last_dc, dst, general_one);
+    fs->pos = a_pos;
+    return a_st == 0 && a_pos <= fs->seg_end * 8;
 }
 
 /* Decode MCUs i and i + 1, each its own restart interval, in turns: two independent chains
-   of symbols, so the core works on one while the other waits for its table lookup. */
+   of symbols, so the core works on one while the other waits for its table lookup. Where
+   one lane leaves the fast path both start over from a new load (the other lane's bits
+   are where it stopped). */
 static int decode_two(FastScan *fs, long i, JCOEF **da, JCOEF **db) {
-    size_t pa = fs->seg[i] * 8, pb = fs->seg[i + 1] * 8;
-    int ka = 0, ba = 0, sa = 1, kb = 0, bb = 0, sb = 1;
     int la[MAX_COMPS_IN_SCAN] = {0}, lb[MAX_COMPS_IN_SCAN] = {0};
-    while (sa > 0 && sb > 0) {
-        LANE_STEP(pa, ka, ba, la, da, sa);
-        LANE_STEP(pb, kb, bb, lb, db, sb);
+    LANE_VARS(a_);
+    LANE_VARS(b_);
+    a_pos = fs->seg[i] * 8;
+    b_pos = fs->seg[i + 1] * 8;
+    LANE_BEGIN(a_, la, da);
+    LANE_BEGIN(b_, lb, db);
+    while (a_st > 0 && b_st > 0) {
+        LANE_LOAD(a_);
+        LANE_LOAD(b_);
+        LANE_FAST(a_, general_a);
+        LANE_FAST(b_, general_b);
+        LANE_FAST(a_, general_a);
+        LANE_FAST(b_, general_b);
+        LANE_FAST(a_, general_a);
+        LANE_FAST(b_, general_b);
+        LANE_FAST(a_, general_a);
+        LANE_FAST(b_, general_b);
+        LANE_FAST(a_, general_a);
+        LANE_FAST(b_, general_b);
+        continue;
+    general_a:
+        LANE_GENERAL(a_, la, da);
+        continue;
+    general_b:
+        LANE_GENERAL(b_, lb, db);
     }
-    while (sa > 0) LANE_STEP(pa, ka, ba, la, da, sa);
-    while (sb > 0) LANE_STEP(pb, kb, bb, lb, db, sb);
-    return sa == 0 && sb == 0 && pa <= fs->seg[i + 1] * 8 && pb <= fs->seg[i + 2] * 8;
+    LANE_RUN(a_, la, da, general_a_alone);
+    LANE_RUN(b_, lb, db, general_b_alone);
+    return a_st == 0 && b_st == 0 && a_pos <= fs->seg[i + 1] * 8 && b_pos <= fs->seg[i + 2] * 8;
 }
 
 static boolean fast_decode_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data) {
