@@ -77,6 +77,9 @@ CASES = [  # (h, w, channels, box or None (whole), oh, ow)
     # rows wide enough for the vertical pass's 32-byte steps, rows first and columns first
     (60, 70, 4, None, 20, 25), (45, 90, 4, (1.5, 2.5, 88.0, 44.0), 17, 33),
     (90, 30, 4, None, 20, 27), (41, 200, 4, None, 15, 71),
+    # hundreds of taps a pixel (the AVX2 horizontal pass sums pairs of them in 32 bits that
+    # wrap: only the total must fit), white so the partial sums are as large as they get
+    (3, 1200, 4, None, 2, 3), (2, 3000, 3, (0.5, 0.0, 2999.5, 2.0), 1, 2),
 ]
 
 
@@ -85,6 +88,9 @@ CASES = [  # (h, w, channels, box or None (whole), oh, ow)
 def test_native_resize_equals_pillow_13_arithmetic(case):
     h, w, c, box, oh, ow = case
     img = np.random.default_rng(h * w).integers(0, 256, (h, w, c), dtype=np.uint8)
+    if w >= 1000:
+        img[:] = 255
+        img[:, ::7] = 254  # not all one value: a sum off by a little still shows
     box = box or (0.0, 0.0, float(w), float(h))
     x0, y0, x1, y1 = (math.floor(box[0]), math.floor(box[1]), math.ceil(box[2]),
                       math.ceil(box[3]))
