@@ -167,55 +167,35 @@ static inline int32_t ld32(const uint8_t *p) {
     return v;
 }
 
-/* h_rows2_avx2's pairs of output pixels for np tap pairs, from the first until a pair
-   whose last tap would pass the row; returns the first pixel it left. Inlined with a
-   constant np for the common counts, so their taps unroll. A 22-bit weight w is
-   wh << 15 | wl (wh = w >> 15, wl its low 15 bits), both 16-bit, so one multiply-add
-   (pmaddwd) weighs two taps of a pixel's four channels (each product pair fits: 2 * 255 *
-   2^15 < 2^31); sum(p * w) = sum(p * wh) << 15 + sum(p * wl): the same integer as
-   Pillow's 32-bit products, because the additions wrap modulo 2^32 and the total, as in
-   Pillow, fits 32 bits (a partial sum of many taps may wrap, the total does not). */
+/* h_rows2_avx2's pairs of output pixels for ks taps, from the first until a pair whose last
+   tap would pass the row; returns the first pixel it left. Inlined with a constant ks for
+   the common counts, so their taps unroll. */
 __attribute__((target("avx2"), always_inline)) static inline int h_pairs(
-    const uint8_t *s0, const uint8_t *s1, int cols, const Taps *h, const int16_t *w16, int ow,
-    uint8_t *d0, uint8_t *d1, const int np) {
+    const uint8_t *s0, const uint8_t *s1, int cols, const Taps *h, const int32_t *w8, int ow,
+    uint8_t *d0, uint8_t *d1, const int ks) {
     const __m256i half = _mm256_set1_epi32(HALF);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    /* two RGBX pixels -> R R G G B B X X as 16-bit, in each 128-bit half */
-    const __m256i spread = _mm256_setr_epi8(0, -1, 4, -1, 1, -1, 5, -1, 2, -1, 6, -1, 3, -1, 7,
-                                            -1, 0, -1, 4, -1, 1, -1, 5, -1, 2, -1, 6, -1, 3, -1,
-                                            7, -1);
     int xx, t;
     for (xx = 0; xx + 1 < ow; xx += 2) {
         int a = h->bounds[2 * xx], b = h->bounds[2 * xx + 2];
-        const int16_t *w = w16 + (size_t)(xx / 2) * np * 32;
+        const int32_t *w = w8 + (size_t)(xx / 2) * ks * 8;
         const uint8_t *pa = s0 + 4 * (size_t)a, *pb = s0 + 4 * (size_t)b;
         const uint8_t *qa = s1 + 4 * (size_t)a, *qb = s1 + 4 * (size_t)b;
-        __m256i lo0 = _mm256_setzero_si256(), hi0 = lo0, lo1 = lo0, hi1 = lo0, px;
-        if (b + 2 * np > cols) /* bounds only grow: every later pair would too */
+        __m256i acc0 = half, acc1 = half, px;
+        if (b + ks > cols) /* bounds only grow: every later pair would too */
             break;
-        for (t = 0; t < np; t++) { /* pixel xx in the low 128-bit half, xx + 1 in the high */
-            __m256i wl = _mm256_loadu_si256((const __m256i *)(w + 32 * t));
-            __m256i wh = _mm256_loadu_si256((const __m256i *)(w + 32 * t + 16));
-            __m256i x0 = _mm256_shuffle_epi8(
-                _mm256_inserti128_si256(
-                    _mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)(pa + 8 * t))),
-                    _mm_loadl_epi64((const __m128i *)(pb + 8 * t)), 1),
-                spread);
-            __m256i x1 = _mm256_shuffle_epi8(
-                _mm256_inserti128_si256(
-                    _mm256_castsi128_si256(_mm_loadl_epi64((const __m128i *)(qa + 8 * t))),
-                    _mm_loadl_epi64((const __m128i *)(qb + 8 * t)), 1),
-                spread);
-            lo0 = _mm256_add_epi32(lo0, _mm256_madd_epi16(x0, wl));
-            hi0 = _mm256_add_epi32(hi0, _mm256_madd_epi16(x0, wh));
-            lo1 = _mm256_add_epi32(lo1, _mm256_madd_epi16(x1, wl));
-            hi1 = _mm256_add_epi32(hi1, _mm256_madd_epi16(x1, wh));
+        for (t = 0; t < ks; t++) { /* pixel xx in the low 128-bit half, xx + 1 in the high */
+            __m256i wk = _mm256_loadu_si256((const __m256i *)(w + 8 * t));
+            __m256i x0 = _mm256_cvtepu8_epi32(
+                _mm_insert_epi32(_mm_cvtsi32_si128(ld32(pa + 4 * t)), ld32(pb + 4 * t), 1));
+            __m256i x1 = _mm256_cvtepu8_epi32(
+                _mm_insert_epi32(_mm_cvtsi32_si128(ld32(qa + 4 * t)), ld32(qb + 4 * t), 1));
+            acc0 = _mm256_add_epi32(acc0, _mm256_mullo_epi32(x0, wk));
+            acc1 = _mm256_add_epi32(acc1, _mm256_mullo_epi32(x1, wk));
         }
-        lo0 = _mm256_add_epi32(_mm256_add_epi32(lo0, half), _mm256_slli_epi32(hi0, 15));
-        lo1 = _mm256_add_epi32(_mm256_add_epi32(lo1, half), _mm256_slli_epi32(hi1, 15));
         /* per half: row 0's pixel, row 1's -> bytes; then row 0's two pixels first */
-        px = _mm256_packs_epi32(_mm256_srai_epi32(lo0, PRECISION_BITS),
-                                _mm256_srai_epi32(lo1, PRECISION_BITS));
+        px = _mm256_packs_epi32(_mm256_srai_epi32(acc0, PRECISION_BITS),
+                                _mm256_srai_epi32(acc1, PRECISION_BITS));
         px = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(px, px), order);
         _mm_storel_epi64((__m128i *)(d0 + 4 * (size_t)xx), _mm256_castsi256_si128(px));
         _mm_storel_epi64((__m128i *)(d1 + 4 * (size_t)xx),
@@ -226,22 +206,23 @@ __attribute__((target("avx2"), always_inline)) static inline int h_pairs(
 }
 
 /* h_row for two RGBX rows sharing the taps, two output pixels at a time (h_pairs): one
-   32-bit lane per channel of each pixel, so a multiply-add weighs two taps of a row for
-   both pixels and the sums need no reduction. Every pair runs kmax taps (rounded up to
-   pairs), the most any pixel of the row has (ksize, Pillow's table width, is about 2
-   more): those past a pixel's own count weigh 0 (make_taps). The pixels h_pairs leaves
-   (near the row's end, an odd last one) go through h_pixel. w16: per pair of output
-   pixels, per pair of taps t, t + 1: the low 15 bits of the weights (k_xx[t], k_xx[t+1])
-   x4 then (k_xx+1[t], k_xx+1[t+1]) x4, then their high bits the same way (pair_weights). */
+   32-bit lane per channel of each pixel, so a tap is one multiply per row for both pixels
+   and the sums need no reduction. Every pair runs kmax taps, the most any pixel of the row
+   has (ksize, Pillow's table width, is about 2 more): those past a pixel's own count
+   weigh 0 (make_taps). The pixels h_pairs leaves (near the row's end, an odd last
+   one) go through h_pixel. w8: per pair of output pixels, per tap, k_xx[t] x4 then
+   k_xx+1[t] x4 (pair_weights). */
 __attribute__((target("avx2")))
 static void h_rows2_avx2(const uint8_t *s0, const uint8_t *s1, int cols, const Taps *h,
-                         const int16_t *w16, int ow, uint8_t *d0, uint8_t *d1) {
+                         const int32_t *w8, int ow, uint8_t *d0, uint8_t *d1) {
     int xx;
-    switch ((h->kmax + 1) / 2) { /* the counts of 224-pixel crops of photos, unrolled */
-    case 1: xx = h_pairs(s0, s1, cols, h, w16, ow, d0, d1, 1); break;
-    case 2: xx = h_pairs(s0, s1, cols, h, w16, ow, d0, d1, 2); break;
-    case 3: xx = h_pairs(s0, s1, cols, h, w16, ow, d0, d1, 3); break;
-    default: xx = h_pairs(s0, s1, cols, h, w16, ow, d0, d1, (h->kmax + 1) / 2); break;
+    switch (h->kmax) { /* the counts of 224-pixel crops of photos, unrolled */
+    case 2: xx = h_pairs(s0, s1, cols, h, w8, ow, d0, d1, 2); break;
+    case 3: xx = h_pairs(s0, s1, cols, h, w8, ow, d0, d1, 3); break;
+    case 4: xx = h_pairs(s0, s1, cols, h, w8, ow, d0, d1, 4); break;
+    case 5: xx = h_pairs(s0, s1, cols, h, w8, ow, d0, d1, 5); break;
+    case 6: xx = h_pairs(s0, s1, cols, h, w8, ow, d0, d1, 6); break;
+    default: xx = h_pairs(s0, s1, cols, h, w8, ow, d0, d1, h->kmax); break;
     }
     for (; xx < ow; xx++) {
         h_pixel(s0, 4, h, xx, d0 + 4 * (size_t)xx);
@@ -388,7 +369,7 @@ static void store_row(const Out *o, int yy, const uint8_t *row) {
 /* The two passes with the vectorised versions where they apply. */
 typedef struct {
     const Taps *h, *v;
-    int16_t *w16; /* AVX2 pair weights of h, or NULL: scalar horizontal pass */
+    int32_t *w8; /* AVX2 pair weights of h, or NULL: scalar horizontal pass */
     int vec;     /* AVX2 vertical pass */
 } Passes;
 
@@ -396,8 +377,8 @@ typedef struct {
 static void pass_h2(const Passes *P, const uint8_t *s0, const uint8_t *s1, int ps, int cols,
                     int ow, uint8_t *d0, uint8_t *d1) {
 #ifdef HAVE_AVX2_PATH
-    if (P->w16 != NULL && ps == 4) {
-        h_rows2_avx2(s0, s1, cols, P->h, P->w16, ow, d0, d1);
+    if (P->w8 != NULL && ps == 4) {
+        h_rows2_avx2(s0, s1, cols, P->h, P->w8, ow, d0, d1);
         return;
     }
 #endif
@@ -460,22 +441,19 @@ static void rows_then_columns(const uint8_t *src, size_t stride, int ps, int col
     }
 }
 
-/* AVX2 weights of the horizontal taps (see h_rows2_avx2), or NULL: out of memory. */
-static int16_t *pair_weights(const Taps *h, int ow) {
-    int pairs = (ow + 1) / 2, np = (h->kmax + 1) / 2, j, t, c;
-    int16_t *w16 = malloc((size_t)pairs * (np > 0 ? np : 1) * 32 * sizeof(int16_t));
-    if (w16 == NULL)
+/* AVX2 weights of the horizontal taps (see h_rows2_avx2): kmax per output pixel, or NULL. */
+static int32_t *pair_weights(const Taps *h, int ow) {
+    int pairs = (ow + 1) / 2, j, t, c, n = h->kmax;
+    int32_t *w8 = malloc((size_t)pairs * (n > 0 ? n : 1) * 8 * sizeof(int32_t));
+    if (w8 == NULL)
         return NULL;
     for (j = 0; j < pairs; j++)
-        for (t = 0; t < np; t++)
-            for (c = 0; c < 16; c++) { /* c: 128-bit half (pixel), channel, tap of the pair */
-                int xx = 2 * j + c / 8, tap = 2 * t + (c & 1);
-                int32_t k = xx < ow && tap < h->kmax ? h->kk[(size_t)xx * h->ksize + tap] : 0;
-                int16_t *at = w16 + ((size_t)j * np + t) * 32 + c;
-                at[0] = (int16_t)(k & 0x7FFF);
-                at[16] = (int16_t)(k >> 15); /* |k| <= 2^22 (weights in [-1, 1]) */
+        for (t = 0; t < n; t++)
+            for (c = 0; c < 8; c++) {
+                int xx = 2 * j + c / 4;
+                w8[((size_t)j * n + t) * 8 + c] = xx < ow ? h->kk[(size_t)xx * h->ksize + t] : 0;
             }
-    return w16;
+    return w8;
 }
 
 /* Everything one resize allocates: made before the guarded read (resize_plan), so a bus
@@ -493,7 +471,7 @@ void resize_free(ResizePlan *p) {
         return;
     free(p->line);
     free(p->tmp);
-    free(p->P.w16);
+    free(p->P.w8);
     free_taps(&p->h);
     free_taps(&p->v);
     free(p);
@@ -518,7 +496,7 @@ int resize_plan(ResizePlan **out, int ps, int rows, int cols, const float box[4]
 #ifdef HAVE_AVX2_PATH
     if (have_avx2()) {
         p->P.vec = 1;
-        if (ps == 4 && (p->P.w16 = pair_weights(&p->h, ow)) == NULL)
+        if (ps == 4 && (p->P.w8 = pair_weights(&p->h, ow)) == NULL)
             goto fail;
     }
 #endif

@@ -77,8 +77,8 @@ CASES = [  # (h, w, channels, box or None (whole), oh, ow)
     # rows wide enough for the vertical pass's 32-byte steps, rows first and columns first
     (60, 70, 4, None, 20, 25), (45, 90, 4, (1.5, 2.5, 88.0, 44.0), 17, 33),
     (90, 30, 4, None, 20, 27), (41, 200, 4, None, 15, 71),
-    # hundreds of taps a pixel (the AVX2 horizontal pass sums pairs of them in 32 bits that
-    # wrap: only the total must fit), white so the partial sums are as large as they get
+    # hundreds of taps a pixel (the AVX2 pass's loop of any length), white so the sums are
+    # as large as they get
     (3, 1200, 4, None, 2, 3), (2, 3000, 3, (0.5, 0.0, 2999.5, 2.0), 1, 2),
 ]
 
