@@ -4,7 +4,7 @@ loop, its executor threads that land records, obstore's Tokio threads, the train
 and into user and system time, plus the SeaweedFS server's CPU and the loader's stats().
 
     python -m benchmarks.remote_cpu SRC_JPEG_FOLDER [--rounds 3] [--batch-size 128]
-        [--out /tmp/remote-cpu] [--perf]
+        [--out /tmp/remote-cpu] [--perf] [--split]
 
 Per round: local epoch 0, then s3:// epoch 0 with a fresh cache_dir (RandomResizedCrop 224
 + flip, 2 thread workers, as benchmarks.remote_epochs). Per-thread CPU comes from
@@ -12,7 +12,11 @@ Per round: local epoch 0, then s3:// epoch 0 with a fresh cache_dir (RandomResiz
 and once more at the end: a thread that exits loses at most its last 10 ms. ``--perf`` also
 records every CPU of the machine (``perf record -a -g``) during the local and the s3://
 epochs (OUT/perf-local.data, OUT/perf-s3.data; ``perf report --pid PID --sort comm,dso``,
-PID printed); threads carry their Python names for that.
+PID printed); threads carry their Python names for that. ``--split`` also splits the
+receiving threads' CPU (ranges received in place) into its parts, per image: signing the
+URL, sending the request, reading the response's head, reading the body off the socket
+(``readinto``: the kernel's TCP receive) and what the sink does with each read (CRCs,
+``pwrite`` into the growing file), each timed by its thread's CPU clock around the call.
 Prints one JSON line per epoch and the medians.
 """
 from __future__ import annotations
@@ -122,6 +126,61 @@ def epoch(ds, batch_size: int, server_pid: int, perf=None) -> dict:
             "loadavg": open("/proc/loadavg").read().split()[0]}
 
 
+class _Split:
+    """``--split``: thread CPU seconds of each part of ``Store.receive_range`` (wrapped here,
+    in this benchmark's process only), summed over the receiving threads."""
+
+    PARTS = ("sign", "request", "response head", "body off the socket", "sink (CRC, pwrite)")
+
+    def __init__(self):
+        import http.client
+
+        from dlpack_io.reader.remote.storage import Store
+        self.sums, self._lock = dict.fromkeys(self.PARTS, 0.0), threading.Lock()
+        self._timed(Store, "_signed", "sign")
+        self._timed(http.client.HTTPConnection, "request", "request")
+        self._timed(http.client.HTTPConnection, "getresponse", "response head")
+        self._timed(http.client.HTTPResponse, "readinto", "body off the socket")
+        receive = Store.receive_range
+        split = self
+
+        def receive_range(store, name, start, end, *, etag, sink):
+            got = sink.got
+
+            def timed_got(n):
+                t = time.thread_time()
+                try:
+                    return got(n)
+                finally:
+                    split.add("sink (CRC, pwrite)", time.thread_time() - t)
+            sink.got = timed_got
+            return receive(store, name, start, end, etag=etag, sink=sink)
+        Store.receive_range = receive_range
+
+    def _timed(self, owner, attr: str, part: str) -> None:
+        call, split = getattr(owner, attr), self
+
+        def timed(*args, **kwargs):
+            t = time.thread_time()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                split.add(part, time.thread_time() - t)
+        setattr(owner, attr, timed)
+
+    def add(self, part: str, seconds: float) -> None:
+        """Count ``seconds`` of thread CPU to ``part``."""
+        with self._lock:
+            self.sums[part] += seconds
+
+    def take(self, images: int) -> dict:
+        """ms per image of each part since the last call; the sums start again."""
+        with self._lock:
+            out = {k: round(v / images * 1e3, 4) for k, v in self.sums.items()}
+            self.sums = dict.fromkeys(self.PARTS, 0.0)
+        return out
+
+
 def setup(src: str, out: str):
     """Pack ``src`` once into OUT/local (16 MB shards); a fresh SeaweedFS folder; its path."""
     from dlpack_io.packer import convert
@@ -176,8 +235,10 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--out", default="/tmp/remote-cpu")
     parser.add_argument("--perf", action="store_true")
+    parser.add_argument("--split", action="store_true")
     args = parser.parse_args()
     name_threads()
+    split = _Split() if args.split else None
     from dlpack_io.reader import Dataset
     from dlpack_io.reader.remote.storage import Store
     from dlpack_io.tools.bench.seaweed import SeaweedServer
@@ -200,6 +261,8 @@ def main() -> None:
                                       perf.get("local")),
                    "s3_e0": epoch(Dataset("s3://bench/ds", cache_dir=cache),
                                    args.batch_size, pid, perf.get("s3"))}
+            if split is not None:
+                row["s3_e0"]["receiving_split_ms"] = split.take(len(Dataset(local_dir)))
             print(json.dumps(row), flush=True)
             rows.append(row)
         for p in perf.values():
