@@ -57,10 +57,11 @@ unsigned long fast_scan_taken, fast_scan_refusals;
 /* an ac entry for bits whose code and value do not fit FAST_BITS: a run of 64, so the
    fast path's one test (the position after the run > 62) sends it to the general path */
 #define NO_FIT (64 << 8)
-/* How many fast symbols one load of the bits feeds (LANE_RUN and decode_two spell it out):
-   a load holds >= 57 bits from the position on, a fast symbol uses <= FAST_BITS of them and
-   its lookup needs FAST_BITS, so the fifth still looks at loaded bits (57 - 4 * 11 >= 11). */
+/* How many fast symbols one load of the bits feeds: a load holds >= 57 bits from the
+   position on, a fast symbol uses <= FAST_BITS of them and its lookup needs FAST_BITS, so
+   the fifth still looks at loaded bits (57 - 4 * 11 >= 11; checked below). */
 #define FAST_PER_LOAD 5
+typedef char fast_per_load_fits_a_load[57 - (FAST_PER_LOAD - 1) * FAST_BITS >= FAST_BITS ? 1 : -1];
 /* A block reads at most 64 symbols of <= 31 bits (a 16-bit code, 15 value bits); an MCU
    at most D_MAX_BLOCKS_IN_MCU blocks; + the 8 bytes a load reads. */
 #define MCU_MAX_BYTES (D_MAX_BLOCKS_IN_MCU * 64 * 31 / 8 + 16)
@@ -299,11 +300,8 @@ static inline uint64_t load_be64(const unsigned char *p) {
 #define LANE_RUN(L, last, dst, general)                                                  \
     while (L##st > 0) {                                                                  \
         LANE_LOAD(L);                                                                    \
-        LANE_FAST(L, general);                                                           \
-        LANE_FAST(L, general);                                                           \
-        LANE_FAST(L, general);                                                           \
-        LANE_FAST(L, general);                                                           \
-        LANE_FAST(L, general);                                                           \
+        for (int n_ = 0; n_ < FAST_PER_LOAD; n_++) /* unrolled by the compiler */       \
+            LANE_FAST(L, general);                                                       \
         continue;                                                                        \
     general:                                                                             \
         LANE_GENERAL(L, last, dst);                                                      \
@@ -349,16 +347,10 @@ static int decode_two(FastScan *fs, long i, JCOEF **da, JCOEF **db) {
     while (a_st > 0 && b_st > 0) {
         LANE_LOAD(a_);
         LANE_LOAD(b_);
-        LANE_FAST(a_, general_a);
-        LANE_FAST(b_, general_b);
-        LANE_FAST(a_, general_a);
-        LANE_FAST(b_, general_b);
-        LANE_FAST(a_, general_a);
-        LANE_FAST(b_, general_b);
-        LANE_FAST(a_, general_a);
-        LANE_FAST(b_, general_b);
-        LANE_FAST(a_, general_a);
-        LANE_FAST(b_, general_b);
+        for (int n = 0; n < FAST_PER_LOAD; n++) { /* unrolled by the compiler */
+            LANE_FAST(a_, general_a);
+            LANE_FAST(b_, general_b);
+        }
         continue;
     general_a:
         LANE_GENERAL(a_, la, da);
