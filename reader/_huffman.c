@@ -198,10 +198,11 @@ static uint32_t long_code(const HuffLut *h, uint64_t q) {
     return 0;
 }
 
-static inline uint64_t load_be64(const unsigned char *p) {
+/* The next 57+ bits of data from bit position pos on, MSB first (one unaligned load). */
+static inline uint64_t bits_at(const unsigned char *data, size_t pos) {
     uint64_t v;
-    memcpy(&v, p, 8);
-    return __builtin_bswap64(v);
+    memcpy(&v, data + (pos >> 3), 8);
+    return __builtin_bswap64(v) << (pos & 7);
 }
 
 /* The lookup of the symbol at the top of q_ in table h: c_ (length << 8 | symbol), s_ (its
@@ -223,12 +224,12 @@ static inline uint64_t load_be64(const unsigned char *p) {
  * predictions `last` and the MCU's blocks `dst`; L##st 1 while reading, 0 when the MCU is
  * complete, -1 on bits libjpeg would conceal. Macros, so that each lane's state stays in
  * registers. */
-#define LANE_LOAD(L) L##q = load_be64(fs->data + (L##pos >> 3)) << (L##pos & 7)
+#define LANE_LOAD(L) L##q = bits_at(fs->data, L##pos)
 
 /* The DC symbol of block L##b (the next symbol at L##pos): the block's first coefficient. */
 #define LANE_DC(L, last, dst)                                                            \
     do {                                                                                 \
-        uint64_t q_ = load_be64(fs->data + (L##pos >> 3)) << (L##pos & 7);               \
+        uint64_t q_ = bits_at(fs->data, L##pos);                                         \
         uint32_t c_;                                                                     \
         int s_, v_, *l_ = &(last)[fs->blk_comp[L##b]];                                   \
         L##blk = (dst)[L##b];                                                            \
@@ -268,7 +269,7 @@ static inline uint64_t load_be64(const unsigned char *p) {
    lane done (L##st 0). */
 #define LANE_GENERAL(L, last, dst)                                                       \
     do {                                                                                 \
-        uint64_t q_ = load_be64(fs->data + (L##pos >> 3)) << (L##pos & 7);               \
+        uint64_t q_ = bits_at(fs->data, L##pos);                                         \
         uint32_t c_;                                                                     \
         int s_, v_;                                                                      \
         SYMBOL(fs->blk_ac[L##b], L##pos, L##st);                                         \
@@ -300,7 +301,7 @@ static inline uint64_t load_be64(const unsigned char *p) {
 #define LANE_RUN(L, last, dst, general)                                                  \
     while (L##st > 0) {                                                                  \
         LANE_LOAD(L);                                                                    \
-        for (int n_ = 0; n_ < FAST_PER_LOAD; n_++) /* unrolled by the compiler */       \
+        for (int i_ = 0; i_ < FAST_PER_LOAD; i_++) /* unrolled by the compiler */       \
             LANE_FAST(L, general);                                                       \
         continue;                                                                        \
     general:                                                                             \
@@ -347,7 +348,7 @@ static int decode_two(FastScan *fs, long i, JCOEF **da, JCOEF **db) {
     while (a_st > 0 && b_st > 0) {
         LANE_LOAD(a_);
         LANE_LOAD(b_);
-        for (int n = 0; n < FAST_PER_LOAD; n++) { /* unrolled by the compiler */
+        for (int i_ = 0; i_ < FAST_PER_LOAD; i_++) { /* unrolled by the compiler */
             LANE_FAST(a_, general_a);
             LANE_FAST(b_, general_b);
         }
