@@ -4,7 +4,7 @@ loop, its executor threads that land records, obstore's Tokio threads, the train
 and into user and system time, plus the SeaweedFS server's CPU and the loader's stats().
 
     python -m benchmarks.remote_cpu SRC_JPEG_FOLDER [--rounds 3] [--batch-size 128]
-        [--out /tmp/remote-cpu] [--perf] [--split]
+        [--out /tmp/remote-cpu] [--perf] [--split] [--fill 4,16] [--rtt-ms 20]
 
 Per round: local epoch 0, then s3:// epoch 0 with a fresh cache_dir (RandomResizedCrop 224
 + flip, 2 thread workers, as benchmarks.remote_epochs). Per-thread CPU comes from
@@ -17,11 +17,15 @@ receiving threads' CPU (ranges received in place) into its parts, per image: sig
 URL, sending the request, reading the response's head, reading the body off the socket
 (``readinto``: the kernel's TCP receive) and what the sink does with each read (CRCs,
 ``pwrite`` into the growing file), each timed by its thread's CPU clock around the call.
+``--fill A,B`` runs the s3:// epoch once per fill range size (MiB, the planner's
+``fill_bytes``), alternated within each round, and ``--rtt-ms`` puts a latency proxy
+(tools/bench/latencyproxy.py, its own process) between the loader and the server.
 Prints one JSON line per epoch and the medians.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import os
@@ -236,19 +240,30 @@ def main() -> None:
     parser.add_argument("--out", default="/tmp/remote-cpu")
     parser.add_argument("--perf", action="store_true")
     parser.add_argument("--split", action="store_true")
+    parser.add_argument("--fill", default=None,
+                        help="fill range sizes in MiB, comma-separated (default: the planner's)")
+    parser.add_argument("--rtt-ms", type=float, default=0.0)
     args = parser.parse_args()
     name_threads()
     split = _Split() if args.split else None
     from dlpack_io.reader import Dataset
     from dlpack_io.reader.remote.storage import Store
+    from dlpack_io.tools.bench.latencyproxy import LatencyProxy
     from dlpack_io.tools.bench.seaweed import SeaweedServer
 
     local_dir = setup(args.src, args.out)
-    with SeaweedServer(os.path.join(args.out, "seaweed"), buckets=["bench"]) as server:
+    fills = [None] if args.fill is None else [int(float(m) * 2**20)
+                                               for m in args.fill.split(",")]
+    with SeaweedServer(os.path.join(args.out, "seaweed"), buckets=["bench"]) as server, \
+            contextlib.ExitStack() as stack:
         os.environ.update(server.env())
         store = Store("s3://bench/ds")
         for name in os.listdir(local_dir):
             store.put_file(name, os.path.join(local_dir, name))
+        if args.rtt_ms:  # (after the upload: only the loader's requests pay the latency)
+            host, port = server.endpoint.split("//", 1)[1].rsplit(":", 1)
+            proxy = stack.enter_context(LatencyProxy(host, int(port), rtt=args.rtt_ms / 1e3))
+            os.environ["AWS_ENDPOINT_URL"] = proxy.endpoint
         pid, rows = server.proc.pid, []
         print(json.dumps({"loader_pid": os.getpid(), "server_pid": pid}), flush=True)
         perf = {side: _Perf(os.path.join(args.out, f"perf-{side}.data"))
@@ -258,17 +273,26 @@ def main() -> None:
             shutil.rmtree(cache, ignore_errors=True)
             _reread(local_dir)
             row = {"local_e0": epoch(Dataset(local_dir), args.batch_size, pid,
-                                      perf.get("local")),
-                   "s3_e0": epoch(Dataset("s3://bench/ds", cache_dir=cache),
-                                   args.batch_size, pid, perf.get("s3"))}
-            if split is not None:
-                row["s3_e0"]["receiving_split_ms"] = split.take(len(Dataset(local_dir)))
+                                      perf.get("local"))}
+            for fill in fills:
+                shutil.rmtree(cache, ignore_errors=True)
+                remote = Dataset("s3://bench/ds", cache_dir=cache)
+                if fill is not None:
+                    remote._remote.fetch_options["fill_bytes"] = fill
+                side = "s3_e0" if fill is None else f"s3_e0 fill {fill / 2**20:g} MiB"
+                row[side] = epoch(remote, args.batch_size, pid, perf.get("s3"))
+                row[side]["fetching_threads_ms"] = round(sum(
+                    v for k, v in row[side]["threads_ms"].items()
+                    if k not in ("decode workers", "training loop")), 3)
+                if split is not None:
+                    row[side]["receiving_split_ms"] = split.take(len(Dataset(local_dir)))
             print(json.dumps(row), flush=True)
             rows.append(row)
         for p in perf.values():
             p.close()
-    for side in ("local_e0", "s3_e0"):
-        keys = ("images_per_s", "cpu_ms_per_image", "user_ms", "sys_ms", "server_ms")
+    for side in rows[0]:
+        keys = ("images_per_s", "first_batch_s", "cpu_ms_per_image", "user_ms", "sys_ms",
+                "server_ms") + (("fetching_threads_ms",) if side != "local_e0" else ())
         print(side, {k: statistics.median(r[side][k] for r in rows) for k in keys})
 
 

@@ -24,9 +24,10 @@ VARIANTS = {"batch by batch (fill off)": {"fill_bytes": 0},
                                             "after": True, "hold": False},
             "batch 0 in, then fill 4 MiB x8": {"fill_bytes": 4 << 20, "fill_inflight": 8,
                                                "after": True, "hold": True},
-            "fill 4 MiB x8 (default)": {"fill_bytes": 4 << 20, "fill_inflight": 8},
+            "fill 4 MiB x8": {"fill_bytes": 4 << 20, "fill_inflight": 8},
             "fill 4 MiB x4": {"fill_bytes": 4 << 20, "fill_inflight": 4},
-            "fill 8 MiB x8": {"fill_bytes": 8 << 20, "fill_inflight": 8}}
+            "fill 8 MiB x8": {"fill_bytes": 8 << 20, "fill_inflight": 8},
+            "fill 16 MiB x8 (default)": {"fill_bytes": 16 << 20, "fill_inflight": 8}}
 
 
 def _cpu() -> float:

@@ -150,6 +150,14 @@ def fill_first(plan: Plan, todo: np.ndarray, ratio: float) -> bool:
     return int(plan.size[todo].sum()) <= ratio * plan.batch_bytes(0)
 
 
+def fill_range_bytes(total: int, fill_bytes: int, inflight: int, least: int) -> int:
+    """The largest range of a fill of ``total`` bytes: ``fill_bytes``, but no more than
+    keeps ``inflight`` requests busy (a small data set is not fetched over one or two
+    connections), and never below ``least`` (nor above ``fill_bytes``)."""
+    spread = -(-total // max(1, inflight))
+    return min(fill_bytes, max(least, spread))
+
+
 def fill_inflight(requests: list, fill_bytes: int, few: int, many: int) -> int:
     """How many of the fill's range ``requests`` go at once: ``few`` when they are large
     (a quarter of ``fill_bytes`` or more on average), else ``many`` (a rank's share of the

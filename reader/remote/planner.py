@@ -30,11 +30,13 @@ import numpy as np
 
 from dlpack_io.reader.remote import fetchplan
 from dlpack_io.reader.remote.assembled import cached
-from dlpack_io.reader.remote.fetchplan import (ABSENT, PRESENT, REQUESTED, ahead_masks, fetch_spans,
-                                               fill_first, fill_inflight, first_use, range_requests,
+from dlpack_io.reader.remote.fetchplan import (ABSENT, PRESENT, REQUESTED, ahead_masks,
+                                               fetch_spans, fill_first, fill_inflight,
+                                               fill_range_bytes, first_use, range_requests,
                                                read_ahead)
-from dlpack_io.reader.remote.keep import (FILL_FIRST, FULL, READ_AHEAD, CacheFull, FullCacheSide,
-                                          publish_records, split_limit)
+from dlpack_io.reader.remote.keep import (FILL_FIRST, FILL_MIN_BYTES, FULL, READ_AHEAD,
+                                          CacheFull, FullCacheSide, publish_records,
+                                          split_limit)
 from dlpack_io.reader.remote.prefetch import ConsumerSide, warn_overcommit
 
 log = logging.getLogger(__name__)
@@ -134,7 +136,8 @@ class Planner(ConsumerSide, FullCacheSide):
 
     async def _fill(self, sem, tasks, first: bool = False) -> bool:
         """(Everything kept) every record of this plan not requested yet in few large ranges
-        (``fill_bytes``, ``fill_inflight`` at once; other ranks' records are not fetched,
+        (up to ``fill_bytes``, fewer when ``fill_inflight`` of them would not be busy:
+        fill_range_bytes; ``fill_inflight`` at once; other ranks' records are not fetched,
         so a rank's share may be small ranges: then ``max_inflight`` at once),
         those the epoch needs first first: later batches find them requested. ``first``
         (before batch 0): only when it is all within FILL_FIRST times batch 0's bytes."""
@@ -144,10 +147,12 @@ class Planner(ConsumerSide, FullCacheSide):
             return False
         todo = todo[~await self._found(todo)] if len(todo) else todo
         await self._admit(0, todo)
+        largest = fill_range_bytes(int(self.plan.size[todo].sum()), *self.fill, FILL_MIN_BYTES)
         requests = range_requests(todo, first_use(self.plan)[todo],
                                   self.source.dataset_lookup(todo),
-                                  gap=self.bridge or self.gap, max_bytes=self.fill[0])
-        fill_sem = asyncio.Semaphore(fill_inflight(requests, *self.fill, self.max_inflight))
+                                  gap=self.bridge or self.gap, max_bytes=largest)
+        fill_sem = asyncio.Semaphore(fill_inflight(requests, largest, self.fill[1],
+                                                   self.max_inflight))
         for request in requests:
             await fill_sem.acquire()
             await sem.acquire()

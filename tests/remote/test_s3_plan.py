@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from dlpack_io.reader.remote.fetchplan import (auto_mode, check_limit, coalesce, fill_first,
-                                               fill_inflight, first_use, make_plan)
+                                               fill_inflight, fill_range_bytes, first_use,
+                                               make_plan)
 
 
 def test_coalesce_merges_close_neighbours_and_respects_the_size_cap():
@@ -57,6 +58,17 @@ def test_the_fill_keeps_few_large_ranges_in_flight_but_many_small_ones():
     assert fill_inflight(ranges(400, 100), 400, 8, 64) == 8  # mean 250 >= 400 / 4
     assert fill_inflight(ranges(99, 99), 400, 8, 64) == 64
     assert fill_inflight([], 400, 8, 64) == 8
+
+
+def test_the_fills_ranges_are_large_but_keep_its_requests_in_flight_busy():
+    mib = 2**20
+    assert fill_range_bytes(1000 * mib, 16 * mib, 8, 4 * mib) == 16 * mib  # a large set
+    assert fill_range_bytes(80 * mib, 16 * mib, 8, 4 * mib) == 10 * mib  # 8 ranges of 10
+    assert fill_range_bytes(80 * mib + 1, 16 * mib, 8, 4 * mib) == 10 * mib + 1  # rounded up
+    assert fill_range_bytes(20 * mib, 16 * mib, 8, 4 * mib) == 4 * mib  # never below least
+    assert fill_range_bytes(0, 16 * mib, 8, 4 * mib) == 4 * mib
+    assert fill_range_bytes(100 * mib, 2 * mib, 8, 4 * mib) == 2 * mib  # nor above the most
+    assert fill_range_bytes(100, 1000, 0, 10) == 100  # no inflight given: one range
 
 
 def test_shards_plan_needs_whole_shards():
