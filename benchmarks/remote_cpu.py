@@ -5,6 +5,7 @@ and into user and system time, plus the SeaweedFS server's CPU and the loader's 
 
     python -m benchmarks.remote_cpu SRC_JPEG_FOLDER [--rounds 3] [--batch-size 128]
         [--out /tmp/remote-cpu] [--perf] [--split] [--fill 4,16] [--rtt-ms 20]
+        [--local-cold] [--shard-size 16MB]
 
 Per round: local epoch 0, then s3:// epoch 0 with a fresh cache_dir (RandomResizedCrop 224
 + flip, 2 thread workers, as benchmarks.remote_epochs). Per-thread CPU comes from
@@ -17,7 +18,9 @@ receiving threads' CPU (ranges received in place) into its parts, per image: sig
 URL, sending the request, reading the response's head, reading the body off the socket
 (``readinto``: the kernel's TCP receive) and what the sink does with each read (CRCs,
 ``pwrite`` into the growing file), each timed by its thread's CPU clock around the call.
-``--fill A,B`` runs the s3:// epoch once per fill range size (MiB, the planner's
+``--local-cold`` drops the local shards from the page cache before the local epoch
+(its pages are allocated as it reads, as the s3:// epoch's are as they land) instead of
+reading them once before it. ``--fill A,B`` runs the s3:// epoch once per fill range size (MiB, the planner's
 ``fill_bytes``), alternated within each round, and ``--rtt-ms`` puts a latency proxy
 (tools/bench/latencyproxy.py, its own process) between the loader and the server.
 Prints one JSON line per epoch and the medians.
@@ -185,15 +188,28 @@ class _Split:
         return out
 
 
-def setup(src: str, out: str):
-    """Pack ``src`` once into OUT/local (16 MB shards); a fresh SeaweedFS folder; its path."""
+def setup(src: str, out: str, shard_size: str = "16MB"):
+    """Pack ``src`` once into OUT/local (16 MB shards: several for 1,000 images; the
+    converter's default is 256MB); a fresh SeaweedFS folder; the local data set's path."""
     from dlpack_io.packer import convert
 
     local_dir = os.path.join(out, "local")
     if not os.path.exists(os.path.join(local_dir, "manifest.json")):
-        convert(src, local_dir, shard_size="16MB", progress=False)
+        convert(src, local_dir, shard_size=shard_size, progress=False)
     shutil.rmtree(os.path.join(out, "seaweed"), ignore_errors=True)
     return local_dir
+
+
+def _evict(local_dir: str) -> None:
+    """Drop the local shards' pages from the page cache (``--local-cold``: the local epoch
+    reads from the disk, allocating page-cache pages as a cold s3:// epoch does)."""
+    os.sync()
+    for name in os.listdir(local_dir):
+        fd = os.open(os.path.join(local_dir, name), os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 def _reread(local_dir: str) -> None:
@@ -243,6 +259,10 @@ def main() -> None:
     parser.add_argument("--fill", default=None,
                         help="fill range sizes in MiB, comma-separated (default: the planner's)")
     parser.add_argument("--rtt-ms", type=float, default=0.0)
+    parser.add_argument("--shard-size", default="16MB",
+                        help="of the data set packed into OUT/local (when it is not there yet)")
+    parser.add_argument("--local-cold", action="store_true",
+                        help="the local epoch from the disk, not from the page cache")
     args = parser.parse_args()
     name_threads()
     split = _Split() if args.split else None
@@ -251,7 +271,7 @@ def main() -> None:
     from dlpack_io.tools.bench.latencyproxy import LatencyProxy
     from dlpack_io.tools.bench.seaweed import SeaweedServer
 
-    local_dir = setup(args.src, args.out)
+    local_dir = setup(args.src, args.out, args.shard_size)
     fills = [None] if args.fill is None else [int(float(m) * 2**20)
                                                for m in args.fill.split(",")]
     with SeaweedServer(os.path.join(args.out, "seaweed"), buckets=["bench"]) as server, \
@@ -271,7 +291,7 @@ def main() -> None:
         for _ in range(args.rounds):
             cache = os.path.join(args.out, "cache")
             shutil.rmtree(cache, ignore_errors=True)
-            _reread(local_dir)
+            (_evict if args.local_cold else _reread)(local_dir)
             row = {"local_e0": epoch(Dataset(local_dir), args.batch_size, pid,
                                       perf.get("local"))}
             for fill in fills:

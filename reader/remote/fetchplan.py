@@ -178,11 +178,15 @@ def check_limit(plan: Plan, cache_limit: int, where: str) -> None:
                          f"(several times that lets the prefetcher run ahead){hint}")
 
 
-def auto_mode(batches, shard_ids_of, shard_sizes, cache_limit: int) -> str:
-    """"shards" when batches read few shards each (block shuffle, or no shuffle) and those
-    fit the cache; else "records"."""
+def auto_mode(batches, shard_ids_of, shard_sizes, cache_limit: int,
+              record_bytes: int | None = None) -> str:
+    """"shards" when batches read few shards each (block shuffle, or no shuffle), those fit
+    the cache, and the data set's ``record_bytes`` do not; else "records". A data set that
+    fits is all kept, its shards grown in place in large ranges (keep.py, growing.py):
+    whole-shard fetching already, with each record readable as soon as its range lands
+    (a whole shard waits for its last byte) and received straight into its file."""
     sample = batches[:8]
-    if not sample:
+    if not sample or record_bytes is not None and record_bytes <= cache_limit:
         return "records"
     per_batch = [len(np.unique(shard_ids_of(np.asarray(b, dtype=np.int64)))) for b in sample]
     biggest = int(np.max(shard_sizes)) if len(shard_sizes) else 0

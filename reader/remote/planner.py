@@ -379,8 +379,8 @@ def start(source, batches, *, mode=None) -> "Prefetch":
             raise IndexError(f"{source.url}: a batch holds sample {int(b.max())}, the data set "
                              f"has {n}")
     sizes = [e["bytes"] for e in source.manifest["shards"]]
-    mode = mode or source.fetch_mode or fetchplan.auto_mode(batches, source.shard_of, sizes,
-                                                            source.cache_limit)
+    mode = mode or source.fetch_mode or fetchplan.auto_mode(
+        batches, source.shard_of, sizes, source.cache_limit, int(source.lengths.sum()))
     plan = fetchplan.make_plan(mode, batches, source.shard_of, source.lengths, sizes)
     fetchplan.check_limit(plan, source.cache_limit, source.url)
     if mode == "records":  # files found in the records folder are counted before keeping

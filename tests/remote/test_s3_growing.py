@@ -66,6 +66,32 @@ def test_epoch_0_lands_in_place_equals_local_and_writes_no_record_file(s3_env, p
     assert remote._remote.bytes_fetched == fetched  # epoch 1 from the assembled shards
 
 
+def test_shard_local_batches_of_a_set_that_fits_grow_in_place_and_whole_shards_otherwise(
+        s3_env, packed, tmp_path):
+    """Batches that each read one shard (block shuffle) used to fetch whole shards, every
+    record waiting for its shard's last byte; a data set that fits cache_limit is all kept
+    instead, its shards grown in place (records readable as their ranges land, received
+    straight into the file). One that does not fit still fetches whole shards."""
+    remote = Dataset(URL, cache_dir=tmp_path / "fits")
+    source = remote._remote
+    batches = [np.arange(source.first_sample(k), source.first_sample(k) + len(shard.index))
+               for k, shard in enumerate(source.shards)]
+    assert len(batches) >= 3
+    prefetch = remote.start_prefetch(batches)
+    assert prefetch._planner.plan.mode == "records" and prefetch._planner.grow is not None
+    for k in range(len(batches)):
+        prefetch.wait(k, timeout=60)
+        prefetch.release(k)
+    prefetch.close()
+    assert _layout(remote) == _assembled(remote)  # grown in place, assembled
+    batches_equal(_epoch(Dataset(packed), 1), _epoch(remote, 1))
+    record_bytes = int(source.lengths.sum())
+    small = Dataset(URL, cache_dir=tmp_path / "small", cache_limit=record_bytes - 1)
+    prefetch = small.start_prefetch(batches)
+    assert prefetch._planner.plan.mode == "shards"
+    prefetch.close()
+
+
 def test_a_tampered_byte_in_a_fetched_range_is_caught_and_refetched(s3_env, packed, caplog,
                                                                    monkeypatch):
     monkeypatch.setenv("DLPACK_DIRECT_RECEIVE", "0")  # the client's way (test_s3_receive.py:

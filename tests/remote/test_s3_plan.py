@@ -104,3 +104,7 @@ def test_auto_mode_picks_shards_only_for_shard_local_batches_that_fit():
     assert auto_mode(local, shard_of, sizes, cache_limit=1500) == "records"
     assert auto_mode(spread, shard_of, sizes, cache_limit=10**6) == "records"
     assert auto_mode([], shard_of, sizes, cache_limit=10**6) == "records"
+    # a data set that fits the cache is all kept, grown in place: records, whatever the order
+    assert auto_mode(local, shard_of, sizes, 10**6, record_bytes=10**6) == "records"
+    assert auto_mode(local, shard_of, sizes, 10**6, record_bytes=10**6 + 1) == "shards"
+    assert auto_mode(spread, shard_of, sizes, 10**6, record_bytes=10**6 + 1) == "records"
