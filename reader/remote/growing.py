@@ -330,6 +330,14 @@ _RECEIVE_BUFFER = 512 * 1024  # bytes a receiving thread reads at once: fits its
 _buffers = threading.local()  # one buffer per receiving thread, kept
 
 
+def receive_buffer() -> memoryview:
+    """The calling thread's receive buffer (_RECEIVE_BUFFER bytes, made once per thread)."""
+    view = getattr(_buffers, "view", None)
+    if view is None or len(view) != _RECEIVE_BUFFER:
+        view = _buffers.view = memoryview(bytearray(_RECEIVE_BUFFER))
+    return view
+
+
 class RangeSink:
     """Records of one requested range, received (Store.receive_range) into a buffer of the
     receiving thread and checked there while the bytes are in the CPU's cache; each record
@@ -351,16 +359,13 @@ class RangeSink:
 
     def space(self) -> memoryview:
         """Where the next bytes go (the buffer after those held)."""
-        buffer = self._buffer or getattr(_buffers, "view", None)
+        buffer = self._buffer or receive_buffer()
         need = self.fill + 1
         if self.next < len(self.offsets):  # a record larger than the buffer: one to fit it
             need = max(need, self.ends[self.next] - self.base)
-        if buffer is None or len(buffer) < need:
-            larger = memoryview(bytearray(max(_RECEIVE_BUFFER, need)))
-            if buffer is not None:
-                larger[:self.fill] = buffer[:self.fill]
-            if len(larger) == _RECEIVE_BUFFER:  # (a larger one is dropped when done)
-                _buffers.view = larger
+        if len(buffer) < need:  # (a larger one is dropped when done)
+            larger = memoryview(bytearray(need))
+            larger[:self.fill] = buffer[:self.fill]
             buffer = larger
         self._buffer = buffer
         return buffer[self.fill:]

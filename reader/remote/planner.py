@@ -92,8 +92,9 @@ class Planner(ConsumerSide, FullCacheSide):
         # (ranges received straight into it are written by a thread each: receive_range)
         self._lander = ThreadPoolExecutor(1, thread_name_prefix="dlpack-land") \
             if self.grow is not None else None
+        receives = self.grow is not None or self.plan.mode == "shards"  # straight into files
         self._receivers = ThreadPoolExecutor(min(self.max_inflight, 8), thread_name_prefix=
-                                             "dlpack-receive") if self.grow is not None else None
+                                             "dlpack-receive") if receives else None
         try:
             asyncio.run(self._plan_all())
         except asyncio.CancelledError:
@@ -271,17 +272,12 @@ class Planner(ConsumerSide, FullCacheSide):
         if sink is None:
             return False
         shard = self.shards[k]
-        receive = functools.partial(self.store.receive_range, shard.name, start, end,
-                                    etag=shard.etag, sink=sink)
-        self.receiving.add(sink)  # close() interrupts it (prefetch.py)
         try:
-            got = await self._loop.run_in_executor(self._receivers, _closing(sink, receive))
+            got = await self._received(shard.name, start, end, shard.etag, sink)
         except OSError as exc:  # writing into the growing file: the usual way says how
             log.debug("%s: receiving bytes %d-%d into %s failed: %s", shard.path, start,
                       end - 1, grow.path(k), exc)
             return False
-        finally:
-            self.receiving.discard(sink)
         if not got:
             return False
         self._count(1, end - start)
@@ -293,6 +289,22 @@ class Planner(ConsumerSide, FullCacheSide):
             return False
         return await self._loop.run_in_executor(self._lander, self._land_received, grow, k,
                                                 samples, local)
+
+    async def _received(self, name: str, start: int, end: int, etag, sink) -> bool:
+        """Bytes ``start``-``end`` of object ``name`` read straight into ``sink`` on a
+        receiving thread (Store.receive_range; ``close()`` interrupts it); False when that
+        way is closed here or did not deliver them (then ask through the client). What the
+        sink raises propagates; the sink is closed either way."""
+        if self._receivers is None or not self.store.receives_directly():
+            sink.close()
+            return False
+        receive = functools.partial(self.store.receive_range, name, start, end, etag=etag,
+                                    sink=sink)
+        self.receiving.add(sink)  # close() interrupts it (prefetch.py)
+        try:
+            return await self._loop.run_in_executor(self._receivers, _closing(sink, receive))
+        finally:
+            self.receiving.discard(sink)
 
     def _land_received(self, grow, k, samples, local) -> bool:
         """(The landing thread) records of shard ``k`` received in place: marked present, as
@@ -340,7 +352,8 @@ class Planner(ConsumerSide, FullCacheSide):
 
         shard = self.shards[k]
         fetched = await fetch_shard(self.store, shard, self.source.cache, self.session,
-                                    self.limit, max_parts=max(2, self.max_inflight // 4))
+                                    self.limit, max_parts=max(2, self.max_inflight // 4),
+                                    receive=self._received, stopped=lambda: self.closed)
         self._count(fetched["requests"], fetched["bytes"])
         self._mark_present(np.array([k]))
 

@@ -18,13 +18,18 @@ import numpy as np
 
 from dlpack_io.reader import format as fmt
 from dlpack_io.reader.remote import cache as cache_mod
+from dlpack_io.reader.remote.growing import ReceiveStopped, receive_buffer
 
 log = logging.getLogger(__name__)
 PART = 8 * 2**20
 
 
-async def fetch_shard(store, shard, cache, session, limit: int, *, max_parts: int = 8) -> dict:
-    """Make ``shard`` available at ``session.pin_path``; return {"requests", "bytes"}."""
+async def fetch_shard(store, shard, cache, session, limit: int, *, max_parts: int = 8,
+                      receive=None, stopped=None) -> dict:
+    """Make ``shard`` available at ``session.pin_path``; return {"requests", "bytes"}.
+    ``receive(name, start, end, etag, sink)`` (the planner's ``_received``), when given,
+    reads each part straight off the socket into the file (True) before the client is
+    asked (False: it did not work out); ``stopped()`` ends such a receive early."""
     pool, pin = cache.pool_path(shard.name), session.pin_path(shard.name)
     cache_mod.make_dirs(session.dir, os.path.dirname(pin))
     if _link(pool, pin, shard.size):
@@ -40,6 +45,9 @@ async def fetch_shard(store, shard, cache, session, limit: int, *, max_parts: in
         async def part(start):
             async with sem:
                 end = min(start + PART, shard.size)
+                if receive is not None and await receive(
+                        shard.name, start, end, shard.etag, PartSink(fd, start, stopped)):
+                    return  # (checked with the rest below: verify_shard_file)
                 data = await store.aget_range(shard.name, start, end, etag=shard.etag)
                 cache_mod.pwrite_all(fd, data, start)  # (pwrite may write less)
         starts = list(range(0, shard.size, PART))
@@ -61,6 +69,36 @@ async def fetch_shard(store, shard, cache, session, limit: int, *, max_parts: in
         raise FileNotFoundError(f"{pool}: shard vanished from the cache right after download "
                                 f"(another process trimming a cache_limit that is too small?)")
     return {"requests": len(starts), "bytes": shard.size}
+
+
+class PartSink:
+    """A part of a whole shard received straight off the socket (Store.receive_range) and
+    written into the shard's temporary file as it comes, from the receiving thread's buffer
+    (not through the client's body buffer). Unchecked bytes land there; nothing reads the
+    file before ``verify_shard_file`` has checked all of it (a part that did not arrive
+    whole is fetched again through the client, over what landed)."""
+
+    def __init__(self, fd: int, start: int, stopped=None):
+        # its own descriptor: a receive still running when the download is given up (a
+        # planner stopped mid-request) never writes through a number reused meanwhile
+        self.fd, self.at, self.stopped = os.dup(fd), start, stopped or (lambda: False)
+
+    def space(self) -> memoryview:
+        """Where the next bytes go: the receiving thread's buffer."""
+        return receive_buffer()
+
+    def got(self, n: int) -> None:
+        """``n`` bytes are at the start of the buffer: into the file at their offset."""
+        if self.stopped():
+            raise ReceiveStopped("the prefetch was closed")
+        cache_mod.pwrite_all(self.fd, receive_buffer()[:n], self.at)
+        self.at += n
+
+    def close(self) -> None:
+        """Close the sink's descriptor (idempotent)."""
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
 
 
 def _reserve(fd: int, size: int, path: str) -> None:

@@ -14,6 +14,7 @@ from dlpack_io.reader.dataset import Dataset
 from dlpack_io.reader.remote import growing
 from dlpack_io.reader.remote.fetchplan import extents
 from dlpack_io.reader.remote.growing import RangeSink, ReceiveStopped
+from dlpack_io.reader.remote.shardfetch import PartSink
 from dlpack_io.reader.remote.storage import Store
 
 from helpers import batches_equal, pack_and_upload
@@ -154,6 +155,24 @@ def test_range_sink_tells_a_short_stream_and_stops_when_told(tmp_path):
     os.close(fd)
 
 
+def test_part_sink_writes_each_read_at_its_offset_through_its_own_descriptor(tmp_path):
+    data = np.random.default_rng(3).integers(0, 256, 50_000, dtype=np.uint8).tobytes()
+    with open(tmp_path / "s", "wb") as f:
+        f.truncate(60_000)
+    fd = os.open(tmp_path / "s", os.O_RDWR)
+    sink = PartSink(fd, 7_000)
+    os.close(fd)  # the download gave up: the receive still writes where it did, nowhere else
+    _feed(sink, data, 0, len(data), 6_000)
+    sink.close()
+    sink.close()  # idempotent
+    written = (tmp_path / "s").read_bytes()
+    assert written == bytes(7_000) + data + bytes(3_000)
+    stop = PartSink(os.open(tmp_path / "s", os.O_RDWR), 0, lambda: True)
+    with pytest.raises(ReceiveStopped):
+        stop.got(1)
+    stop.close()
+
+
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory, s3_server):
     return pack_and_upload(tmp_path_factory.mktemp("receive"), URL, s3_server.env(), count=40,
@@ -260,3 +279,47 @@ def test_interrupt_ends_a_receive_waiting_on_a_stalled_server_at_once(tmp_path, 
     assert store.receives_directly()  # not taken for a network error
     store.interrupt(sink)  # nothing runs: nothing happens
     listener.close()
+
+
+def test_whole_shards_are_received_directly_and_a_tampered_part_is_never_published(
+        s3_env, packed, tmp_path):
+    """Mode "shards": every part of every shard read straight into the shard's file (no
+    request through the client); a byte flipped on the way in fails the whole-shard check,
+    naming the shard and record, and nothing reaches the pool."""
+    remote = Dataset(URL, cache_dir=tmp_path / "ok", fetch_mode="shards")
+    store, direct, client = remote._remote.store, [], []
+    real_receive, real_get = store.receive_range, store.aget_range
+
+    def counted_receive(name, start, end, *, etag, sink):
+        direct.append((name, start, end))
+        return real_receive(name, start, end, etag=etag, sink=sink)
+
+    async def counted_get(name, start, end, **kw):
+        client.append((name, start, end))
+        return await real_get(name, start, end, **kw)
+    store.receive_range, store.aget_range = counted_receive, counted_get
+    batches_equal(_epoch(Dataset(packed)), _epoch(remote))
+    assert sorted(n for n, _, _ in direct) == sorted(s.name for s in remote.shards)
+    assert client == []  # (each shard is one part: 30 KB < shardfetch.PART)
+
+    damaged = Dataset(URL, cache_dir=tmp_path / "bad", fetch_mode="shards")
+    store = damaged._remote.store
+    real_receive = store.receive_range
+
+    def flipping(name, start, end, *, etag, sink):
+        class Flip:
+            def space(self):
+                self.view = sink.space()
+                return self.view
+
+            def got(self, n):
+                self.view[n - 1] ^= 0xFF  # the part's last byte read so far
+                sink.got(n)
+        return real_receive(name, start, end, etag=etag, sink=Flip())
+    store.receive_range = flipping
+    first = damaged.shards[0]
+    prefetch = damaged.start_prefetch([np.arange(len(first.index))])
+    with pytest.raises(fmt.FormatError, match=rf"{first.name}.*checksum"):
+        prefetch.wait(0, timeout=60)
+    prefetch.close()
+    assert not os.path.exists(damaged._remote.cache.pool_path(first.name))
