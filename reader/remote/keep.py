@@ -118,9 +118,9 @@ log = logging.getLogger(__name__)
 ROOM_BATCHES = 16  # room kept free for batches in flight when the data set does not fit
 READ_AHEAD = 2 * 2**20  # per record a batch needs: its neighbours, when all is kept anyway
 BRIDGE_GAP = 256 * 1024  # ... and a range goes on over records already fetched, up to this
-# cold epoch 0, all kept: after batch 0, the rest in ranges of up to FILL_BYTES (16 MiB: a
-# quarter of the requests of 4 MiB ones, the fetching threads' CPU per image 0.7x, 1.2x the
-# images/s with 20 ms of latency; docs/benchmarks.md), FILL_INFLIGHT of them at once (few
+# cold epoch 0, all kept: after batch 0, the rest in ranges of up to FILL_BYTES (16 MiB: half
+# the requests of 4 MiB ones on 1,000 JPEGs, the fetching threads' CPU per image 0.8x, 1.09x
+# the images/s with 20 ms of latency; docs/benchmarks.md), FILL_INFLIGHT of them at once (few
 # large requests, little server CPU), each at least FILL_MIN_BYTES, or smaller only so the
 # fill of a small data set still spans FILL_INFLIGHT requests (fetchplan.fill_range_bytes)
 FILL_BYTES = 16 * 2**20
