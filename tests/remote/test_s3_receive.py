@@ -323,3 +323,42 @@ def test_whole_shards_are_received_directly_and_a_tampered_part_is_never_publish
         prefetch.wait(0, timeout=60)
     prefetch.close()
     assert not os.path.exists(damaged._remote.cache.pool_path(first.name))
+
+
+def test_a_server_dripping_bytes_is_given_request_timeout_for_the_whole_range(monkeypatch):
+    """One byte every 0.1 s never lets a read time out; the whole range must come within
+    request_timeout (1 s here), as through the client: False (the client path rules),
+    well before the 100 bytes would have dripped in."""
+    import socket
+    import threading
+    import time
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    done = threading.Event()
+
+    def serve():
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 206 Partial Content\r\nContent-Length: 100\r\n"
+                     b"Content-Range: bytes 0-99/100\r\n\r\n")
+        try:
+            for _ in range(100):
+                if done.wait(0.1):  # a drip, not a synchronisation
+                    break
+                conn.sendall(b"x")
+        except OSError:
+            pass  # the client gave up: what it should do
+        conn.close()
+    threading.Thread(target=serve, daemon=True).start()
+    for key in [k for k in os.environ if k.startswith("AWS_") or k.lower().endswith("_proxy")]:
+        monkeypatch.delenv(key)
+    store = Store("s3://dripping/p", storage_options={
+        "endpoint": f"http://127.0.0.1:{listener.getsockname()[1]}", "allow_http": True,
+        "access_key_id": "k", "secret_access_key": "s", "region": "us-east-1",
+        "request_timeout": 1})
+    sink, t0 = Collect(64), time.monotonic()
+    assert not store.receive_range("obj", 0, 100, etag=None, sink=sink)
+    elapsed = time.monotonic() - t0
+    done.set()
+    assert 0 < len(sink.out) < 100 and elapsed < 5, (len(sink.out), elapsed)
+    assert not store.receives_directly()  # a server this slow: the client's way from now on

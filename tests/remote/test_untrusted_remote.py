@@ -251,3 +251,45 @@ def test_a_folder_planted_at_a_pooled_shard_name_is_left_alone(server, packed, t
     prefetch.wait(0, timeout=30)
     assert [ds[i][1] for i in range(len(ds))] == [Dataset(packed)[i][1] for i in range(len(ds))]
     assert planted.is_dir() and (planted / "x").is_dir()
+
+
+@pytest.mark.parametrize("fault, error, words", [
+    ("flip", fmt.FormatError, "not a dlpack record shard"),  # (its first byte)
+    ("long", StorageError, "BodyOverrun"),
+    ("endless", StorageError, "BodyOverrun"),
+    ("slow", StorageError, "timed out (the server answered too slowly)")])
+def test_whole_shards_received_directly_from_a_hostile_server(server, packed, tmp_path, fault,
+                                                              error, words):
+    """Mode "shards" reads each part straight off the socket into the shard's file: a wrong
+    byte fails the whole-shard check; a body longer than asked, endless or dripping is handed
+    to the client, whose budget and deadline rule. Each names the shard; nothing reaches the
+    pool; the prefetch ends within its deadline."""
+    ds = _open(tmp_path / "cache")
+    name = _first_shard(packed)
+    server.faults[name] = fault
+    t0 = time.monotonic()
+    prefetch = ds.start_prefetch([np.arange(len(ds.shards[0].index))], mode="shards")
+    with pytest.raises(error) as info:
+        prefetch.wait(0, timeout=30)
+    prefetch.close()
+    assert f"{URL}/{name}" in str(info.value) and words in str(info.value), str(info.value)
+    assert time.monotonic() - t0 < PATIENCE["deadline"] + 2 * PATIENCE["request_timeout"] + 2
+    assert not (tmp_path / "cache" / _key(packed) / "shards" / name).exists()
+    assert any(m == "GET" and n == name for m, n, _ in server.requests)
+
+
+@pytest.mark.parametrize("fault", ["slow", "endless"])
+def test_growing_ranges_from_a_dripping_or_endless_server_end_within_the_deadline(
+        server, packed, tmp_path, fault):
+    """Epoch 0 of a set that fits (ranges received straight into growing shards): a server
+    dripping a byte every 0.5 s, or never ending a body, fails the prefetch within its
+    deadline with the client's words, never a hang."""
+    ds = _open(tmp_path / "cache")
+    server.faults["*"] = fault
+    t0 = time.monotonic()
+    prefetch = ds.start_prefetch([np.arange(len(ds))])
+    assert prefetch._planner.grow is not None  # (all kept: the growing path)
+    with pytest.raises(StorageError, match="timed out|BodyOverrun"):
+        prefetch.wait(0, timeout=30)
+    prefetch.close()
+    assert time.monotonic() - t0 < PATIENCE["deadline"] + 2 * PATIENCE["request_timeout"] + 2
