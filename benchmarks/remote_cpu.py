@@ -203,13 +203,9 @@ def setup(src: str, out: str, shard_size: str = "16MB"):
 def _evict(local_dir: str) -> None:
     """Drop the local shards' pages from the page cache (``--local-cold``: the local epoch
     reads from the disk, allocating page-cache pages as a cold s3:// epoch does)."""
-    os.sync()
-    for name in os.listdir(local_dir):
-        fd = os.open(os.path.join(local_dir, name), os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+    from benchmarks.larger_than_ram.cache import drop_cache
+
+    drop_cache([os.path.join(local_dir, name) for name in os.listdir(local_dir)])
 
 
 def _reread(local_dir: str) -> None:

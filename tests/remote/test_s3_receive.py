@@ -233,6 +233,17 @@ def test_epoch_0_received_directly_equals_local_and_a_tampered_byte_never_lands(
     assert remote._remote.whole.assembled == len(remote.shards)
 
 
+def _store_of(listener, monkeypatch, *, request_timeout: float) -> Store:
+    """A Store whose endpoint is the test's own server on ``listener`` (no AWS_* variable
+    or proxy of the environment in the way)."""
+    for key in [k for k in os.environ if k.startswith("AWS_") or k.lower().endswith("_proxy")]:
+        monkeypatch.delenv(key)
+    return Store("s3://bucket/p", storage_options={
+        "endpoint": f"http://127.0.0.1:{listener.getsockname()[1]}", "allow_http": True,
+        "access_key_id": "k", "secret_access_key": "s", "region": "us-east-1",
+        "request_timeout": request_timeout})
+
+
 def test_interrupt_ends_a_receive_waiting_on_a_stalled_server_at_once(tmp_path, monkeypatch):
     """A server that sends the headers and 10 of 100 bytes, then nothing: interrupt() (what
     closing a prefetch calls) ends the read now, not after request_timeout (600 s here),
@@ -251,12 +262,7 @@ def test_interrupt_ends_a_receive_waiting_on_a_stalled_server_at_once(tmp_path, 
         release.wait(60)
         conn.close()
     threading.Thread(target=serve, daemon=True).start()
-    for key in [k for k in os.environ if k.startswith("AWS_") or k.lower().endswith("_proxy")]:
-        monkeypatch.delenv(key)
-    store = Store("s3://stalled/p", storage_options={
-        "endpoint": f"http://127.0.0.1:{listener.getsockname()[1]}", "allow_http": True,
-        "access_key_id": "k", "secret_access_key": "s", "region": "us-east-1",
-        "request_timeout": 600})
+    store = _store_of(listener, monkeypatch, request_timeout=600)
     first, stop, result = threading.Event(), threading.Event(), []
 
     class Waiting(Collect):
@@ -350,12 +356,7 @@ def test_a_server_dripping_bytes_is_given_request_timeout_for_the_whole_range(mo
             pass  # the client gave up: what it should do
         conn.close()
     threading.Thread(target=serve, daemon=True).start()
-    for key in [k for k in os.environ if k.startswith("AWS_") or k.lower().endswith("_proxy")]:
-        monkeypatch.delenv(key)
-    store = Store("s3://dripping/p", storage_options={
-        "endpoint": f"http://127.0.0.1:{listener.getsockname()[1]}", "allow_http": True,
-        "access_key_id": "k", "secret_access_key": "s", "region": "us-east-1",
-        "request_timeout": 1})
+    store = _store_of(listener, monkeypatch, request_timeout=1)
     sink, t0 = Collect(64), time.monotonic()
     assert not store.receive_range("obj", 0, 100, etag=None, sink=sink)
     elapsed = time.monotonic() - t0
