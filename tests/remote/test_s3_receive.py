@@ -233,12 +233,29 @@ def test_epoch_0_received_directly_equals_local_and_a_tampered_byte_never_lands(
     assert remote._remote.whole.assembled == len(remote.shards)
 
 
-def _store_of(listener, monkeypatch, *, request_timeout: float) -> Store:
-    """A Store whose endpoint is the test's own server on ``listener`` (no AWS_* variable
-    or proxy of the environment in the way)."""
+def _serving_100_bytes(monkeypatch, *, request_timeout: float, then):
+    """(listener, Store) of a server of the test's own that answers one GET with the head of
+    a 206 of 100 bytes and then calls ``then(conn)`` (which sends what it likes); the Store
+    points at it (no AWS_* variable or proxy of the environment in the way)."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        conn.sendall(b"HTTP/1.1 206 Partial Content\r\nContent-Length: 100\r\n"
+                     b"Content-Range: bytes 0-99/100\r\n\r\n")
+        try:
+            then(conn)
+        except OSError:
+            pass  # the client gave up: what it should do
+        conn.close()
+    threading.Thread(target=serve, daemon=True).start()
     for key in [k for k in os.environ if k.startswith("AWS_") or k.lower().endswith("_proxy")]:
         monkeypatch.delenv(key)
-    return Store("s3://bucket/p", storage_options={
+    return listener, Store("s3://bucket/p", storage_options={
         "endpoint": f"http://127.0.0.1:{listener.getsockname()[1]}", "allow_http": True,
         "access_key_id": "k", "secret_access_key": "s", "region": "us-east-1",
         "request_timeout": request_timeout})
@@ -248,21 +265,15 @@ def test_interrupt_ends_a_receive_waiting_on_a_stalled_server_at_once(tmp_path, 
     """A server that sends the headers and 10 of 100 bytes, then nothing: interrupt() (what
     closing a prefetch calls) ends the read now, not after request_timeout (600 s here),
     and a stopped sink's receive does not count as a network error."""
-    import socket
     import threading
 
-    listener = socket.create_server(("127.0.0.1", 0))
     release = threading.Event()
 
-    def serve():
-        conn, _ = listener.accept()
-        conn.recv(65536)
-        conn.sendall(b"HTTP/1.1 206 Partial Content\r\nContent-Length: 100\r\n"
-                     b"Content-Range: bytes 0-99/100\r\n\r\n" + bytes(10))
+    def ten_then_nothing(conn):
+        conn.sendall(bytes(10))
         release.wait(60)
-        conn.close()
-    threading.Thread(target=serve, daemon=True).start()
-    store = _store_of(listener, monkeypatch, request_timeout=600)
+    listener, store = _serving_100_bytes(monkeypatch, request_timeout=600,
+                                         then=ten_then_nothing)
     first, stop, result = threading.Event(), threading.Event(), []
 
     class Waiting(Collect):
@@ -335,31 +346,21 @@ def test_a_server_dripping_bytes_is_given_request_timeout_for_the_whole_range(mo
     """One byte every 0.1 s never lets a read time out; the whole range must come within
     request_timeout (1 s here), as through the client: False (the client path rules),
     well before the 100 bytes would have dripped in."""
-    import socket
     import threading
     import time
 
-    listener = socket.create_server(("127.0.0.1", 0))
     done = threading.Event()
 
-    def serve():
-        conn, _ = listener.accept()
-        conn.recv(65536)
-        conn.sendall(b"HTTP/1.1 206 Partial Content\r\nContent-Length: 100\r\n"
-                     b"Content-Range: bytes 0-99/100\r\n\r\n")
-        try:
-            for _ in range(100):
-                if done.wait(0.1):  # a drip, not a synchronisation
-                    break
-                conn.sendall(b"x")
-        except OSError:
-            pass  # the client gave up: what it should do
-        conn.close()
-    threading.Thread(target=serve, daemon=True).start()
-    store = _store_of(listener, monkeypatch, request_timeout=1)
+    def drip(conn):
+        for _ in range(100):
+            if done.wait(0.1):  # a drip, not a synchronisation
+                break
+            conn.sendall(b"x")
+    listener, store = _serving_100_bytes(monkeypatch, request_timeout=1, then=drip)
     sink, t0 = Collect(64), time.monotonic()
     assert not store.receive_range("obj", 0, 100, etag=None, sink=sink)
     elapsed = time.monotonic() - t0
     done.set()
-    assert 0 < len(sink.out) < 100 and elapsed < 5, (len(sink.out), elapsed)
+    assert len(sink.out) < 100 and elapsed < 5, (len(sink.out), elapsed)  # (10 s of drip)
     assert not store.receives_directly()  # a server this slow: the client's way from now on
+    listener.close()
