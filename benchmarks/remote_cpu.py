@@ -20,9 +20,11 @@ URL, sending the request, reading the response's head, reading the body off the 
 ``pwrite`` into the growing file), each timed by its thread's CPU clock around the call.
 ``--local-cold`` drops the local shards from the page cache before the local epoch
 (its pages are allocated as it reads, as the s3:// epoch's are as they land) instead of
-reading them once before it. ``--fill A,B`` runs the s3:// epoch once per fill range size (MiB, the planner's
-``fill_bytes``), alternated within each round, and ``--rtt-ms`` puts a latency proxy
-(tools/bench/latencyproxy.py, its own process) between the loader and the server.
+reading them once before it. ``--fill A,B`` runs the s3:// epoch once per fill range size
+(MiB, the planner's ``fill_bytes``), alternated within each round; ``--rtt-ms`` puts a
+latency proxy (tools/bench/latencyproxy.py, its own process) between loader and server;
+``--shard-size`` packs the local data set with that shard size (the converter's default
+is 256MB; 16MB gives 1,000 images several shards).
 Prints one JSON line per epoch and the medians.
 """
 from __future__ import annotations

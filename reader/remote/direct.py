@@ -59,9 +59,8 @@ class _Watchdog:
 
     def _run(self) -> None:
         while True:
-            due = []
             with self._cond:
-                while self._heap and self._heap[0][2] is None:
+                while self._heap and self._heap[0][2] is None:  # cancelled
                     heapq.heappop(self._heap)
                 if not self._heap:
                     self._cond.wait()
@@ -70,10 +69,8 @@ class _Watchdog:
                 if left > 0:
                     self._cond.wait(left)
                     continue
-                due.append(heapq.heappop(self._heap)[2])
-            for callback in due:
-                if callback is not None:
-                    callback()
+                callback = heapq.heappop(self._heap)[2]
+            callback()  # (outside the lock: it may take its time)
 
 
 _WATCHDOG = _Watchdog()
